@@ -1,0 +1,6 @@
+//! Shared by shaper's kernel programs (`shaper-ebpf`, `no_std`) and userspace
+//! (`shaper-user`, with feature `user`): the GCRA arithmetic and the map layouts.
+#![no_std]
+
+pub mod gcra;
+pub mod maps;

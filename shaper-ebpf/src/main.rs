@@ -1,0 +1,49 @@
+//! shaper's kernel programs.
+//!
+//! # Theory of operation
+//! `shaper_xdp` runs on every frame an interface receives. It parses Ethernet and IPv4
+//! with one bounds-checked cursor (`parse`); anything else passes untouched and is
+//! counted by kind. For an IPv4 frame it finds the source's GCRA cell in the LRU hash
+//! `SHAPER_SOURCES` (creating it on first sight) and asks the shared arithmetic
+//! (`shaper_common::gcra`) whether the frame's bytes fit the configured rate and burst
+//! (`SHAPER_CONFIG`). The cell is one 64-bit TAT that every CPU updates with a bounded
+//! compare-and-swap loop (`cell`), so all CPUs meter one bucket per source. Conforming
+//! frames pass, the rest are dropped; per-source counters are updated with atomic adds,
+//! global ones in a per-CPU array (`counters`).
+//!
+//! A frame costs its whole length as XDP sees it: Ethernet header to end of payload, no
+//! FCS — what tc counts.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+// The bpfel target has no compare-and-swap in core::sync::atomic; see `atomic`.
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(
+    target_arch = "bpf",
+    expect(internal_features, reason = "core_intrinsics, see atomic.rs")
+)]
+#![cfg_attr(
+    not(target_arch = "bpf"),
+    expect(dead_code, reason = "the programs are only linked for the bpf target")
+)]
+
+mod atomic;
+mod cell;
+mod counters;
+mod maps;
+mod parse;
+mod xdp;
+
+#[cfg(target_arch = "bpf")]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[cfg(target_arch = "bpf")]
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";
+
+/// The host build of this crate exists only so the workspace builds and lints as one.
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}

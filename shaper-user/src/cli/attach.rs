@@ -1,0 +1,68 @@
+//! `shaper attach IFACE --rate RATE --burst SIZE`: hold every source on IFACE to RATE.
+
+use anyhow::{Result, bail};
+use shaper_user::{
+    loader::{self, AttachRequest, Attached, XdpAttachMode},
+    pins::Attachment,
+    system,
+    units::{Rate, Size},
+};
+
+/// Ethernet header bytes counted in every frame on top of the MTU.
+const ETH_HLEN: u32 = 14;
+
+/// Attach shaper to IFACE, or change its rate and burst in place if already attached.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Interface to police (its received traffic, per source address).
+    pub iface: String,
+    /// Rate per source, in tc units: 10mbit, 1gbit, 500kbit, 1mbps (bytes/s), ...
+    #[arg(long)]
+    pub rate: Rate,
+    /// Burst per source, in tc units: 64k (65536 bytes), 1m, 1514b, ...
+    #[arg(long)]
+    pub burst: Size,
+    /// How to attach the XDP program.
+    #[arg(long, value_enum, default_value_t = XdpAttachMode::Auto)]
+    pub xdp_mode: XdpAttachMode,
+    /// Sources tracked at once (least recently seen are evicted beyond this) [default: 262144]
+    #[arg(long)]
+    pub max_sources: Option<u32>,
+}
+
+pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
+    system::ifindex(&args.iface)?;
+    // A frame larger than the burst can never pass: refuse a burst below one full frame.
+    let frame = system::mtu(&args.iface)? + ETH_HLEN;
+    if args.burst.bytes() < u64::from(frame) {
+        bail!(
+            "burst {} is smaller than one full-size frame on {} ({frame} bytes: MTU {} + {ETH_HLEN}-byte Ethernet header), so such frames could never pass",
+            args.burst,
+            args.iface,
+            frame - ETH_HLEN
+        );
+    }
+    let req = AttachRequest {
+        at: Attachment::new(&args.iface, netns),
+        rate_bps: args.rate.bits_per_sec(),
+        burst_bytes: args.burst.bytes(),
+        mode: args.xdp_mode,
+        max_sources: args.max_sources,
+    };
+    match loader::attach(&req)? {
+        Attached::New { xdp_mode } => println!(
+            "attached to {} ({} XDP): rate {} burst {} per source",
+            req.at.label(),
+            loader::mode_name(xdp_mode),
+            args.rate,
+            args.burst
+        ),
+        Attached::Updated { .. } => println!(
+            "updated {}: rate {} burst {} per source",
+            req.at.label(),
+            args.rate,
+            args.burst
+        ),
+    }
+    Ok(())
+}

@@ -1,0 +1,30 @@
+//! The `shaper` command line: one module per subcommand.
+
+pub mod attach;
+pub mod detach;
+pub mod stats;
+pub mod status;
+
+use clap::{Parser, Subcommand};
+
+/// Per-source byte-rate limiting in the kernel (XDP), held with GCRA.
+#[derive(Debug, Parser)]
+#[command(name = "shaper", version, about, long_about = None)]
+pub struct Cli {
+    /// Run in the named network namespace, as `ip -n NETNS` does.
+    #[arg(short = 'n', long, global = true, value_name = "NETNS")]
+    pub netns: Option<String>,
+    /// Print JSON instead of text (status, stats).
+    #[arg(short = 'j', long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    Attach(attach::Args),
+    Detach(detach::Args),
+    Status(status::Args),
+    Stats(stats::Args),
+}

@@ -1,0 +1,79 @@
+//! `shaper status [IFACE]`: what is attached where, and how.
+
+use anyhow::Result;
+use serde::Serialize;
+use shaper_user::{
+    loader, maps,
+    pins::{self, Attachment},
+    units::{Rate, Size},
+};
+
+/// Show where shaper is attached, its mode, rate, burst and map fill.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Only this interface (in the namespace chosen with -n).
+    pub iface: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    interface: String,
+    netns: Option<String>,
+    xdp_mode: &'static str,
+    rate_bits_per_sec: u64,
+    burst_bytes: u64,
+    sources_tracked: usize,
+    max_sources: u32,
+    pin_dir: String,
+}
+
+fn row(at: &Attachment) -> Result<Row> {
+    let config = maps::read_config(at)?;
+    Ok(Row {
+        interface: at.iface.clone(),
+        netns: at.netns.clone(),
+        xdp_mode: loader::mode_name(config.xdp_mode),
+        rate_bits_per_sec: config.rate_bps,
+        burst_bytes: config.burst_bytes,
+        sources_tracked: maps::read_sources(at)?.len(),
+        max_sources: maps::sources_capacity(at)?,
+        pin_dir: at.dir().display().to_string(),
+    })
+}
+
+pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
+    let attachments = match &args.iface {
+        Some(iface) => {
+            let at = Attachment::new(iface, netns);
+            if !at.exists() {
+                anyhow::bail!("shaper is not attached to {}", at.label());
+            }
+            vec![at]
+        }
+        None => pins::list_all()?,
+    };
+    let rows = attachments.iter().map(row).collect::<Result<Vec<_>>>()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("shaper is not attached anywhere");
+    }
+    for r in &rows {
+        let at = Attachment {
+            iface: r.interface.clone(),
+            netns: r.netns.clone(),
+        };
+        println!(
+            "{}: xdp {} rate {} burst {} per source, sources {}/{}",
+            at.label(),
+            r.xdp_mode,
+            Rate::from_bps(r.rate_bits_per_sec),
+            Size::from_bytes(r.burst_bytes),
+            r.sources_tracked,
+            r.max_sources
+        );
+    }
+    Ok(())
+}

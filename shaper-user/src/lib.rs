@@ -1,0 +1,10 @@
+//! shaper's userspace: loading, attaching and pinning the kernel programs, reading their
+//! maps, and the pieces the `shaper` command is made of.
+
+pub mod lab;
+pub mod loader;
+pub mod maps;
+pub mod netns;
+pub mod pins;
+pub mod system;
+pub mod units;

@@ -1,0 +1,310 @@
+//! Loading, attaching, updating and detaching shaper on an interface.
+//!
+//! Attach is all or nothing: the maps are configured and pinned, then the program is
+//! attached through a bpf_link and the link pinned; if any step fails, every pin made so
+//! far is removed and the unpinned link detaches when dropped. On an interface that
+//! already has shaper, attach rewrites the policy entry in place: the program stays, no
+//! packet goes unmetered, and every source keeps its cell.
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, MapData},
+    programs::{
+        Xdp, XdpMode,
+        links::{FdLink, LinkError, PinnedLink},
+    },
+};
+use shaper_common::{
+    gcra::{Limit, LimitError},
+    maps::{
+        Config, DEFAULT_MAX_SOURCES, MAP_CONFIG, MAP_COUNTERS, MAP_SOURCES, PROG_XDP,
+        XDP_MODE_NATIVE, XDP_MODE_SKB,
+    },
+};
+
+use crate::{
+    maps::{self, PinnedMapError},
+    pins::Attachment,
+};
+
+/// The kernel programs, built by build.rs.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shaper"));
+
+/// How to attach the XDP program, as `--xdp-mode` takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpAttachMode {
+    /// Native if the driver supports it, otherwise generic (skb).
+    Auto,
+    /// In the driver; fails if the driver has no XDP support.
+    Native,
+    /// Generic XDP in the network stack; works on every interface, costs more.
+    Skb,
+}
+
+/// What `attach` is asked to do.
+#[derive(Clone, Debug)]
+pub struct AttachRequest {
+    pub at: Attachment,
+    pub rate_bps: u64,
+    pub burst_bytes: u64,
+    pub mode: XdpAttachMode,
+    /// `None`: the default for a new attachment, whatever it is for an existing one.
+    pub max_sources: Option<u32>,
+}
+
+/// What attach did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attached {
+    /// Loaded and attached in this mode (`XDP_MODE_*`).
+    New { xdp_mode: u32 },
+    /// Shaper was already attached; its policy was updated in place.
+    Updated { xdp_mode: u32 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error("invalid limit: {0}")]
+    Limit(LimitError),
+    #[error("--max-sources must be at least 1")]
+    ZeroSources,
+    #[error(
+        "--max-sources {asked} differs from the {current} of the attached map; detach first to resize it"
+    )]
+    Resize { asked: u32, current: u32 },
+    #[error(
+        "--xdp-mode {asked} differs from the attached {current} mode; detach first to change it"
+    )]
+    Mode {
+        asked: &'static str,
+        current: &'static str,
+    },
+    #[error(
+        "native XDP was refused on '{iface}' (its driver may lack XDP support; try --xdp-mode skb or auto): {source}"
+    )]
+    NativeRefused {
+        iface: String,
+        source: aya::programs::ProgramError,
+    },
+    #[error("cannot attach XDP to '{iface}' (another XDP program may be attached): {source}")]
+    Attach {
+        iface: String,
+        source: aya::programs::ProgramError,
+    },
+    #[error("cannot load the kernel programs: {0}")]
+    Load(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("cannot pin {what} at {path}: {source}")]
+    Pin {
+        what: &'static str,
+        path: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error(transparent)]
+    Pinned(#[from] PinnedMapError),
+}
+
+pub fn mode_name(xdp_mode: u32) -> &'static str {
+    match xdp_mode {
+        XDP_MODE_NATIVE => "native",
+        XDP_MODE_SKB => "skb",
+        _ => "unknown",
+    }
+}
+
+fn config_for(req: &AttachRequest, xdp_mode: u32) -> Result<Config, AttachError> {
+    Ok(Config {
+        limit: Limit::new(req.rate_bps, req.burst_bytes).map_err(AttachError::Limit)?,
+        rate_bps: req.rate_bps,
+        burst_bytes: req.burst_bytes,
+        xdp_mode,
+        active: 1,
+    })
+}
+
+/// Attaches shaper as asked, or updates the policy of an existing attachment in place.
+///
+/// The caller has checked privileges, bpffs and the interface, and is in the
+/// interface's network namespace.
+pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
+    if req.max_sources == Some(0) {
+        return Err(AttachError::ZeroSources);
+    }
+    if req.at.exists() {
+        return update(req);
+    }
+    // Validate the limit before creating anything.
+    config_for(req, 0)?;
+    let result = attach_new(req);
+    if result.is_err() {
+        // Best effort: the original error is the one worth reporting.
+        let _ = req.at.remove_pins();
+    }
+    result
+}
+
+fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
+    let current = maps::read_config(&req.at)?;
+    if let Some(asked) = req.max_sources {
+        let cap = maps::sources_capacity(&req.at)?;
+        if asked != cap {
+            return Err(AttachError::Resize {
+                asked,
+                current: cap,
+            });
+        }
+    }
+    let asked = match req.mode {
+        XdpAttachMode::Auto => None,
+        XdpAttachMode::Native => Some(XDP_MODE_NATIVE),
+        XdpAttachMode::Skb => Some(XDP_MODE_SKB),
+    };
+    if let Some(asked) = asked.filter(|&m| m != current.xdp_mode) {
+        return Err(AttachError::Mode {
+            asked: mode_name(asked),
+            current: mode_name(current.xdp_mode),
+        });
+    }
+    maps::write_config(&req.at, &config_for(req, current.xdp_mode)?)?;
+    Ok(Attached::Updated {
+        xdp_mode: current.xdp_mode,
+    })
+}
+
+fn pin_err<E: std::error::Error + Send + Sync + 'static>(
+    what: &'static str,
+    path: &std::path::Path,
+) -> impl FnOnce(E) -> AttachError {
+    let path = path.display().to_string();
+    move |e| AttachError::Pin {
+        what,
+        path,
+        source: Box::new(e),
+    }
+}
+
+/// Loads the object with the per-source map sized as asked.
+pub fn load(max_sources: u32) -> Result<Ebpf, AttachError> {
+    EbpfLoader::new()
+        .map_max_entries(MAP_SOURCES, max_sources)
+        .load(EBPF_OBJECT)
+        .map_err(|e| AttachError::Load(Box::new(e)))
+}
+
+/// The XDP program of a loaded object, loaded into the kernel.
+pub fn xdp_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp, AttachError> {
+    let load_err = |e: Box<dyn std::error::Error + Send + Sync>| AttachError::Load(e);
+    let prog: &mut Xdp = ebpf
+        .program_mut(name)
+        .ok_or_else(|| load_err(format!("program {name} missing from the object").into()))?
+        .try_into()
+        .map_err(|e| load_err(Box::new(e)))?;
+    prog.load().map_err(|e| load_err(Box::new(e)))?;
+    Ok(prog)
+}
+
+/// Writes `config` into a freshly loaded object's policy map.
+pub fn configure(ebpf: &mut Ebpf, config: &Config) -> Result<(), AttachError> {
+    let map = ebpf
+        .map_mut(MAP_CONFIG)
+        .ok_or_else(|| AttachError::Load(format!("map {MAP_CONFIG} missing").into()))?;
+    let mut array: Array<&mut MapData, Config> =
+        Array::try_from(map).map_err(|e| AttachError::Load(Box::new(e)))?;
+    array
+        .set(0, config, 0)
+        .map_err(|e| AttachError::Load(Box::new(e)))
+}
+
+fn attach_new(req: &AttachRequest) -> Result<Attached, AttachError> {
+    let at = &req.at;
+    let mut ebpf = load(req.max_sources.unwrap_or(DEFAULT_MAX_SOURCES))?;
+
+    std::fs::create_dir_all(at.dir()).map_err(pin_err("the pin directory", &at.dir()))?;
+    for (name, path) in [
+        (MAP_CONFIG, at.config()),
+        (MAP_SOURCES, at.sources()),
+        (MAP_COUNTERS, at.counters()),
+    ] {
+        let map = ebpf
+            .map(name)
+            .ok_or_else(|| AttachError::Load(format!("map {name} missing").into()))?;
+        map.pin(&path).map_err(pin_err("a map", &path))?;
+    }
+
+    // The policy is in place before the program can see a packet. The mode is known only
+    // after attaching (auto may fall back to skb); it is recorded below, for `status`.
+    configure(&mut ebpf, &config_for(req, 0)?)?;
+
+    let iface = at.iface.as_str();
+    let prog = xdp_program(&mut ebpf, PROG_XDP)?;
+    let (link_id, xdp_mode) = match req.mode {
+        XdpAttachMode::Native => prog
+            .attach(iface, XdpMode::Driver)
+            .map(|id| (id, XDP_MODE_NATIVE))
+            .map_err(|source| AttachError::NativeRefused {
+                iface: iface.to_owned(),
+                source,
+            })?,
+        XdpAttachMode::Skb => prog
+            .attach(iface, XdpMode::Skb)
+            .map(|id| (id, XDP_MODE_SKB))
+            .map_err(|source| AttachError::Attach {
+                iface: iface.to_owned(),
+                source,
+            })?,
+        XdpAttachMode::Auto => match prog.attach(iface, XdpMode::Driver) {
+            Ok(id) => (id, XDP_MODE_NATIVE),
+            Err(_) => prog
+                .attach(iface, XdpMode::Skb)
+                .map(|id| (id, XDP_MODE_SKB))
+                .map_err(|source| AttachError::Attach {
+                    iface: iface.to_owned(),
+                    source,
+                })?,
+        },
+    };
+    let link = prog
+        .take_link(link_id)
+        .map_err(|e| AttachError::Load(Box::new(e)))?;
+    configure(&mut ebpf, &config_for(req, xdp_mode)?)?;
+    let link: FdLink = link.try_into().map_err(|e: LinkError| {
+        AttachError::Load(format!("XDP was attached without a bpf_link: {e}").into())
+    })?;
+    link.pin(at.link())
+        .map_err(pin_err("the link", &at.link()))?;
+    Ok(Attached::New { xdp_mode })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DetachError {
+    #[error("shaper is not attached to {0}")]
+    NotAttached(String),
+    #[error("cannot open the pinned link {path}: {source}")]
+    Link { path: String, source: LinkError },
+    #[error("cannot remove pins under {path}: {source}")]
+    Unpin {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Detaches shaper and removes every pin. Works even if the interface is gone.
+pub fn detach(at: &Attachment) -> Result<(), DetachError> {
+    if !at.dir().exists() {
+        return Err(DetachError::NotAttached(at.label()));
+    }
+    if at.link().exists() {
+        let link = PinnedLink::from_pin(at.link()).map_err(|source| DetachError::Link {
+            path: at.link().display().to_string(),
+            source,
+        })?;
+        // Unpinning drops the last reference once this process lets go: the program is
+        // detached when `_fd_link` goes out of scope.
+        let _fd_link = link.unpin().map_err(|source| DetachError::Unpin {
+            path: at.link().display().to_string(),
+            source,
+        })?;
+    }
+    at.remove_pins().map_err(|source| DetachError::Unpin {
+        path: at.dir().display().to_string(),
+        source,
+    })
+}

@@ -1,0 +1,61 @@
+//! The `shaper` command. Errors are one line on stderr and a non-zero exit.
+
+mod cli;
+
+use std::{path::Path, process::ExitCode};
+
+use clap::{Parser as _, error::ErrorKind};
+use cli::{Cli, Command};
+use shaper_common::maps::PIN_ROOT;
+use shaper_user::{netns, system};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("shaper: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// clap's errors, but on one line (help and version print as usual).
+fn usage_error(e: clap::Error) -> ExitCode {
+    match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            ExitCode::SUCCESS
+        }
+        _ => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!("shaper: {}", first.trim_start_matches("error: "));
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: &Cli) -> anyhow::Result<()> {
+    // Checked before anything else so that nothing is half done for want of them.
+    system::check_privileges()?;
+    system::check_bpffs(Path::new(PIN_ROOT).parent().unwrap_or(Path::new("/")))?;
+    // The current-thread runtime runs everything on this thread, so entering the
+    // namespace here covers all that follows.
+    let ns = cli.netns.as_deref();
+    if let Some(ns) = ns {
+        netns::enter(ns)?;
+    }
+    match &cli.command {
+        Command::Attach(args) => cli::attach::run(args, ns),
+        Command::Detach(args) => cli::detach::run(args, ns),
+        Command::Status(args) => cli::status::run(args, ns, cli.json),
+        Command::Stats(args) => cli::stats::run(args, ns, cli.json),
+    }
+}

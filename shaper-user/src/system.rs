@@ -1,0 +1,113 @@
+//! What must hold on the host before shaper touches the kernel: privileges, bpffs, and
+//! the interface. Each failure is one line naming the missing thing.
+
+use std::{ffi::CString, io, path::Path};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SystemError {
+    #[error("shaper must run as root or with CAP_BPF and CAP_NET_ADMIN (missing {missing})")]
+    Privileges { missing: String },
+    #[error("bpffs is not mounted at {path} (mount it with: mount -t bpf bpf {path})")]
+    Bpffs { path: String },
+    #[error("interface '{0}' does not exist")]
+    NoInterface(String),
+    #[error("invalid interface name '{0}'")]
+    BadInterfaceName(String),
+    #[error("cannot read the MTU of '{iface}': {source}")]
+    Mtu { iface: String, source: io::Error },
+}
+
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_BPF: u32 = 39;
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Checks the effective capabilities for loading and attaching programs. CAP_SYS_ADMIN
+/// stands in for CAP_BPF, as the kernel allows.
+pub fn check_privileges() -> Result<(), SystemError> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    let has = |cap: u32| eff & (1 << cap) != 0;
+    let mut missing = Vec::new();
+    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
+        missing.push("CAP_BPF");
+    }
+    if !has(CAP_NET_ADMIN) {
+        missing.push("CAP_NET_ADMIN");
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(SystemError::Privileges {
+            missing: missing.join(" and "),
+        })
+    }
+}
+
+/// Checks that `path` is a bpffs mount (pins can live nowhere else).
+pub fn check_bpffs(path: &Path) -> Result<(), SystemError> {
+    let err = || SystemError::Bpffs {
+        path: path.display().to_string(),
+    };
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| err())?;
+    // SAFETY: statfs writes into the zeroed struct we own; the path is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 || st.f_type != BPF_FS_MAGIC {
+        return Err(err());
+    }
+    Ok(())
+}
+
+/// The index of `iface` in the calling thread's network namespace.
+pub fn ifindex(iface: &str) -> Result<u32, SystemError> {
+    let c = CString::new(iface).map_err(|_| SystemError::BadInterfaceName(iface.to_owned()))?;
+    if iface.is_empty() || iface.len() >= libc::IFNAMSIZ || iface.contains('/') {
+        return Err(SystemError::BadInterfaceName(iface.to_owned()));
+    }
+    // SAFETY: a NUL-terminated string.
+    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
+        0 => Err(SystemError::NoInterface(iface.to_owned())),
+        index => Ok(index),
+    }
+}
+
+/// The MTU of `iface`, asked of the kernel (not sysfs, which shows the namespace it was
+/// mounted in, not the one this thread is in).
+pub fn mtu(iface: &str) -> Result<u32, SystemError> {
+    let fail = |source| SystemError::Mtu {
+        iface: iface.to_owned(),
+        source,
+    };
+    // SAFETY: a plain socket for the ioctl; closed by OwnedFd.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(fail(io::Error::last_os_error()));
+    }
+    let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain data; the name fits (checked by ifindex's callers, and
+    // truncated here regardless).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req
+        .ifr_name
+        .iter_mut()
+        .zip(iface.bytes().take(libc::IFNAMSIZ - 1))
+    {
+        *dst = src as libc::c_char;
+    }
+    let rc = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&sock),
+            libc::SIOCGIFMTU,
+            &mut req,
+        )
+    };
+    if rc != 0 {
+        return Err(fail(io::Error::last_os_error()));
+    }
+    // SAFETY: SIOCGIFMTU fills the ifru_mtu member.
+    Ok(unsafe { req.ifr_ifru.ifru_mtu } as u32)
+}

@@ -1,0 +1,29 @@
+//! `cargo xtask demo|bench|lab`: build the release binaries and hand over to shaper-lab, which
+//! needs root to load eBPF programs and create network namespaces.
+
+use std::process::{Command, ExitCode};
+
+use anyhow::{Result, bail};
+
+use crate::{cmd, host, setup, workspace};
+
+/// Runs `shaper-lab <subcommand> --shaper <shaper> <args>` on freshly built release binaries.
+pub fn run(subcommand: &str, args: &[String]) -> Result<ExitCode> {
+    // Before setup and the build, so a non-root run fails at once instead of after minutes.
+    if !host::is_root()? {
+        bail!(
+            "`cargo xtask {subcommand}` needs root (shaper-lab loads eBPF programs and creates network namespaces)"
+        );
+    }
+    setup::run()?;
+    cmd::run(workspace::cargo().args(["build", "--release", "-p", "shaper-user", "--bins"]))?;
+
+    let release = workspace::target_dir().join("release");
+    let mut lab = Command::new(release.join("shaper-lab"));
+    lab.arg(subcommand)
+        .arg("--shaper")
+        .arg(release.join("shaper"))
+        .args(args);
+    // shaper-lab keeps the caller's current directory, so relative paths in `args` work.
+    Err(cmd::exec(&mut lab))
+}

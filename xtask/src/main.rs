@@ -1,0 +1,102 @@
+//! `cargo xtask`: project automation for shaper (setup, test, demo, bench, lab).
+//!
+//! This crate deliberately depends on no other workspace crate: `shaper-user`'s build script
+//! needs the nightly toolchain and bpf-linker that `cargo xtask setup` installs, so xtask must
+//! build without them. Everything else is driven by spawning `cargo`, `rustup`, `apt-get`, ...
+
+mod cmd;
+mod host;
+mod lab;
+mod setup;
+mod test;
+mod workspace;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "Project automation for shaper"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what building and testing need (LLVM 22, iproute2, bpftool, iperf3, nightly
+    /// rust-src, bpf-linker); does nothing when all is present
+    Setup,
+    /// Run setup, cargo fmt --check, clippy, host tests, then kernel tests (root only)
+    Test(test::Args),
+    /// Build release binaries and run `shaper-lab demo` (needs root)
+    Demo(LabArgs),
+    /// Build release binaries and run `shaper-lab bench` (needs root), e.g. `bench --quick`
+    Bench(LabArgs),
+    /// Build release binaries and run `shaper-lab lab` (needs root)
+    Lab(LabArgs),
+}
+
+#[derive(clap::Args)]
+struct LabArgs {
+    /// Arguments passed on to shaper-lab (use `-- --help` for shaper-lab's own help)
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Setup => setup::run().map(|()| ExitCode::SUCCESS),
+        Command::Test(args) => test::run(&args),
+        Command::Demo(LabArgs { args }) => lab::run("demo", &args),
+        Command::Bench(LabArgs { args }) => lab::run("bench", &args),
+        Command::Lab(LabArgs { args }) => lab::run("lab", &args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            // `{:#}` keeps the whole context chain on one line, which is what a failing step
+            // should leave at the bottom of a long log.
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lab_args(argv: &[&str]) -> Vec<String> {
+        match Cli::try_parse_from(argv).map(|cli| cli.command) {
+            Ok(Command::Bench(LabArgs { args })) => args,
+            _ => panic!("{argv:?} did not parse as bench"),
+        }
+    }
+
+    #[test]
+    fn shaper_lab_args_pass_through() {
+        assert_eq!(lab_args(&["xtask", "bench", "--quick"]), ["--quick"]);
+        assert_eq!(
+            lab_args(&["xtask", "bench", "--quick", "--help"]),
+            ["--quick", "--help"]
+        );
+        assert_eq!(lab_args(&["xtask", "bench", "--", "--help"]), ["--help"]);
+    }
+
+    #[test]
+    fn kernel_test_filter_after_dashes() {
+        let Ok(Command::Test(args)) =
+            Cli::try_parse_from(["xtask", "test", "--", "live_rate"]).map(|cli| cli.command)
+        else {
+            panic!("did not parse as test");
+        };
+        assert_eq!(args.kernel_test_args, ["live_rate"]);
+        assert!(!args.host_only);
+    }
+}

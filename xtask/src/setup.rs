@@ -1,0 +1,302 @@
+//! `cargo xtask setup`: installs what building, testing and the demo need, and does nothing
+//! (printing one `ok` line per item) when everything is already there.
+//!
+//! What gets installed is the [`ITEMS`] table; extend it there.
+
+use std::env;
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Result, bail};
+
+use crate::{cmd, host};
+
+/// Where Debian's llvm-22-dev puts LLVM; bpf-linker is built against it.
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+
+/// Everything setup makes sure of, in order. Order matters: bpf-linker is built against
+/// llvm-22-dev, and rust-src goes into the nightly toolchain.
+const ITEMS: &[Item] = &[
+    // bpf-linker links to the system LLVM.
+    Item::Apt {
+        package: "llvm-22-dev",
+        present: Present::File("/usr/lib/llvm-22/bin/llvm-config"),
+    },
+    // Tools the kernel tests and shaper-lab spawn.
+    Item::Apt {
+        package: "iproute2",
+        present: Present::Programs(&["ip", "tc"]),
+    },
+    Item::Apt {
+        package: "util-linux",
+        present: Present::Programs(&["setpriv"]),
+    },
+    Item::Apt {
+        package: "bpftool",
+        present: Present::Programs(&["bpftool"]),
+    },
+    Item::Apt {
+        package: "iperf3",
+        present: Present::Programs(&["iperf3"]),
+    },
+    // The eBPF crate is built with nightly's -Z build-std, which needs rust-src.
+    Item::Toolchain {
+        name: "nightly",
+        components: &["rust-src"],
+    },
+    Item::Component {
+        name: "rust-src",
+        toolchain: "nightly",
+    },
+    Item::Crate {
+        name: "bpf-linker",
+        version: "0.13.0",
+        // The default feature links LLVM 23; Debian bookworm ships 22.
+        args: &["--no-default-features", "--features", "llvm-22"],
+        env: &[("LLVM_PREFIX", LLVM_PREFIX)],
+    },
+];
+
+/// One thing setup installs.
+enum Item {
+    /// A Debian package, installed with apt-get (needs root).
+    Apt {
+        package: &'static str,
+        present: Present,
+    },
+    /// A rustup toolchain, installed with the minimal profile plus `components`.
+    Toolchain {
+        name: &'static str,
+        components: &'static [&'static str],
+    },
+    /// A rustup component of an installed toolchain.
+    Component {
+        name: &'static str,
+        toolchain: &'static str,
+    },
+    /// A binary crate from crates.io, present when `<name> --version` mentions `version`.
+    Crate {
+        name: &'static str,
+        version: &'static str,
+        args: &'static [&'static str],
+        env: &'static [(&'static str, &'static str)],
+    },
+}
+
+/// How to tell that a Debian package is installed without asking dpkg, which also works for
+/// tools that came from elsewhere.
+enum Present {
+    /// This file exists.
+    File(&'static str),
+    /// These programs are on PATH (or in /usr/sbin, /sbin).
+    Programs(&'static [&'static str]),
+}
+
+impl Present {
+    fn holds(&self) -> bool {
+        match self {
+            Present::File(path) => std::path::Path::new(path).exists(),
+            Present::Programs(names) => names.iter().all(|name| host::find_program(name).is_some()),
+        }
+    }
+}
+
+/// State shared by the installs of one setup run.
+#[derive(Default)]
+struct Installer {
+    /// `apt-get update` is slow, so it runs once per setup run, and only if something is missing.
+    apt_updated: bool,
+}
+
+pub fn run() -> Result<()> {
+    // Check for root before installing anything, so a non-root run fails at once, in one line
+    // naming every missing package, rather than at the first one.
+    let missing_apt: Vec<&str> = ITEMS
+        .iter()
+        .filter_map(|item| match item {
+            Item::Apt { package, present } if !present.holds() => Some(*package),
+            _ => None,
+        })
+        .collect();
+    if !missing_apt.is_empty() && !host::is_root()? {
+        bail!(
+            "missing Debian packages: {}; installing them needs root (run `cargo xtask setup` as root)",
+            missing_apt.join(" ")
+        );
+    }
+
+    let mut installer = Installer::default();
+    for item in ITEMS {
+        let label = item.label();
+        if item.is_present()? {
+            println!("ok   {label}");
+            continue;
+        }
+        println!("install {label} ...");
+        installer.install(item)?;
+        // Catches a package that installed fine but does not provide what we look for.
+        if !item.is_present()? {
+            bail!("installed {label}, but it is still not found");
+        }
+    }
+    Ok(())
+}
+
+impl Item {
+    fn label(&self) -> String {
+        match self {
+            Item::Apt {
+                package,
+                present: Present::Programs(programs),
+            } if programs != &[*package] => format!("{package} ({})", programs.join(", ")),
+            Item::Apt { package, .. } => (*package).to_owned(),
+            Item::Toolchain { name, .. } => format!("toolchain {name}"),
+            Item::Component { name, toolchain } => format!("{name} ({toolchain})"),
+            Item::Crate { name, version, .. } => format!("{name} {version}"),
+        }
+    }
+
+    fn is_present(&self) -> Result<bool> {
+        Ok(match self {
+            Item::Apt { present, .. } => present.holds(),
+            Item::Toolchain { name, .. } => {
+                let list = cmd::stdout(Command::new("rustup").args(["toolchain", "list"]))?;
+                list.lines().any(|line| is_toolchain(line, name))
+            }
+            Item::Component { name, toolchain } => {
+                let list = cmd::stdout(Command::new("rustup").args([
+                    "component",
+                    "list",
+                    "--toolchain",
+                    toolchain,
+                    "--installed",
+                ]))?;
+                // Lines are `rust-src` or `rust-std-x86_64-unknown-linux-gnu`.
+                list.lines().any(|line| {
+                    line.strip_prefix(name)
+                        .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+                })
+            }
+            Item::Crate { name, version, .. } => crate_binaries(name).iter().any(|binary| {
+                // A binary that does not run counts as missing: reinstalling fixes it.
+                cmd::stdout(Command::new(binary).arg("--version"))
+                    .is_ok_and(|out| out.lines().any(|line| line.contains(version)))
+            }),
+        })
+    }
+}
+
+/// Whether a `rustup toolchain list` line (`nightly-x86_64-unknown-linux-gnu (default)`) is the
+/// toolchain `name`. A dated `nightly-2025-01-01-...` is not `nightly`: `+nightly` would not
+/// pick it.
+fn is_toolchain(line: &str, name: &str) -> bool {
+    line.split_whitespace()
+        .next()
+        .and_then(|toolchain| toolchain.strip_prefix(name))
+        .is_some_and(|rest| {
+            rest.is_empty()
+                || rest
+                    .strip_prefix('-')
+                    .is_some_and(|host| !host.starts_with(|c: char| c.is_ascii_digit()))
+        })
+}
+
+/// Where a `cargo install`ed binary may be: on PATH, and in cargo's bin directory, which is not
+/// always on PATH (e.g. under sudo).
+fn crate_binaries(name: &str) -> Vec<PathBuf> {
+    let cargo_home = env::var_os("CARGO_HOME")
+        .filter(|home| !home.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")));
+    let mut binaries: Vec<PathBuf> = host::find_program(name).into_iter().collect();
+    if let Some(home) = cargo_home {
+        let binary = home.join("bin").join(name);
+        if binary.exists() && !binaries.contains(&binary) {
+            binaries.push(binary);
+        }
+    }
+    binaries
+}
+
+impl Installer {
+    fn install(&mut self, item: &Item) -> Result<()> {
+        match item {
+            Item::Apt { package, .. } => {
+                if !self.apt_updated {
+                    cmd::run(apt_get().arg("update"))?;
+                    self.apt_updated = true;
+                }
+                cmd::run(apt_get().args(["install", "-y", "--no-install-recommends", package]))
+            }
+            Item::Toolchain { name, components } => {
+                let mut rustup = Command::new("rustup");
+                rustup.args(["toolchain", "install", name, "--profile", "minimal"]);
+                for component in *components {
+                    rustup.args(["--component", component]);
+                }
+                cmd::run(&mut rustup)
+            }
+            Item::Component { name, toolchain } => cmd::run(Command::new("rustup").args([
+                "component",
+                "add",
+                name,
+                "--toolchain",
+                toolchain,
+            ])),
+            Item::Crate {
+                name,
+                version,
+                args,
+                env,
+            } => {
+                let mut cargo = Command::new("cargo");
+                cargo
+                    .args(["install", name, "--version", version, "--locked"])
+                    .args(*args)
+                    .envs(env.iter().copied())
+                    // cargo install reads .cargo/config.toml and rust-toolchain files from the
+                    // current directory; a project's (e.g. a default bpf target) must not leak
+                    // into installing a host tool.
+                    .current_dir(env::temp_dir());
+                cmd::run(&mut cargo)
+            }
+        }
+    }
+}
+
+/// apt-get that never stops to ask: iperf3's postinst, for one, asks whether to start a daemon.
+fn apt_get() -> Command {
+    let mut cmd = Command::new("apt-get");
+    cmd.env("DEBIAN_FRONTEND", "noninteractive");
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toolchain_lines() {
+        assert!(is_toolchain("nightly-x86_64-unknown-linux-gnu", "nightly"));
+        assert!(is_toolchain(
+            "nightly-x86_64-unknown-linux-gnu (active)",
+            "nightly"
+        ));
+        assert!(is_toolchain("nightly", "nightly"));
+        assert!(!is_toolchain(
+            "nightly-2025-01-01-x86_64-unknown-linux-gnu",
+            "nightly"
+        ));
+        assert!(!is_toolchain(
+            "stable-x86_64-unknown-linux-gnu (default)",
+            "nightly"
+        ));
+    }
+
+    #[test]
+    fn labels() {
+        assert_eq!(ITEMS[0].label(), "llvm-22-dev");
+        assert_eq!(ITEMS[1].label(), "iproute2 (ip, tc)");
+        assert_eq!(ITEMS[3].label(), "bpftool");
+    }
+}

@@ -1,0 +1,30 @@
+//! Where the workspace and its build output are, and how to run cargo on the workspace.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The workspace root: the parent of this crate's directory, fixed at compile time so xtask
+/// works from any current directory.
+pub fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask's manifest directory has a parent")
+}
+
+/// Cargo's target directory for the workspace: `CARGO_TARGET_DIR` if set (relative to the root,
+/// since that is where we run cargo), else `<root>/target`.
+pub fn target_dir() -> PathBuf {
+    match env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => root().join(dir),
+        _ => root().join("target"),
+    }
+}
+
+/// A `cargo` command run in the workspace root, so workspace commands mean this workspace
+/// whatever the caller's current directory.
+pub fn cargo() -> Command {
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root());
+    cmd
+}
