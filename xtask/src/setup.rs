@@ -55,6 +55,11 @@ const ITEMS: &[Item] = &[
         args: &["--no-default-features", "--features", "llvm-22"],
         env: &[("LLVM_PREFIX", LLVM_PREFIX)],
     },
+    // shaper pins its link and maps there; systemd mounts it on most hosts, a bare
+    // container or VM may not (bpftool mounts it on demand the same way).
+    Item::Bpffs {
+        path: "/sys/fs/bpf",
+    },
 ];
 
 /// One thing setup installs.
@@ -81,6 +86,8 @@ enum Item {
         args: &'static [&'static str],
         env: &'static [(&'static str, &'static str)],
     },
+    /// A bpf filesystem mounted at `path` (needs root).
+    Bpffs { path: &'static str },
 }
 
 /// How to tell that a Debian package is installed without asking dpkg, which also works for
@@ -118,9 +125,13 @@ pub fn run() -> Result<()> {
             _ => None,
         })
         .collect();
-    if !missing_apt.is_empty() && !host::is_root()? {
+    let needs_root = !missing_apt.is_empty()
+        || ITEMS
+            .iter()
+            .any(|item| matches!(item, Item::Bpffs { .. }) && !item.is_present().unwrap_or(false));
+    if needs_root && !host::is_root()? {
         bail!(
-            "missing Debian packages: {}; installing them needs root (run `cargo xtask setup` as root)",
+            "missing Debian packages ({}) or the bpffs mount; setting them up needs root (run `cargo xtask setup` as root)",
             missing_apt.join(" ")
         );
     }
@@ -153,6 +164,7 @@ impl Item {
             Item::Toolchain { name, .. } => format!("toolchain {name}"),
             Item::Component { name, toolchain } => format!("{name} ({toolchain})"),
             Item::Crate { name, version, .. } => format!("{name} {version}"),
+            Item::Bpffs { path } => format!("bpffs at {path}"),
         }
     }
 
@@ -177,6 +189,12 @@ impl Item {
                         .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
                 })
             }
+            Item::Bpffs { path } => std::fs::read_to_string("/proc/mounts")?
+                .lines()
+                .any(|line| {
+                    let mut fields = line.split_whitespace().skip(1);
+                    fields.next() == Some(path) && fields.next() == Some("bpf")
+                }),
             Item::Crate { name, version, .. } => crate_binaries(name).iter().any(|binary| {
                 // A binary that does not run counts as missing: reinstalling fixes it.
                 cmd::stdout(Command::new(binary).arg("--version"))
@@ -259,6 +277,9 @@ impl Installer {
                     // into installing a host tool.
                     .current_dir(env::temp_dir());
                 cmd::run(&mut cargo)
+            }
+            Item::Bpffs { path } => {
+                cmd::run(Command::new("mount").args(["-t", "bpf", "bpf", path]))
             }
         }
     }

@@ -1,0 +1,340 @@
+//! A throwaway test network: two network namespaces joined by one veth pair, for the kernel
+//! integration tests, `shaper-lab demo` and the benchmarks.
+//!
+//! ```text
+//!  netns <tx>                                      netns <rx>
+//!  sht...  198.18.0.11/24, .12, ...  <== veth ==>  shr...  198.18.0.1/24   (shaper attaches here)
+//! ```
+//!
+//! Everything lives in namespaces this module creates, so the machine's own interfaces are
+//! never touched, and addresses come from 198.18.0.0/15 (RFC 2544, benchmarking). Dropping
+//! the [`Lab`] deletes both namespaces, which deletes the veth pair with them.
+
+pub mod ns;
+pub mod traffic;
+
+use std::{
+    net::Ipv4Addr,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+
+pub use ns::Netns;
+pub use traffic::{Flow, FlowResult, run_udp};
+
+/// The receiver's address, on the rx veth.
+pub const RX_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+/// Host part of the first source address; sources are .11, .12, ...
+const FIRST_SOURCE_HOST: u8 = 11;
+/// Most sources one lab has (.11 ..= .210 stays inside the /24).
+pub const MAX_SOURCES: usize = 200;
+const PREFIX_LEN: u8 = 24;
+/// Linux interface names hold at most 15 bytes (IFNAMSIZ minus the NUL).
+const MAX_IFNAME_LEN: usize = 15;
+
+/// Numbers the labs of this process, so parallel tests never pick the same names.
+static NEXT_LAB: AtomicU32 = AtomicU32::new(0);
+
+/// Two namespaces, sender `tx` and receiver `rx`, joined by a veth pair, with static
+/// neighbour entries both ways so no ARP happens while traffic runs.
+#[derive(Debug)]
+pub struct Lab {
+    // Each Netns deletes its namespace when dropped; that is all the cleanup a lab needs.
+    tx: Netns,
+    rx: Netns,
+    tx_iface: String,
+    rx_iface: String,
+    sources: Vec<Ipv4Addr>,
+}
+
+/// The names one lab uses, unique per process (pid) and per call (counter).
+struct Names {
+    tx_ns: String,
+    rx_ns: String,
+    tx_iface: String,
+    rx_iface: String,
+}
+
+impl Names {
+    fn new(tag: &str) -> Result<Names> {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+        ensure!(
+            !tag.is_empty() && tag.len() <= 32 && tag.chars().all(allowed),
+            "bad lab tag {tag:?}: use 1..=32 of [A-Za-z0-9_-]"
+        );
+        let pid = std::process::id();
+        let n = NEXT_LAB.fetch_add(1, Ordering::Relaxed);
+        // The pid is zero-padded to a fixed width so "pid 1, lab 23" and "pid 12, lab 3"
+        // cannot spell the same interface name.
+        let short = format!("{:05}{n}", pid % 100_000);
+        let names = Names {
+            tx_ns: format!("shlab-{tag}-{pid}-{n}-tx"),
+            rx_ns: format!("shlab-{tag}-{pid}-{n}-rx"),
+            tx_iface: format!("sht{short}"),
+            rx_iface: format!("shr{short}"),
+        };
+        if names.tx_iface.len() > MAX_IFNAME_LEN {
+            bail!(
+                "interface name {} is longer than {MAX_IFNAME_LEN} bytes (too many labs in one process)",
+                names.tx_iface
+            );
+        }
+        Ok(names)
+    }
+}
+
+impl Lab {
+    /// Creates the two namespaces, the veth pair, `sources` sender addresses
+    /// (198.18.0.11, .12, ...; 1..=200) and the receiver address 198.18.0.1.
+    ///
+    /// `tag` (1..=32 of `[A-Za-z0-9_-]`) goes into the namespace names, to tell labs apart
+    /// in `ip netns list`.
+    pub fn new(tag: &str, sources: usize) -> Result<Lab> {
+        ensure!(
+            (1..=MAX_SOURCES).contains(&sources),
+            "a lab has 1..={MAX_SOURCES} sources, not {sources}"
+        );
+        let names = Names::new(tag)?;
+        // From here on every created namespace is owned by a Netns, so an error (or panic)
+        // in a later step removes what was made so far.
+        let rx = Netns::create(&names.rx_ns)?;
+        let tx = Netns::create(&names.tx_ns)?;
+        let lab = Lab {
+            tx,
+            rx,
+            tx_iface: names.tx_iface,
+            rx_iface: names.rx_iface,
+            sources: (0..sources)
+                .map(|i| {
+                    let host = FIRST_SOURCE_HOST + u8::try_from(i).expect("at most 200 sources");
+                    Ipv4Addr::new(198, 18, 0, host)
+                })
+                .collect(),
+        };
+        lab.set_up()
+            .with_context(|| format!("cannot set up lab {}/{}", lab.tx_ns(), lab.rx_ns()))?;
+        Ok(lab)
+    }
+
+    fn set_up(&self) -> Result<()> {
+        self.create_veth()?;
+        self.add_addresses()?;
+        for (ns, iface) in [(&self.tx, &self.tx_iface), (&self.rx, &self.rx_iface)] {
+            ns.ip(&["link", "set", "dev", "lo", "up"])?;
+            ns.ip(&["link", "set", "dev", iface, "up"])?;
+        }
+        self.add_neighbours()
+    }
+
+    /// Creates the pair in tx and moves its peer straight into rx.
+    fn create_veth(&self) -> Result<()> {
+        self.tx.ip(&[
+            "link",
+            "add",
+            &self.tx_iface,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &self.rx_iface,
+            "netns",
+            self.rx.name(),
+        ])?;
+        for (ns, iface) in [(&self.tx, &self.tx_iface), (&self.rx, &self.rx_iface)] {
+            // No IPv6 link-local address means no DAD, router or MLD packets to confuse the
+            // counts. Best effort: it fails only where IPv6 is off, which is just as quiet.
+            let _ = ns.ip(&["link", "set", "dev", iface, "addrgenmode", "none"]);
+        }
+        Ok(())
+    }
+
+    fn add_addresses(&self) -> Result<()> {
+        self.rx.ip(&[
+            "addr",
+            "add",
+            &format!("{RX_ADDR}/{PREFIX_LEN}"),
+            "dev",
+            &self.rx_iface,
+        ])?;
+        let lines: Vec<String> = self
+            .sources
+            .iter()
+            .map(|src| format!("addr add {src}/{PREFIX_LEN} dev {}", self.tx_iface))
+            .collect();
+        self.tx.ip_batch(&lines)
+    }
+
+    /// Static (permanent) entries both ways: traffic starts at full rate without ARP, and
+    /// a shaper that drops ARP replies under load cannot starve a test.
+    fn add_neighbours(&self) -> Result<()> {
+        let tx_mac = mac_of(&self.tx, &self.tx_iface)?;
+        let rx_mac = mac_of(&self.rx, &self.rx_iface)?;
+        self.tx.ip(&[
+            "neigh",
+            "replace",
+            &RX_ADDR.to_string(),
+            "lladdr",
+            &rx_mac,
+            "dev",
+            &self.tx_iface,
+            "nud",
+            "permanent",
+        ])?;
+        let lines: Vec<String> = self
+            .sources
+            .iter()
+            .map(|src| {
+                format!(
+                    "neigh replace {src} lladdr {tx_mac} dev {} nud permanent",
+                    self.rx_iface
+                )
+            })
+            .collect();
+        self.rx.ip_batch(&lines)
+    }
+
+    /// The receiver namespace's name (where the shaper attaches: `shaper -n RX ...`).
+    pub fn rx_ns(&self) -> &str {
+        self.rx.name()
+    }
+
+    /// The sender namespace's name.
+    pub fn tx_ns(&self) -> &str {
+        self.tx.name()
+    }
+
+    /// The receiver namespace, to run `ip` in it.
+    pub fn rx_netns(&self) -> &Netns {
+        &self.rx
+    }
+
+    /// The sender namespace, to run `ip` in it.
+    pub fn tx_netns(&self) -> &Netns {
+        &self.tx
+    }
+
+    /// The veth end in the receiver namespace; traffic from the sources arrives here.
+    pub fn rx_iface(&self) -> &str {
+        &self.rx_iface
+    }
+
+    /// The veth end in the sender namespace.
+    pub fn tx_iface(&self) -> &str {
+        &self.tx_iface
+    }
+
+    /// The receiver's address (198.18.0.1).
+    pub fn rx_addr(&self) -> Ipv4Addr {
+        RX_ADDR
+    }
+
+    /// The sender addresses (198.18.0.11, .12, ...), all on the tx veth.
+    pub fn sources(&self) -> &[Ipv4Addr] {
+        &self.sources
+    }
+
+    /// Sets the MTU of both veth ends (needed for frames above 1514 bytes).
+    pub fn set_mtu(&self, mtu: u32) -> Result<()> {
+        let mtu = mtu.to_string();
+        for (ns, iface) in [(&self.tx, &self.tx_iface), (&self.rx, &self.rx_iface)] {
+            ns.ip(&["link", "set", "dev", iface, "mtu", &mtu])?;
+        }
+        Ok(())
+    }
+
+    /// Whether any XDP program (any mode) is attached to the rx veth.
+    pub fn xdp_attached(&self) -> Result<bool> {
+        let link = link_json(&self.rx, &self.rx_iface, true)?;
+        Ok(link.get("xdp").is_some())
+    }
+}
+
+/// `ip [-d] -j link show dev IFACE` in `ns`, as the one JSON object it describes.
+fn link_json(ns: &Netns, iface: &str, details: bool) -> Result<serde_json::Value> {
+    let mut args = vec!["-j"];
+    if details {
+        args.push("-d");
+    }
+    args.extend(["link", "show", "dev", iface]);
+    let out = ns.ip_output(&args)?;
+    let mut links: Vec<serde_json::Value> = serde_json::from_str(&out)
+        .with_context(|| format!("cannot parse `ip -j link show dev {iface}` output: {out}"))?;
+    ensure!(
+        links.len() == 1,
+        "`ip -j link show dev {iface}` in {} listed {} links, expected 1",
+        ns.name(),
+        links.len()
+    );
+    Ok(links.swap_remove(0))
+}
+
+/// The interface's MAC address, as `ip` prints it.
+fn mac_of(ns: &Netns, iface: &str) -> Result<String> {
+    let link = link_json(ns, iface, false)?;
+    link.get("address")
+        .and_then(|a| a.as_str())
+        .map(str::to_owned)
+        .with_context(|| format!("no MAC address for {iface} in {}", ns.name()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::netns::NETNS_RUN_DIR;
+
+    fn netns_exists(name: &str) -> bool {
+        Path::new(NETNS_RUN_DIR).join(name).exists()
+    }
+
+    fn ip_netns_list() -> String {
+        ns::run_command(std::process::Command::new("ip").args(["netns", "list"]))
+            .expect("ip netns list")
+    }
+
+    #[test]
+    #[ignore = "needs root: creates network namespaces (cargo xtask test)"]
+    fn lab_is_created_and_removed() {
+        let lab = Lab::new("t-create", 3).expect("create lab");
+        let (tx, rx) = (lab.tx_ns().to_owned(), lab.rx_ns().to_owned());
+        assert!(netns_exists(&tx) && netns_exists(&rx));
+        assert!(lab.tx_iface().len() <= MAX_IFNAME_LEN);
+        assert!(lab.rx_iface().len() <= MAX_IFNAME_LEN);
+        assert_eq!(
+            lab.sources(),
+            [
+                Ipv4Addr::new(198, 18, 0, 11),
+                Ipv4Addr::new(198, 18, 0, 12),
+                Ipv4Addr::new(198, 18, 0, 13)
+            ]
+        );
+        assert!(!lab.xdp_attached().expect("xdp_attached"));
+        lab.set_mtu(9000).expect("set mtu");
+        // The static neighbour entries are in place (and survive the MTU change).
+        let neigh = lab
+            .rx_netns()
+            .ip_output(&["neigh", "show", "dev", lab.rx_iface()])
+            .expect("ip neigh");
+        assert_eq!(neigh.matches("PERMANENT").count(), 3, "{neigh}");
+
+        // A second lab at the same time gets its own names.
+        let other = Lab::new("t-create", 1).expect("create second lab");
+        assert_ne!(other.rx_ns(), lab.rx_ns());
+        assert_ne!(other.rx_iface(), lab.rx_iface());
+        drop(other);
+
+        drop(lab);
+        assert!(!netns_exists(&tx) && !netns_exists(&rx));
+        let list = ip_netns_list();
+        assert!(!list.contains(&tx) && !list.contains(&rx), "{list}");
+    }
+
+    #[test]
+    fn bad_arguments_are_rejected_before_creating_anything() {
+        assert!(Lab::new("t", 0).is_err());
+        assert!(Lab::new("t", MAX_SOURCES + 1).is_err());
+        assert!(Lab::new("bad/tag", 1).is_err());
+    }
+}
