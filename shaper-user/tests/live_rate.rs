@@ -1,0 +1,144 @@
+//! Live traffic through the real XDP program: two namespaces joined by a veth pair,
+//! shaper attached to the receiving end with the real `shaper` binary.
+
+use std::{net::Ipv4Addr, process::Command, time::Duration};
+
+use shaper_user::lab::{Flow, Lab, run_udp};
+
+const SHAPER: &str = env!("CARGO_BIN_EXE_shaper");
+
+/// Detaches on drop, so a failing assertion leaves nothing attached or pinned.
+struct Attached<'a> {
+    lab: &'a Lab,
+}
+
+impl<'a> Attached<'a> {
+    fn new(lab: &'a Lab, rate: &str, burst: &str) -> Self {
+        let out = shaper(
+            lab,
+            &["attach", lab.rx_iface(), "--rate", rate, "--burst", burst],
+        );
+        assert!(
+            out.status.success(),
+            "attach: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self { lab }
+    }
+}
+
+impl Drop for Attached<'_> {
+    fn drop(&mut self) {
+        let _ = shaper(self.lab, &["detach", self.lab.rx_iface()]);
+    }
+}
+
+fn shaper(lab: &Lab, args: &[&str]) -> std::process::Output {
+    Command::new(SHAPER)
+        .args(["-n", lab.rx_ns()])
+        .args(args)
+        .output()
+        .expect("run shaper")
+}
+
+/// shaper's own per-source counters: (passed_bytes, dropped_packets).
+fn shaper_counts(lab: &Lab, src: Ipv4Addr) -> (u64, u64) {
+    let out = shaper(lab, &["-j", "stats", lab.rx_iface(), "--top", "100"]);
+    assert!(out.status.success());
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = stats["top_sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["source"] == src.to_string())
+        .unwrap_or_else(|| panic!("{src} not in stats"));
+    (
+        row["passed_bytes"].as_u64().unwrap(),
+        row["dropped_packets"].as_u64().unwrap(),
+    )
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn overloaded_sources_get_rate_times_time_plus_burst() {
+    const RATE_BPS: u64 = 8_000_000;
+    const BURST: u64 = 65_536;
+    const FRAME: u32 = 1_000;
+    let lab = Lab::new("live", 4).unwrap();
+    let _attached = Attached::new(&lab, "8mbit", "64k");
+    assert!(lab.xdp_attached().unwrap());
+
+    let src = lab.sources();
+    let flows = [
+        Flow {
+            src: src[0],
+            offered_bps: 5 * RATE_BPS,
+            frame_bytes: FRAME,
+        },
+        Flow {
+            src: src[1],
+            offered_bps: 5 * RATE_BPS,
+            frame_bytes: FRAME,
+        },
+        Flow {
+            src: src[2],
+            offered_bps: 5 * RATE_BPS,
+            frame_bytes: FRAME,
+        },
+        // Below the limit: must lose nothing.
+        Flow {
+            src: src[3],
+            offered_bps: RATE_BPS / 2,
+            frame_bytes: FRAME,
+        },
+    ];
+    let results = run_udp(&lab, &flows, Duration::from_secs(5)).unwrap();
+
+    for r in &results[..3] {
+        let expected = RATE_BPS as f64 / 8.0 * r.offered_secs + BURST as f64;
+        let got = r.received_l2_bytes as f64;
+        let err = (got - expected) / expected;
+        println!(
+            "{}: offered {:.2} Mbit/s for {:.3} s, received {} L2 bytes, expected {:.0} ({:+.3}%)",
+            r.src,
+            r.sent_bps() / 1e6,
+            r.offered_secs,
+            r.received_l2_bytes,
+            expected,
+            err * 100.0
+        );
+        assert!(
+            err.abs() <= 0.03,
+            "{}: error {:+.3}% beyond ±3%",
+            r.src,
+            err * 100.0
+        );
+        // Sanity: it really was overloaded, and shaper's count agrees with the receiver's.
+        assert!(r.sent_l2_bytes as f64 > 4.0 * expected);
+        let (passed, _) = shaper_counts(&lab, r.src);
+        assert!(
+            (passed as f64 - got).abs() / got < 0.005,
+            "{}: shaper passed {passed} bytes, receiver got {got}",
+            r.src
+        );
+    }
+
+    let quiet = &results[3];
+    println!(
+        "{}: offered {:.2} Mbit/s, sent {} received {} packets",
+        quiet.src,
+        quiet.sent_bps() / 1e6,
+        quiet.sent_packets,
+        quiet.received_packets
+    );
+    assert!(quiet.sent_packets > 0);
+    assert_eq!(
+        quiet.received_packets, quiet.sent_packets,
+        "a source below the limit lost packets"
+    );
+    assert_eq!(
+        shaper_counts(&lab, quiet.src).1,
+        0,
+        "shaper dropped a source below the limit"
+    );
+}
