@@ -21,10 +21,6 @@
     target_arch = "bpf",
     expect(internal_features, reason = "core_intrinsics, see atomic.rs")
 )]
-#![cfg_attr(
-    not(target_arch = "bpf"),
-    expect(dead_code, reason = "the programs are only linked for the bpf target")
-)]
 
 mod atomic;
 mod cell;

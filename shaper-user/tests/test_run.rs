@@ -12,7 +12,7 @@ use shaper_common::maps::{
     Config, Counters, Ipv4Key, MAP_COUNTERS, MAP_SOURCES, PROG_XDP, SourceState,
 };
 use shaper_user::{
-    frame::{self, ETH_P_ARP, ETH_P_IP},
+    frame::{self, ETH_P_ARP},
     loader,
 };
 

@@ -38,8 +38,24 @@ enum Cmd {
     Demo(DemoArgs),
     /// Build the lab, print its names and commands to try, and wait for Enter or Ctrl-C.
     Lab(LabArgs),
-    /// Benchmarks (not implemented yet).
-    Bench,
+    /// Per-packet cost of the program next to a no-op XDP program (BPF_PROG_TEST_RUN).
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// The shaper command (for the lab benchmarks to come) [default: next to this executable]
+    #[arg(long)]
+    shaper: Option<PathBuf>,
+    /// A short smoke run: fewer repetitions.
+    #[arg(long)]
+    quick: bool,
+    /// Runs of the program per measurement [default: 1000000, 10000 with --quick]
+    #[arg(long)]
+    repeat: Option<u32>,
+    /// Measurements per case; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
 }
 
 #[derive(Debug, Args)]
@@ -73,10 +89,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Demo(args) => install_stop_handlers().and_then(|()| demo(&args)),
         Cmd::Lab(args) => install_stop_handlers().and_then(|()| lab(&args)),
-        Cmd::Bench => {
-            eprintln!("bench: not implemented yet");
-            return ExitCode::FAILURE;
-        }
+        Cmd::Bench(args) => bench(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -339,4 +352,31 @@ fn print_lab_guide(lab: &Lab) {
     println!("  shaper -n {rx} stats {rx_if}");
     println!("  shaper -n {rx} detach {rx_if}    # before leaving: pins outlive the lab");
     println!("\npress Enter or Ctrl-C to remove the lab");
+}
+
+fn bench(args: &BenchArgs) -> Result<()> {
+    let repeat = args
+        .repeat
+        .unwrap_or(if args.quick { 10_000 } else { 1_000_000 });
+    ensure!(args.runs > 0, "--runs must be at least 1");
+    println!(
+        "per-packet cost, BPF_PROG_TEST_RUN, repeat {repeat}, median of {} runs",
+        args.runs
+    );
+    let results = shaper_user::bench::per_packet(repeat, args.runs)?;
+    let baseline = results[0].median_ns_per_packet;
+    println!(
+        "{:<38} {:>10} {:>9} {:>14}",
+        "case", "ns/packet", "x no-op", "Mpps per core"
+    );
+    for r in &results {
+        println!(
+            "{:<38} {:>10.1} {:>9.2} {:>14.2}",
+            r.case,
+            r.median_ns_per_packet,
+            r.median_ns_per_packet / baseline,
+            r.packets_per_sec() / 1e6
+        );
+    }
+    Ok(())
 }
