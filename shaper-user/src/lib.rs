@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod frame;
 pub mod lab;
+pub mod link;
 pub mod loader;
 pub mod maps;
 pub mod netns;

@@ -23,6 +23,7 @@ use shaper_common::{
 };
 
 use crate::{
+    link,
     maps::{self, PinnedMapError},
     pins::Attachment,
 };
@@ -129,7 +130,14 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
         return Err(AttachError::ZeroSources);
     }
     if req.at.exists() {
-        return update(req);
+        if is_live(&req.at) {
+            return update(req);
+        }
+        // The interface these pins were made for is gone (the kernel detached the link
+        // when it was unregistered): they hold nothing, so start afresh.
+        req.at
+            .remove_pins()
+            .map_err(pin_err("stale pins (removing)", &req.at.dir()))?;
     }
     // Validate the limit before creating anything.
     config_for(req, 0)?;
@@ -139,6 +147,11 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
         let _ = req.at.remove_pins();
     }
     result
+}
+
+/// Whether the attachment's pinned link still holds the program on an interface.
+pub fn is_live(at: &Attachment) -> bool {
+    link::xdp_link_ifindex(&at.link()).is_ok_and(|ifindex| ifindex != 0)
 }
 
 fn update(req: &AttachRequest) -> Result<Attached, AttachError> {

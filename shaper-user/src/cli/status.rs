@@ -20,6 +20,8 @@ struct Row {
     interface: String,
     netns: Option<String>,
     xdp_mode: &'static str,
+    /// False once the interface is gone: the pins hold nothing until `detach` removes them.
+    interface_present: bool,
     rate_bits_per_sec: u64,
     burst_bytes: u64,
     sources_tracked: usize,
@@ -33,6 +35,7 @@ fn row(at: &Attachment) -> Result<Row> {
         interface: at.iface.clone(),
         netns: at.netns.clone(),
         xdp_mode: loader::mode_name(config.xdp_mode),
+        interface_present: loader::is_live(at),
         rate_bits_per_sec: config.rate_bps,
         burst_bytes: config.burst_bytes,
         sources_tracked: maps::read_sources(at)?.len(),
@@ -65,8 +68,13 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
             iface: r.interface.clone(),
             netns: r.netns.clone(),
         };
+        let gone = if r.interface_present {
+            ""
+        } else {
+            " [interface gone: detach to remove its pins]"
+        };
         println!(
-            "{}: xdp {} rate {} burst {} per source, sources {}/{}",
+            "{}: xdp {} rate {} burst {} per source, sources {}/{}{gone}",
             at.label(),
             r.xdp_mode,
             Rate::from_bps(r.rate_bits_per_sec),
