@@ -80,20 +80,20 @@ pub enum AttachError {
         current: &'static str,
     },
     #[error(
-        "native XDP was refused on '{iface}' (its driver may lack XDP support; try --xdp-mode skb or auto): {source}"
+        "native XDP was refused on '{iface}' (its driver may lack XDP support; try --xdp-mode skb or auto)"
     )]
     NativeRefused {
         iface: String,
         source: aya::programs::ProgramError,
     },
-    #[error("cannot attach XDP to '{iface}' (another XDP program may be attached): {source}")]
+    #[error("cannot attach XDP to '{iface}' (another XDP program may be attached)")]
     Attach {
         iface: String,
         source: aya::programs::ProgramError,
     },
-    #[error("cannot load the kernel programs: {0}")]
+    #[error("cannot load the kernel programs")]
     Load(#[source] Box<dyn std::error::Error + Send + Sync>),
-    #[error("cannot pin {what} at {path}: {source}")]
+    #[error("cannot pin {what} at {path}")]
     Pin {
         what: &'static str,
         path: String,
@@ -290,9 +290,9 @@ fn attach_new(req: &AttachRequest) -> Result<Attached, AttachError> {
 pub enum DetachError {
     #[error("shaper is not attached to {0}")]
     NotAttached(String),
-    #[error("cannot open the pinned link {path}: {source}")]
+    #[error("cannot open the pinned link {path}")]
     Link { path: String, source: LinkError },
-    #[error("cannot remove pins under {path}: {source}")]
+    #[error("cannot remove pins under {path}")]
     Unpin {
         path: String,
         source: std::io::Error,

@@ -34,12 +34,26 @@ fn usage_error(e: clap::Error) -> ExitCode {
             ExitCode::SUCCESS
         }
         _ => {
-            let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            eprintln!("shaper: {}", first.trim_start_matches("error: "));
+            eprintln!("shaper: {}", one_line(&e.to_string()));
             ExitCode::from(2)
         }
     }
+}
+
+/// clap's message with what it puts on further lines (the missing arguments, the possible
+/// values) joined on, and without the usage and tips.
+fn one_line(text: &str) -> String {
+    let mut parts = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if line.is_empty() || line.starts_with("tip:") {
+            continue;
+        }
+        parts.push(line.trim_start_matches("error: "));
+    }
+    parts.join(" ")
 }
 
 fn run(cli: &Cli) -> anyhow::Result<()> {

@@ -9,11 +9,11 @@ use crate::pins::Attachment;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PinnedMapError {
-    #[error("cannot open pinned map {path}: {source}")]
+    #[error("cannot open pinned map {path}")]
     Open { path: String, source: MapError },
-    #[error("cannot read pinned map {path}: {source}")]
+    #[error("cannot read pinned map {path}")]
     Read { path: String, source: MapError },
-    #[error("cannot update pinned map {path}: {source}")]
+    #[error("cannot update pinned map {path}")]
     Write { path: String, source: MapError },
 }
 

@@ -11,13 +11,13 @@ pub const NETNS_RUN_DIR: &str = "/run/netns";
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
-    #[error("network namespace '{name}' does not exist ({path}: {source})")]
+    #[error("network namespace '{name}' does not exist ({path})")]
     Open {
         name: String,
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("cannot enter network namespace '{name}': {source}")]
+    #[error("cannot enter network namespace '{name}'")]
     Enter {
         name: String,
         source: std::io::Error,

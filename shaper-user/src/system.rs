@@ -13,7 +13,7 @@ pub enum SystemError {
     NoInterface(String),
     #[error("invalid interface name '{0}'")]
     BadInterfaceName(String),
-    #[error("cannot read the MTU of '{iface}': {source}")]
+    #[error("cannot read the MTU of '{iface}'")]
     Mtu { iface: String, source: io::Error },
 }
 

@@ -1,6 +1,7 @@
 //! `shaper attach IFACE --rate RATE --burst SIZE`: hold every source on IFACE to RATE.
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
+use shaper_common::gcra::{Limit, LimitError};
 use shaper_user::{
     loader::{self, AttachRequest, Attached, XdpAttachMode},
     pins::Attachment,
@@ -31,6 +32,15 @@ pub struct Args {
 }
 
 pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
+    // The values first (naming the argument and the value given), then the interface.
+    Limit::new(args.rate.bits_per_sec(), args.burst.bytes()).map_err(|e| match e {
+        LimitError::RateTooLow | LimitError::RateTooHigh => {
+            anyhow!("invalid --rate {}: {e}", args.rate)
+        }
+        LimitError::BurstZero | LimitError::BurstTooLong => {
+            anyhow!("invalid --burst {}: {e}", args.burst)
+        }
+    })?;
     system::ifindex(&args.iface)?;
     // A frame larger than the burst can never pass: refuse a burst below one full frame.
     let frame = system::mtu(&args.iface)? + ETH_HLEN;
