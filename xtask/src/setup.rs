@@ -20,7 +20,8 @@ const ITEMS: &[Item] = &[
     // bpf-linker links to the system LLVM.
     Item::Apt {
         package: "llvm-22-dev",
-        present: Present::File("/usr/lib/llvm-22/bin/llvm-config"),
+        // llvm-config itself belongs to llvm-22; this file only to llvm-22-dev.
+        present: Present::File("/usr/lib/llvm-22/lib/cmake/llvm/LLVMConfig.cmake"),
     },
     // Tools the kernel tests and shaper-lab spawn.
     Item::Apt {
