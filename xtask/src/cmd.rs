@@ -46,7 +46,7 @@ pub fn stdout(cmd: &mut Command) -> Result<String> {
 }
 
 /// `cmd` as a shell would read it, with the environment variables it sets in front.
-fn display(cmd: &Command) -> String {
+pub fn display(cmd: &Command) -> String {
     let envs = cmd.get_envs().filter_map(|(key, value)| {
         value.map(|value| format!("{}={}", key.to_string_lossy(), quote(value)))
     });
