@@ -363,7 +363,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
         "per-packet cost, BPF_PROG_TEST_RUN, repeat {repeat}, median of {} runs",
         args.runs
     );
-    let results = shaper_user::bench::per_packet(repeat, args.runs)?;
+    let results = shaper_user::bench::per_packet::per_packet(repeat, args.runs)?;
     let baseline = results[0].median_ns_per_packet;
     println!(
         "{:<38} {:>10} {:>9} {:>14}",
