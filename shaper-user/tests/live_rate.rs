@@ -1,49 +1,19 @@
 //! Live traffic through the real XDP program: two namespaces joined by a veth pair,
 //! shaper attached to the receiving end with the real `shaper` binary.
 
-use std::{net::Ipv4Addr, process::Command, time::Duration};
+mod common;
 
+use std::{net::Ipv4Addr, time::Duration};
+
+use common::{attach, shaper};
 use shaper_user::lab::{Flow, Lab, run_udp};
-
-const SHAPER: &str = env!("CARGO_BIN_EXE_shaper");
-
-/// Detaches on drop, so a failing assertion leaves nothing attached or pinned.
-struct Attached<'a> {
-    lab: &'a Lab,
-}
-
-impl<'a> Attached<'a> {
-    fn new(lab: &'a Lab, rate: &str, burst: &str) -> Self {
-        let out = shaper(
-            lab,
-            &["attach", lab.rx_iface(), "--rate", rate, "--burst", burst],
-        );
-        assert!(
-            out.status.success(),
-            "attach: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Self { lab }
-    }
-}
-
-impl Drop for Attached<'_> {
-    fn drop(&mut self) {
-        let _ = shaper(self.lab, &["detach", self.lab.rx_iface()]);
-    }
-}
-
-fn shaper(lab: &Lab, args: &[&str]) -> std::process::Output {
-    Command::new(SHAPER)
-        .args(["-n", lab.rx_ns()])
-        .args(args)
-        .output()
-        .expect("run shaper")
-}
 
 /// shaper's own per-source counters: (passed_bytes, dropped_packets).
 fn shaper_counts(lab: &Lab, src: Ipv4Addr) -> (u64, u64) {
-    let out = shaper(lab, &["-j", "stats", lab.rx_iface(), "--top", "100"]);
+    let out = shaper(
+        lab.rx_ns(),
+        &["-j", "stats", lab.rx_iface(), "--top", "100"],
+    );
     assert!(out.status.success());
     let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let row = stats["top_sources"]
@@ -65,7 +35,7 @@ fn overloaded_sources_get_rate_times_time_plus_burst() {
     const BURST: u64 = 65_536;
     const FRAME: u32 = 1_000;
     let lab = Lab::new("live", 4).unwrap();
-    let _attached = Attached::new(&lab, "8mbit", "64k");
+    let _attached = attach(lab.rx_ns(), lab.rx_iface(), "8mbit", "64k");
     assert!(lab.xdp_attached().unwrap());
 
     let src = lab.sources();

@@ -1,19 +1,10 @@
 //! Pins outlive their interface when it is deleted; shaper must notice rather than
 //! "update" a link that holds nothing.
 
-use std::process::{Command, Output};
+mod common;
 
+use common::{attach, shaper};
 use shaper_user::lab::Lab;
-
-const SHAPER: &str = env!("CARGO_BIN_EXE_shaper");
-
-fn shaper(ns: &str, args: &[&str]) -> Output {
-    Command::new(SHAPER)
-        .args(["-n", ns])
-        .args(args)
-        .output()
-        .expect("run shaper")
-}
 
 fn status_json(ns: &str, iface: &str) -> serde_json::Value {
     let out = shaper(ns, &["-j", "status", iface]);
@@ -23,15 +14,6 @@ fn status_json(ns: &str, iface: &str) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()[0].clone()
-}
-
-/// Detaches on drop whatever happens.
-struct Detach<'a>(&'a str, &'static str);
-
-impl Drop for Detach<'_> {
-    fn drop(&mut self) {
-        let _ = shaper(self.0, &["detach", self.1]);
-    }
 }
 
 #[test]
@@ -48,16 +30,7 @@ fn a_deleted_interface_leaves_stale_pins_that_attach_replaces() {
         rx.ip(&["link", "set", "shst0", "up"]).unwrap();
     };
     add();
-    let _guard = Detach(ns, "shst0");
-    let out = shaper(
-        ns,
-        &["attach", "shst0", "--rate", "8mbit", "--burst", "64k"],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let _guard = attach(ns, "shst0", "8mbit", "64k");
     assert_eq!(status_json(ns, "shst0")["interface_present"], true);
 
     rx.ip(&["link", "del", "shst0"]).unwrap();

@@ -1,0 +1,43 @@
+//! What the kernel tests that drive the `shaper` binary share.
+
+use std::process::{Command, Output};
+
+pub const SHAPER: &str = env!("CARGO_BIN_EXE_shaper");
+
+/// Runs `shaper -n NS ARGS...`.
+pub fn shaper(ns: &str, args: &[&str]) -> Output {
+    Command::new(SHAPER)
+        .args(["-n", ns])
+        .args(args)
+        .output()
+        .expect("run shaper")
+}
+
+/// Detaches shaper from an interface on drop, so a failing assertion leaves nothing
+/// attached or pinned.
+pub struct Detach {
+    ns: String,
+    iface: String,
+}
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        let _ = shaper(&self.ns, &["detach", &self.iface]);
+    }
+}
+
+/// Attaches shaper (`attach IFACE --rate RATE --burst BURST`), panicking with its error
+/// line if it fails; detached again when the guard drops.
+pub fn attach(ns: &str, iface: &str, rate: &str, burst: &str) -> Detach {
+    let guard = Detach {
+        ns: ns.to_owned(),
+        iface: iface.to_owned(),
+    };
+    let out = shaper(ns, &["attach", iface, "--rate", rate, "--burst", burst]);
+    assert!(
+        out.status.success(),
+        "attach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    guard
+}
