@@ -22,8 +22,12 @@ pub fn run(subcommand: &str, args: &[String]) -> Result<ExitCode> {
     let mut lab = Command::new(release.join("shaper-lab"));
     lab.arg(subcommand)
         .arg("--shaper")
-        .arg(release.join("shaper"))
-        .args(args);
+        .arg(release.join("shaper"));
+    // The committed results live in the workspace's bench/, wherever this is run from.
+    if subcommand == "bench" && !args.iter().any(|a| a == "--out" || a.starts_with("--out=")) {
+        lab.arg("--out").arg(workspace::root().join("bench"));
+    }
+    lab.args(args);
     // shaper-lab keeps the caller's current directory, so relative paths in `args` work.
     Err(cmd::exec(&mut lab))
 }

@@ -7,7 +7,10 @@
 //!   shaper and the incumbents, with per-source time series and softirq CPU cost.
 //! - `report`: writes `bench/results.md`, `bench/results.json` and the plots.
 
+pub mod accuracy;
 pub mod per_packet;
+pub mod report;
+pub mod scale;
 
 use std::net::Ipv4Addr;
 

@@ -3,7 +3,7 @@
 //! * `demo` attaches shaper, drives four sources at different loads and shows what got
 //!   through per source.
 //! * `lab` builds the network and waits, for experimenting by hand.
-//! * `bench` is reserved for the benchmarks.
+//! * `bench` measures per-packet cost, scale and rate accuracy, and writes the report.
 //!
 //! Needs root (it creates network namespaces). Everything it creates is removed on exit,
 //! including after an error or Ctrl-C.
@@ -38,24 +38,28 @@ enum Cmd {
     Demo(DemoArgs),
     /// Build the lab, print its names and commands to try, and wait for Enter or Ctrl-C.
     Lab(LabArgs),
-    /// Per-packet cost of the program next to a no-op XDP program (BPF_PROG_TEST_RUN).
+    /// Benchmarks: per-packet cost against a no-op XDP program, memory and cost as sources
+    /// grow, rate accuracy against tc; writes results.md, results.json and SVG plots.
     Bench(BenchArgs),
 }
 
 #[derive(Debug, Args)]
 struct BenchArgs {
-    /// The shaper command (for the lab benchmarks to come) [default: next to this executable]
+    /// The shaper command, for the lab benchmarks [default: next to this executable]
     #[arg(long)]
     shaper: Option<PathBuf>,
-    /// A short smoke run: fewer repetitions.
+    /// A short smoke run: fewer repetitions, frames and seconds (figures not worth quoting).
     #[arg(long)]
     quick: bool,
-    /// Runs of the program per measurement [default: 1000000, 10000 with --quick]
+    /// Where to write results.md, results.json and the plots (created if needed)
+    #[arg(long, default_value = "bench")]
+    out: PathBuf,
+    /// Runs of the program per loop measurement [default: 1000000, 10000 with --quick]
     #[arg(long)]
     repeat: Option<u32>,
-    /// Measurements per case; the median is reported.
-    #[arg(long, default_value_t = 5)]
-    runs: usize,
+    /// Measurements per case; the median is reported [default: 7, 5 with --quick]
+    #[arg(long)]
+    runs: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -355,28 +359,162 @@ fn print_lab_guide(lab: &Lab) {
 }
 
 fn bench(args: &BenchArgs) -> Result<()> {
-    let repeat = args
-        .repeat
-        .unwrap_or(if args.quick { 10_000 } else { 1_000_000 });
-    ensure!(args.runs > 0, "--runs must be at least 1");
+    use shaper_user::bench::{per_packet, report, scale};
+
+    let mut opts = per_packet::Options::new(args.quick);
+    if let Some(repeat) = args.repeat {
+        opts.repeat = repeat;
+    }
+    if let Some(runs) = args.runs {
+        opts.runs = runs;
+    }
+    ensure!(opts.runs > 0, "--runs must be at least 1");
+    ensure!(opts.repeat > 0, "--repeat must be at least 1");
+    let machine = report::Machine::this();
     println!(
-        "per-packet cost, BPF_PROG_TEST_RUN, repeat {repeat}, median of {} runs",
-        args.runs
+        "shaper bench on {} (kernel {}, {} x {}){}",
+        machine.host,
+        machine.kernel,
+        machine.cpus,
+        machine.cpu_model,
+        if args.quick { ", --quick" } else { "" }
     );
-    let results = shaper_user::bench::per_packet::per_packet(repeat, args.runs)?;
-    let baseline = results[0].median_ns_per_packet;
+    // One CPU for the BPF_PROG_TEST_RUN figures: each and its baseline see the same core.
+    let affinity = pin_to_current_cpu();
+
     println!(
-        "{:<38} {:>10} {:>9} {:>14}",
-        "case", "ns/packet", "x no-op", "Mpps per core"
+        "filling maps of {} sources ...",
+        scale::SIZES.map(|n| n.to_string()).join(", ")
     );
-    for r in &results {
+    let mut populations = scale::populations()?;
+    println!(
+        "scale: memory and cost on a known source, repeat {}",
+        opts.repeat
+    );
+    let scale_results = scale::run(&mut populations, opts.repeat, opts.runs)?;
+    println!(
+        "per-packet cost: repeat {} (loop), {} frames (single shot), median of {} runs",
+        opts.repeat, opts.frames, opts.runs
+    );
+    let per_packet = per_packet::run(&opts, &mut populations)?;
+    drop(populations);
+    // The lab benchmarks need every CPU back (traffic threads, softirq accounting).
+    restore_affinity(affinity);
+    print_per_packet(&per_packet);
+    for r in &scale_results.rows {
         println!(
-            "{:<38} {:>10.1} {:>9.2} {:>14.2}",
-            r.case,
-            r.median_ns_per_packet,
-            r.median_ns_per_packet / baseline,
-            r.packets_per_sec() / 1e6
+            "{:>8} sources: {:>11} bytes memlock, {:>6.1} bytes/source, known key {:.1} ns ({:.2}x no-op)",
+            r.capacity,
+            r.memlock_filled_bytes,
+            r.bytes_per_source,
+            r.hot_pass_ns,
+            r.hot_ratio_to_noop
         );
     }
+
+    let (accuracy, accuracy_missing) = bench_accuracy(args);
+    let written = report::write(
+        &args.out,
+        &report::Inputs {
+            machine: &machine,
+            quick: args.quick,
+            per_packet: &per_packet,
+            scale: &scale_results,
+            accuracy: accuracy.as_ref(),
+            accuracy_missing: accuracy_missing.as_deref(),
+        },
+    )?;
+    println!("\nwrote:");
+    for path in written {
+        println!("  {}", path.display());
+    }
     Ok(())
+}
+
+/// The accuracy benchmarks, or why there are none: their failure is reported in
+/// results.md rather than aborting the figures already measured.
+fn bench_accuracy(
+    args: &BenchArgs,
+) -> (Option<shaper_user::bench::AccuracyResults>, Option<String>) {
+    use shaper_user::bench::accuracy;
+
+    // The shaper command is needed only by the accuracy benchmarks.
+    let shaper = match &args.shaper {
+        Some(path) => path.clone(),
+        None => match default_shaper() {
+            Ok(path) => path,
+            Err(e) => return (None, Some(format!("{e:#}"))),
+        },
+    };
+    println!("\nrate accuracy and CPU cost in the namespace lab ...");
+    let opts = accuracy::AccuracyOptions {
+        shaper,
+        quick: args.quick,
+        // Sending time of each run; quick mode shortens it further by itself.
+        seconds: 3.0,
+    };
+    match accuracy::run(&opts) {
+        Ok(results) => {
+            for line in accuracy::summary_lines(&results) {
+                println!("{line}");
+            }
+            (Some(results), None)
+        }
+        Err(e) => {
+            eprintln!("shaper-lab: the accuracy benchmarks failed: {e:#}");
+            (None, Some(format!("the accuracy benchmarks failed: {e:#}")))
+        }
+    }
+}
+
+fn print_per_packet(results: &shaper_user::bench::per_packet::PerPacketResults) {
+    println!(
+        "{:<70} {:>10} {:>9} {:>14}",
+        "case", "ns/packet", "x no-op", "Mpps per core"
+    );
+    for r in &results.cases {
+        println!(
+            "{:<70} {:>10.1} {:>9.2} {:>14.2}",
+            r.case,
+            r.ns_per_packet,
+            r.ratio_to_noop,
+            r.packets_per_sec / 1e6
+        );
+        if let Some(note) = &r.note {
+            println!("    note: {note}");
+        }
+    }
+}
+
+/// Keeps this thread on the CPU it is on and returns the affinity it had (best effort: a
+/// failure only costs stability).
+fn pin_to_current_cpu() -> Option<libc::cpu_set_t> {
+    // SAFETY: sched_getcpu has no preconditions; the cpu_set_t values are zeroed plain
+    // data, filled by the kernel or the libc helpers, and outlive the calls that use them.
+    unsafe {
+        let mut previous: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut previous) != 0 {
+            return None;
+        }
+        let cpu = libc::sched_getcpu();
+        if cpu < 0 {
+            return None;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+            eprintln!("shaper-lab: warning: cannot pin to CPU {cpu}; figures may be noisier");
+            return None;
+        }
+        Some(previous)
+    }
+}
+
+fn restore_affinity(previous: Option<libc::cpu_set_t>) {
+    if let Some(set) = previous {
+        // SAFETY: `set` is a valid cpu_set_t read from the kernel.
+        if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) } != 0 {
+            eprintln!("shaper-lab: warning: cannot restore the CPU affinity");
+        }
+    }
 }

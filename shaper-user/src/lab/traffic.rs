@@ -7,11 +7,18 @@
 //!
 //! Rates and sizes are at layer 2, as the shaper counts them: a frame is the UDP payload
 //! plus the UDP, IPv4 and Ethernet headers (42 bytes), without the FCS.
+//!
+//! [`run_udp`] is the simple form; [`run_udp_with`] adds, through [`RunOptions`], arrival
+//! counts in fixed time bins per source, a longer drain for queueing limiters, and senders
+//! pinned round-robin to the CPUs this process may use (a flow split over several sockets
+//! when there are fewer flows than CPUs). On a veth, the receive path of a frame (XDP, the
+//! receiver's IP stack) runs in softirq on the CPU that sent it, so spreading the senders
+//! spreads the receive-side work too.
 
 use std::{
     collections::HashMap,
     io,
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket},
+    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
     os::fd::AsRawFd as _,
     sync::atomic::{AtomicBool, Ordering},
     thread::{self, ScopedJoinHandle},
@@ -38,7 +45,13 @@ const DRAIN: Duration = Duration::from_millis(300);
 /// How often the receiver looks at its stop flag when no packets come.
 const RECV_TIMEOUT: Duration = Duration::from_millis(50);
 /// Room for bursts while the receiving thread is not scheduled (2 cores, kernel busy too).
-const RCVBUF_BYTES: libc::c_int = 16 << 20;
+const RCVBUF_BYTES: libc::c_int = 64 << 20;
+/// The senders' common pacing clock starts this long after the threads are spawned.
+const START_DELAY: Duration = Duration::from_millis(20);
+/// Datagrams the receiver takes per recvmmsg call.
+const RECV_BATCH: usize = 64;
+/// Largest UDP payload the receiver expects (a [`MAX_FRAME_BYTES`] frame).
+const RECV_BUF_BYTES: usize = (MAX_FRAME_BYTES - L2_OVERHEAD) as usize;
 /// Hard stop for the receiver beyond duration + DRAIN, should the stop flag never come.
 const RECEIVER_SLACK: Duration = Duration::from_secs(10);
 
@@ -58,6 +71,13 @@ pub struct Flow {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FlowResult {
     pub src: Ipv4Addr,
+    /// Sends tried: `sent_packets` plus the refused ones. Fewer than the pacing asked for
+    /// when the sender could not keep up (it then sends as fast as it can until the
+    /// duration is over).
+    pub attempted_packets: u64,
+    /// Sends that succeeded. A frame a qdisc drops still counts as sent (Linux UDP reports
+    /// ENOBUFS from the device layer as success unless IP_RECVERR is set); a send refused
+    /// because the socket's send buffer is full (EAGAIN: qdisc backpressure) does not.
     pub sent_packets: u64,
     pub sent_l2_bytes: u64,
     pub received_packets: u64,
@@ -67,6 +87,13 @@ pub struct FlowResult {
     /// interval, which makes `sent_bps` match the offered rate instead of overshooting it
     /// by one packet.)
     pub offered_secs: f64,
+    /// When the receiver got this source's last datagram, in seconds from the common start
+    /// of the senders' pacing clock (0 if nothing arrived). Queued traffic arrives after the
+    /// senders stop, so for a queueing limiter this is later than `offered_secs`.
+    pub last_arrival_secs: f64,
+    /// L2 bytes received per time bin from the common start, when [`RunOptions::bin`] is set
+    /// (empty otherwise). Bins run to the end of the drain; trailing empty bins are kept.
+    pub received_bins: Vec<u64>,
 }
 
 impl FlowResult {
@@ -89,52 +116,275 @@ fn bits_per_sec(bytes: u64, secs: f64) -> f64 {
     }
 }
 
+/// How [`run_udp_with`] runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Count received L2 bytes per source in bins of this width ([`FlowResult::received_bins`]).
+    pub bin: Option<Duration>,
+    /// How long the receiver keeps counting after the last sender stopped; queueing
+    /// limiters deliver their backlog in this time.
+    pub drain: Duration,
+    /// Pin sender threads round-robin to the CPUs this process may run on (and run the
+    /// receiver SCHED_FIFO so it keeps up) and, when there are fewer flows than CPUs, split
+    /// each flow over several sockets (same source address, other ports, the rate shared
+    /// out) so that one source can use every CPU.
+    pub spread_cpus: bool,
+}
+
+impl Default for RunOptions {
+    /// No bins, a 300 ms drain, senders where the scheduler puts them (as [`run_udp`]).
+    fn default() -> Self {
+        RunOptions {
+            bin: None,
+            drain: DRAIN,
+            spread_cpus: false,
+        }
+    }
+}
+
+/// What [`run_udp_with`] measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunReport {
+    /// One per flow, in the order of the flows.
+    pub flows: Vec<FlowResult>,
+    /// Datagrams the receiving socket dropped because its buffer was full (UDP
+    /// `RcvbufErrors` in the rx namespace over the run): received counts are short by this
+    /// many. Should be 0.
+    pub receiver_drops: u64,
+    /// Frames lost in the lab's own path over the run, before any counting socket: the tx
+    /// veth's `tx_dropped` (the peer's receive ring or backlog was full), the rx veth's
+    /// `rx_dropped`, and the machine-wide softnet backlog drops (`/proc/net/softnet_stat`).
+    /// Not limiter drops (qdisc and XDP drops are not counted here). Should be 0; when it
+    /// is not, the machine could not carry the offered load and the counts mean little.
+    pub path_drops: u64,
+    /// Sender threads used (more than the flows when a flow was split over CPUs).
+    pub sender_threads: usize,
+}
+
 /// Sends every flow for `duration` from the tx namespace to the receiver in the rx
 /// namespace and counts what arrives. Results are in the order of `flows`.
 ///
 /// Sends that fail with ENOBUFS or EAGAIN (queues full) count as not sent; the flow goes on.
 pub fn run_udp(lab: &Lab, flows: &[Flow], duration: Duration) -> Result<Vec<FlowResult>> {
+    Ok(run_udp_with(lab, flows, duration, &RunOptions::default())?.flows)
+}
+
+/// [`run_udp`] with [`RunOptions`]: time bins, drain time, senders spread over CPUs.
+pub fn run_udp_with(
+    lab: &Lab,
+    flows: &[Flow],
+    duration: Duration,
+    options: &RunOptions,
+) -> Result<RunReport> {
     validate(lab, flows)?;
+    if let Some(bin) = options.bin {
+        ensure!(!bin.is_zero(), "the bin width must be above zero");
+    }
     let receiver = open_receiver(lab)?;
     let port = receiver.local_addr()?.port();
     let dst = SocketAddrV4::new(lab.rx_addr(), port);
-    let senders = open_senders(lab, flows, dst)?;
+    let cpus = if options.spread_cpus {
+        allowed_cpus()?
+    } else {
+        Vec::new()
+    };
+    // Sockets per flow: enough that every CPU gets a sender.
+    let per_flow = if cpus.len() > flows.len() {
+        cpus.len().div_ceil(flows.len())
+    } else {
+        1
+    };
+    let plan: Vec<(usize, Flow)> = flows
+        .iter()
+        .enumerate()
+        .flat_map(|(i, flow)| {
+            (0..per_flow).map(move |k| {
+                // Share the rate out so the parts add up to the flow's rate exactly.
+                let share = |k: usize| flow.offered_bps * k as u64 / per_flow as u64;
+                let part = Flow {
+                    offered_bps: share(k + 1) - share(k),
+                    ..*flow
+                };
+                (i, part)
+            })
+        })
+        .collect();
+    let parts: Vec<Flow> = plan.iter().map(|&(_, part)| part).collect();
+    let senders = open_senders(lab, &parts, dst)?;
+    let drops_before = udp_rcvbuf_errors(lab)?;
+    let path_before = path_drops(lab)?;
 
     let stop = AtomicBool::new(false);
-    let deadline = Instant::now() + duration + DRAIN + RECEIVER_SLACK;
+    // A common pacing start a little ahead, so threads spawned later do not start with a
+    // backlog to catch up on.
+    let start = Instant::now() + START_DELAY;
+    let deadline = start + duration + options.drain + RECEIVER_SLACK;
+    let bin = options.bin;
     let (sent, received) = thread::scope(|scope| {
         // Stops the receiver however this block ends, including a sender's panic being
         // re-raised below; otherwise the scope would wait for the receiver's deadline.
         let stop_guard = StopOnDrop(&stop);
-        let receiver = scope.spawn(|| receive(&receiver, &stop, deadline));
+        let receiver = scope.spawn(|| {
+            if options.spread_cpus {
+                // Counting must not starve behind dozens of busy senders (the socket would
+                // overflow and the count fall short). Best effort: the thread blocks when
+                // nothing comes, and the kernel's RT throttling bounds it anyway.
+                realtime_priority();
+            }
+            receive(&receiver, &stop, start, deadline, bin)
+        });
         let handles: Vec<_> = senders
             .iter()
-            .zip(flows)
-            .map(|(socket, flow)| scope.spawn(move || send_paced(socket, flow, duration)))
+            .zip(&parts)
+            .enumerate()
+            .map(|(n, (socket, part))| {
+                let cpu = (!cpus.is_empty()).then(|| cpus[n % cpus.len()]);
+                scope.spawn(move || {
+                    if let Some(cpu) = cpu {
+                        pin_to_cpu(cpu)?;
+                    }
+                    send_paced(socket, part, start, duration)
+                })
+            })
             .collect();
         let sent: Vec<_> = handles.into_iter().map(join).collect();
-        thread::sleep(DRAIN);
+        thread::sleep(options.drain);
         drop(stop_guard);
         (sent, join(receiver))
     });
     let received = received?;
+    let drops_after = udp_rcvbuf_errors(lab)?;
+    let path_after = path_drops(lab)?;
 
-    flows
+    let mut results: Vec<FlowResult> = flows
         .iter()
-        .zip(sent)
-        .map(|(flow, sent)| {
-            let sent = sent.with_context(|| format!("sender {} failed", flow.src))?;
-            let got = received.get(&flow.src).copied().unwrap_or_default();
-            Ok(FlowResult {
-                src: flow.src,
-                sent_packets: sent.packets,
-                sent_l2_bytes: sent.packets * u64::from(flow.frame_bytes),
-                received_packets: got.packets,
-                received_l2_bytes: got.l2_bytes,
-                offered_secs: sent.secs,
-            })
+        .map(|flow| FlowResult {
+            src: flow.src,
+            attempted_packets: 0,
+            sent_packets: 0,
+            sent_l2_bytes: 0,
+            received_packets: 0,
+            received_l2_bytes: 0,
+            offered_secs: 0.0,
+            last_arrival_secs: 0.0,
+            received_bins: Vec::new(),
         })
-        .collect()
+        .collect();
+    for (&(i, part), sent) in plan.iter().zip(sent) {
+        let sent = sent.with_context(|| format!("sender {} failed", part.src))?;
+        let r = &mut results[i];
+        r.attempted_packets += sent.attempted;
+        r.sent_packets += sent.packets;
+        r.sent_l2_bytes += sent.packets * u64::from(part.frame_bytes);
+        r.offered_secs = r.offered_secs.max(sent.secs);
+    }
+    for r in &mut results {
+        if let Some(got) = received.get(&r.src) {
+            r.received_packets = got.packets;
+            r.received_l2_bytes = got.l2_bytes;
+            r.last_arrival_secs = got.last_arrival_secs;
+            r.received_bins.clone_from(&got.bins);
+        }
+        if let Some(bin) = bin {
+            // Every source gets the same number of bins, silent ones included.
+            let total = duration + options.drain;
+            let n = total.as_nanos().div_ceil(bin.as_nanos());
+            let n = usize::try_from(n).unwrap_or(usize::MAX);
+            if r.received_bins.len() < n {
+                r.received_bins.resize(n, 0);
+            }
+        }
+    }
+    Ok(RunReport {
+        flows: results,
+        receiver_drops: drops_after.saturating_sub(drops_before),
+        path_drops: path_after.saturating_sub(path_before),
+        sender_threads: parts.len(),
+    })
+}
+
+/// The CPUs this process may run on (its affinity mask).
+fn allowed_cpus() -> Result<Vec<usize>> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set; sched_getaffinity writes at most
+    // the size we pass.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the pointer and size describe `set`.
+    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error()).context("sched_getaffinity failed");
+    }
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `cpu` is below CPU_SETSIZE, the set's size.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect();
+    ensure!(!cpus.is_empty(), "this process may run on no CPU");
+    Ok(cpus)
+}
+
+/// Makes the calling thread SCHED_FIFO at the lowest real-time priority, if allowed.
+fn realtime_priority() {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: `param` is a valid sched_param for the call; pid 0 is the calling thread.
+    // Failure (no privilege) leaves the thread as it was, which is fine.
+    let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &raw const param) };
+}
+
+/// Pins the calling thread to one CPU.
+fn pin_to_cpu(cpu: usize) -> Result<()> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` came from the affinity mask, so it is below CPU_SETSIZE.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: the pointer and size describe `set`; pid 0 is the calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error()).with_context(|| format!("cannot pin to CPU {cpu}"));
+    }
+    Ok(())
+}
+
+/// The counters [`RunReport::path_drops`] sums, now.
+fn path_drops(lab: &Lab) -> Result<u64> {
+    let dropped = |ns: &super::Netns, iface: &str, dir: &str| -> Result<u64> {
+        let out = ns.ip_output(&["-s", "-j", "link", "show", "dev", iface])?;
+        let links: serde_json::Value =
+            serde_json::from_str(&out).context("cannot parse `ip -s -j link` output")?;
+        links[0]["stats64"][dir]["dropped"]
+            .as_u64()
+            .with_context(|| format!("no {dir} dropped count for {iface}"))
+    };
+    let tx = dropped(lab.tx_netns(), lab.tx_iface(), "tx")?;
+    let rx = dropped(lab.rx_netns(), lab.rx_iface(), "rx")?;
+    let softnet = std::fs::read_to_string("/proc/net/softnet_stat")
+        .context("cannot read /proc/net/softnet_stat")?;
+    // One line per CPU, hex columns; the second is packets dropped for a full backlog.
+    let backlog: u64 = softnet
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter_map(|x| u64::from_str_radix(x, 16).ok())
+        .sum();
+    Ok(tx + rx + backlog)
+}
+
+/// UDP `RcvbufErrors` in the rx namespace (from `/proc/thread-self/net/snmp`, read by a
+/// thread inside it).
+fn udp_rcvbuf_errors(lab: &Lab) -> Result<u64> {
+    let snmp = netns::run_in(lab.rx_ns(), || {
+        std::fs::read_to_string("/proc/thread-self/net/snmp")
+    })?
+    .context("cannot read /proc/thread-self/net/snmp in the rx namespace")?;
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
+    let (Some(names), Some(values)) = (udp.next(), udp.next()) else {
+        anyhow::bail!("no Udp lines in /proc/net/snmp");
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(name, _)| *name == "RcvbufErrors")
+        .context("no RcvbufErrors in /proc/net/snmp")?
+        .1
+        .parse()
+        .context("bad RcvbufErrors value")
 }
 
 fn validate(lab: &Lab, flows: &[Flow]) -> Result<()> {
@@ -251,37 +501,94 @@ fn set_int_option(
     }
 }
 
-/// Packets and layer-2 bytes received from one source.
-#[derive(Debug, Default, Clone, Copy)]
+/// What arrived from one source.
+#[derive(Debug, Default, Clone)]
 struct Counts {
     packets: u64,
     l2_bytes: u64,
+    /// Seconds from the pacing start to the last arrival.
+    last_arrival_secs: f64,
+    /// L2 bytes per bin, when binning.
+    bins: Vec<u64>,
 }
 
-/// Counts datagrams per source address until `stop` is set or `deadline` passes.
+/// Counts datagrams per source address until `stop` is set or `deadline` passes, taking
+/// up to [`RECV_BATCH`] per system call (recvmmsg) so one thread keeps up with both CPUs'
+/// worth of senders. Arrival times are when the batch was read, so they lag the kernel's
+/// arrival by the time the batch waited in the socket (at most a batch's worth).
 fn receive(
     socket: &UdpSocket,
     stop: &AtomicBool,
+    start: Instant,
     deadline: Instant,
+    bin: Option<Duration>,
 ) -> Result<HashMap<Ipv4Addr, Counts>> {
     let mut counts: HashMap<Ipv4Addr, Counts> = HashMap::new();
-    let mut buf = vec![0u8; 65536];
+    let mut bufs = vec![0u8; RECV_BATCH * RECV_BUF_BYTES];
+    // SAFETY (zeroed): all-zero is a valid value of these plain C structs.
+    let mut addrs: Vec<libc::sockaddr_in> = vec![unsafe { std::mem::zeroed() }; RECV_BATCH];
+    let mut iovs: Vec<libc::iovec> = bufs
+        .chunks_exact_mut(RECV_BUF_BYTES)
+        .map(|chunk| libc::iovec {
+            iov_base: chunk.as_mut_ptr().cast(),
+            iov_len: chunk.len(),
+        })
+        .collect();
+    // SAFETY: as above.
+    let mut msgs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; RECV_BATCH];
     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-        match socket.recv_from(&mut buf) {
-            Ok((len, SocketAddr::V4(from))) => {
-                let entry = counts.entry(*from.ip()).or_default();
-                entry.packets += 1;
-                entry.l2_bytes += len as u64 + u64::from(L2_OVERHEAD);
+        for ((msg, iov), addr) in msgs.iter_mut().zip(&mut iovs).zip(&mut addrs) {
+            msg.msg_hdr.msg_name = (&raw mut *addr).cast();
+            msg.msg_hdr.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            msg.msg_hdr.msg_iov = &raw mut *iov;
+            msg.msg_hdr.msg_iovlen = 1;
+            msg.msg_len = 0;
+        }
+        // SAFETY: every header points at a live iovec over its own chunk of `bufs` and at
+        // its own sockaddr_in, all of which outlive the call; the fd is open. The socket's
+        // read timeout bounds the wait for the first datagram (MSG_WAITFORONE).
+        let n = unsafe {
+            libc::recvmmsg(
+                socket.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                RECV_BATCH as libc::c_uint,
+                libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                // The read timeout: go and look at the stop flag.
+                io::ErrorKind::WouldBlock
+                | io::ErrorKind::TimedOut
+                | io::ErrorKind::Interrupted => {
+                    continue;
+                }
+                _ => return Err(e).context("receiver: recvmmsg failed"),
             }
-            Ok((_, SocketAddr::V6(_))) => {}
-            // The read timeout: go and look at the stop flag.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e).context("receiver: recv_from failed"),
+        }
+        let at = start.elapsed().as_secs_f64();
+        let bin_index = bin.map(|bin| {
+            let since = Instant::now().saturating_duration_since(start);
+            usize::try_from(since.as_nanos() / bin.as_nanos()).unwrap_or(usize::MAX)
+        });
+        for (msg, addr) in msgs.iter().zip(&addrs).take(n as usize) {
+            if i32::from(addr.sin_family) != libc::AF_INET {
+                continue;
+            }
+            let src = Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr));
+            let l2 = u64::from(msg.msg_len) + u64::from(L2_OVERHEAD);
+            let entry = counts.entry(src).or_default();
+            entry.packets += 1;
+            entry.l2_bytes += l2;
+            entry.last_arrival_secs = at;
+            if let Some(i) = bin_index {
+                if entry.bins.len() <= i {
+                    entry.bins.resize(i + 1, 0);
+                }
+                entry.bins[i] += l2;
+            }
         }
     }
     Ok(counts)
@@ -290,17 +597,22 @@ fn receive(
 /// What one sender managed to send.
 #[derive(Debug, Clone, Copy)]
 struct Sent {
+    attempted: u64,
     packets: u64,
     /// Pacing start to last successful send.
     secs: f64,
 }
 
-/// Sends `flow` for `duration`: each tick sends the packets that became due since the
-/// start, so after a stall it catches up by at most what the stall delayed.
-fn send_paced(socket: &UdpSocket, flow: &Flow, duration: Duration) -> Result<Sent> {
+/// Sends `flow` from `start` for `duration`: each tick sends the packets that became due
+/// since the start, so after a stall it catches up by at most what the stall delayed. A
+/// sender that cannot keep up sends flat out, and still stops at `start + duration`.
+fn send_paced(socket: &UdpSocket, flow: &Flow, start: Instant, duration: Duration) -> Result<Sent> {
+    /// How many sends between looks at the clock when behind.
+    const CLOCK_EVERY: u64 = 32;
     let payload = vec![0u8; (flow.frame_bytes - L2_OVERHEAD) as usize];
     let frames_per_sec = flow.offered_bps as f64 / 8.0 / f64::from(flow.frame_bytes);
-    let start = Instant::now();
+    let end = start + duration;
+    thread::sleep(start.saturating_duration_since(Instant::now()));
     // Attempts, not successes, drive the pacing: a dropped send is not retried later.
     let mut attempted: u64 = 0;
     let mut sent: u64 = 0;
@@ -309,6 +621,9 @@ fn send_paced(socket: &UdpSocket, flow: &Flow, duration: Duration) -> Result<Sen
         let elapsed = start.elapsed().min(duration);
         let due = (frames_per_sec * elapsed.as_secs_f64()).floor() as u64;
         while attempted < due {
+            if attempted % CLOCK_EVERY == CLOCK_EVERY - 1 && Instant::now() >= end {
+                break;
+            }
             attempted += 1;
             match socket.send(&payload) {
                 Ok(_) => {
@@ -319,17 +634,18 @@ fn send_paced(socket: &UdpSocket, flow: &Flow, duration: Duration) -> Result<Sen
                 Err(e) => return Err(send_error(e, flow)),
             }
         }
-        if elapsed >= duration {
+        if elapsed >= duration || Instant::now() >= end {
             break;
         }
         thread::sleep(until_next_tick(start.elapsed()));
     }
     Ok(Sent {
+        attempted,
         packets: sent,
         secs: if sent == 0 {
             0.0
         } else {
-            (last_send - start).as_secs_f64()
+            last_send.saturating_duration_since(start).as_secs_f64()
         },
     })
 }

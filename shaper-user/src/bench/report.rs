@@ -1,0 +1,953 @@
+//! Writes the benchmark report: `results.md`, `results.json` and SVG plots in one directory.
+//!
+//! Ratios to a baseline measured in the same run are the headline; absolute figures are
+//! context (they depend on the machine). Nothing is written for a part that was not
+//! measured: results.md says it is missing and why.
+
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context as _, Result, anyhow};
+use plotters::{
+    prelude::*,
+    style::text_anchor::{HPos, Pos, VPos},
+};
+use serde::Serialize;
+
+use super::{
+    AccuracyResults,
+    per_packet::{Method, PerPacketResults},
+    scale::ScaleResults,
+};
+
+/// Where the figures were measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct Machine {
+    pub host: String,
+    pub kernel: String,
+    pub cpu_model: String,
+    pub cpus: usize,
+    /// ISO 8601, UTC, from the system clock.
+    pub date_utc: String,
+}
+
+impl Machine {
+    /// Reads this machine's description from /proc and the clock.
+    pub fn this() -> Self {
+        let read = |path: &str| {
+            std::fs::read_to_string(path)
+                .map(|s| s.trim().to_owned())
+                .ok()
+        };
+        let cpuinfo = read("/proc/cpuinfo").unwrap_or_default();
+        let field = |name: &str| {
+            cpuinfo.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                (k.trim() == name).then(|| v.trim().to_owned())
+            })
+        };
+        let processors = cpuinfo
+            .lines()
+            .filter(|l| l.split(':').next().is_some_and(|k| k.trim() == "processor"))
+            .count();
+        Machine {
+            host: read("/proc/sys/kernel/hostname").unwrap_or_else(|| "this machine".into()),
+            kernel: read("/proc/sys/kernel/osrelease").unwrap_or_else(|| "unknown".into()),
+            cpu_model: field("model name")
+                .or_else(|| field("Model"))
+                .or_else(|| field("cpu model"))
+                .unwrap_or_else(|| "unknown".into()),
+            cpus: if processors > 0 {
+                processors
+            } else {
+                std::thread::available_parallelism().map_or(0, usize::from)
+            },
+            date_utc: utc_now(),
+        }
+    }
+}
+
+/// The system clock as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// The accuracy part as the report sees it.
+#[derive(Clone, Debug, Serialize)]
+struct AccuracySection<'a> {
+    /// "measured", or "missing" with the reason.
+    status: &'static str,
+    reason: Option<&'a str>,
+    results: Option<&'a AccuracyResults>,
+}
+
+#[derive(Serialize)]
+struct Json<'a> {
+    machine: &'a Machine,
+    quick: bool,
+    per_packet: &'a PerPacketResults,
+    scale: &'a ScaleResults,
+    accuracy: AccuracySection<'a>,
+}
+
+/// Everything the report is made of.
+pub struct Inputs<'a> {
+    pub machine: &'a Machine,
+    /// Whether this was a `--quick` run (too short for figures worth quoting).
+    pub quick: bool,
+    pub per_packet: &'a PerPacketResults,
+    pub scale: &'a ScaleResults,
+    /// `None` when the accuracy part was not run or failed; `accuracy_missing` says why.
+    pub accuracy: Option<&'a AccuracyResults>,
+    pub accuracy_missing: Option<&'a str>,
+}
+
+/// Writes results.md, results.json and the plots into `dir` (created if needed);
+/// returns the files written.
+pub fn write(dir: &Path, inputs: &Inputs<'_>) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut written = Vec::new();
+    let mut plots = Vec::new();
+
+    let path = dir.join("per_packet.svg");
+    plot_per_packet(&path, inputs.per_packet)?;
+    plots.push(path);
+    let path = dir.join("scale.svg");
+    plot_scale(&path, inputs.per_packet, inputs.scale)?;
+    plots.push(path);
+    if let Some(acc) = inputs.accuracy {
+        if !acc.rows.is_empty() {
+            let path = dir.join("accuracy.svg");
+            plot_accuracy(&path, acc)?;
+            plots.push(path);
+        }
+        let mut names = Vec::new();
+        for s in &acc.series {
+            let mut name = format!("timeseries-{}", file_safe(&s.limiter));
+            if names.contains(&name) {
+                name = format!("{name}-{}", s.rate_bps);
+            }
+            names.push(name.clone());
+            let path = dir.join(format!("{name}.svg"));
+            plot_series(&path, s)?;
+            plots.push(path);
+        }
+    }
+
+    let accuracy = AccuracySection {
+        status: if inputs.accuracy.is_some() {
+            "measured"
+        } else {
+            "missing"
+        },
+        reason: match inputs.accuracy {
+            Some(_) => None,
+            None => Some(inputs.accuracy_missing.unwrap_or("not run")),
+        },
+        results: inputs.accuracy,
+    };
+    let json = Json {
+        machine: inputs.machine,
+        quick: inputs.quick,
+        per_packet: inputs.per_packet,
+        scale: inputs.scale,
+        accuracy,
+    };
+    let path = dir.join("results.json");
+    let text = serde_json::to_string_pretty(&json)?;
+    std::fs::write(&path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    written.push(path);
+
+    let path = dir.join("results.md");
+    let plot_names: Vec<String> = plots
+        .iter()
+        .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
+        .collect();
+    std::fs::write(&path, markdown(inputs, &plot_names))
+        .with_context(|| format!("writing {}", path.display()))?;
+    written.push(path);
+    written.extend(plots);
+    Ok(written)
+}
+
+fn file_safe(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect()
+}
+
+fn human_count(n: u32) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{}M", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{}K", n >> 10),
+        n => n.to_string(),
+    }
+}
+
+fn human_bps(bps: f64) -> String {
+    match bps {
+        b if b >= 1e9 => format!("{:.3} Gbit/s", b / 1e9),
+        b if b >= 1e6 => format!("{:.3} Mbit/s", b / 1e6),
+        b if b >= 1e3 => format!("{:.3} kbit/s", b / 1e3),
+        b => format!("{b:.0} bit/s"),
+    }
+}
+
+fn markdown(inputs: &Inputs<'_>, plots: &[String]) -> String {
+    let (m, pp, scale) = (inputs.machine, inputs.per_packet, inputs.scale);
+    let mut md = String::new();
+    let w = &mut md;
+    let _ = writeln!(w, "# shaper benchmark results\n");
+    let _ = writeln!(
+        w,
+        "Measured by `cargo xtask bench{}` on **{}**: kernel **{}**, {} × {}, on {} (UTC).\n",
+        if inputs.quick { " --quick" } else { "" },
+        m.host,
+        m.kernel,
+        m.cpus,
+        m.cpu_model,
+        m.date_utc
+    );
+    if inputs.quick {
+        let _ = writeln!(
+            w,
+            "**This was a `--quick` run**: short measurements to check that the benchmark \
+             works. Do not quote its figures.\n"
+        );
+    }
+    let _ = writeln!(
+        w,
+        "Every figure is measured next to a baseline in the same run: ratios to that \
+         baseline are the result, absolute times are context for this machine.\n"
+    );
+
+    // Headline.
+    let _ = writeln!(w, "## Headline\n");
+    let noop = pp.noop().ns_per_packet;
+    for (id, what) in [
+        ("pass_existing", "passing a packet of a known source"),
+        ("drop_existing", "dropping a packet of a known source"),
+        ("new_source", "the first packet of a new source"),
+        (
+            "new_source_evict",
+            "a new source into a full map (evicting another)",
+        ),
+        ("cold_1m", "a known source drawn at random from 1M tracked"),
+    ] {
+        if let Some(c) = pp.case(id) {
+            let _ = writeln!(
+                w,
+                "- {what}: **{:.2}×** the cost of a no-op XDP program ({:.1} ns against {:.1} ns; \
+                 {:.1} Mpps per core)",
+                c.ratio_to_noop,
+                c.ns_per_packet,
+                noop,
+                c.packets_per_sec / 1e6
+            );
+        }
+    }
+    if let Some(r) = scale.rows.last() {
+        let _ = writeln!(
+            w,
+            "- kernel memory: **{:.0} bytes per tracked source** ({} map, {:.1} MiB)",
+            r.bytes_per_source,
+            human_count(r.capacity),
+            r.memlock_filled_bytes as f64 / (1 << 20) as f64
+        );
+    }
+    if let Some(acc) = inputs.accuracy {
+        for limiter in limiters(acc) {
+            let errs: Vec<f64> = acc
+                .rows
+                .iter()
+                .filter(|r| r.limiter == limiter)
+                .map(|r| r.error_pct.abs())
+                .collect();
+            let worst = errs.iter().copied().fold(0.0, f64::max);
+            let _ = writeln!(
+                w,
+                "- {limiter}: delivered within **{worst:.2}%** of rate × time + burst \
+                 (worst of {} configurations)",
+                errs.len()
+            );
+        }
+    } else {
+        let _ = writeln!(w, "- rate accuracy: not measured in this run (see below)");
+    }
+
+    // Per-packet.
+    let _ = writeln!(w, "\n## Per-packet cost\n");
+    let _ = writeln!(
+        w,
+        "`BPF_PROG_TEST_RUN` on the loaded (not attached) programs, median of {} runs. \
+         *Loop*: the kernel runs the program {} times on one frame and reports the mean, so \
+         the source's map entry is hot. *Single*: one run per frame over {} distinct frames \
+         per measurement (each a new source, or a known source in shuffled order), the \
+         kernel's duration of each averaged; each reading carries the kernel's fixed cost \
+         of timing one run, so these cases are given as the no-op's loop figure plus their \
+         excess over a no-op measured the same way in the same run. The single-shot \
+         measurement of a hot known source checks that method against the loop figure. \
+         New sources are 64-byte frames from addresses never seen before; the eviction case \
+         uses a {}-entry map kept full.\n",
+        pp.runs, pp.repeat, pp.frames_per_run, pp.eviction_map_entries
+    );
+    let _ = writeln!(
+        w,
+        "| case | method | ns/packet | × no-op | over no-op (ns) | Mpps per core |"
+    );
+    let _ = writeln!(w, "| --- | --- | ---: | ---: | ---: | ---: |");
+    for c in &pp.cases {
+        let method = match c.method {
+            Method::Loop => format!("loop ×{}", c.packets_per_run),
+            Method::Single => format!("single ×{}", c.packets_per_run),
+        };
+        let _ = writeln!(
+            w,
+            "| {} | {method} | {:.1} | {:.2} | {:+.1} | {:.1} |",
+            c.case,
+            c.ns_per_packet,
+            c.ratio_to_noop,
+            c.over_noop_ns,
+            c.packets_per_sec / 1e6
+        );
+    }
+    for c in pp.cases.iter().filter(|c| c.note.is_some()) {
+        let _ = writeln!(w, "\n{}: {}", c.case, c.note.as_deref().unwrap_or_default());
+    }
+    plot_link(
+        w,
+        plots,
+        "per_packet.svg",
+        "per-packet cost against the no-op",
+    );
+
+    // Scale.
+    let _ = writeln!(w, "\n## Scale\n");
+    let _ = writeln!(
+        w,
+        "One LRU hash map per size, filled from userspace to capacity. Memory is the \
+         kernel's own accounting for the map (`memlock` in `/proc/self/fdinfo`, as \
+         `bpftool map show` prints it); the map is preallocated, so it is the same empty \
+         and full. *Known source, same key* is the loop method on one key ({} runs × {}); \
+         *known source, random key* is the single-shot case over keys drawn from the whole \
+         map.\n",
+        scale.runs, scale.repeat
+    );
+    let _ = writeln!(
+        w,
+        "| tracked sources | entries after fill | memlock empty | memlock full | bytes per source | known source, same key: ns (× no-op) | known source, random key: ns (× no-op) |"
+    );
+    let _ = writeln!(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for r in &scale.rows {
+        let cold = pp
+            .cases
+            .iter()
+            .find(|c| c.method == Method::Single && c.tracked_sources == Some(r.capacity));
+        let cold = cold.map_or("not measured".to_owned(), |c| {
+            format!("{:.1} ({:.2}×)", c.ns_per_packet, c.ratio_to_noop)
+        });
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {} | {:.1} | {:.1} ({:.2}×) | {cold} |",
+            human_count(r.capacity),
+            r.entries,
+            r.memlock_empty_bytes,
+            r.memlock_filled_bytes,
+            r.bytes_per_source,
+            r.hot_pass_ns,
+            r.hot_ratio_to_noop
+        );
+    }
+    plot_link(
+        w,
+        plots,
+        "scale.svg",
+        "per-packet cost against tracked sources",
+    );
+
+    // Accuracy.
+    let _ = writeln!(w, "\n## Rate accuracy and CPU cost\n");
+    match inputs.accuracy {
+        None => {
+            let _ = writeln!(
+                w,
+                "Not measured in this run: {}. No figures are given for it.",
+                inputs.accuracy_missing.unwrap_or("not run")
+            );
+        }
+        Some(acc) => accuracy_markdown(w, acc, plots),
+    }
+    md
+}
+
+fn plot_link(w: &mut String, plots: &[String], name: &str, alt: &str) {
+    if plots.iter().any(|p| p == name) {
+        let _ = writeln!(w, "\n![{alt}]({name})");
+    }
+}
+
+fn limiters(acc: &AccuracyResults) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for r in &acc.rows {
+        if !out.contains(&r.limiter) {
+            out.push(r.limiter.clone());
+        }
+    }
+    out
+}
+
+fn accuracy_markdown(w: &mut String, acc: &AccuracyResults, plots: &[String]) {
+    let _ = writeln!(
+        w,
+        "Delivered layer-2 bytes against what the limit allows (rate × time + burst), in \
+         the namespace lab. Error = (delivered − expected) / expected.\n"
+    );
+    if acc.rows.is_empty() {
+        let _ = writeln!(w, "No accuracy rows were measured.");
+    } else {
+        let _ = writeln!(
+            w,
+            "| limiter | behaviour | rate | burst | frame | sources | offered per source | delivered bytes | expected bytes | error | seconds | note |"
+        );
+        let _ = writeln!(
+            w,
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+        );
+        for r in &acc.rows {
+            let _ = writeln!(
+                w,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:+.2}% | {:.1} | {} |",
+                r.limiter,
+                r.behaviour,
+                human_bps(r.rate_bps as f64),
+                r.burst_bytes,
+                r.frame_bytes,
+                r.sources,
+                human_bps(r.offered_bps_per_source),
+                r.delivered_bytes,
+                r.expected_bytes,
+                r.error_pct,
+                r.seconds,
+                r.note.as_deref().unwrap_or("")
+            );
+        }
+    }
+    plot_link(w, plots, "accuracy.svg", "error against rate per limiter");
+    for p in plots.iter().filter(|p| p.starts_with("timeseries-")) {
+        plot_link(w, plots, p, "delivered rate over time per source");
+    }
+    if !acc.cpu.is_empty() {
+        let _ = writeln!(w, "\n### Softirq CPU per million packets\n");
+        let _ = writeln!(
+            w,
+            "| limiter | offered pps | packets | softirq ms | ms per Mpkt |"
+        );
+        let _ = writeln!(w, "| --- | ---: | ---: | ---: | ---: |");
+        for c in &acc.cpu {
+            let _ = writeln!(
+                w,
+                "| {} | {:.0} | {} | {:.1} | {:.2} |",
+                c.limiter,
+                c.offered_pps,
+                c.packets,
+                c.softirq_ns as f64 / 1e6,
+                c.softirq_ms_per_mpkt
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// plots
+
+const FONT: &str = "sans-serif";
+
+fn plot_err<E: std::fmt::Display>(path: &Path) -> impl FnOnce(E) -> anyhow::Error + '_ {
+    move |e| anyhow!("drawing {}: {e}", path.display())
+}
+
+/// Horizontal bars, one per case, the no-op first and grey.
+fn plot_per_packet(path: &Path, pp: &PerPacketResults) -> Result<()> {
+    let n = pp.cases.len();
+    let height = 80 + 34 * n as u32;
+    let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
+    let err = || plot_err(path);
+    root.fill(&WHITE).map_err(err())?;
+    let max = pp.cases.iter().map(|c| c.ns_per_packet).fold(1.0, f64::max);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "shaper per-packet cost (BPF_PROG_TEST_RUN) against a no-op XDP program",
+            (FONT, 18),
+        )
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(8)
+        .build_cartesian_2d(0f64..max * 2.2, 0f64..n as f64)
+        .map_err(err())?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .disable_y_axis()
+        .x_desc("ns per packet")
+        .draw()
+        .map_err(err())?;
+    let label = TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+    for (i, c) in pp.cases.iter().enumerate() {
+        let y = (n - 1 - i) as f64;
+        let color = if c.id.starts_with("noop") {
+            RGBColor(150, 150, 150)
+        } else if c.method == Method::Single {
+            RGBColor(221, 132, 82)
+        } else {
+            RGBColor(76, 114, 176)
+        };
+        let v = c.ns_per_packet.max(0.0);
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(0.0, y + 0.15), (v, y + 0.85)],
+                color.filled(),
+            )))
+            .map_err(err())?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!(
+                    "{:.1} ns  {:.2}×  {}",
+                    c.ns_per_packet, c.ratio_to_noop, c.case
+                ),
+                (v + max * 0.02, y + 0.5),
+                label.clone(),
+            )))
+            .map_err(err())?;
+    }
+    root.present().map_err(err())?;
+    Ok(())
+}
+
+/// ns per packet against tracked sources (log), same key and random key, with the no-op.
+fn plot_scale(path: &Path, pp: &PerPacketResults, scale: &ScaleResults) -> Result<()> {
+    let root = SVGBackend::new(path, (900, 480)).into_drawing_area();
+    let err = || plot_err(path);
+    root.fill(&WHITE).map_err(err())?;
+    let hot: Vec<(f64, f64)> = scale
+        .rows
+        .iter()
+        .map(|r| (f64::from(r.capacity), r.hot_pass_ns))
+        .collect();
+    let cold: Vec<(f64, f64)> = pp
+        .cases
+        .iter()
+        .filter(|c| c.method == Method::Single && c.id.starts_with("cold_"))
+        .filter_map(|c| Some((f64::from(c.tracked_sources?), c.ns_per_packet)))
+        .collect();
+    let noop: Vec<(f64, f64)> = scale
+        .rows
+        .iter()
+        .map(|r| (f64::from(r.capacity), r.hot_noop_ns))
+        .collect();
+    let xs = hot.iter().chain(&cold).map(|p| p.0);
+    let (xmin, xmax) = xs.fold((f64::MAX, 1.0f64), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    let xmin = if xmin > xmax { 1.0 } else { xmin };
+    let ymax = hot
+        .iter()
+        .chain(&cold)
+        .chain(&noop)
+        .map(|p| p.1)
+        .fold(1.0, f64::max);
+    let mut chart = ChartBuilder::on(&root)
+        .caption("per-packet cost against tracked sources", (FONT, 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d((xmin / 2.0..xmax * 2.0).log_scale(), 0f64..ymax * 1.3)
+        .map_err(err())?;
+    chart
+        .configure_mesh()
+        .x_desc("tracked sources (map filled to capacity)")
+        .y_desc("ns per packet")
+        .x_label_formatter(&|x| human_count(x.round() as u32))
+        .draw()
+        .map_err(err())?;
+    for (data, name, color) in [
+        (
+            &cold,
+            "pass, known source, random key (single shot)",
+            RGBColor(221, 132, 82),
+        ),
+        (
+            &hot,
+            "pass, known source, same key (loop)",
+            RGBColor(76, 114, 176),
+        ),
+        (&noop, "no-op XDP program (loop)", RGBColor(150, 150, 150)),
+    ] {
+        if data.is_empty() {
+            continue;
+        }
+        chart
+            .draw_series(LineSeries::new(data.iter().copied(), color.stroke_width(2)).point_size(4))
+            .map_err(err())?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err())?;
+    root.present().map_err(err())?;
+    Ok(())
+}
+
+/// Error % against rate (log), one line per limiter.
+fn plot_accuracy(path: &Path, acc: &AccuracyResults) -> Result<()> {
+    let root = SVGBackend::new(path, (900, 480)).into_drawing_area();
+    let err = || plot_err(path);
+    root.fill(&WHITE).map_err(err())?;
+    let rates = acc.rows.iter().map(|r| r.rate_bps as f64);
+    let (xmin, xmax) = rates.fold((f64::MAX, 1.0f64), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    let xmin = if xmin > xmax { 1.0 } else { xmin.max(1.0) };
+    let emax = acc
+        .rows
+        .iter()
+        .map(|r| r.error_pct.abs())
+        .filter(|e| e.is_finite())
+        .fold(1.0, f64::max);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "delivered against rate × time + burst, per limiter",
+            (FONT, 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(
+            (xmin / 2.0..xmax * 2.0).log_scale(),
+            -emax * 1.2..emax * 1.2,
+        )
+        .map_err(err())?;
+    chart
+        .configure_mesh()
+        .x_desc("rate limit (bit/s)")
+        .y_desc("error %")
+        .x_label_formatter(&|x| human_bps(*x))
+        .draw()
+        .map_err(err())?;
+    chart
+        .draw_series(LineSeries::new(
+            [(xmin / 2.0, 0.0), (xmax * 2.0, 0.0)],
+            BLACK.stroke_width(1),
+        ))
+        .map_err(err())?;
+    for (i, limiter) in limiters(acc).into_iter().enumerate() {
+        let mut points: Vec<(f64, f64)> = acc
+            .rows
+            .iter()
+            .filter(|r| r.limiter == limiter && r.error_pct.is_finite())
+            .map(|r| (r.rate_bps as f64, r.error_pct))
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)).point_size(4))
+            .map_err(err())?
+            .label(limiter)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err())?;
+    root.present().map_err(err())?;
+    Ok(())
+}
+
+/// Delivered rate per source in each bin, with the limit as a dashed reference.
+fn plot_series(path: &Path, s: &super::TimeSeries) -> Result<()> {
+    let root = SVGBackend::new(path, (900, 480)).into_drawing_area();
+    let err = || plot_err(path);
+    root.fill(&WHITE).map_err(err())?;
+    let bin_s = f64::from(s.bin_ms) / 1000.0;
+    let bins = s.per_source.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
+    let xmax = (bins as f64 * bin_s).max(bin_s);
+    let ymax = s
+        .per_source
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .filter(|v| v.is_finite())
+        .fold(s.rate_bps as f64, f64::max)
+        / 1e6;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "{}: delivered rate per source, {} ms bins, limit {}",
+                s.limiter,
+                s.bin_ms,
+                human_bps(s.rate_bps as f64)
+            ),
+            (FONT, 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..xmax, 0f64..ymax * 1.15)
+        .map_err(err())?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("Mbit/s delivered")
+        .draw()
+        .map_err(err())?;
+    let limit = s.rate_bps as f64 / 1e6;
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(0.0, limit), (xmax, limit)],
+            8,
+            6,
+            BLACK.stroke_width(1),
+        ))
+        .map_err(err())?
+        .label("limit")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.stroke_width(1)));
+    for (i, (src, values)) in s.per_source.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let points = values
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(b, v)| ((b as f64 + 0.5) * bin_s, v / 1e6));
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .map_err(err())?
+            .label(src.to_string())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err())?;
+    root.present().map_err(err())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::bench::{AccuracyRow, CpuCost, TimeSeries, per_packet::CaseResult, scale::ScaleRow};
+
+    fn case(id: &'static str, method: Method, ns: f64, tracked: Option<u32>) -> CaseResult {
+        CaseResult {
+            id,
+            case: id,
+            method,
+            packets_per_run: 10,
+            tracked_sources: tracked,
+            measured_ns_median: ns,
+            measured_ns_runs: vec![ns],
+            over_noop_ns: ns - 10.0,
+            ns_per_packet: ns,
+            ratio_to_noop: ns / 10.0,
+            packets_per_sec: 1e9 / ns,
+            note: None,
+        }
+    }
+
+    fn fixtures() -> (Machine, PerPacketResults, ScaleResults, AccuracyResults) {
+        let pp = PerPacketResults {
+            repeat: 10,
+            runs: 1,
+            frames_per_run: 10,
+            eviction_map_entries: 1024,
+            cases: vec![
+                case("noop", Method::Loop, 10.0, None),
+                case("pass_existing", Method::Loop, 25.0, None),
+                case("new_source", Method::Single, 90.0, None),
+                case("cold_1k", Method::Single, 30.0, Some(1024)),
+                case("cold_1m", Method::Single, 60.0, Some(1 << 20)),
+            ],
+        };
+        let row = |capacity: u32| ScaleRow {
+            capacity,
+            entries: capacity,
+            memlock_empty_bytes: u64::from(capacity) * 100,
+            memlock_filled_bytes: u64::from(capacity) * 100,
+            bytes_per_source: 100.0,
+            fill_secs: 0.1,
+            hot_pass_ns: 25.0,
+            hot_noop_ns: 10.0,
+            hot_ratio_to_noop: 2.5,
+        };
+        let scale = ScaleResults {
+            repeat: 10,
+            runs: 1,
+            rows: vec![row(1024), row(1 << 20)],
+        };
+        let acc_row = |limiter: &str, rate_bps: u64, error_pct: f64| AccuracyRow {
+            limiter: limiter.into(),
+            behaviour: "drops".into(),
+            rate_bps,
+            burst_bytes: 65_536,
+            frame_bytes: 1000,
+            sources: 4,
+            offered_bps_per_source: 2.0 * rate_bps as f64,
+            delivered_bytes: 1000,
+            expected_bytes: 1000.0,
+            error_pct,
+            seconds: 5.0,
+            note: None,
+        };
+        let series = |limiter: &str| TimeSeries {
+            limiter: limiter.into(),
+            rate_bps: 10_000_000,
+            bin_ms: 100,
+            per_source: (0..3)
+                .map(|i| {
+                    let v = (0..50)
+                        .map(|b| 9e6 + f64::from(i * 100_000 + b * 1000))
+                        .collect();
+                    (Ipv4Addr::new(198, 18, 0, 11 + i as u8), v)
+                })
+                .collect(),
+        };
+        let acc = AccuracyResults {
+            rows: vec![
+                acc_row("shaper", 1_000_000, 0.2),
+                acc_row("shaper", 10_000_000, -0.1),
+                acc_row("tbf", 1_000_000, -3.0),
+                acc_row("tbf", 10_000_000, 1.5),
+            ],
+            series: vec![series("shaper"), series("tbf"), series("ifb+htb")],
+            cpu: vec![CpuCost {
+                limiter: "shaper".into(),
+                offered_pps: 1e5,
+                packets: 500_000,
+                softirq_ns: 1_000_000,
+                softirq_ms_per_mpkt: 2.0,
+            }],
+        };
+        let machine = Machine {
+            host: "host".into(),
+            kernel: "6.1.0".into(),
+            cpu_model: "cpu".into(),
+            cpus: 2,
+            date_utc: utc_now(),
+        };
+        (machine, pp, scale, acc)
+    }
+
+    fn tempdir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("shaper-report-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn writes_every_file_with_accuracy() {
+        let (machine, pp, scale, acc) = fixtures();
+        let dir = tempdir("full");
+        let inputs = Inputs {
+            machine: &machine,
+            quick: true,
+            per_packet: &pp,
+            scale: &scale,
+            accuracy: Some(&acc),
+            accuracy_missing: None,
+        };
+        let files = write(&dir, &inputs).unwrap();
+        let names: Vec<_> = files
+            .iter()
+            .map(|p| p.file_name().unwrap().to_str().unwrap().to_owned())
+            .collect();
+        for want in [
+            "results.md",
+            "results.json",
+            "per_packet.svg",
+            "scale.svg",
+            "accuracy.svg",
+            "timeseries-shaper.svg",
+            "timeseries-tbf.svg",
+            "timeseries-ifb-htb.svg",
+        ] {
+            assert!(
+                names.iter().any(|n| n == want),
+                "{want} missing from {names:?}"
+            );
+        }
+        for f in &files {
+            let text = std::fs::read_to_string(f).unwrap();
+            if f.extension().is_some_and(|e| e == "svg") {
+                assert!(text.starts_with("<svg"), "{}", f.display());
+                assert!(text.trim_end().ends_with("</svg>"), "{}", f.display());
+            }
+        }
+        let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
+        assert!(md.contains("6.1.0") && md.contains("| shaper | drops |"));
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap())
+                .unwrap();
+        assert_eq!(json["accuracy"]["status"], "measured");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn says_so_when_accuracy_is_missing() {
+        let (machine, pp, scale, _) = fixtures();
+        let dir = tempdir("missing");
+        let inputs = Inputs {
+            machine: &machine,
+            quick: false,
+            per_packet: &pp,
+            scale: &scale,
+            accuracy: None,
+            accuracy_missing: Some("it failed: no iperf3"),
+        };
+        let files = write(&dir, &inputs).unwrap();
+        assert_eq!(files.len(), 4, "{files:?}");
+        let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
+        assert!(md.contains("Not measured in this run: it failed: no iperf3"));
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap())
+                .unwrap();
+        assert_eq!(json["accuracy"]["status"], "missing");
+        assert!(json["accuracy"]["results"].is_null());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn utc_date_is_iso() {
+        let d = utc_now();
+        assert_eq!(d.len(), 20, "{d}");
+        assert!(d.starts_with("20") && d.ends_with('Z'));
+    }
+}

@@ -1,0 +1,89 @@
+//! The accuracy benchmark's quick mode end to end: every limiter set up, traffic through
+//! the lab, results well-formed. Asserts the shape of the results, not timings or accuracy.
+
+use std::path::Path;
+
+use shaper_user::bench::accuracy::{AccuracyOptions, run, summary_lines};
+
+const SHAPER: &str = env!("CARGO_BIN_EXE_shaper");
+
+#[test]
+#[ignore = "needs root: loads XDP programs, sets up qdiscs and creates network namespaces (cargo xtask test)"]
+fn quick_run_gives_well_formed_results() {
+    let results = run(&AccuracyOptions {
+        shaper: SHAPER.into(),
+        quick: true,
+        seconds: 3.0,
+    })
+    .expect("accuracy run");
+
+    for limiter in ["shaper", "tbf", "htb", "ifb+htb"] {
+        assert!(
+            results.rows.iter().any(|r| r.limiter == limiter),
+            "no row for {limiter}"
+        );
+    }
+    for r in &results.rows {
+        assert!(["drops", "queues"].contains(&r.behaviour.as_str()), "{r:?}");
+        assert!(
+            r.rate_bps > 0 && r.burst_bytes > 0 && r.sources > 0,
+            "{r:?}"
+        );
+        for x in [
+            r.offered_bps_per_source,
+            r.expected_bytes,
+            r.error_pct,
+            r.seconds,
+        ] {
+            assert!(x.is_finite(), "{r:?}");
+        }
+        assert!(
+            r.offered_bps_per_source > 0.0 && r.expected_bytes > 0.0,
+            "{r:?}"
+        );
+        assert!(r.delivered_bytes > 0, "{r:?}");
+    }
+
+    for limiter in ["shaper", "tbf", "htb"] {
+        let s = results
+            .series
+            .iter()
+            .find(|s| s.limiter == limiter)
+            .unwrap_or_else(|| panic!("no time series for {limiter}"));
+        assert!(s.bin_ms > 0 && !s.per_source.is_empty(), "{s:?}");
+        for (src, bins) in &s.per_source {
+            assert!(!bins.is_empty(), "{limiter} {src}: no bins");
+            assert!(bins.iter().all(|b| b.is_finite() && *b >= 0.0), "{bins:?}");
+            assert!(
+                bins.iter().any(|b| *b > 0.0),
+                "{limiter} {src}: all bins empty"
+            );
+        }
+    }
+
+    for limiter in ["none", "shaper", "htb"] {
+        let c = results
+            .cpu
+            .iter()
+            .find(|c| c.limiter == limiter)
+            .unwrap_or_else(|| panic!("no CPU row for {limiter}"));
+        assert!(c.packets > 0 && c.offered_pps > 0.0, "{c:?}");
+        assert!(c.softirq_ms_per_mpkt.is_finite(), "{c:?}");
+    }
+
+    let summary = summary_lines(&results);
+    assert!(!summary.is_empty());
+    for line in &summary {
+        println!("{line}");
+    }
+    // Everything it made is gone: no pins left for the lab's interfaces.
+    let pins = Path::new("/sys/fs/bpf/shaper/netns");
+    if let Ok(entries) = std::fs::read_dir(pins) {
+        let left: Vec<_> = entries
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| n.to_string_lossy().contains("bench-acc"))
+            .collect();
+        assert!(left.is_empty(), "pins left behind: {left:?}");
+    }
+}
