@@ -396,6 +396,7 @@ fn accuracy_run(
         error_pct,
         seconds,
         note: note(limiter, rate_bps, n, offered, &report),
+        comparable: comparable(rate_bps, offered, &report),
     })
 }
 
@@ -446,6 +447,17 @@ fn note(
         ));
     }
     (!notes.is_empty()).then(|| notes.join("; "))
+}
+
+/// Whether a run measures the limiter rather than the lab: the overload was reached, no
+/// send was refused, and nothing was lost outside the limiter (the same tests `note` words).
+fn comparable(rate_bps: u64, offered: f64, report: &RunReport) -> bool {
+    let attempted: u64 = report.flows.iter().map(|r| r.attempted_packets).sum();
+    let sent: u64 = report.flows.iter().map(|r| r.sent_packets).sum();
+    offered >= REACHED * (OVERLOAD * rate_bps) as f64
+        && attempted - sent <= attempted / 100
+        && report.path_drops == 0
+        && report.receiver_drops == 0
 }
 
 /// Delivered rate per source in 100 ms bins, 4 sources offering 3× a 10 Mbit/s limit in

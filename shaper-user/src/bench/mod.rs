@@ -38,6 +38,9 @@ pub struct AccuracyRow {
     pub seconds: f64,
     /// Anything a reader must know, e.g. that the generator could not offer 2× the limit.
     pub note: Option<String>,
+    /// Whether the error measures the limiter: the generator reached the overload asked for,
+    /// no send was refused, and the lab lost nothing on the way.
+    pub comparable: bool,
 }
 
 /// Delivered rate over time in fixed bins, per source, for one limiter.

@@ -279,17 +279,27 @@ fn markdown(inputs: &Inputs<'_>, plots: &[String]) -> String {
     }
     if let Some(acc) = inputs.accuracy {
         for limiter in limiters(acc) {
+            let all = acc.rows.iter().filter(|r| r.limiter == limiter).count();
             let errs: Vec<f64> = acc
                 .rows
                 .iter()
-                .filter(|r| r.limiter == limiter)
+                .filter(|r| r.limiter == limiter && r.comparable)
                 .map(|r| r.error_pct.abs())
                 .collect();
+            if errs.is_empty() {
+                let _ = writeln!(
+                    w,
+                    "- {limiter}: no comparable configuration (the lab could not offer 2× the \
+                     limit without loss or backpressure in any of {all}; see the table)"
+                );
+                continue;
+            }
             let worst = errs.iter().copied().fold(0.0, f64::max);
             let _ = writeln!(
                 w,
                 "- {limiter}: delivered within **{worst:.2}%** of rate × time + burst \
-                 (worst of {} configurations)",
+                 (worst of the {} comparable configurations out of {all}: 2× reached, no \
+                 send refused, nothing lost outside the limiter)",
                 errs.len()
             );
         }
@@ -826,6 +836,7 @@ mod tests {
             error_pct,
             seconds: 5.0,
             note: None,
+            comparable: true,
         };
         let series = |limiter: &str| TimeSeries {
             limiter: limiter.into(),
