@@ -24,7 +24,6 @@
 //! no RPS is set up (it would only move the work after the veth, past XDP).
 
 use std::{
-    io::Write as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::Duration,
@@ -33,7 +32,7 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 
 use super::{AccuracyResults, AccuracyRow, CpuCost, TimeSeries};
-use crate::lab::{Flow, FlowResult, Lab, RunOptions, RunReport, run_udp_with};
+use crate::lab::{Flow, FlowResult, Lab, RunOptions, RunReport, ns, run_udp_with};
 
 /// What [`run`] measures and how long.
 #[derive(Clone, Debug)]
@@ -627,14 +626,15 @@ impl<'a> Installed<'a> {
                     );
                 }
             }
-            Limiter::Tbf => tc_batch(
+            Limiter::Tbf => ns::batch(
+                "tc",
                 tx,
                 &[format!(
                     "qdisc add dev {} root handle 1: tbf rate {rate_bps}bit burst {BURST_BYTES} limit {queue}",
                     lab.tx_iface()
                 )],
             )?,
-            Limiter::Htb => tc_batch(tx, &htb_lines(lab.tx_iface(), lab, rate_bps, n))?,
+            Limiter::Htb => ns::batch("tc", tx, &htb_lines(lab.tx_iface(), lab, rate_bps, n))?,
             Limiter::IfbHtb => {
                 lab.rx_netns().ip(&["link", "add", IFB, "type", "ifb"])?;
                 lab.rx_netns().ip(&["link", "set", "dev", IFB, "up"])?;
@@ -648,7 +648,7 @@ impl<'a> Installed<'a> {
                     ),
                 ];
                 lines.extend(htb_lines(IFB, lab, rate_bps, n));
-                tc_batch(rx, &lines)?;
+                ns::batch("tc", rx, &lines)?;
             }
         }
         Ok(installed)
@@ -720,34 +720,6 @@ fn htb_lines(dev: &str, lab: &Lab, rate_bps: u64, n: usize) -> Vec<String> {
         ));
     }
     lines
-}
-
-/// Runs `tc -n NS -batch -` with `lines`; fails naming the batch if any line fails.
-fn tc_batch(ns: &str, lines: &[String]) -> Result<()> {
-    let mut child = Command::new("tc")
-        .args(["-n", ns, "-batch", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("cannot run tc")?;
-    let mut script = lines.join("\n");
-    script.push('\n');
-    let written = child
-        .stdin
-        .take()
-        .context("tc's stdin is not piped")?
-        .write_all(script.as_bytes());
-    let out = child.wait_with_output().context("cannot wait for tc")?;
-    if !out.status.success() {
-        bail!(
-            "tc -n {ns} -batch failed: {} (batch: {})",
-            String::from_utf8_lossy(&out.stderr).trim(),
-            lines.join("; ")
-        );
-    }
-    written.context("cannot write to tc")?;
-    Ok(())
 }
 
 /// How long the whole accuracy run takes, roughly, for `opts` (for progress messages).

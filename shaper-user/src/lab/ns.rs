@@ -49,31 +49,37 @@ impl Netns {
     ///
     /// One process instead of hundreds keeps setting up 200 addresses fast.
     pub fn ip_batch(&self, lines: &[String]) -> Result<()> {
-        let mut cmd = Command::new("ip");
-        cmd.args(["-n", &self.name, "-batch", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("cannot run `{}`", describe(&cmd)))?;
-        let mut script = lines.join("\n");
-        script.push('\n');
-        // Write then close stdin (dropping it) so ip sees end of input.
-        let written = child
-            .stdin
-            .take()
-            .context("ip's stdin is not piped")?
-            .write_all(script.as_bytes());
-        let output = child
-            .wait_with_output()
-            .with_context(|| format!("cannot wait for `{}`", describe(&cmd)))?;
-        if let Err(e) = check_output(&cmd, &output) {
-            bail!("{e} (batch: {})", lines.join("; "));
-        }
-        written.with_context(|| format!("cannot write to `{}`", describe(&cmd)))?;
-        Ok(())
+        batch("ip", &self.name, lines)
     }
+}
+
+/// Runs `PROGRAM -n NS -batch -` (`ip` or `tc`) with `lines` on its standard input; fails
+/// naming the batch if any line fails.
+pub fn batch(program: &str, ns: &str, lines: &[String]) -> Result<()> {
+    let mut cmd = Command::new(program);
+    cmd.args(["-n", ns, "-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot run `{}`", describe(&cmd)))?;
+    let mut script = lines.join("\n");
+    script.push('\n');
+    // Write then close stdin (dropping it) so the program sees end of input.
+    let written = child
+        .stdin
+        .take()
+        .with_context(|| format!("{program}'s stdin is not piped"))?
+        .write_all(script.as_bytes());
+    let output = child
+        .wait_with_output()
+        .with_context(|| format!("cannot wait for `{}`", describe(&cmd)))?;
+    if let Err(e) = check_output(&cmd, &output) {
+        bail!("{e} (batch: {})", lines.join("; "));
+    }
+    written.with_context(|| format!("cannot write to `{}`", describe(&cmd)))?;
+    Ok(())
 }
 
 impl Drop for Netns {
