@@ -4,3 +4,4 @@
 
 pub mod gcra;
 pub mod maps;
+pub mod softirq;

@@ -27,6 +27,7 @@ mod cell;
 mod counters;
 mod maps;
 mod parse;
+mod softirq;
 mod xdp;
 
 #[cfg(target_arch = "bpf")]

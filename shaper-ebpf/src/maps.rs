@@ -4,7 +4,10 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, LruHashMap, PerCpuArray},
 };
-use shaper_common::maps::{Config, Counters, DEFAULT_MAX_SOURCES, Ipv4Key, SourceState};
+use shaper_common::{
+    maps::{Config, Counters, DEFAULT_MAX_SOURCES, Ipv4Key, SourceState},
+    softirq::SoftirqTime,
+};
 
 /// The policy: one entry, written by userspace (also while attached, to change it).
 #[map(name = "SHAPER_CONFIG")]
@@ -18,3 +21,7 @@ pub static SOURCES: LruHashMap<Ipv4Key, SourceState> =
 /// Global counters, one entry per CPU.
 #[map(name = "SHAPER_COUNTERS")]
 pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
+
+/// Softirq time per CPU, for the benchmark only (`softirq`).
+#[map(name = "SHAPER_SOFTIRQ")]
+pub static SOFTIRQ: PerCpuArray<SoftirqTime> = PerCpuArray::with_max_entries(1, 0);

@@ -1,6 +1,12 @@
 //! Rate accuracy, time series and softirq CPU cost in the namespace lab, for shaper and the
 //! Linux incumbents (tbf, htb per source on egress, htb per source on an ifb for ingress).
 //!
+//! The lab is routed ([`Lab::routed`]): senders, a forwarding namespace, the receiver.
+//! shaper's XDP program sits on the receiver's veth; tbf and htb on the router's egress
+//! towards the receiver; ifb+htb on the receiver's veth ingress. Every limiter thus sees
+//! packets that have left their sending socket, as on a real link (a queue in the senders'
+//! own namespace would hold their socket buffers and throttle the senders to the limit).
+//!
 //! Every run builds its limiter, sends paced UDP through the lab ([`run_udp_with`]) and
 //! removes the limiter again (a Drop guard: shaper detached, qdiscs and the ifb deleted),
 //! all inside the lab's namespaces; the lab itself goes when dropped.
@@ -14,14 +20,14 @@
 //!   after the senders stop) and which the last arrival time covers. Where a source offered
 //!   less than that, it is what the source sent.
 //! - Time series: delivered rate per source in 100 ms bins under 3× overload.
-//! - CPU: softirq (and system) time from `/proc/stat` per million packets at a fixed offered
-//!   load, over the limit so the limiters drop most of it.
+//! - CPU: exact softirq time ([`SoftirqClock`]) per million packets at a fixed offered
+//!   load, with a limit over and under it, for shaper, htb and no limiter.
 //!
 //! Spreading over the CPUs: senders are pinned round-robin to the CPUs this process may use
 //! ([`RunOptions::spread_cpus`]; one source is split over two sockets so that it too uses
-//! both). On a veth the receive path (XDP, the IP stack up to the receiving socket) runs in
-//! softirq on the sending CPU, so that spreads the limiters' work over both CPUs as well;
-//! no RPS is set up (it would only move the work after the veth, past XDP).
+//! both). On a veth the receive path (forwarding, XDP, the IP stack up to the receiving
+//! socket) runs in softirq on the sending CPU, so that spreads the limiters' work over both
+//! CPUs as well; no RPS is set up.
 
 use std::{
     path::{Path, PathBuf},
@@ -31,8 +37,17 @@ use std::{
 
 use anyhow::{Context as _, Result, bail, ensure};
 
-use super::{AccuracyResults, AccuracyRow, CpuCost, TimeSeries};
-use crate::lab::{Flow, FlowResult, Lab, RunOptions, RunReport, ns, run_udp_with};
+use super::{AccuracyResults, AccuracyRow, CpuCost, TimeSeries, softirq::SoftirqClock};
+use aya::{Ebpf, programs::xdp::XdpMode};
+use shaper_common::{
+    maps::PROG_NOOP,
+    softirq::{NET_RX_SOFTIRQ, NET_TX_SOFTIRQ},
+};
+
+use crate::{
+    lab::{Flow, FlowResult, Lab, RunOptions, RunReport, ns, run_udp_with},
+    loader, netns,
+};
 
 /// What [`run`] measures and how long.
 #[derive(Clone, Debug)]
@@ -44,6 +59,21 @@ pub struct AccuracyOptions {
     /// Sending time of each run (3 s gives a full sweep of about 10 minutes). In quick mode
     /// at most 0.4 s is used.
     pub seconds: f64,
+    /// Restricts the run (for investigating one configuration); `None` runs everything.
+    pub only: Option<Only>,
+}
+
+/// A part of the lab benchmarks: accuracy rows matching the filters (an empty filter
+/// matches all), and the time series and CPU cost if asked for.
+#[derive(Clone, Debug, Default)]
+pub struct Only {
+    pub rates_bps: Vec<u64>,
+    pub frames: Vec<u32>,
+    pub sources: Vec<usize>,
+    /// Skip the accuracy sweep altogether.
+    pub no_sweep: bool,
+    pub series: bool,
+    pub cpu: bool,
 }
 
 /// Burst for every limiter, bytes (shaper's `--burst 64k`; tbf and htb get the same).
@@ -69,11 +99,15 @@ const RATES_BPS: [u64; 4] = [1_000_000, 10_000_000, 100_000_000, 1_000_000_000];
 const FRAMES: [u32; 3] = [64, 512, 1500];
 const SOURCES: [usize; 3] = [1, 4, 64];
 
-/// CPU cost: sources, packets per second each, frame size and limit.
+/// CPU cost: sources, packets per second each, frame size...
 const CPU_SOURCES: usize = 4;
-const CPU_PPS_PER_SOURCE: u64 = 50_000;
+const CPU_PPS_PER_SOURCE: u64 = 25_000;
 const CPU_FRAME: u32 = 64;
-const CPU_RATE_BPS: u64 = 1_000_000;
+/// ...the limits per source of the two loads (1 Mbit/s passes about 2 kpps of the 25 kpps a
+/// source offers; 1 Gbit/s passes all of it)...
+const CPU_LOADS: [(&str, u64); 2] = [("over", 1_000_000), ("under", 1_000_000_000)];
+/// ...and the sending time (softirq time is exact, but the load must settle).
+const CPU_SECONDS: f64 = 10.0;
 
 /// A rate limiter under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,7 +171,7 @@ pub fn run(opts: &AccuracyOptions) -> Result<AccuracyResults> {
     };
     let duration = Duration::from_secs_f64(seconds);
     let max_sources = if opts.quick { 4 } else { 64 };
-    let lab = Lab::new("bench-acc", max_sources)?;
+    let lab = Lab::routed("bench-acc", max_sources)?;
     let shaper = opts.shaper.as_path();
     let mut results = AccuracyResults::default();
 
@@ -146,9 +180,22 @@ pub fn run(opts: &AccuracyOptions) -> Result<AccuracyResults> {
     } else {
         (&RATES_BPS, &FRAMES, &SOURCES)
     };
-    for &rate_bps in rates {
-        for &frame in frames {
-            for &n in sources {
+    let only = opts.only.as_ref();
+    let (rates, frames, sources) = if only.is_some_and(|o| o.no_sweep) {
+        (Vec::new(), Vec::new(), Vec::new())
+    } else {
+        (
+            pick(only.map(|o| o.rates_bps.as_slice()), rates),
+            pick(only.map(|o| o.frames.as_slice()), frames),
+            pick(only.map(|o| o.sources.as_slice()), sources),
+        )
+    };
+    if let Some(&n) = sources.iter().max() {
+        ensure!(n <= max_sources, "at most {max_sources} sources, not {n}");
+    }
+    for &rate_bps in &rates {
+        for &frame in &frames {
+            for &n in &sources {
                 for limiter in ACCURACY_LIMITERS {
                     let row = accuracy_run(&lab, shaper, limiter, rate_bps, frame, n, duration)
                         .with_context(|| {
@@ -164,7 +211,12 @@ pub fn run(opts: &AccuracyOptions) -> Result<AccuracyResults> {
         }
     }
 
-    for limiter in [Limiter::Shaper, Limiter::Tbf, Limiter::Htb] {
+    let series_limiters = if only.is_none_or(|o| o.series) {
+        &[Limiter::Shaper, Limiter::Tbf, Limiter::Htb][..]
+    } else {
+        &[]
+    };
+    for &limiter in series_limiters {
         let series = time_series(&lab, shaper, limiter, duration)
             .with_context(|| format!("time series for {}", limiter.name()))?;
         eprintln!(
@@ -176,20 +228,43 @@ pub fn run(opts: &AccuracyOptions) -> Result<AccuracyResults> {
         results.series.push(series);
     }
 
-    for limiter in [Limiter::None, Limiter::Shaper, Limiter::Htb] {
-        let (cost, system_ms_per_mpkt) = cpu_cost(&lab, shaper, limiter, duration)
-            .with_context(|| format!("CPU cost of {}", limiter.name()))?;
-        eprintln!(
-            "cpu    {:<8} {:.0} pps offered, {} packets, softirq {:.1} ms/Mpkt, system {:.1} ms/Mpkt",
-            cost.limiter,
-            cost.offered_pps,
-            cost.packets,
-            cost.softirq_ms_per_mpkt,
-            system_ms_per_mpkt
-        );
-        results.cpu.push(cost);
+    if only.is_some_and(|o| !o.cpu) {
+        return Ok(results);
+    }
+    let clock = SoftirqClock::start().context("cannot trace softirq time")?;
+    let cpu_duration = if opts.quick {
+        duration
+    } else {
+        Duration::from_secs_f64(CPU_SECONDS.max(seconds))
+    };
+    for (load, rate_bps) in CPU_LOADS {
+        for limiter in [Limiter::None, Limiter::Shaper, Limiter::Htb] {
+            let cost = cpu_cost(&lab, &clock, shaper, limiter, load, rate_bps, cpu_duration)
+                .with_context(|| format!("CPU cost of {} ({load} the limit)", limiter.name()))?;
+            eprintln!(
+                "cpu    {:<8} {:<5} {:.0} pps offered, {} packets, {} delivered, softirq {:.1} ms/Mpkt{}",
+                cost.limiter,
+                cost.load,
+                cost.offered_pps,
+                cost.packets,
+                cost.delivered_packets,
+                cost.softirq_ms_per_mpkt,
+                cost.note
+                    .as_ref()
+                    .map_or(String::new(), |n| format!("  [{n}]"))
+            );
+            results.cpu.push(cost);
+        }
     }
     Ok(results)
+}
+
+/// `wanted` if given and not empty, else `all`.
+fn pick<T: Clone>(wanted: Option<&[T]>, all: &[T]) -> Vec<T> {
+    match wanted {
+        Some(w) if !w.is_empty() => w.to_vec(),
+        _ => all.to_vec(),
+    }
 }
 
 /// A few lines with the headline comparisons: mean absolute error per limiter at each
@@ -209,25 +284,28 @@ pub fn summary_lines(results: &AccuracyResults) -> Vec<String> {
                     .filter(|r| r.rate_bps == rate && r.limiter == limiter)
                     .collect();
                 let loaded: Vec<&AccuracyRow> =
-                    rows.iter().copied().filter(|r| overloaded(r)).collect();
+                    rows.iter().copied().filter(|r| r.comparable).collect();
                 if rows.is_empty() {
                     return None;
                 }
                 if loaded.is_empty() {
-                    return Some(format!("{limiter} n/a (0 of {} runs at 2×)", rows.len()));
+                    return Some(format!(
+                        "{limiter} n/a (0 of {} runs comparable)",
+                        rows.len()
+                    ));
                 }
                 let abs: Vec<f64> = loaded.iter().map(|r| r.error_pct.abs()).collect();
                 let mean = abs.iter().sum::<f64>() / abs.len() as f64;
                 let worst = abs.iter().copied().fold(0.0, f64::max);
                 Some(format!(
-                    "{limiter} {mean:.2}% (worst {worst:.2}%, {}/{} runs)",
+                    "{limiter} **{mean:.2}%** (worst {worst:.2}%, {}/{} runs)",
                     loaded.len(),
                     rows.len()
                 ))
             })
             .collect();
         lines.push(format!(
-            "rate error at {}: mean |error| {}",
+            "rate error at {} (comparable runs: 2× offered, no send refused, nothing lost outside the limiter): mean |error| {}",
             fmt_rate(rate),
             parts.join(", ")
         ));
@@ -263,27 +341,41 @@ pub fn summary_lines(results: &AccuracyResults) -> Vec<String> {
             ));
         }
     }
-    let cpu = |name: &str| results.cpu.iter().find(|c| c.limiter == name);
-    if let (Some(shaper), Some(htb)) = (cpu("shaper"), cpu("htb")) {
-        let none = cpu("none").map_or(String::new(), |n| {
-            format!(", none {:.1}", n.softirq_ms_per_mpkt)
-        });
-        let ratio = if htb.softirq_ms_per_mpkt > 0.0 {
-            format!(
-                "{:.2}",
-                shaper.softirq_ms_per_mpkt / htb.softirq_ms_per_mpkt
-            )
-        } else {
-            "n/a".to_owned()
+    for (load, _) in CPU_LOADS {
+        let cpu = |name: &str| {
+            results
+                .cpu
+                .iter()
+                .find(|c| c.limiter == name && c.load == load)
         };
-        lines.push(format!(
-            "softirq per Mpkt at {:.0} kpps of {}-byte frames: shaper {:.1} ms, htb {:.1} ms{none}; \
-             shaper ÷ htb = {ratio}",
+        let (Some(shaper), Some(htb)) = (cpu("shaper"), cpu("htb")) else {
+            continue;
+        };
+        let ratio = |a: f64, b: f64| {
+            if b > 0.0 {
+                format!("{:.2}", a / b)
+            } else {
+                "n/a".to_owned()
+            }
+        };
+        let mut line = format!(
+            "softirq per Mpkt, {:.0} kpps of {CPU_FRAME}-byte frames {load} the limit: shaper {:.1} ms, htb {:.1} ms; shaper ÷ htb = **{}**",
             shaper.offered_pps / 1e3,
-            CPU_FRAME,
             shaper.softirq_ms_per_mpkt,
             htb.softirq_ms_per_mpkt,
-        ));
+            ratio(shaper.softirq_ms_per_mpkt, htb.softirq_ms_per_mpkt),
+        );
+        if let Some(none) = cpu("none") {
+            let (s, h) = (
+                shaper.softirq_ms_per_mpkt - none.softirq_ms_per_mpkt,
+                htb.softirq_ms_per_mpkt - none.softirq_ms_per_mpkt,
+            );
+            line.push_str(&format!(
+                " (no limiter {:.1} ms; over it: shaper {s:+.1} ms, htb {h:+.1} ms)",
+                none.softirq_ms_per_mpkt
+            ));
+        }
+        lines.push(line);
     }
     lines
 }
@@ -493,90 +585,93 @@ fn time_series(
     })
 }
 
-/// Softirq and system CPU time per million packets: 4 sources at 50 kpps each of 64-byte
-/// frames (200 kpps) against a 1 Mbit/s limit per source, so a limiter drops about 96%.
+/// Softirq CPU time per million packets: [`CPU_SOURCES`] sources at [`CPU_PPS_PER_SOURCE`]
+/// each of [`CPU_FRAME`]-byte frames, against `rate_bps` per source.
 ///
-/// Times come from the aggregate `cpu` line of `/proc/stat`, which counts in jiffies
-/// (1/`sysconf(_SC_CLK_TCK)` s, 10 ms here) and, on a kernel without
-/// CONFIG_IRQ_TIME_ACCOUNTING, by sampling at the timer tick: a run of a few seconds on 2
-/// CPUs has some hundred samples, so take differences of less than ~10% as noise. It is
-/// machine-wide (whatever else runs counts too). Softirq is where the veth's receive path
-/// runs (XDP, the IP stack); an egress qdisc's enqueue runs in the sender's system call
-/// and counts as system time, hence that is returned too (ms per Mpkt; printed, not stored,
-/// as [`CpuCost`] has no field for it). Packets are the generator's sent
-/// datagrams, each of which went through the limiter (dropped or not).
+/// The time is exact and machine-wide: everything the packets cost in softirq context,
+/// from the senders' veth to the receiving socket (the routed lab's forwarding, XDP, an
+/// egress qdisc's enqueue and dequeue, ...), plus whatever else the machine did in softirq
+/// meanwhile (little, on an otherwise idle machine; `none` shows the floor). Packets are the
+/// generator's sent datagrams, each of which met the limiter.
+///
+/// Every run has an XDP program on the receiving veth, the shaper or else a no-op one:
+/// attaching XDP changes how a veth receives (a ring and NAPI instead of the per-CPU
+/// backlog), and without it the comparison would measure that change, not the limiters.
 fn cpu_cost(
     lab: &Lab,
+    clock: &SoftirqClock,
     shaper: &Path,
     limiter: Limiter,
+    load: &str,
+    rate_bps: u64,
     duration: Duration,
-) -> Result<(CpuCost, f64)> {
+) -> Result<CpuCost> {
     let offered_bps = CPU_PPS_PER_SOURCE * u64::from(CPU_FRAME) * 8;
     let flows = flows(lab, CPU_SOURCES, offered_bps, CPU_FRAME);
-    let installed = Installed::new(lab, shaper, limiter, CPU_RATE_BPS, CPU_SOURCES)?;
-    let before = CpuTimes::now()?;
+    let installed = Installed::new(lab, shaper, limiter, rate_bps, CPU_SOURCES)?;
+    let noop = if limiter == Limiter::Shaper {
+        None
+    } else {
+        Some(attach_noop_xdp(lab)?)
+    };
+    let before = clock.read()?;
     let report = run_udp_with(lab, &flows, duration, &run_options(None))?;
-    let after = CpuTimes::now()?;
+    let spent = clock.read()?.since(&before);
+    drop(noop);
     drop(installed);
     let packets: u64 = report.flows.iter().map(|r| r.sent_packets).sum();
+    let delivered_packets: u64 = report.flows.iter().map(|r| r.received_packets).sum();
     let secs = report
         .flows
         .iter()
         .map(|r| r.offered_secs)
         .fold(0.0, f64::max);
-    let per_mpkt = |ns: u64| {
-        if packets > 0 {
-            ns as f64 / 1e6 / (packets as f64 / 1e6)
-        } else {
-            0.0
-        }
-    };
-    let softirq_ns = after.softirq_ns.saturating_sub(before.softirq_ns);
-    let system_ns = after.system_ns.saturating_sub(before.system_ns);
-    let cost = CpuCost {
+    let softirq_ns = spent.total_ns();
+    let mut notes = Vec::new();
+    if report.path_drops > 0 {
+        notes.push(format!("the lab's path lost {} frames", report.path_drops));
+    }
+    if report.receiver_drops > 0 {
+        notes.push(format!(
+            "the receiving socket overflowed ({} datagrams)",
+            report.receiver_drops
+        ));
+    }
+    Ok(CpuCost {
         limiter: limiter.name().to_owned(),
+        load: load.to_owned(),
+        rate_bps_per_source: rate_bps,
         offered_pps: if secs > 0.0 {
             packets as f64 / secs
         } else {
             0.0
         },
         packets,
+        delivered_packets,
+        seconds: secs,
         softirq_ns,
-        softirq_ms_per_mpkt: per_mpkt(softirq_ns),
-    };
-    Ok((cost, per_mpkt(system_ns)))
+        net_rx_ns: spent.ns[NET_RX_SOFTIRQ],
+        net_tx_ns: spent.ns[NET_TX_SOFTIRQ],
+        softirq_ms_per_mpkt: if packets > 0 {
+            softirq_ns as f64 / 1e6 / (packets as f64 / 1e6)
+        } else {
+            0.0
+        },
+        note: (!notes.is_empty()).then(|| notes.join("; ")),
+    })
 }
 
-/// Machine-wide CPU times from the `cpu` line of `/proc/stat`, in nanoseconds.
-struct CpuTimes {
-    system_ns: u64,
-    softirq_ns: u64,
-}
-
-impl CpuTimes {
-    fn now() -> Result<CpuTimes> {
-        let stat = std::fs::read_to_string("/proc/stat").context("cannot read /proc/stat")?;
-        let line = stat
-            .lines()
-            .find(|l| l.starts_with("cpu "))
-            .context("no cpu line in /proc/stat")?;
-        // cpu user nice system idle iowait irq softirq ...
-        let fields: Vec<u64> = line
-            .split_whitespace()
-            .skip(1)
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .with_context(|| format!("bad /proc/stat line {line:?}"))?;
-        ensure!(fields.len() >= 7, "short /proc/stat line {line:?}");
-        // SAFETY: sysconf has no memory effects.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        ensure!(hz > 0, "sysconf(_SC_CLK_TCK) failed");
-        let ns_per_jiffy = 1_000_000_000 / hz.unsigned_abs() as u64;
-        Ok(CpuTimes {
-            system_ns: fields[2] * ns_per_jiffy,
-            softirq_ns: fields[6] * ns_per_jiffy,
-        })
-    }
+/// The no-op XDP program attached (native) to the lab's rx veth; detached when the returned
+/// object is dropped.
+fn attach_noop_xdp(lab: &Lab) -> Result<Ebpf> {
+    let iface = lab.rx_iface().to_owned();
+    netns::run_in(lab.rx_ns(), move || -> Result<Ebpf> {
+        let mut ebpf = loader::load(1)?;
+        loader::xdp_program(&mut ebpf, PROG_NOOP)?
+            .attach(&iface, XdpMode::Driver)
+            .with_context(|| format!("cannot attach the no-op XDP program to {iface}"))?;
+        Ok(ebpf)
+    })?
 }
 
 /// A limiter set up in the lab; dropping it removes it (errors ignored: this may run while
@@ -608,7 +703,8 @@ impl<'a> Installed<'a> {
             limiter,
         };
         let queue = queue_bytes(rate_bps);
-        let (tx, rx) = (lab.tx_ns(), lab.rx_ns());
+        let rx = lab.rx_ns();
+        let (egress_ns, egress) = lab.egress();
         match limiter {
             Limiter::None => {}
             Limiter::Shaper => {
@@ -628,13 +724,14 @@ impl<'a> Installed<'a> {
             }
             Limiter::Tbf => ns::batch(
                 "tc",
-                tx,
+                egress_ns.name(),
                 &[format!(
-                    "qdisc add dev {} root handle 1: tbf rate {rate_bps}bit burst {BURST_BYTES} limit {queue}",
-                    lab.tx_iface()
+                    "qdisc add dev {egress} root handle 1: tbf rate {rate_bps}bit burst {BURST_BYTES} limit {queue}"
                 )],
             )?,
-            Limiter::Htb => ns::batch("tc", tx, &htb_lines(lab.tx_iface(), lab, rate_bps, n))?,
+            Limiter::Htb => {
+                ns::batch("tc", egress_ns.name(), &htb_lines(egress, lab, rate_bps, n))?
+            }
             Limiter::IfbHtb => {
                 lab.rx_netns().ip(&["link", "add", IFB, "type", "ifb"])?;
                 lab.rx_netns().ip(&["link", "set", "dev", IFB, "up"])?;
@@ -670,15 +767,18 @@ impl Drop for Installed<'_> {
             Limiter::Shaper => {
                 quiet(Command::new(self.shaper).args(["-n", lab.rx_ns(), "detach", lab.rx_iface()]))
             }
-            Limiter::Tbf | Limiter::Htb => quiet(Command::new("tc").args([
-                "-n",
-                lab.tx_ns(),
-                "qdisc",
-                "del",
-                "dev",
-                lab.tx_iface(),
-                "root",
-            ])),
+            Limiter::Tbf | Limiter::Htb => {
+                let (ns, iface) = lab.egress();
+                quiet(Command::new("tc").args([
+                    "-n",
+                    ns.name(),
+                    "qdisc",
+                    "del",
+                    "dev",
+                    iface,
+                    "root",
+                ]));
+            }
             Limiter::IfbHtb => {
                 quiet(Command::new("tc").args([
                     "-n",

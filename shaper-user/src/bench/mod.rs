@@ -11,6 +11,7 @@ pub mod accuracy;
 pub mod per_packet;
 pub mod report;
 pub mod scale;
+pub mod softirq;
 
 use std::net::Ipv4Addr;
 
@@ -53,15 +54,29 @@ pub struct TimeSeries {
     pub per_source: Vec<(Ipv4Addr, Vec<f64>)>,
 }
 
-/// Softirq CPU time per million packets handled at a fixed offered load.
+/// Softirq CPU time per million packets handled at a fixed offered load, measured exactly
+/// (the softirq tracepoints, [`softirq`]), machine-wide.
 #[derive(Clone, Debug, Serialize)]
 pub struct CpuCost {
     /// "shaper", "htb", "none".
     pub limiter: String,
+    /// "over": the limit passes a few percent of the offered load, the limiter drops the
+    /// rest; "under": the limit is far above it, everything passes.
+    pub load: String,
+    pub rate_bps_per_source: u64,
     pub offered_pps: f64,
+    /// Packets sent (each met the limiter) and packets the receiver got.
     pub packets: u64,
+    pub delivered_packets: u64,
+    pub seconds: f64,
+    /// Softirq time over the run, all vectors, and the receive (NET_RX) and transmit
+    /// (NET_TX) vectors alone.
     pub softirq_ns: u64,
+    pub net_rx_ns: u64,
+    pub net_tx_ns: u64,
     pub softirq_ms_per_mpkt: f64,
+    /// Anything a reader must know (frames lost in the lab's path, a short run).
+    pub note: Option<String>,
 }
 
 /// Everything `accuracy` measures.

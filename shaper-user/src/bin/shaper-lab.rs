@@ -60,6 +60,29 @@ struct BenchArgs {
     /// Measurements per case; the median is reported [default: 7, 5 with --quick]
     #[arg(long)]
     runs: Option<usize>,
+    /// Investigate: run only these lab benchmarks, print them, write nothing
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<LabPart>,
+    /// With `--only sweep`: only these limits per source (tc units, repeatable)
+    #[arg(long)]
+    rate: Vec<Rate>,
+    /// With `--only sweep`: only these frame sizes, bytes (repeatable)
+    #[arg(long)]
+    frame: Vec<u32>,
+    /// With `--only sweep`: only these numbers of sources (repeatable)
+    #[arg(long)]
+    sources: Vec<usize>,
+}
+
+/// The lab benchmarks `--only` picks from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LabPart {
+    /// Rate accuracy against the incumbents
+    Sweep,
+    /// Delivered rate over time per source
+    Series,
+    /// Softirq CPU per million packets
+    Cpu,
 }
 
 #[derive(Debug, Args)]
@@ -361,6 +384,13 @@ fn print_lab_guide(lab: &Lab) {
 fn bench(args: &BenchArgs) -> Result<()> {
     use shaper_user::bench::{per_packet, report, scale};
 
+    if !args.only.is_empty() {
+        return bench_only(args);
+    }
+    ensure!(
+        args.rate.is_empty() && args.frame.is_empty() && args.sources.is_empty(),
+        "--rate, --frame and --sources need --only sweep"
+    );
     let mut opts = per_packet::Options::new(args.quick);
     if let Some(repeat) = args.repeat {
         opts.repeat = repeat;
@@ -431,6 +461,34 @@ fn bench(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// `bench --only ...`: the chosen lab benchmarks, printed as they run; nothing written.
+fn bench_only(args: &BenchArgs) -> Result<()> {
+    use shaper_user::bench::accuracy;
+
+    let shaper = match &args.shaper {
+        Some(path) => path.clone(),
+        None => default_shaper()?,
+    };
+    let opts = accuracy::AccuracyOptions {
+        shaper,
+        quick: args.quick,
+        seconds: 3.0,
+        only: Some(accuracy::Only {
+            rates_bps: args.rate.iter().map(|r| r.bits_per_sec()).collect(),
+            frames: args.frame.clone(),
+            sources: args.sources.clone(),
+            no_sweep: !args.only.contains(&LabPart::Sweep),
+            series: args.only.contains(&LabPart::Series),
+            cpu: args.only.contains(&LabPart::Cpu),
+        }),
+    };
+    let results = accuracy::run(&opts)?;
+    for line in accuracy::summary_lines(&results) {
+        println!("{line}");
+    }
+    Ok(())
+}
+
 /// The accuracy benchmarks, or why there are none: their failure is reported in
 /// results.md rather than aborting the figures already measured.
 fn bench_accuracy(
@@ -452,6 +510,7 @@ fn bench_accuracy(
         quick: args.quick,
         // Sending time of each run; quick mode shortens it further by itself.
         seconds: 3.0,
+        only: None,
     };
     match accuracy::run(&opts) {
         Ok(results) => {

@@ -6,9 +6,23 @@
 //!  sht...  198.18.0.11/24, .12, ...  <== veth ==>  shr...  198.18.0.1/24   (shaper attaches here)
 //! ```
 //!
+//! [`Lab::routed`] puts a router namespace in between, for the benchmarks:
+//!
+//! ```text
+//!  netns <tx>                  netns <rt> (forwards)                 netns <rx>
+//!  sht... 198.18.0.11/24 <==> shi... 198.18.0.254/24
+//!                             sho... 198.19.0.254/24  <==>  shr... 198.19.0.1/24
+//! ```
+//!
+//! A queue in the sender's own namespace pushes back on the sending socket (the queued
+//! packets still count against its send buffer), so a tc limiter there can never be
+//! offered more than it lets through. A routed packet has left its socket (IP input
+//! orphans it), so a queue on the router's egress `sho...` sees the offered load as it is,
+//! as a router's queue on a real link does.
+//!
 //! Everything lives in namespaces this module creates, so the machine's own interfaces are
 //! never touched, and addresses come from 198.18.0.0/15 (RFC 2544, benchmarking). Dropping
-//! the [`Lab`] deletes both namespaces, which deletes the veth pair with them.
+//! the [`Lab`] deletes the namespaces, which deletes the veth pairs with them.
 
 pub mod ns;
 pub mod traffic;
@@ -25,6 +39,10 @@ pub use traffic::{Flow, FlowResult, RunOptions, RunReport, run_udp, run_udp_with
 
 /// The receiver's address, on the rx veth.
 pub const RX_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+/// The receiver's address in a routed lab, and the router's addresses on each side.
+pub const ROUTED_RX_ADDR: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 1);
+const ROUTER_TX_SIDE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 254);
+const ROUTER_RX_SIDE: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 254);
 /// Host part of the first source address; sources are .11, .12, ...
 const FIRST_SOURCE_HOST: u8 = 11;
 /// Most sources one lab has (.11 ..= .210 stays inside the /24).
@@ -43,17 +61,32 @@ pub struct Lab {
     // Each Netns deletes its namespace when dropped; that is all the cleanup a lab needs.
     tx: Netns,
     rx: Netns,
+    router: Option<Router>,
     tx_iface: String,
     rx_iface: String,
+    rx_addr: Ipv4Addr,
     sources: Vec<Ipv4Addr>,
+}
+
+/// The forwarding namespace of a routed lab and its two veth ends.
+#[derive(Debug)]
+struct Router {
+    ns: Netns,
+    /// Peer of the tx veth.
+    in_iface: String,
+    /// Peer of the rx veth; its egress carries everything to the receiver.
+    out_iface: String,
 }
 
 /// The names one lab uses, unique per process (pid) and per call (counter).
 struct Names {
     tx_ns: String,
     rx_ns: String,
+    router_ns: String,
     tx_iface: String,
     rx_iface: String,
+    router_in: String,
+    router_out: String,
 }
 
 impl Names {
@@ -71,8 +104,11 @@ impl Names {
         let names = Names {
             tx_ns: format!("shlab-{tag}-{pid}-{n}-tx"),
             rx_ns: format!("shlab-{tag}-{pid}-{n}-rx"),
+            router_ns: format!("shlab-{tag}-{pid}-{n}-rt"),
             tx_iface: format!("sht{short}"),
             rx_iface: format!("shr{short}"),
+            router_in: format!("shi{short}"),
+            router_out: format!("sho{short}"),
         };
         if names.tx_iface.len() > MAX_IFNAME_LEN {
             bail!(
@@ -91,6 +127,16 @@ impl Lab {
     /// `tag` (1..=32 of `[A-Za-z0-9_-]`) goes into the namespace names, to tell labs apart
     /// in `ip netns list`.
     pub fn new(tag: &str, sources: usize) -> Result<Lab> {
+        Lab::build(tag, sources, false)
+    }
+
+    /// Like [`Lab::new`], with a router namespace between tx and rx (see the module
+    /// docs): the receiver is 198.19.0.1 and tc limiters go on [`Lab::egress`].
+    pub fn routed(tag: &str, sources: usize) -> Result<Lab> {
+        Lab::build(tag, sources, true)
+    }
+
+    fn build(tag: &str, sources: usize, routed: bool) -> Result<Lab> {
         ensure!(
             (1..=MAX_SOURCES).contains(&sources),
             "a lab has 1..={MAX_SOURCES} sources, not {sources}"
@@ -100,11 +146,22 @@ impl Lab {
         // in a later step removes what was made so far.
         let rx = Netns::create(&names.rx_ns)?;
         let tx = Netns::create(&names.tx_ns)?;
+        let router = if routed {
+            Some(Router {
+                ns: Netns::create(&names.router_ns)?,
+                in_iface: names.router_in,
+                out_iface: names.router_out,
+            })
+        } else {
+            None
+        };
         let lab = Lab {
             tx,
             rx,
+            router,
             tx_iface: names.tx_iface,
             rx_iface: names.rx_iface,
+            rx_addr: if routed { ROUTED_RX_ADDR } else { RX_ADDR },
             sources: (0..sources)
                 .map(|i| {
                     let host = FIRST_SOURCE_HOST + u8::try_from(i).expect("at most 200 sources");
@@ -112,8 +169,11 @@ impl Lab {
                 })
                 .collect(),
         };
-        lab.set_up()
-            .with_context(|| format!("cannot set up lab {}/{}", lab.tx_ns(), lab.rx_ns()))?;
+        let set_up = match &lab.router {
+            None => lab.set_up(),
+            Some(router) => lab.set_up_routed(router),
+        };
+        set_up.with_context(|| format!("cannot set up lab {}/{}", lab.tx_ns(), lab.rx_ns()))?;
         Ok(lab)
     }
 
@@ -127,36 +187,96 @@ impl Lab {
         self.add_neighbours()
     }
 
-    /// Creates the pair in tx and moves its peer straight into rx.
-    fn create_veth(&self) -> Result<()> {
-        self.tx.ip(&[
-            "link",
-            "add",
-            &self.tx_iface,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &self.rx_iface,
-            "netns",
-            self.rx.name(),
-        ])?;
-        for (ns, iface) in [(&self.tx, &self.tx_iface), (&self.rx, &self.rx_iface)] {
-            // No IPv6 link-local address means no DAD, router or MLD packets to confuse the
-            // counts. Best effort: it fails only where IPv6 is off, which is just as quiet.
-            let _ = ns.ip(&["link", "set", "dev", iface, "addrgenmode", "none"]);
-        }
-        Ok(())
-    }
-
-    fn add_addresses(&self) -> Result<()> {
-        self.rx.ip(&[
+    fn set_up_routed(&self, router: &Router) -> Result<()> {
+        let rt = &router.ns;
+        let (rin, rout) = (router.in_iface.as_str(), router.out_iface.as_str());
+        veth_pair(&self.tx, &self.tx_iface, rt, rin)?;
+        veth_pair(rt, rout, &self.rx, &self.rx_iface)?;
+        self.add_source_addresses()?;
+        rt.ip(&[
             "addr",
             "add",
-            &format!("{RX_ADDR}/{PREFIX_LEN}"),
+            &format!("{ROUTER_TX_SIDE}/{PREFIX_LEN}"),
+            "dev",
+            rin,
+        ])?;
+        rt.ip(&[
+            "addr",
+            "add",
+            &format!("{ROUTER_RX_SIDE}/{PREFIX_LEN}"),
+            "dev",
+            rout,
+        ])?;
+        let rx_addr = format!("{}/{PREFIX_LEN}", self.rx_addr);
+        self.rx
+            .ip(&["addr", "add", &rx_addr, "dev", &self.rx_iface])?;
+        for (ns, iface) in [
+            (&self.tx, self.tx_iface.as_str()),
+            (rt, rin),
+            (rt, rout),
+            (&self.rx, self.rx_iface.as_str()),
+        ] {
+            ns.ip(&["link", "set", "dev", "lo", "up"])?;
+            ns.ip(&["link", "set", "dev", iface, "up"])?;
+        }
+        crate::netns::run_in(rt.name(), || {
+            std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+        })?
+        .context("cannot enable forwarding in the router namespace")?;
+        let rx_net = format!("{}/{PREFIX_LEN}", Ipv4Addr::new(198, 19, 0, 0));
+        let tx_net = format!("{}/{PREFIX_LEN}", Ipv4Addr::new(198, 18, 0, 0));
+        let (to_rt_tx, to_rt_rx) = (ROUTER_TX_SIDE.to_string(), ROUTER_RX_SIDE.to_string());
+        self.tx.ip(&[
+            "route",
+            "add",
+            &rx_net,
+            "via",
+            &to_rt_tx,
+            "dev",
+            &self.tx_iface,
+        ])?;
+        self.rx.ip(&[
+            "route",
+            "add",
+            &tx_net,
+            "via",
+            &to_rt_rx,
             "dev",
             &self.rx_iface,
         ])?;
+
+        // Static neighbours on every hop, as in the plain lab.
+        let tx_mac = mac_of(&self.tx, &self.tx_iface)?;
+        let rin_mac = mac_of(rt, rin)?;
+        let rout_mac = mac_of(rt, rout)?;
+        let rx_mac = mac_of(&self.rx, &self.rx_iface)?;
+        permanent_neighbour(&self.tx, &self.tx_iface, ROUTER_TX_SIDE, &rin_mac)?;
+        permanent_neighbour(&self.rx, &self.rx_iface, ROUTER_RX_SIDE, &rout_mac)?;
+        let mut lines: Vec<String> = self
+            .sources
+            .iter()
+            .map(|src| format!("neigh replace {src} lladdr {tx_mac} dev {rin} nud permanent"))
+            .collect();
+        lines.push(format!(
+            "neigh replace {} lladdr {rx_mac} dev {rout} nud permanent",
+            self.rx_addr
+        ));
+        rt.ip_batch(&lines)
+    }
+
+    /// Creates the pair in tx and moves its peer straight into rx.
+    fn create_veth(&self) -> Result<()> {
+        veth_pair(&self.tx, &self.tx_iface, &self.rx, &self.rx_iface)
+    }
+
+    fn add_addresses(&self) -> Result<()> {
+        let rx_addr = format!("{}/{PREFIX_LEN}", self.rx_addr);
+        self.rx
+            .ip(&["addr", "add", &rx_addr, "dev", &self.rx_iface])?;
+        self.add_source_addresses()
+    }
+
+    fn add_source_addresses(&self) -> Result<()> {
         let lines: Vec<String> = self
             .sources
             .iter()
@@ -170,17 +290,7 @@ impl Lab {
     fn add_neighbours(&self) -> Result<()> {
         let tx_mac = mac_of(&self.tx, &self.tx_iface)?;
         let rx_mac = mac_of(&self.rx, &self.rx_iface)?;
-        self.tx.ip(&[
-            "neigh",
-            "replace",
-            &RX_ADDR.to_string(),
-            "lladdr",
-            &rx_mac,
-            "dev",
-            &self.tx_iface,
-            "nud",
-            "permanent",
-        ])?;
+        permanent_neighbour(&self.tx, &self.tx_iface, self.rx_addr, &rx_mac)?;
         let lines: Vec<String> = self
             .sources
             .iter()
@@ -224,9 +334,30 @@ impl Lab {
         &self.tx_iface
     }
 
-    /// The receiver's address (198.18.0.1).
+    /// The receiver's address (198.18.0.1; 198.19.0.1 in a routed lab).
     pub fn rx_addr(&self) -> Ipv4Addr {
-        RX_ADDR
+        self.rx_addr
+    }
+
+    /// Where an egress limiter (tc qdisc) goes: the router's interface towards rx in a
+    /// routed lab, else the tx veth (where the senders' sockets feel its queue).
+    pub fn egress(&self) -> (&Netns, &str) {
+        match &self.router {
+            Some(router) => (&router.ns, &router.out_iface),
+            None => (&self.tx, &self.tx_iface),
+        }
+    }
+
+    /// Every veth end with the direction whose `dropped` count means the lab's own path
+    /// lost frames: what each end sends (tx) or receives (rx) on the way to the receiver.
+    pub(crate) fn path_ends(&self) -> Vec<(&Netns, &str, &'static str)> {
+        let mut ends = vec![(&self.tx, self.tx_iface.as_str(), "tx")];
+        if let Some(router) = &self.router {
+            ends.push((&router.ns, &router.in_iface, "rx"));
+            ends.push((&router.ns, &router.out_iface, "tx"));
+        }
+        ends.push((&self.rx, &self.rx_iface, "rx"));
+        ends
     }
 
     /// The sender addresses (198.18.0.11, .12, ...), all on the tx veth.
@@ -234,10 +365,10 @@ impl Lab {
         &self.sources
     }
 
-    /// Sets the MTU of both veth ends (needed for frames above 1514 bytes).
+    /// Sets the MTU of every veth end (needed for frames above 1514 bytes).
     pub fn set_mtu(&self, mtu: u32) -> Result<()> {
         let mtu = mtu.to_string();
-        for (ns, iface) in [(&self.tx, &self.tx_iface), (&self.rx, &self.rx_iface)] {
+        for (ns, iface, _) in self.path_ends() {
             ns.ip(&["link", "set", "dev", iface, "mtu", &mtu])?;
         }
         Ok(())
@@ -248,6 +379,43 @@ impl Lab {
         let link = link_json(&self.rx, &self.rx_iface, true)?;
         Ok(link.get("xdp").is_some())
     }
+}
+
+/// A veth pair: `a_iface` in `a`, its peer `b_iface` moved straight into `b`.
+fn veth_pair(a: &Netns, a_iface: &str, b: &Netns, b_iface: &str) -> Result<()> {
+    a.ip(&[
+        "link",
+        "add",
+        a_iface,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        b_iface,
+        "netns",
+        b.name(),
+    ])?;
+    for (ns, iface) in [(a, a_iface), (b, b_iface)] {
+        // No IPv6 link-local address means no DAD, router or MLD packets to confuse the
+        // counts. Best effort: it fails only where IPv6 is off, which is just as quiet.
+        let _ = ns.ip(&["link", "set", "dev", iface, "addrgenmode", "none"]);
+    }
+    Ok(())
+}
+
+/// A permanent neighbour entry for `addr` at `mac` on `iface`.
+fn permanent_neighbour(ns: &Netns, iface: &str, addr: Ipv4Addr, mac: &str) -> Result<()> {
+    ns.ip(&[
+        "neigh",
+        "replace",
+        &addr.to_string(),
+        "lladdr",
+        mac,
+        "dev",
+        iface,
+        "nud",
+        "permanent",
+    ])
 }
 
 /// `ip [-d] -j link show dev IFACE` in `ns`, as the one JSON object it describes.

@@ -38,8 +38,16 @@ pub const MIN_FRAME_BYTES: u32 = 60 + 4;
 /// A 9000-byte jumbo MTU plus the Ethernet header.
 pub const MAX_FRAME_BYTES: u32 = 9000 + 14;
 
-/// Senders wake this often; each wake-up sends whatever became due since the last one.
-const TICK: Duration = Duration::from_millis(1);
+/// Senders wake at most this far apart; each wake-up sends whatever became due since the
+/// last one...
+const MAX_TICK: Duration = Duration::from_millis(1);
+/// ...and at most this many bytes' worth apart, so a fast flow arrives in small clumps: a
+/// policer with a small burst (64 KiB is half a millisecond at 1 Gbit/s) meters the offered
+/// rate, not the sender's wake-up rhythm. (A millisecond's sending at once would exceed such
+/// a burst every time, and the policer would rightly drop more than the average calls for.)
+const TICK_BYTES: f64 = 16_384.0;
+/// The shortest wake-up interval (a sender faster than this sends in bigger clumps).
+const MIN_TICK: Duration = Duration::from_micros(50);
 /// How long the receiver keeps counting after the last sender stopped (packets in flight).
 const DRAIN: Duration = Duration::from_millis(300);
 /// How often the receiver looks at its stop flag when no packets come.
@@ -151,9 +159,10 @@ pub struct RunReport {
     /// `RcvbufErrors` in the rx namespace over the run): received counts are short by this
     /// many. Should be 0.
     pub receiver_drops: u64,
-    /// Frames lost in the lab's own path over the run, before any counting socket: the tx
-    /// veth's `tx_dropped` (the peer's receive ring or backlog was full), the rx veth's
-    /// `rx_dropped`, and the machine-wide softnet backlog drops (`/proc/net/softnet_stat`).
+    /// Frames lost in the lab's own path over the run, before any counting socket: each
+    /// veth end's `tx_dropped` or `rx_dropped` on the way to the receiver (a peer's receive
+    /// ring or backlog was full), and the machine-wide softnet backlog drops
+    /// (`/proc/net/softnet_stat`).
     /// Not limiter drops (qdisc and XDP drops are not counted here). Should be 0; when it
     /// is not, the machine could not carry the offered load and the counts mean little.
     pub path_drops: u64,
@@ -353,8 +362,10 @@ fn path_drops(lab: &Lab) -> Result<u64> {
             .as_u64()
             .with_context(|| format!("no {dir} dropped count for {iface}"))
     };
-    let tx = dropped(lab.tx_netns(), lab.tx_iface(), "tx")?;
-    let rx = dropped(lab.rx_netns(), lab.rx_iface(), "rx")?;
+    let mut total = 0;
+    for (ns, iface, dir) in lab.path_ends() {
+        total += dropped(ns, iface, dir)?;
+    }
     let softnet = std::fs::read_to_string("/proc/net/softnet_stat")
         .context("cannot read /proc/net/softnet_stat")?;
     // One line per CPU, hex columns; the second is packets dropped for a full backlog.
@@ -363,7 +374,7 @@ fn path_drops(lab: &Lab) -> Result<u64> {
         .filter_map(|l| l.split_whitespace().nth(1))
         .filter_map(|x| u64::from_str_radix(x, 16).ok())
         .sum();
-    Ok(tx + rx + backlog)
+    Ok(total + backlog)
 }
 
 /// UDP `RcvbufErrors` in the rx namespace (from `/proc/thread-self/net/snmp`, read by a
@@ -612,6 +623,8 @@ fn send_paced(socket: &UdpSocket, flow: &Flow, start: Instant, duration: Duratio
     let payload = vec![0u8; (flow.frame_bytes - L2_OVERHEAD) as usize];
     let frames_per_sec = flow.offered_bps as f64 / 8.0 / f64::from(flow.frame_bytes);
     let end = start + duration;
+    let tick = tick_of(flow);
+    exact_timers();
     thread::sleep(start.saturating_duration_since(Instant::now()));
     // Attempts, not successes, drive the pacing: a dropped send is not retried later.
     let mut attempted: u64 = 0;
@@ -637,7 +650,7 @@ fn send_paced(socket: &UdpSocket, flow: &Flow, start: Instant, duration: Duratio
         if elapsed >= duration || Instant::now() >= end {
             break;
         }
-        thread::sleep(until_next_tick(start.elapsed()));
+        thread::sleep(until_next_tick(start.elapsed(), tick));
     }
     Ok(Sent {
         attempted,
@@ -668,11 +681,25 @@ fn send_error(e: io::Error, flow: &Flow) -> anyhow::Error {
     anyhow::Error::new(e).context(format!("send from {} failed{hint}", flow.src))
 }
 
-/// Time left until the next multiple of [`TICK`] since the start.
-fn until_next_tick(elapsed: Duration) -> Duration {
-    let tick = TICK.as_nanos();
+/// How far apart `flow`'s sender wakes: [`TICK_BYTES`] at its rate, within
+/// [`MIN_TICK`]..=[`MAX_TICK`].
+fn tick_of(flow: &Flow) -> Duration {
+    let secs = TICK_BYTES * 8.0 / flow.offered_bps.max(1) as f64;
+    Duration::from_secs_f64(secs).clamp(MIN_TICK, MAX_TICK)
+}
+
+/// Time left until the next multiple of `tick` since the start.
+fn until_next_tick(elapsed: Duration, tick: Duration) -> Duration {
+    let tick = tick.as_nanos();
     let left = tick - elapsed.as_nanos() % tick;
     Duration::from_nanos(u64::try_from(left).unwrap_or(u64::MAX))
+}
+
+/// Lets the calling thread's sleeps end on time: the default timer slack (50 µs) is as long
+/// as the shortest tick.
+fn exact_timers() {
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
+    let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
 }
 
 #[cfg(test)]
