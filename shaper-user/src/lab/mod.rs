@@ -500,6 +500,24 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root: creates network namespaces (cargo xtask test)"]
+    fn routed_lab_is_created_and_removed() {
+        let lab = Lab::routed("t-routed", 2).expect("create routed lab");
+        let (tx, rx) = (lab.tx_ns().to_owned(), lab.rx_ns().to_owned());
+        let (router, egress) = lab.egress();
+        let router = router.name().to_owned();
+        assert!(netns_exists(&tx) && netns_exists(&rx) && netns_exists(&router));
+        assert!(egress.len() <= MAX_IFNAME_LEN);
+        // Four veth ends on the way, and the MTU reaches all of them.
+        assert_eq!(lab.path_ends().len(), 4);
+        lab.set_mtu(9000).expect("set mtu");
+        drop(lab);
+        for ns in [&tx, &rx, &router] {
+            assert!(!netns_exists(ns), "{ns} left behind");
+        }
+    }
+
+    #[test]
     fn bad_arguments_are_rejected_before_creating_anything() {
         assert!(Lab::new("t", 0).is_err());
         assert!(Lab::new("t", MAX_SOURCES + 1).is_err());

@@ -709,7 +709,25 @@ mod tests {
     #[test]
     #[ignore = "needs root: creates network namespaces (cargo xtask test)"]
     fn unshaped_flows_arrive_complete_at_the_offered_rate() {
-        let lab = Lab::new("t-udp", 2).expect("create lab");
+        flows_arrive_complete(&Lab::new("t-udp", 2).expect("create lab"));
+    }
+
+    #[test]
+    #[ignore = "needs root: creates network namespaces (cargo xtask test)"]
+    fn routed_flows_arrive_complete_at_the_offered_rate() {
+        let lab = Lab::routed("t-udp-rt", 2).expect("create routed lab");
+        assert_eq!(lab.rx_addr(), Ipv4Addr::new(198, 19, 0, 1));
+        let (_, egress) = lab.egress();
+        assert_ne!(
+            egress,
+            lab.tx_iface(),
+            "a routed lab's egress is the router's"
+        );
+        flows_arrive_complete(&lab);
+    }
+
+    /// Two unshaped flows through `lab`: everything sent arrives, at the offered rate.
+    fn flows_arrive_complete(lab: &Lab) {
         let flows = [
             Flow {
                 src: lab.sources()[0],
@@ -722,7 +740,7 @@ mod tests {
                 frame_bytes: 1000,
             },
         ];
-        let results = run_udp(&lab, &flows, Duration::from_secs(2)).expect("run_udp");
+        let results = run_udp(lab, &flows, Duration::from_secs(2)).expect("run_udp");
         assert_eq!(results.len(), flows.len());
         for (flow, result) in flows.iter().zip(&results) {
             eprintln!(
