@@ -366,7 +366,7 @@ fn attach_reattach_detach() {
     let src = lab.sources()[0];
     // Twice the first rate, four times the second: the source is held to the limit.
     let flow = Flow {
-        src,
+        src: src.into(),
         offered_bps: 16_000_000,
         frame_bytes: 1000,
     };

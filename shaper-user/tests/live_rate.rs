@@ -3,13 +3,13 @@
 
 mod common;
 
-use std::{net::Ipv4Addr, time::Duration};
+use std::{net::IpAddr, time::Duration};
 
 use common::{attach, shaper};
 use shaper_user::lab::{Flow, Lab, run_udp};
 
 /// shaper's own per-source counters: (passed_bytes, dropped_packets).
-fn shaper_counts(lab: &Lab, src: Ipv4Addr) -> (u64, u64) {
+fn shaper_counts(lab: &Lab, src: IpAddr) -> (u64, u64) {
     let out = shaper(
         lab.rx_ns(),
         &["-j", "stats", lab.rx_iface(), "--top", "100"],
@@ -41,23 +41,23 @@ fn overloaded_sources_get_rate_times_time_plus_burst() {
     let src = lab.sources();
     let flows = [
         Flow {
-            src: src[0],
+            src: src[0].into(),
             offered_bps: 5 * RATE_BPS,
             frame_bytes: FRAME,
         },
         Flow {
-            src: src[1],
+            src: src[1].into(),
             offered_bps: 5 * RATE_BPS,
             frame_bytes: FRAME,
         },
         Flow {
-            src: src[2],
+            src: src[2].into(),
             offered_bps: 5 * RATE_BPS,
             frame_bytes: FRAME,
         },
         // Below the limit: must lose nothing.
         Flow {
-            src: src[3],
+            src: src[3].into(),
             offered_bps: RATE_BPS / 2,
             frame_bytes: FRAME,
         },

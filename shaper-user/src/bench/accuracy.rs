@@ -419,7 +419,7 @@ fn flows(lab: &Lab, n: usize, offered_bps: u64, frame: u32) -> Vec<Flow> {
     lab.sources()[..n]
         .iter()
         .map(|&src| Flow {
-            src,
+            src: src.into(),
             offered_bps,
             frame_bytes: frame,
         })

@@ -13,7 +13,7 @@ pub mod report;
 pub mod scale;
 pub mod softirq;
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use serde::Serialize;
 
@@ -51,7 +51,7 @@ pub struct TimeSeries {
     pub rate_bps: u64,
     pub bin_ms: u32,
     /// Per source: delivered L2 bits per second in each bin.
-    pub per_source: Vec<(Ipv4Addr, Vec<f64>)>,
+    pub per_source: Vec<(IpAddr, Vec<f64>)>,
 }
 
 /// Softirq CPU time per million packets handled at a fixed offered load, measured exactly

@@ -645,12 +645,13 @@ fn plot_accuracy(path: &Path, acc: &AccuracyResults) -> Result<()> {
     let emax = acc
         .rows
         .iter()
+        .filter(|r| r.comparable)
         .map(|r| r.error_pct.abs())
         .filter(|e| e.is_finite())
         .fold(1.0, f64::max);
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "delivered against rate × time + burst, per limiter",
+            "delivered against rate × time + burst, per limiter (comparable runs)",
             (FONT, 18),
         )
         .margin(12)
@@ -678,7 +679,7 @@ fn plot_accuracy(path: &Path, acc: &AccuracyResults) -> Result<()> {
         let mut points: Vec<(f64, f64)> = acc
             .rows
             .iter()
-            .filter(|r| r.limiter == limiter && r.error_pct.is_finite())
+            .filter(|r| r.limiter == limiter && r.comparable && r.error_pct.is_finite())
             .map(|r| (r.rate_bps as f64, r.error_pct))
             .collect();
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -849,7 +850,7 @@ mod tests {
                     let v = (0..50)
                         .map(|b| 9e6 + f64::from(i * 100_000 + b * 1000))
                         .collect();
-                    (Ipv4Addr::new(198, 18, 0, 11 + i as u8), v)
+                    (Ipv4Addr::new(198, 18, 0, 11 + i as u8).into(), v)
                 })
                 .collect(),
         };

@@ -194,7 +194,7 @@ fn demo(args: &DemoArgs) -> Result<()> {
         .iter()
         .zip(DEMO_LOADS)
         .map(|(&src, load)| Flow {
-            src,
+            src: src.into(),
             offered_bps: (rate_bps as f64 * load).round() as u64,
             frame_bytes: DEMO_FRAME_BYTES,
         })

@@ -28,7 +28,7 @@ pub mod ns;
 pub mod traffic;
 
 use std::{
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     sync::atomic::{AtomicU32, Ordering},
 };
 
@@ -43,6 +43,19 @@ pub const RX_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 pub const ROUTED_RX_ADDR: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 1);
 const ROUTER_TX_SIDE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 254);
 const ROUTER_RX_SIDE: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 254);
+/// The receiver's IPv6 address (2001:2::/48 is IPv6's benchmarking block, RFC 5180); the
+/// sources are 2001:2:0:1::11, 2001:2:0:2::11, ...: one /64 each, so that shaper's default
+/// IPv6 key (the /64) meters them apart.
+pub const RX_ADDR6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 1);
+
+/// What a lab has besides its IPv4 sources.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LabOptions {
+    /// A router namespace between tx and rx ([`Lab::routed`]).
+    pub routed: bool,
+    /// IPv6 addresses too: one per source ([`Lab::sources6`]) and [`RX_ADDR6`].
+    pub ipv6: bool,
+}
 /// Host part of the first source address; sources are .11, .12, ...
 const FIRST_SOURCE_HOST: u8 = 11;
 /// Most sources one lab has (.11 ..= .210 stays inside the /24).
@@ -66,6 +79,8 @@ pub struct Lab {
     rx_iface: String,
     rx_addr: Ipv4Addr,
     sources: Vec<Ipv4Addr>,
+    /// Empty unless the lab has IPv6.
+    sources6: Vec<Ipv6Addr>,
 }
 
 /// The forwarding namespace of a routed lab and its two veth ends.
@@ -127,19 +142,29 @@ impl Lab {
     /// `tag` (1..=32 of `[A-Za-z0-9_-]`) goes into the namespace names, to tell labs apart
     /// in `ip netns list`.
     pub fn new(tag: &str, sources: usize) -> Result<Lab> {
-        Lab::build(tag, sources, false)
+        Lab::with(tag, sources, LabOptions::default())
     }
 
     /// Like [`Lab::new`], with a router namespace between tx and rx (see the module
     /// docs): the receiver is 198.19.0.1 and tc limiters go on [`Lab::egress`].
     pub fn routed(tag: &str, sources: usize) -> Result<Lab> {
-        Lab::build(tag, sources, true)
+        let options = LabOptions {
+            routed: true,
+            ..LabOptions::default()
+        };
+        Lab::with(tag, sources, options)
     }
 
-    fn build(tag: &str, sources: usize, routed: bool) -> Result<Lab> {
+    /// A lab with `options` (IPv6, a router).
+    pub fn with(tag: &str, sources: usize, options: LabOptions) -> Result<Lab> {
+        let routed = options.routed;
         ensure!(
             (1..=MAX_SOURCES).contains(&sources),
             "a lab has 1..={MAX_SOURCES} sources, not {sources}"
+        );
+        ensure!(
+            !(options.routed && options.ipv6),
+            "a routed lab is IPv4 only"
         );
         let names = Names::new(tag)?;
         // From here on every created namespace is owned by a Netns, so an error (or panic)
@@ -168,6 +193,16 @@ impl Lab {
                     Ipv4Addr::new(198, 18, 0, host)
                 })
                 .collect(),
+            sources6: if options.ipv6 {
+                (0..sources)
+                    .map(|i| {
+                        let subnet = u16::try_from(i + 1).expect("at most 200 sources");
+                        Ipv6Addr::new(0x2001, 2, 0, subnet, 0, 0, 0, 0x11)
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
         };
         let set_up = match &lab.router {
             None => lab.set_up(),
@@ -184,7 +219,40 @@ impl Lab {
             ns.ip(&["link", "set", "dev", "lo", "up"])?;
             ns.ip(&["link", "set", "dev", iface, "up"])?;
         }
-        self.add_neighbours()
+        self.add_neighbours()?;
+        if !self.sources6.is_empty() {
+            self.add_ipv6()?;
+        }
+        Ok(())
+    }
+
+    /// IPv6 addresses without duplicate address detection (usable at once, and no DAD
+    /// packets), an on-link route each way and permanent neighbours (no neighbour
+    /// discovery while traffic runs).
+    fn add_ipv6(&self) -> Result<()> {
+        let tx_mac = mac_of(&self.tx, &self.tx_iface)?;
+        let rx_mac = mac_of(&self.rx, &self.rx_iface)?;
+        let (tx, rx) = (&self.tx_iface, &self.rx_iface);
+        let mut tx_lines: Vec<String> = self
+            .sources6
+            .iter()
+            .map(|src| format!("addr add {src}/64 dev {tx} nodad"))
+            .collect();
+        tx_lines.push(format!("route add {RX_ADDR6}/128 dev {tx}"));
+        tx_lines.push(format!(
+            "neigh replace {RX_ADDR6} lladdr {rx_mac} dev {tx} nud permanent"
+        ));
+        self.tx.ip_batch(&tx_lines)?;
+        let mut rx_lines = vec![
+            format!("addr add {RX_ADDR6}/64 dev {rx} nodad"),
+            format!("route add 2001:2::/48 dev {rx}"),
+        ];
+        rx_lines.extend(
+            self.sources6
+                .iter()
+                .map(|src| format!("neigh replace {src} lladdr {tx_mac} dev {rx} nud permanent")),
+        );
+        self.rx.ip_batch(&rx_lines)
     }
 
     fn set_up_routed(&self, router: &Router) -> Result<()> {
@@ -337,6 +405,17 @@ impl Lab {
     /// The receiver's address (198.18.0.1; 198.19.0.1 in a routed lab).
     pub fn rx_addr(&self) -> Ipv4Addr {
         self.rx_addr
+    }
+
+    /// The receiver's IPv6 address, if the lab has IPv6.
+    pub fn rx_addr6(&self) -> Option<Ipv6Addr> {
+        (!self.sources6.is_empty()).then_some(RX_ADDR6)
+    }
+
+    /// The sender IPv6 addresses (2001:2:0:1::11, 2001:2:0:2::11, ...), if the lab has
+    /// IPv6; empty otherwise.
+    pub fn sources6(&self) -> &[Ipv6Addr] {
+        &self.sources6
     }
 
     /// Where an egress limiter (tc qdisc) goes: the router's interface towards rx in a

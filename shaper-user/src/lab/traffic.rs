@@ -6,7 +6,8 @@
 //! ordinary threads.
 //!
 //! Rates and sizes are at layer 2, as the shaper counts them: a frame is the UDP payload
-//! plus the UDP, IPv4 and Ethernet headers (42 bytes), without the FCS.
+//! plus the UDP, IP and Ethernet headers (42 bytes over IPv4, 62 over IPv6), without the
+//! FCS. One run is all IPv4 or all IPv6 (the lab's [`Lab::sources`] or [`Lab::sources6`]).
 //!
 //! [`run_udp`] is the simple form; [`run_udp_with`] adds, through [`RunOptions`], arrival
 //! counts in fixed time bins per source, a longer drain for queueing limiters, and senders
@@ -18,7 +19,7 @@
 use std::{
     collections::HashMap,
     io,
-    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    net::{IpAddr, SocketAddr, UdpSocket},
     os::fd::AsRawFd as _,
     sync::atomic::{AtomicBool, Ordering},
     thread::{self, ScopedJoinHandle},
@@ -33,6 +34,16 @@ use crate::netns;
 
 /// Ethernet (14) + IPv4 (20) + UDP (8) header bytes around each payload.
 pub const L2_OVERHEAD: u32 = 14 + 20 + 8;
+/// Ethernet (14) + IPv6 (40) + UDP (8) header bytes around each payload.
+pub const L2_OVERHEAD_V6: u32 = 14 + 40 + 8;
+
+/// Header bytes around a UDP payload from `src`.
+pub fn l2_overhead(src: IpAddr) -> u32 {
+    match src {
+        IpAddr::V4(_) => L2_OVERHEAD,
+        IpAddr::V6(_) => L2_OVERHEAD_V6,
+    }
+}
 /// Smallest Ethernet frame without FCS.
 pub const MIN_FRAME_BYTES: u32 = 60 + 4;
 /// A 9000-byte jumbo MTU plus the Ethernet header.
@@ -66,8 +77,8 @@ const RECEIVER_SLACK: Duration = Duration::from_secs(10);
 /// One source's offered load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flow {
-    /// Sender address; must be one of [`Lab::sources`].
-    pub src: Ipv4Addr,
+    /// Sender address; must be one of [`Lab::sources`] or [`Lab::sources6`].
+    pub src: IpAddr,
     /// Offered load in layer-2 bits per second.
     pub offered_bps: u64,
     /// Layer-2 frame size including the 14-byte Ethernet header, without FCS
@@ -78,7 +89,7 @@ pub struct Flow {
 /// What one flow sent and what of it arrived.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FlowResult {
-    pub src: Ipv4Addr,
+    pub src: IpAddr,
     /// Sends tried: `sent_packets` plus the refused ones. Fewer than the pacing asked for
     /// when the sender could not keep up (it then sends as fast as it can until the
     /// duration is over).
@@ -189,9 +200,8 @@ pub fn run_udp_with(
     if let Some(bin) = options.bin {
         ensure!(!bin.is_zero(), "the bin width must be above zero");
     }
-    let receiver = open_receiver(lab)?;
-    let port = receiver.local_addr()?.port();
-    let dst = SocketAddrV4::new(lab.rx_addr(), port);
+    let receiver = open_receiver(lab, rx_addr_for(lab, flows)?)?;
+    let dst = receiver.local_addr()?;
     let cpus = if options.spread_cpus {
         allowed_cpus()?
     } else {
@@ -398,8 +408,32 @@ fn udp_rcvbuf_errors(lab: &Lab) -> Result<u64> {
         .context("bad RcvbufErrors value")
 }
 
+/// The receiver address of the flows' family (all flows must share one).
+fn rx_addr_for(lab: &Lab, flows: &[Flow]) -> Result<IpAddr> {
+    let v6 = flows.first().is_some_and(|f| f.src.is_ipv6());
+    ensure!(
+        flows.iter().all(|f| f.src.is_ipv6() == v6),
+        "one run is all IPv4 or all IPv6 flows"
+    );
+    if v6 {
+        lab.rx_addr6()
+            .map(IpAddr::V6)
+            .context("IPv6 flows need a lab with IPv6 (LabOptions::ipv6)")
+    } else {
+        Ok(IpAddr::V4(lab.rx_addr()))
+    }
+}
+
 fn validate(lab: &Lab, flows: &[Flow]) -> Result<()> {
+    rx_addr_for(lab, flows)?;
     for (i, flow) in flows.iter().enumerate() {
+        ensure!(
+            flow.frame_bytes >= l2_overhead(flow.src) && flow.frame_bytes >= MIN_FRAME_BYTES,
+            "flow from {}: frame size {} bytes is below the {}-byte headers or the {MIN_FRAME_BYTES}-byte minimum",
+            flow.src,
+            flow.frame_bytes,
+            l2_overhead(flow.src)
+        );
         ensure!(
             (MIN_FRAME_BYTES..=MAX_FRAME_BYTES).contains(&flow.frame_bytes),
             "flow from {}: frame size {} bytes is outside {MIN_FRAME_BYTES}..={MAX_FRAME_BYTES} \
@@ -407,11 +441,16 @@ fn validate(lab: &Lab, flows: &[Flow]) -> Result<()> {
             flow.src,
             flow.frame_bytes
         );
+        let known = match flow.src {
+            IpAddr::V4(a) => lab.sources().contains(&a),
+            IpAddr::V6(a) => lab.sources6().contains(&a),
+        };
         ensure!(
-            lab.sources().contains(&flow.src),
-            "flow source {} is not one of the lab's sources {:?}",
+            known,
+            "flow source {} is not one of the lab's sources {:?} {:?}",
             flow.src,
-            lab.sources()
+            lab.sources(),
+            lab.sources6()
         );
         // The receiver counts per source address, so two flows from one source would merge.
         ensure!(
@@ -439,9 +478,9 @@ fn join<T>(handle: ScopedJoinHandle<'_, T>) -> T {
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
-/// A UDP socket in the rx namespace on a free port of the receiver address.
-fn open_receiver(lab: &Lab) -> Result<UdpSocket> {
-    let addr = SocketAddrV4::new(lab.rx_addr(), 0);
+/// A UDP socket in the rx namespace on a free port of the receiver address `rx`.
+fn open_receiver(lab: &Lab, rx: IpAddr) -> Result<UdpSocket> {
+    let addr = SocketAddr::new(rx, 0);
     netns::run_in(lab.rx_ns(), move || -> Result<UdpSocket> {
         let socket = UdpSocket::bind(addr).with_context(|| format!("cannot bind {addr}"))?;
         // FORCE ignores net.core.rmem_max (we are root); a large buffer keeps the counts
@@ -461,8 +500,8 @@ fn open_receiver(lab: &Lab) -> Result<UdpSocket> {
 
 /// One non-blocking UDP socket per flow in the tx namespace, bound to the flow's source
 /// and connected to `dst`.
-fn open_senders(lab: &Lab, flows: &[Flow], dst: SocketAddrV4) -> Result<Vec<UdpSocket>> {
-    let srcs: Vec<Ipv4Addr> = flows.iter().map(|f| f.src).collect();
+fn open_senders(lab: &Lab, flows: &[Flow], dst: SocketAddr) -> Result<Vec<UdpSocket>> {
+    let srcs: Vec<IpAddr> = flows.iter().map(|f| f.src).collect();
     netns::run_in(lab.tx_ns(), move || -> Result<Vec<UdpSocket>> {
         srcs.iter()
             .map(|&src| open_sender(src, dst).with_context(|| format!("sender socket {src}")))
@@ -470,17 +509,23 @@ fn open_senders(lab: &Lab, flows: &[Flow], dst: SocketAddrV4) -> Result<Vec<UdpS
     })?
 }
 
-fn open_sender(src: Ipv4Addr, dst: SocketAddrV4) -> Result<UdpSocket> {
-    let socket = UdpSocket::bind(SocketAddrV4::new(src, 0))?;
+fn open_sender(src: IpAddr, dst: SocketAddr) -> Result<UdpSocket> {
+    let socket = UdpSocket::bind(SocketAddr::new(src, 0))?;
     // Never fragment: a frame larger than the MTU must fail (EMSGSIZE) instead of silently
     // turning into several frames the L2 byte count would not match.
-    set_int_option(
-        &socket,
-        libc::IPPROTO_IP,
-        libc::IP_MTU_DISCOVER,
-        libc::IP_PMTUDISC_DO,
-    )
-    .context("cannot set IP_MTU_DISCOVER")?;
+    let (level, name, value) = match src {
+        IpAddr::V4(_) => (
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        ),
+        IpAddr::V6(_) => (
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_DO,
+        ),
+    };
+    set_int_option(&socket, level, name, value).context("cannot set the MTU discovery mode")?;
     socket.connect(dst)?;
     // Non-blocking, so a full queue shows up as EAGAIN (counted, skipped) instead of
     // stalling the pacing.
@@ -533,11 +578,11 @@ fn receive(
     start: Instant,
     deadline: Instant,
     bin: Option<Duration>,
-) -> Result<HashMap<Ipv4Addr, Counts>> {
-    let mut counts: HashMap<Ipv4Addr, Counts> = HashMap::new();
+) -> Result<HashMap<IpAddr, Counts>> {
+    let mut counts: HashMap<IpAddr, Counts> = HashMap::new();
     let mut bufs = vec![0u8; RECV_BATCH * RECV_BUF_BYTES];
     // SAFETY (zeroed): all-zero is a valid value of these plain C structs.
-    let mut addrs: Vec<libc::sockaddr_in> = vec![unsafe { std::mem::zeroed() }; RECV_BATCH];
+    let mut addrs: Vec<libc::sockaddr_storage> = vec![unsafe { std::mem::zeroed() }; RECV_BATCH];
     let mut iovs: Vec<libc::iovec> = bufs
         .chunks_exact_mut(RECV_BUF_BYTES)
         .map(|chunk| libc::iovec {
@@ -550,13 +595,13 @@ fn receive(
     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
         for ((msg, iov), addr) in msgs.iter_mut().zip(&mut iovs).zip(&mut addrs) {
             msg.msg_hdr.msg_name = (&raw mut *addr).cast();
-            msg.msg_hdr.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            msg.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             msg.msg_hdr.msg_iov = &raw mut *iov;
             msg.msg_hdr.msg_iovlen = 1;
             msg.msg_len = 0;
         }
         // SAFETY: every header points at a live iovec over its own chunk of `bufs` and at
-        // its own sockaddr_in, all of which outlive the call; the fd is open. The socket's
+        // its own sockaddr_storage, all of which outlive the call; the fd is open. The socket's
         // read timeout bounds the wait for the first datagram (MSG_WAITFORONE).
         let n = unsafe {
             libc::recvmmsg(
@@ -585,11 +630,10 @@ fn receive(
             usize::try_from(since.as_nanos() / bin.as_nanos()).unwrap_or(usize::MAX)
         });
         for (msg, addr) in msgs.iter().zip(&addrs).take(n as usize) {
-            if i32::from(addr.sin_family) != libc::AF_INET {
+            let Some(src) = source_of(addr) else {
                 continue;
-            }
-            let src = Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr));
-            let l2 = u64::from(msg.msg_len) + u64::from(L2_OVERHEAD);
+            };
+            let l2 = u64::from(msg.msg_len) + u64::from(l2_overhead(src));
             let entry = counts.entry(src).or_default();
             entry.packets += 1;
             entry.l2_bytes += l2;
@@ -603,6 +647,24 @@ fn receive(
         }
     }
     Ok(counts)
+}
+
+/// The address in a sockaddr the kernel filled in (IPv4 or IPv6), if it is one.
+fn source_of(addr: &libc::sockaddr_storage) -> Option<IpAddr> {
+    match i32::from(addr.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in, which it is large
+            // and aligned enough for.
+            let a = unsafe { &*(&raw const *addr).cast::<libc::sockaddr_in>() };
+            Some(IpAddr::V4(u32::from_be(a.sin_addr.s_addr).into()))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for sockaddr_in6.
+            let a = unsafe { &*(&raw const *addr).cast::<libc::sockaddr_in6>() };
+            Some(IpAddr::V6(a.sin6_addr.s6_addr.into()))
+        }
+        _ => None,
+    }
 }
 
 /// What one sender managed to send.
@@ -620,7 +682,7 @@ struct Sent {
 fn send_paced(socket: &UdpSocket, flow: &Flow, start: Instant, duration: Duration) -> Result<Sent> {
     /// How many sends between looks at the clock when behind.
     const CLOCK_EVERY: u64 = 32;
-    let payload = vec![0u8; (flow.frame_bytes - L2_OVERHEAD) as usize];
+    let payload = vec![0u8; (flow.frame_bytes - l2_overhead(flow.src)) as usize];
     let frames_per_sec = flow.offered_bps as f64 / 8.0 / f64::from(flow.frame_bytes);
     let end = start + duration;
     let tick = tick_of(flow);
@@ -704,6 +766,8 @@ fn exact_timers() {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     #[test]
@@ -726,16 +790,48 @@ mod tests {
         flows_arrive_complete(&lab);
     }
 
+    #[test]
+    #[ignore = "needs root: creates network namespaces (cargo xtask test)"]
+    fn ipv6_flows_arrive_complete_at_the_offered_rate() {
+        let options = crate::lab::LabOptions {
+            ipv6: true,
+            ..Default::default()
+        };
+        let lab = Lab::with("t-udp6", 2, options).expect("create IPv6 lab");
+        assert_eq!(lab.sources6().len(), 2);
+        let srcs: Vec<IpAddr> = lab.sources6().iter().map(|&a| a.into()).collect();
+        flows_from_arrive_complete(&lab, &srcs);
+        // A run is one family: mixing is refused before anything is sent.
+        let mixed = [
+            Flow {
+                src: srcs[0],
+                offered_bps: 1_000_000,
+                frame_bytes: 1000,
+            },
+            Flow {
+                src: lab.sources()[1].into(),
+                offered_bps: 1_000_000,
+                frame_bytes: 1000,
+            },
+        ];
+        assert!(run_udp(&lab, &mixed, Duration::from_millis(10)).is_err());
+    }
+
     /// Two unshaped flows through `lab`: everything sent arrives, at the offered rate.
     fn flows_arrive_complete(lab: &Lab) {
+        let srcs: Vec<IpAddr> = lab.sources().iter().map(|&a| a.into()).collect();
+        flows_from_arrive_complete(lab, &srcs);
+    }
+
+    fn flows_from_arrive_complete(lab: &Lab, srcs: &[IpAddr]) {
         let flows = [
             Flow {
-                src: lab.sources()[0],
+                src: srcs[0],
                 offered_bps: 8_000_000,
                 frame_bytes: 1000,
             },
             Flow {
-                src: lab.sources()[1],
+                src: srcs[1],
                 offered_bps: 2_000_000,
                 frame_bytes: 1000,
             },
@@ -768,7 +864,7 @@ mod tests {
     #[ignore = "needs root: creates network namespaces (cargo xtask test)"]
     fn bad_flows_are_rejected() {
         let lab = Lab::new("t-udp-bad", 1).expect("create lab");
-        let src = lab.sources()[0];
+        let src = lab.sources()[0].into();
         let flow = |frame_bytes| Flow {
             src,
             offered_bps: 1_000_000,
@@ -779,7 +875,7 @@ mod tests {
         assert!(run_udp(&lab, &[flow(MAX_FRAME_BYTES + 1)], short).is_err());
         assert!(run_udp(&lab, &[flow(1000), flow(1000)], short).is_err());
         let stranger = Flow {
-            src: Ipv4Addr::new(198, 18, 0, 250),
+            src: Ipv4Addr::new(198, 18, 0, 250).into(),
             ..flow(1000)
         };
         assert!(run_udp(&lab, &[stranger], short).is_err());
