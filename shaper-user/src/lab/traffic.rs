@@ -669,20 +669,32 @@ fn source_of(addr: &libc::sockaddr_storage) -> Option<IpAddr> {
 
 /// What one sender managed to send.
 #[derive(Debug, Clone, Copy)]
-struct Sent {
-    attempted: u64,
-    packets: u64,
+pub(crate) struct Sent {
+    pub attempted: u64,
+    pub packets: u64,
     /// Pacing start to last successful send.
-    secs: f64,
+    pub secs: f64,
 }
 
-/// Sends `flow` from `start` for `duration`: each tick sends the packets that became due
-/// since the start, so after a stall it catches up by at most what the stall delayed. A
-/// sender that cannot keep up sends flat out, and still stops at `start + duration`.
+/// Sends `flow` from `start` for `duration` on `socket` ([`pace`]).
 fn send_paced(socket: &UdpSocket, flow: &Flow, start: Instant, duration: Duration) -> Result<Sent> {
+    let payload = vec![0u8; (flow.frame_bytes - l2_overhead(flow.src)) as usize];
+    pace(flow, start, duration, || socket.send(&payload).map(drop)).map_err(|e| send_error(e, flow))
+}
+
+/// Calls `send` at `flow`'s rate from `start` for `duration`: each tick sends the packets
+/// that became due since the start, so after a stall it catches up by at most what the
+/// stall delayed. A sender that cannot keep up sends flat out, and still stops at
+/// `start + duration`. Full queues ([`is_queue_full`]) count as attempted, not sent; any
+/// other error ends the flow.
+pub(crate) fn pace(
+    flow: &Flow,
+    start: Instant,
+    duration: Duration,
+    mut send: impl FnMut() -> io::Result<()>,
+) -> io::Result<Sent> {
     /// How many sends between looks at the clock when behind.
     const CLOCK_EVERY: u64 = 32;
-    let payload = vec![0u8; (flow.frame_bytes - l2_overhead(flow.src)) as usize];
     let frames_per_sec = flow.offered_bps as f64 / 8.0 / f64::from(flow.frame_bytes);
     let end = start + duration;
     let tick = tick_of(flow);
@@ -700,13 +712,13 @@ fn send_paced(socket: &UdpSocket, flow: &Flow, start: Instant, duration: Duratio
                 break;
             }
             attempted += 1;
-            match socket.send(&payload) {
-                Ok(_) => {
+            match send() {
+                Ok(()) => {
                     sent += 1;
                     last_send = Instant::now();
                 }
                 Err(e) if is_queue_full(&e) => {}
-                Err(e) => return Err(send_error(e, flow)),
+                Err(e) => return Err(e),
             }
         }
         if elapsed >= duration || Instant::now() >= end {
