@@ -2,5 +2,7 @@
 //! (`shaper-user`, with feature `user`): the GCRA arithmetic and the map layouts.
 #![no_std]
 
+#[cfg(feature = "user")]
+pub mod config;
 pub mod gcra;
 pub mod maps;

@@ -10,4 +10,5 @@ pub mod maps;
 pub mod netns;
 pub mod pins;
 pub mod system;
+pub mod testrun;
 pub mod units;

@@ -58,6 +58,9 @@ pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
         burst_bytes: args.burst.bytes(),
         mode: args.xdp_mode,
         max_sources: args.max_sources,
+        key: None,
+        prefix_v4: None,
+        prefix_v6: None,
     };
     match loader::attach(&req)? {
         Attached::New { xdp_mode } => println!(
