@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod frame;
+pub mod fuzz;
 pub mod lab;
 pub mod link;
 pub mod loader;
