@@ -2,6 +2,8 @@
 //! (`shaper-user`, with feature `user`): the GCRA arithmetic and the map layouts.
 #![no_std]
 
+#[cfg(feature = "user")]
+pub mod config;
 pub mod gcra;
 pub mod maps;
 pub mod softirq;

@@ -11,11 +11,13 @@ pub const PIN_ROOT: &str = "/sys/fs/bpf/shaper";
 pub const PIN_LINK: &str = "link";
 pub const PIN_CONFIG: &str = "config";
 pub const PIN_SOURCES: &str = "sources";
+pub const PIN_SOURCES6: &str = "sources6";
 pub const PIN_COUNTERS: &str = "counters";
 
 /// Map names in the object file (at most 15 bytes: the kernel's name limit).
 pub const MAP_CONFIG: &str = "SHAPER_CONFIG";
 pub const MAP_SOURCES: &str = "SHAPER_SOURCES";
+pub const MAP_SOURCES6: &str = "SHAPER_SOURCES6";
 pub const MAP_COUNTERS: &str = "SHAPER_COUNTERS";
 
 /// Program names in the object file.
@@ -23,12 +25,22 @@ pub const PROG_XDP: &str = "shaper_xdp";
 /// An XDP program that passes everything: the baseline for per-packet cost figures.
 pub const PROG_NOOP: &str = "shaper_noop";
 
-/// Default size of the per-source map (`--max-sources`).
+/// Default size of each per-source map (`--max-sources`).
 pub const DEFAULT_MAX_SOURCES: u32 = 262_144;
 
 /// XDP attach modes as recorded in [`Config::xdp_mode`].
 pub const XDP_MODE_NATIVE: u32 = 1;
 pub const XDP_MODE_SKB: u32 = 2;
+
+/// What a frame is keyed by, as recorded in [`Config::key_by`].
+pub const KEY_BY_SRC: u32 = 0;
+pub const KEY_BY_DST: u32 = 1;
+
+/// Default prefix lengths a key is masked to. IPv6 keys by /64 because that is the
+/// smallest block an end site is given: one host can pick any of 2^64 addresses in it, so
+/// /128 keys would hand an attacker as many buckets as it likes.
+pub const DEFAULT_PREFIX_V4: u32 = 32;
+pub const DEFAULT_PREFIX_V6: u32 = 64;
 
 /// The policy in force on one interface: array map `SHAPER_CONFIG`, one entry.
 #[repr(C)]
@@ -44,12 +56,23 @@ pub struct Config {
     /// Non-zero once userspace has written this entry; the program passes traffic
     /// untouched while it is zero (an all-zero limit would drop everything).
     pub active: u32,
+    /// `KEY_BY_*`: which address of a frame picks its cell.
+    pub key_by: u32,
+    /// Prefix lengths the keys are masked to (0..=32, 0..=128), kept for `status`; the
+    /// program uses the masks below.
+    pub prefix_v4: u32,
+    pub prefix_v6: u32,
+    /// The IPv4 mask as its bytes in network order read as a native u32, like
+    /// [`Ipv4Key`], so the program masks with one AND.
+    pub mask_v4: u32,
+    /// The IPv6 mask bytes in network order, like [`Ipv6Key`].
+    pub mask_v6: [u8; 16],
 }
 
-const _: () = assert!(size_of::<Config>() == 48);
+const _: () = assert!(size_of::<Config>() == 80);
 
-/// A source's GCRA cell and counters: value of the LRU hash map `SHAPER_SOURCES`, keyed by
-/// the IPv4 source address as it is laid out in the packet (see [`Ipv4Key`]).
+/// A key's GCRA cell and counters: value of the LRU hash maps `SHAPER_SOURCES` (IPv4,
+/// keyed by [`Ipv4Key`]) and `SHAPER_SOURCES6` (IPv6, keyed by [`Ipv6Key`]).
 ///
 /// Every field is updated atomically: the cell with compare-and-swap, counters with
 /// fetch-add, because all CPUs share one entry.
@@ -67,38 +90,57 @@ pub struct SourceState {
 const _: () = assert!(size_of::<SourceState>() == 40);
 
 /// Key of `SHAPER_SOURCES`: the four address bytes in network order, read as a native u32
-/// (`u32::from_ne_bytes(addr)`); userspace recovers them with `to_ne_bytes`.
+/// (`u32::from_ne_bytes(addr)`), masked with [`Config::mask_v4`]; userspace recovers the
+/// bytes with `to_ne_bytes`.
 pub type Ipv4Key = u32;
+
+/// Key of `SHAPER_SOURCES6`: the sixteen address bytes in network order, masked with
+/// [`Config::mask_v6`].
+pub type Ipv6Key = [u8; 16];
 
 /// Global counters: per-CPU array map `SHAPER_COUNTERS`, one entry per CPU; sum them.
 ///
-/// Bytes are whole frames as XDP sees them: Ethernet header to end of payload, no FCS.
+/// Bytes are whole frames as XDP sees them: Ethernet header to end of payload, no FCS,
+/// every fragment of a multi-buffer frame included. With a policy in force every frame is
+/// counted in exactly one of passed, dropped, not IP, PPPoE other, VLAN too deep and
+/// malformed.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
-    /// IPv4 frames within the limit.
+    /// IP frames (both families) within the limit.
     pub passed_packets: u64,
     pub passed_bytes: u64,
-    /// IPv4 frames over the limit.
+    /// IP frames (both families) over the limit.
     pub dropped_packets: u64,
     pub dropped_bytes: u64,
-    /// Frames that are not IPv4 (ARP, IPv6, ...): passed untouched.
-    pub not_ipv4_packets: u64,
-    pub not_ipv4_bytes: u64,
-    /// Frames too short for their headers or with an invalid IPv4 header: passed untouched.
+    /// Metered frames per family (passed or dropped).
+    pub ipv4_packets: u64,
+    pub ipv6_packets: u64,
+    /// Frames of another ethertype (ARP, LLDP, MPLS, ...): passed untouched.
+    pub not_ip_packets: u64,
+    pub not_ip_bytes: u64,
+    /// PPPoE discovery, and PPPoE sessions carrying something other than IP (LCP, IPCP,
+    /// authentication, ...): passed untouched.
+    pub pppoe_other_packets: u64,
+    pub pppoe_other_bytes: u64,
+    /// Frames with a third VLAN tag: passed untouched.
+    pub vlan_too_deep_packets: u64,
+    pub vlan_too_deep_bytes: u64,
+    /// Frames too short for their headers, or with an invalid IP or PPPoE header: passed
+    /// untouched.
     pub malformed_packets: u64,
     pub malformed_bytes: u64,
-    /// Sources seen for the first time (entries created in `SHAPER_SOURCES`).
+    /// Keys seen for the first time (entries created in either sources map).
     pub new_sources: u64,
     /// Packets dropped because the compare-and-swap lost every retry to other CPUs.
     pub cas_exhausted: u64,
-    /// Packets passed unmetered because no cell could be created for their source.
+    /// Packets passed unmetered because no cell could be created for their key.
     pub untracked_packets: u64,
     /// Packets passed untouched because no policy was configured yet.
     pub unconfigured_packets: u64,
 }
 
-const _: () = assert!(size_of::<Counters>() == 96);
+const _: () = assert!(size_of::<Counters>() == 144);
 
 impl Counters {
     /// Field-wise sum, for folding the per-CPU entries.
@@ -107,8 +149,14 @@ impl Counters {
         self.passed_bytes += o.passed_bytes;
         self.dropped_packets += o.dropped_packets;
         self.dropped_bytes += o.dropped_bytes;
-        self.not_ipv4_packets += o.not_ipv4_packets;
-        self.not_ipv4_bytes += o.not_ipv4_bytes;
+        self.ipv4_packets += o.ipv4_packets;
+        self.ipv6_packets += o.ipv6_packets;
+        self.not_ip_packets += o.not_ip_packets;
+        self.not_ip_bytes += o.not_ip_bytes;
+        self.pppoe_other_packets += o.pppoe_other_packets;
+        self.pppoe_other_bytes += o.pppoe_other_bytes;
+        self.vlan_too_deep_packets += o.vlan_too_deep_packets;
+        self.vlan_too_deep_bytes += o.vlan_too_deep_bytes;
         self.malformed_packets += o.malformed_packets;
         self.malformed_bytes += o.malformed_bytes;
         self.new_sources += o.new_sources;

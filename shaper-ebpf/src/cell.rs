@@ -1,12 +1,11 @@
-//! Metering one frame against its source's cell: lookup or create, then a bounded
-//! compare-and-swap loop around the shared GCRA decision.
+//! Metering one frame against its key's cell: lookup or create, then a bounded
+//! compare-and-swap loop around the shared GCRA decision. The same code serves both
+//! families: it takes the map (IPv4 or IPv6 keys) by reference.
 
-use shaper_common::{
-    gcra::Limit,
-    maps::{Ipv4Key, SourceState},
-};
+use aya_ebpf::maps::LruHashMap;
+use shaper_common::{gcra::Limit, maps::SourceState};
 
-use crate::{atomic, counters::bump, maps::SOURCES};
+use crate::{atomic, counters::bump};
 
 /// How many times a CPU retries when other CPUs keep updating the same cell between its
 /// read and its swap. Each failed swap means another CPU made progress on this source,
@@ -23,14 +22,20 @@ pub enum Verdict {
     Drop,
 }
 
-/// Meters a `len`-byte frame from `key` at `now` (ticks).
+/// Meters a `len`-byte frame of `key`'s, in `map`, at `now` (ticks).
 #[inline(always)]
-pub fn meter(key: Ipv4Key, len: u32, now: u64, limit: &Limit) -> Verdict {
-    let state = match SOURCES.get_ptr_mut(key) {
+pub fn meter<K>(
+    map: &LruHashMap<K, SourceState>,
+    key: &K,
+    len: u32,
+    now: u64,
+    limit: &Limit,
+) -> Verdict {
+    let state = match map.get_ptr_mut(key) {
         Some(state) => state,
-        None => match create(key, len, now, limit) {
+        None => match create(map, key, len, now, limit) {
             Created::Done(verdict) => return verdict,
-            Created::Raced => match SOURCES.get_ptr_mut(key) {
+            Created::Raced => match map.get_ptr_mut(key) {
                 Some(state) => state,
                 None => return untracked(),
             },
@@ -82,9 +87,15 @@ enum Created {
     Failed,
 }
 
-/// First frame of a source: decide against an idle cell and insert the result.
+/// First frame of a key: decide against an idle cell and insert the result.
 #[inline(always)]
-fn create(key: Ipv4Key, len: u32, now: u64, limit: &Limit) -> Created {
+fn create<K>(
+    map: &LruHashMap<K, SourceState>,
+    key: &K,
+    len: u32,
+    now: u64,
+    limit: &Limit,
+) -> Created {
     let len64 = u64::from(len);
     let (verdict, state) = match limit.admit(now, now, len) {
         Some(tat) => (
@@ -107,7 +118,7 @@ fn create(key: Ipv4Key, len: u32, now: u64, limit: &Limit) -> Created {
             },
         ),
     };
-    match SOURCES.insert(key, state, BPF_NOEXIST) {
+    match map.insert(key, state, BPF_NOEXIST) {
         Ok(()) => {
             bump(|c| c.new_sources += 1);
             Created::Done(verdict)

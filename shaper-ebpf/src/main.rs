@@ -1,18 +1,20 @@
 //! shaper's kernel programs.
 //!
 //! # Theory of operation
-//! `shaper_xdp` runs on every frame an interface receives. It parses Ethernet and IPv4
-//! with one bounds-checked cursor (`parse`); anything else passes untouched and is
-//! counted by kind. For an IPv4 frame it finds the source's GCRA cell in the LRU hash
-//! `SHAPER_SOURCES` (creating it on first sight) and asks the shared arithmetic
-//! (`shaper_common::gcra`) whether the frame's bytes fit the configured rate and burst
-//! (`SHAPER_CONFIG`). The cell is one 64-bit TAT that every CPU updates with a bounded
-//! compare-and-swap loop (`cell`), so all CPUs meter one bucket per source. Conforming
-//! frames pass, the rest are dropped; per-source counters are updated with atomic adds,
-//! global ones in a per-CPU array (`counters`).
+//! `shaper_xdp` runs on every frame an interface receives. It parses Ethernet, up to two
+//! VLAN tags, PPPoE sessions, and the fixed IPv4 or IPv6 header with one bounds-checked
+//! cursor (`parse`); anything else passes untouched and is counted by kind. An IP frame's
+//! key is its source (or, as configured, destination) address masked to a prefix
+//! (`key`); the program finds the key's GCRA cell in the LRU hash `SHAPER_SOURCES`
+//! (IPv4) or `SHAPER_SOURCES6` (IPv6), creating it on first sight, and asks the shared
+//! arithmetic (`shaper_common::gcra`) whether the frame's bytes fit the configured rate
+//! and burst (`SHAPER_CONFIG`). The cell is one 64-bit TAT that every CPU updates with a
+//! bounded compare-and-swap loop (`cell`), so all CPUs meter one bucket per key.
+//! Conforming frames pass, the rest are dropped; per-key counters are updated with atomic
+//! adds, global ones in a per-CPU array (`counters`).
 //!
-//! A frame costs its whole length as XDP sees it: Ethernet header to end of payload, no
-//! FCS — what tc counts.
+//! A frame costs its whole length: Ethernet header to end of payload, every buffer of a
+//! multi-buffer (jumbo) frame included, no FCS — what tc counts.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 // The bpfel target has no compare-and-swap in core::sync::atomic; see `atomic`.
@@ -25,6 +27,7 @@
 mod atomic;
 mod cell;
 mod counters;
+mod key;
 mod maps;
 mod parse;
 mod softirq;

@@ -5,7 +5,7 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray},
 };
 use shaper_common::{
-    maps::{Config, Counters, DEFAULT_MAX_SOURCES, Ipv4Key, SourceState},
+    maps::{Config, Counters, DEFAULT_MAX_SOURCES, Ipv4Key, Ipv6Key, SourceState},
     softirq::SoftirqTime,
 };
 
@@ -13,9 +13,14 @@ use shaper_common::{
 #[map(name = "SHAPER_CONFIG")]
 pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 
-/// One GCRA cell and counters per source; userspace sets the size at load time.
+/// One GCRA cell and counters per IPv4 key; userspace sets the size at load time.
 #[map(name = "SHAPER_SOURCES")]
 pub static SOURCES: LruHashMap<Ipv4Key, SourceState> =
+    LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
+
+/// The same per IPv6 key, sized like `SOURCES`.
+#[map(name = "SHAPER_SOURCES6")]
+pub static SOURCES6: LruHashMap<Ipv6Key, SourceState> =
     LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
 
 /// Global counters, one entry per CPU.

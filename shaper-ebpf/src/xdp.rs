@@ -1,18 +1,25 @@
 //! The XDP entry points.
+//!
+//! Both are multi-buffer aware (`xdp.frags`), so they can be attached to interfaces with a
+//! jumbo MTU, whose frames the driver may split over several buffers.
 
 use aya_ebpf::{
-    bindings::xdp_action, helpers::bpf_ktime_get_ns, macros::xdp, programs::XdpContext,
+    bindings::xdp_action,
+    helpers::{bpf_ktime_get_ns, bpf_xdp_get_buff_len},
+    macros::xdp,
+    programs::XdpContext,
 };
 use shaper_common::gcra::ticks_from_ns;
 
 use crate::{
     cell::{Verdict, meter},
     counters::bump,
-    maps::CONFIG,
+    key,
+    maps::{CONFIG, SOURCES, SOURCES6},
     parse::{Frame, classify},
 };
 
-#[xdp]
+#[xdp(frags)]
 pub fn shaper_xdp(ctx: XdpContext) -> u32 {
     match try_shaper_xdp(&ctx) {
         Verdict::Pass => xdp_action::XDP_PASS,
@@ -20,27 +27,25 @@ pub fn shaper_xdp(ctx: XdpContext) -> u32 {
     }
 }
 
+#[inline(always)]
 fn try_shaper_xdp(ctx: &XdpContext) -> Verdict {
-    let (start, end) = (ctx.data(), ctx.data_end());
-    let len = (end - start) as u32;
-    let len64 = u64::from(len);
-    let src = match classify(start, end) {
-        Frame::Ipv4 { src } => src,
-        Frame::NotIpv4 => {
-            bump(|c| {
-                c.not_ipv4_packets += 1;
-                c.not_ipv4_bytes += len64;
-            });
-            return Verdict::Pass;
-        }
-        Frame::Malformed => {
-            bump(|c| {
-                c.malformed_packets += 1;
-                c.malformed_bytes += len64;
-            });
-            return Verdict::Pass;
-        }
-    };
+    // The whole frame, fragments included: `data_end - data` is only the linear part.
+    // SAFETY: the context pointer is the one the kernel passed in.
+    let len64 = unsafe { bpf_xdp_get_buff_len(ctx.ctx) };
+    let frame = classify(ctx.data(), ctx.data_end());
+    if !matches!(frame, Frame::Ipv4(_) | Frame::Ipv6(_)) {
+        bump(|c| {
+            let (packets, bytes) = match frame {
+                Frame::NotIp => (&mut c.not_ip_packets, &mut c.not_ip_bytes),
+                Frame::PppoeOther => (&mut c.pppoe_other_packets, &mut c.pppoe_other_bytes),
+                Frame::VlanTooDeep => (&mut c.vlan_too_deep_packets, &mut c.vlan_too_deep_bytes),
+                _ => (&mut c.malformed_packets, &mut c.malformed_bytes),
+            };
+            *packets += 1;
+            *bytes += len64;
+        });
+        return Verdict::Pass;
+    }
     let config = match CONFIG.get(0) {
         Some(config) if config.active != 0 => config,
         _ => {
@@ -48,24 +53,42 @@ fn try_shaper_xdp(ctx: &XdpContext) -> Verdict {
             return Verdict::Pass;
         }
     };
+    // Frames are far below 4 GiB (the GCRA clamps what it charges much lower anyway).
+    let len = len64 as u32;
     // SAFETY: a helper with no preconditions.
     let now = ticks_from_ns(unsafe { bpf_ktime_get_ns() });
-    let verdict = meter(src, len, now, &config.limit);
-    bump(|c| match verdict {
-        Verdict::Pass => {
-            c.passed_packets += 1;
-            c.passed_bytes += len64;
+    let (verdict, v4) = match frame {
+        // SAFETY: `classify` returned pointers to headers it checked lie in the frame.
+        Frame::Ipv4(ip) => {
+            let key = unsafe { key::v4(ip, config) };
+            (meter(&SOURCES, &key, len, now, &config.limit), 1)
         }
-        Verdict::Drop => {
-            c.dropped_packets += 1;
-            c.dropped_bytes += len64;
+        Frame::Ipv6(ip) => {
+            let key = unsafe { key::v6(ip, config) };
+            (meter(&SOURCES6, &key, len, now, &config.limit), 0)
+        }
+        _ => return Verdict::Pass,
+    };
+    bump(|c| {
+        c.ipv4_packets += v4;
+        c.ipv6_packets += 1 - v4;
+        match verdict {
+            Verdict::Pass => {
+                c.passed_packets += 1;
+                c.passed_bytes += len64;
+            }
+            Verdict::Drop => {
+                c.dropped_packets += 1;
+                c.dropped_bytes += len64;
+            }
         }
     });
     verdict
 }
 
-/// Passes everything: the baseline against which the per-packet cost is measured.
-#[xdp]
+/// Passes everything: the baseline against which the per-packet cost is measured. It is
+/// multi-buffer aware like `shaper_xdp`, so both run under the same conditions.
+#[xdp(frags)]
 pub fn shaper_noop(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod frame;
+pub mod fuzz;
 pub mod lab;
 pub mod link;
 pub mod loader;
@@ -10,4 +11,5 @@ pub mod maps;
 pub mod netns;
 pub mod pins;
 pub mod system;
+pub mod testrun;
 pub mod units;

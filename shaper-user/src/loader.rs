@@ -15,10 +15,11 @@ use aya::{
     },
 };
 use shaper_common::{
-    gcra::{Limit, LimitError},
+    config::ConfigError,
     maps::{
-        Config, DEFAULT_MAX_SOURCES, MAP_CONFIG, MAP_COUNTERS, MAP_SOURCES, PROG_XDP,
-        XDP_MODE_NATIVE, XDP_MODE_SKB,
+        Config, DEFAULT_MAX_SOURCES, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST, KEY_BY_SRC,
+        MAP_CONFIG, MAP_COUNTERS, MAP_SOURCES, MAP_SOURCES6, PROG_XDP, XDP_MODE_NATIVE,
+        XDP_MODE_SKB,
     },
 };
 
@@ -42,15 +43,53 @@ pub enum XdpAttachMode {
     Skb,
 }
 
-/// What `attach` is asked to do.
+/// Which address of a frame picks its cell, as `--key` takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeyBy {
+    /// The source address: each sender (or sending network) gets its own bucket.
+    Src,
+    /// The destination address: each receiver (or receiving network) gets its own bucket.
+    Dst,
+}
+
+impl KeyBy {
+    /// As recorded in [`Config::key_by`].
+    pub fn value(self) -> u32 {
+        match self {
+            Self::Src => KEY_BY_SRC,
+            Self::Dst => KEY_BY_DST,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Src => "src",
+            Self::Dst => "dst",
+        }
+    }
+}
+
+/// `src` or `dst` for a [`Config::key_by`] value.
+pub fn key_name(key_by: u32) -> &'static str {
+    match key_by {
+        KEY_BY_SRC => "src",
+        KEY_BY_DST => "dst",
+        _ => "unknown",
+    }
+}
+
+/// What `attach` is asked to do. For each `Option`, `None` means the default for a new
+/// attachment, and whatever it is for an existing one.
 #[derive(Clone, Debug)]
 pub struct AttachRequest {
     pub at: Attachment,
     pub rate_bps: u64,
     pub burst_bytes: u64,
     pub mode: XdpAttachMode,
-    /// `None`: the default for a new attachment, whatever it is for an existing one.
     pub max_sources: Option<u32>,
+    pub key: Option<KeyBy>,
+    pub prefix_v4: Option<u32>,
+    pub prefix_v6: Option<u32>,
 }
 
 /// What attach did.
@@ -64,8 +103,8 @@ pub enum Attached {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
-    #[error("invalid limit: {0}")]
-    Limit(LimitError),
+    #[error("invalid policy: {0}")]
+    Config(ConfigError),
     #[error("--max-sources must be at least 1")]
     ZeroSources,
     #[error(
@@ -78,6 +117,15 @@ pub enum AttachError {
     Mode {
         asked: &'static str,
         current: &'static str,
+    },
+    /// The tracked cells are keyed the attached way: under another key they mean nothing.
+    #[error(
+        "{flag} {asked} differs from the attached {current}; detach first to key sources differently"
+    )]
+    Rekey {
+        flag: &'static str,
+        asked: String,
+        current: String,
     },
     #[error(
         "native XDP was refused on '{iface}' (its driver may lack XDP support; try --xdp-mode skb or auto)"
@@ -111,14 +159,41 @@ pub fn mode_name(xdp_mode: u32) -> &'static str {
     }
 }
 
+/// The policy for `req`, keyed as `req` asks or by default.
 fn config_for(req: &AttachRequest, xdp_mode: u32) -> Result<Config, AttachError> {
-    Ok(Config {
-        limit: Limit::new(req.rate_bps, req.burst_bytes).map_err(AttachError::Limit)?,
-        rate_bps: req.rate_bps,
-        burst_bytes: req.burst_bytes,
+    Config::new(
+        req.rate_bps,
+        req.burst_bytes,
+        req.key.unwrap_or(KeyBy::Src).value(),
+        req.prefix_v4.unwrap_or(DEFAULT_PREFIX_V4),
+        req.prefix_v6.unwrap_or(DEFAULT_PREFIX_V6),
         xdp_mode,
-        active: 1,
-    })
+    )
+    .map_err(AttachError::Config)
+}
+
+/// Refuses a request to key an existing attachment differently from `current`.
+fn check_same_keys(req: &AttachRequest, current: &Config) -> Result<(), AttachError> {
+    if let Some(key) = req.key.filter(|k| k.value() != current.key_by) {
+        return Err(AttachError::Rekey {
+            flag: "--key",
+            asked: key.name().to_owned(),
+            current: format!("key {}", key_name(current.key_by)),
+        });
+    }
+    for (flag, asked, current) in [
+        ("--prefix-v4", req.prefix_v4, current.prefix_v4),
+        ("--prefix-v6", req.prefix_v6, current.prefix_v6),
+    ] {
+        if let Some(asked) = asked.filter(|&p| p != current) {
+            return Err(AttachError::Rekey {
+                flag,
+                asked: asked.to_string(),
+                current: format!("prefix /{current}"),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Attaches shaper as asked, or updates the policy of an existing attachment in place.
@@ -176,7 +251,18 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
             current: mode_name(current.xdp_mode),
         });
     }
-    maps::write_config(&req.at, &config_for(req, current.xdp_mode)?)?;
+    check_same_keys(req, &current)?;
+    // Only the limit changes: the keys stay as attached.
+    let config = Config::new(
+        req.rate_bps,
+        req.burst_bytes,
+        current.key_by,
+        current.prefix_v4,
+        current.prefix_v6,
+        current.xdp_mode,
+    )
+    .map_err(AttachError::Config)?;
+    maps::write_config(&req.at, &config)?;
     Ok(Attached::Updated {
         xdp_mode: current.xdp_mode,
     })
@@ -194,10 +280,11 @@ fn pin_err<E: std::error::Error + Send + Sync + 'static>(
     }
 }
 
-/// Loads the object with the per-source map sized as asked.
+/// Loads the object with each per-source map (IPv4, IPv6) sized as asked.
 pub fn load(max_sources: u32) -> Result<Ebpf, AttachError> {
     EbpfLoader::new()
         .map_max_entries(MAP_SOURCES, max_sources)
+        .map_max_entries(MAP_SOURCES6, max_sources)
         .load(EBPF_OBJECT)
         .map_err(|e| AttachError::Load(Box::new(e)))
 }
@@ -234,6 +321,7 @@ fn attach_new(req: &AttachRequest) -> Result<Attached, AttachError> {
     for (name, path) in [
         (MAP_CONFIG, at.config()),
         (MAP_SOURCES, at.sources()),
+        (MAP_SOURCES6, at.sources6()),
         (MAP_COUNTERS, at.counters()),
     ] {
         let map = ebpf

@@ -9,7 +9,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use shaper_common::maps::{PIN_CONFIG, PIN_COUNTERS, PIN_LINK, PIN_ROOT, PIN_SOURCES};
+use shaper_common::maps::{
+    PIN_CONFIG, PIN_COUNTERS, PIN_LINK, PIN_ROOT, PIN_SOURCES, PIN_SOURCES6,
+};
 
 const NETNS_DIR: &str = "netns";
 
@@ -45,6 +47,9 @@ impl Attachment {
     }
     pub fn sources(&self) -> PathBuf {
         self.dir().join(PIN_SOURCES)
+    }
+    pub fn sources6(&self) -> PathBuf {
+        self.dir().join(PIN_SOURCES6)
     }
     pub fn counters(&self) -> PathBuf {
         self.dir().join(PIN_COUNTERS)

@@ -1,68 +1,50 @@
 //! The XDP program in the real kernel through BPF_PROG_TEST_RUN: verdicts and counters
-//! for non-IP, truncated, malformed and IPv4 frames. No interface is involved.
+//! for non-IP, truncated, malformed, IPv4 and jumbo frames. No interface is involved.
+//! (Every encapsulation and key is in `parse_golden.rs`.)
 
 use std::net::Ipv4Addr;
 
-use aya::{
-    Ebpf,
-    maps::{HashMap, MapData, PerCpuArray},
-    programs::{TestRun as _, TestRunOptions, Xdp},
-};
 use shaper_common::maps::{
-    Config, Counters, Ipv4Key, MAP_COUNTERS, MAP_SOURCES, PROG_XDP, SourceState,
+    Config, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, Ipv4Key, KEY_BY_SRC, SourceState,
 };
 use shaper_user::{
     frame::{self, ETH_P_ARP},
-    loader,
+    testrun::{self, XDP_DROP, XDP_PASS},
 };
 
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
-
-struct Harness {
-    ebpf: Ebpf,
-}
+/// The shared harness, panicking on errors as tests do.
+struct Harness(testrun::Harness);
 
 impl Harness {
-    /// The program loaded (not attached) with a policy of `rate_bps` and `burst` bytes,
-    /// or no policy at all.
+    /// The program loaded (not attached) with a policy of `rate_bps` and `burst` bytes per
+    /// source address, or no policy at all.
     fn new(policy: Option<(u64, u64)>) -> Self {
-        let mut ebpf = loader::load(1024).expect("load");
-        loader::xdp_program(&mut ebpf, PROG_XDP).expect("load xdp");
-        if let Some((rate_bps, burst_bytes)) = policy {
-            let config = Config {
-                limit: shaper_common::gcra::Limit::new(rate_bps, burst_bytes).unwrap(),
+        let config = policy.map(|(rate_bps, burst_bytes)| {
+            Config::new(
                 rate_bps,
                 burst_bytes,
-                xdp_mode: 0,
-                active: 1,
-            };
-            loader::configure(&mut ebpf, &config).expect("configure");
-        }
-        Self { ebpf }
+                KEY_BY_SRC,
+                DEFAULT_PREFIX_V4,
+                DEFAULT_PREFIX_V6,
+                0,
+            )
+            .unwrap()
+        });
+        Self(testrun::Harness::new(config.as_ref(), 1024).expect("load"))
     }
 
     fn run(&mut self, data: &[u8]) -> u32 {
-        let prog: &mut Xdp = self.ebpf.program_mut(PROG_XDP).unwrap().try_into().unwrap();
-        let mut opts = TestRunOptions::new();
-        opts.data_in = Some(data);
-        prog.test_run(opts).expect("test_run").return_value
+        self.0.run(data).expect("test_run")
     }
 
-    fn counters(&self) -> Counters {
-        let map: PerCpuArray<&MapData, Counters> =
-            PerCpuArray::try_from(self.ebpf.map(MAP_COUNTERS).unwrap()).unwrap();
-        let mut total = Counters::default();
-        for c in map.get(&0, 0).unwrap().iter() {
-            total.add(c);
-        }
-        total
+    fn counters(&self) -> shaper_common::maps::Counters {
+        self.0.counters().expect("counters")
     }
 
     fn source(&self, addr: Ipv4Addr) -> Option<SourceState> {
-        let map: HashMap<&MapData, Ipv4Key, SourceState> =
-            HashMap::try_from(self.ebpf.map(MAP_SOURCES).unwrap()).unwrap();
-        map.get(&u32::from_ne_bytes(addr.octets()), 0).ok()
+        let key: Ipv4Key = u32::from_ne_bytes(addr.octets());
+        let sources = self.0.sources().expect("sources");
+        sources.into_iter().find(|(k, _)| *k == key).map(|(_, s)| s)
     }
 }
 
@@ -71,13 +53,14 @@ impl Harness {
 fn non_ip_frames_pass_and_are_counted() {
     let mut h = Harness::new(Some((8_000, 3_000)));
     let arp = frame::ethernet(ETH_P_ARP, &[0u8; 46]);
-    let ipv6 = frame::ethernet(0x86dd, &[0x60; 86]);
-    for f in [&arp, &ipv6] {
+    let lldp = frame::ethernet(0x88cc, &[0u8; 46]);
+    let mpls = frame::ethernet(0x8847, &[0x45; 86]);
+    for f in [&arp, &lldp, &mpls] {
         assert_eq!(h.run(f), XDP_PASS);
     }
     let c = h.counters();
-    assert_eq!(c.not_ipv4_packets, 2);
-    assert_eq!(c.not_ipv4_bytes, (arp.len() + ipv6.len()) as u64);
+    assert_eq!(c.not_ip_packets, 3);
+    assert_eq!(c.not_ip_bytes, (arp.len() + lldp.len() + mpls.len()) as u64);
     assert_eq!(
         (
             c.passed_packets,
@@ -153,9 +136,10 @@ fn ipv4_frames_are_metered_per_source() {
     assert_eq!((c.dropped_packets, c.dropped_bytes), (2, 2000));
     assert_eq!(c.new_sources, 2);
     assert_eq!(
-        (c.not_ipv4_packets, c.malformed_packets, c.cas_exhausted),
+        (c.not_ip_packets, c.malformed_packets, c.cas_exhausted),
         (0, 0, 0)
     );
+    assert_eq!((c.ipv4_packets, c.ipv6_packets), (6, 0));
 }
 
 #[test]

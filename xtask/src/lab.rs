@@ -1,5 +1,5 @@
-//! `cargo xtask demo|bench|lab`: build the release binaries and hand over to shaper-lab, which
-//! needs root to load eBPF programs and create network namespaces.
+//! `cargo xtask demo|bench|lab|fuzz`: build the release binaries and hand over to shaper-lab,
+//! which needs root to load eBPF programs and create network namespaces.
 
 use std::process::{Command, ExitCode};
 
@@ -7,7 +7,8 @@ use anyhow::{Result, bail};
 
 use crate::{cmd, host, setup, workspace};
 
-/// Runs `shaper-lab <subcommand> --shaper <shaper> <args>` on freshly built release binaries.
+/// Runs `shaper-lab <subcommand> --shaper <shaper> <args>` on freshly built release binaries
+/// (`fuzz` runs no shaper command, so it gets no `--shaper`).
 pub fn run(subcommand: &str, args: &[String]) -> Result<ExitCode> {
     // Before setup and the build, so a non-root run fails at once instead of after minutes.
     if !host::is_root()? {
@@ -20,9 +21,10 @@ pub fn run(subcommand: &str, args: &[String]) -> Result<ExitCode> {
 
     let release = workspace::target_dir().join("release");
     let mut lab = Command::new(release.join("shaper-lab"));
-    lab.arg(subcommand)
-        .arg("--shaper")
-        .arg(release.join("shaper"));
+    lab.arg(subcommand);
+    if subcommand != "fuzz" {
+        lab.arg("--shaper").arg(release.join("shaper"));
+    }
     // The committed results live in the workspace's bench/, wherever this is run from.
     if subcommand == "bench" && !args.iter().any(|a| a == "--out" || a.starts_with("--out=")) {
         lab.arg("--out").arg(workspace::root().join("bench"));

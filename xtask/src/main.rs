@@ -39,6 +39,9 @@ enum Command {
     Bench(LabArgs),
     /// Build release binaries and run `shaper-lab lab` (needs root)
     Lab(LabArgs),
+    /// Build release binaries and run `shaper-lab fuzz` (needs root): fuzzed frames through
+    /// the XDP program, e.g. `fuzz --frames 1000000 --seed 0x5eed` (default 10 000 000)
+    Fuzz(LabArgs),
 }
 
 #[derive(clap::Args)]
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
         Command::Demo(LabArgs { args }) => lab::run("demo", &args),
         Command::Bench(LabArgs { args }) => lab::run("bench", &args),
         Command::Lab(LabArgs { args }) => lab::run("lab", &args),
+        Command::Fuzz(LabArgs { args }) => lab::run("fuzz", &args),
     };
     match result {
         Ok(code) => code,
@@ -87,6 +91,17 @@ mod tests {
             ["--quick", "--help"]
         );
         assert_eq!(lab_args(&["xtask", "bench", "--", "--help"]), ["--help"]);
+    }
+
+    #[test]
+    fn fuzz_args_pass_through() {
+        let Ok(Command::Fuzz(LabArgs { args })) =
+            Cli::try_parse_from(["xtask", "fuzz", "--frames", "1000", "--seed", "0x5eed"])
+                .map(|cli| cli.command)
+        else {
+            panic!("did not parse as fuzz");
+        };
+        assert_eq!(args, ["--frames", "1000", "--seed", "0x5eed"]);
     }
 
     #[test]

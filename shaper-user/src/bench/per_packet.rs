@@ -38,9 +38,10 @@ use aya::{
 };
 use serde::Serialize;
 use shaper_common::{
-    gcra::{Limit, MAX_RATE_BPS},
+    gcra::MAX_RATE_BPS,
     maps::{
-        Config, Counters, Ipv4Key, MAP_COUNTERS, MAP_SOURCES, PROG_NOOP, PROG_XDP, SourceState,
+        Config, Counters, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, Ipv4Key, KEY_BY_SRC, MAP_COUNTERS,
+        MAP_SOURCES, PROG_NOOP, PROG_XDP, SourceState,
     },
 };
 
@@ -138,13 +139,15 @@ const XDP_PASS: u32 = 2;
 const XDP_DROP: u32 = 1;
 
 pub fn config(rate_bps: u64, burst_bytes: u64) -> Result<Config> {
-    Ok(Config {
-        limit: Limit::new(rate_bps, burst_bytes).map_err(|e| anyhow::anyhow!("{e}"))?,
+    Config::new(
         rate_bps,
         burst_bytes,
-        xdp_mode: 0,
-        active: 1,
-    })
+        KEY_BY_SRC,
+        DEFAULT_PREFIX_V4,
+        DEFAULT_PREFIX_V6,
+        0,
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// Never limited: the fastest rate with a burst no run can exhaust.

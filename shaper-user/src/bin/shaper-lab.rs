@@ -4,8 +4,9 @@
 //!   through per source.
 //! * `lab` builds the network and waits, for experimenting by hand.
 //! * `bench` measures per-packet cost, scale and rate accuracy, and writes the report.
+//! * `fuzz` runs fuzzed frames through the program with BPF_PROG_TEST_RUN.
 //!
-//! Needs root (it creates network namespaces). Everything it creates is removed on exit,
+//! Needs root (it creates network namespaces, or loads programs). Everything it creates is removed on exit,
 //! including after an error or Ctrl-C.
 
 use std::{
@@ -41,6 +42,27 @@ enum Cmd {
     /// Benchmarks: per-packet cost against a no-op XDP program, memory and cost as sources
     /// grow, rate accuracy against tc; writes results.md, results.json and SVG plots.
     Bench(BenchArgs),
+    /// Run random and mutated frames of every encapsulation through the XDP program
+    /// (BPF_PROG_TEST_RUN, no interface) and check every verdict and counter.
+    Fuzz(FuzzArgs),
+}
+
+#[derive(Debug, Args)]
+struct FuzzArgs {
+    /// Frames to run
+    #[arg(long, default_value_t = 10_000_000)]
+    frames: u64,
+    /// Seed of the frame generator (decimal or 0x hex) [default: from the clock]
+    #[arg(long, value_parser = parse_seed)]
+    seed: Option<u64>,
+}
+
+fn parse_seed(s: &str) -> Result<u64, String> {
+    match s.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    }
+    .map_err(|e| format!("{s}: {e}"))
 }
 
 #[derive(Debug, Args)]
@@ -117,6 +139,7 @@ fn main() -> ExitCode {
         Cmd::Demo(args) => install_stop_handlers().and_then(|()| demo(&args)),
         Cmd::Lab(args) => install_stop_handlers().and_then(|()| lab(&args)),
         Cmd::Bench(args) => bench(&args),
+        Cmd::Fuzz(args) => fuzz(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -379,6 +402,27 @@ fn print_lab_guide(lab: &Lab) {
     println!("  shaper -n {rx} stats {rx_if}");
     println!("  shaper -n {rx} detach {rx_if}    # before leaving: pins outlive the lab");
     println!("\npress Enter or Ctrl-C to remove the lab");
+}
+
+fn fuzz(args: &FuzzArgs) -> Result<()> {
+    use shaper_user::fuzz;
+
+    let seed = args.seed.unwrap_or_else(fuzz::clock_seed);
+    println!(
+        "fuzz: {} frames, seed {seed:#018x} (replay with --seed {seed:#x})",
+        args.frames
+    );
+    let start = Instant::now();
+    let report = fuzz::run(args.frames, seed, |done| {
+        if done % 1_000_000 == 0 {
+            println!("  {done} frames, {:.0} s", start.elapsed().as_secs_f64());
+        }
+    })?;
+    for line in report.lines() {
+        println!("{line}");
+    }
+    println!("fuzz: every verdict XDP_PASS or XDP_DROP; every frame and byte counted once");
+    Ok(())
 }
 
 fn bench(args: &BenchArgs) -> Result<()> {

@@ -1,9 +1,12 @@
 //! `shaper attach IFACE --rate RATE --burst SIZE`: hold every source on IFACE to RATE.
 
 use anyhow::{Result, anyhow, bail};
-use shaper_common::gcra::{Limit, LimitError};
+use shaper_common::{
+    gcra::{Limit, LimitError},
+    maps::{DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
+};
 use shaper_user::{
-    loader::{self, AttachRequest, Attached, XdpAttachMode},
+    loader::{self, AttachRequest, Attached, KeyBy, XdpAttachMode},
     pins::Attachment,
     system,
     units::{Rate, Size},
@@ -26,9 +29,20 @@ pub struct Args {
     /// How to attach the XDP program.
     #[arg(long, value_enum, default_value_t = XdpAttachMode::Auto)]
     pub xdp_mode: XdpAttachMode,
-    /// Sources tracked at once (least recently seen are evicted beyond this) [default: 262144]
+    /// Sources tracked at once per address family (least recently seen are evicted beyond
+    /// this) [default: 262144]
     #[arg(long)]
     pub max_sources: Option<u32>,
+    /// Which address gets a bucket: the source (senders) or the destination (receivers)
+    /// [default: src]
+    #[arg(long, value_enum)]
+    pub key: Option<KeyBy>,
+    /// IPv4 prefix length keys are masked to: 24 gives each /24 one bucket [default: 32]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=32))]
+    pub prefix_v4: Option<u32>,
+    /// IPv6 prefix length keys are masked to [default: 64, what one site is given]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=128))]
+    pub prefix_v6: Option<u32>,
 }
 
 pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
@@ -58,14 +72,23 @@ pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
         burst_bytes: args.burst.bytes(),
         mode: args.xdp_mode,
         max_sources: args.max_sources,
+        key: args.key,
+        prefix_v4: args.prefix_v4,
+        prefix_v6: args.prefix_v6,
     };
     match loader::attach(&req)? {
         Attached::New { xdp_mode } => println!(
-            "attached to {} ({} XDP): rate {} burst {} per source",
+            "attached to {} ({} XDP): rate {} burst {} per {} /{} (IPv6 /{})",
             req.at.label(),
             loader::mode_name(xdp_mode),
             args.rate,
-            args.burst
+            args.burst,
+            match req.key.unwrap_or(KeyBy::Src) {
+                KeyBy::Src => "source",
+                KeyBy::Dst => "destination",
+            },
+            req.prefix_v4.unwrap_or(DEFAULT_PREFIX_V4),
+            req.prefix_v6.unwrap_or(DEFAULT_PREFIX_V6),
         ),
         Attached::Updated { .. } => println!(
             "updated {}: rate {} burst {} per source",

@@ -1,11 +1,13 @@
 //! `shaper stats IFACE [--top N]`: global counters and the sources dropped most.
 
-use std::net::Ipv4Addr;
-
 use anyhow::{Result, bail};
 use serde::Serialize;
 use shaper_common::maps::{Counters, SourceState};
-use shaper_user::{maps, pins::Attachment};
+use shaper_user::{
+    loader,
+    maps::{self, KeyNet},
+    pins::Attachment,
+};
 
 /// Show counters for IFACE and its top sources by dropped bytes.
 #[derive(Debug, clap::Args)]
@@ -22,8 +24,14 @@ struct Totals {
     passed_bytes: u64,
     dropped_packets: u64,
     dropped_bytes: u64,
-    not_ipv4_packets: u64,
-    not_ipv4_bytes: u64,
+    ipv4_packets: u64,
+    ipv6_packets: u64,
+    not_ip_packets: u64,
+    not_ip_bytes: u64,
+    pppoe_other_packets: u64,
+    pppoe_other_bytes: u64,
+    vlan_too_deep_packets: u64,
+    vlan_too_deep_bytes: u64,
     malformed_packets: u64,
     malformed_bytes: u64,
     new_sources: u64,
@@ -39,8 +47,14 @@ impl From<Counters> for Totals {
             passed_bytes: c.passed_bytes,
             dropped_packets: c.dropped_packets,
             dropped_bytes: c.dropped_bytes,
-            not_ipv4_packets: c.not_ipv4_packets,
-            not_ipv4_bytes: c.not_ipv4_bytes,
+            ipv4_packets: c.ipv4_packets,
+            ipv6_packets: c.ipv6_packets,
+            not_ip_packets: c.not_ip_packets,
+            not_ip_bytes: c.not_ip_bytes,
+            pppoe_other_packets: c.pppoe_other_packets,
+            pppoe_other_bytes: c.pppoe_other_bytes,
+            vlan_too_deep_packets: c.vlan_too_deep_packets,
+            vlan_too_deep_bytes: c.vlan_too_deep_bytes,
             malformed_packets: c.malformed_packets,
             malformed_bytes: c.malformed_bytes,
             new_sources: c.new_sources,
@@ -53,7 +67,9 @@ impl From<Counters> for Totals {
 
 #[derive(Debug, Serialize)]
 struct Source {
-    source: Ipv4Addr,
+    /// The address, or `network/prefix` when keys are aggregated; a destination when
+    /// keyed by destination.
+    source: String,
     passed_packets: u64,
     passed_bytes: u64,
     dropped_packets: u64,
@@ -64,12 +80,14 @@ struct Source {
 struct Stats {
     interface: String,
     netns: Option<String>,
+    /// `src` or `dst`: which address the sources below are.
+    key: &'static str,
     totals: Totals,
     sources_tracked: usize,
     top_sources: Vec<Source>,
 }
 
-fn top(mut sources: Vec<(Ipv4Addr, SourceState)>, n: usize) -> Vec<Source> {
+fn top(mut sources: Vec<(KeyNet, SourceState)>, n: usize) -> Vec<Source> {
     sources.sort_by(|a, b| {
         (b.1.dropped_bytes, b.1.passed_bytes, a.0).cmp(&(a.1.dropped_bytes, a.1.passed_bytes, b.0))
     });
@@ -77,7 +95,7 @@ fn top(mut sources: Vec<(Ipv4Addr, SourceState)>, n: usize) -> Vec<Source> {
         .into_iter()
         .take(n)
         .map(|(source, s)| Source {
-            source,
+            source: source.to_string(),
             passed_packets: s.passed_packets,
             passed_bytes: s.passed_bytes,
             dropped_packets: s.dropped_packets,
@@ -91,10 +109,12 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
     if !at.exists() {
         bail!("shaper is not attached to {}", at.label());
     }
-    let sources = maps::read_sources(&at)?;
+    let config = maps::read_config(&at)?;
+    let sources = maps::read_all_keys(&at, &config)?;
     let stats = Stats {
         interface: at.iface.clone(),
         netns: at.netns.clone(),
+        key: loader::key_name(config.key_by),
         totals: maps::read_counters(&at)?.into(),
         sources_tracked: sources.len(),
         top_sources: top(sources, args.top),
@@ -114,26 +134,42 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
         t.dropped_packets, t.dropped_bytes
     );
     println!(
-        "  not ipv4   {:>12} pkts {:>16} bytes",
-        t.not_ipv4_packets, t.not_ipv4_bytes
+        "  metered    {:>12} IPv4 pkts {:>11} IPv6 pkts",
+        t.ipv4_packets, t.ipv6_packets
     );
-    println!(
-        "  malformed  {:>12} pkts {:>16} bytes",
-        t.malformed_packets, t.malformed_bytes
-    );
+    for (what, packets, bytes) in [
+        ("not ip", t.not_ip_packets, t.not_ip_bytes),
+        ("pppoe other", t.pppoe_other_packets, t.pppoe_other_bytes),
+        (
+            "vlan >2 tags",
+            t.vlan_too_deep_packets,
+            t.vlan_too_deep_bytes,
+        ),
+        ("malformed", t.malformed_packets, t.malformed_bytes),
+    ] {
+        println!("  {what:<12} {packets:>10} pkts {bytes:>16} bytes");
+    }
     println!(
         "  sources {} tracked, {} seen; cas exhausted {}, untracked {}",
         stats.sources_tracked, t.new_sources, t.cas_exhausted_packets, t.untracked_packets
     );
     if !stats.top_sources.is_empty() {
         println!(
-            "  {:<15} {:>12} {:>16} {:>12} {:>16}",
-            "source", "passed pkts", "passed bytes", "dropped pkts", "dropped bytes"
+            "  {:<24} {:>12} {:>16} {:>12} {:>16}",
+            if stats.key == "dst" {
+                "destination"
+            } else {
+                "source"
+            },
+            "passed pkts",
+            "passed bytes",
+            "dropped pkts",
+            "dropped bytes"
         );
     }
     for s in &stats.top_sources {
         println!(
-            "  {:<15} {:>12} {:>16} {:>12} {:>16}",
+            "  {:<24} {:>12} {:>16} {:>12} {:>16}",
             s.source, s.passed_packets, s.passed_bytes, s.dropped_packets, s.dropped_bytes
         );
     }

@@ -24,13 +24,22 @@ struct Row {
     interface_present: bool,
     rate_bits_per_sec: u64,
     burst_bytes: u64,
+    /// `src` or `dst`: which address picks a frame's bucket.
+    key: &'static str,
+    prefix_v4_bits: u32,
+    prefix_v6_bits: u32,
+    /// Both families; each has its own map of `max_sources`.
     sources_tracked: usize,
+    ipv4_sources_tracked: usize,
+    ipv6_sources_tracked: usize,
     max_sources: u32,
     pin_dir: String,
 }
 
 fn row(at: &Attachment) -> Result<Row> {
     let config = maps::read_config(at)?;
+    let v4 = maps::read_sources(at)?.len();
+    let v6 = maps::read_sources6(at)?.len();
     Ok(Row {
         interface: at.iface.clone(),
         netns: at.netns.clone(),
@@ -38,7 +47,12 @@ fn row(at: &Attachment) -> Result<Row> {
         interface_present: loader::is_live(at),
         rate_bits_per_sec: config.rate_bps,
         burst_bytes: config.burst_bytes,
-        sources_tracked: maps::read_sources(at)?.len(),
+        key: loader::key_name(config.key_by),
+        prefix_v4_bits: config.prefix_v4,
+        prefix_v6_bits: config.prefix_v6,
+        sources_tracked: v4 + v6,
+        ipv4_sources_tracked: v4,
+        ipv6_sources_tracked: v6,
         max_sources: maps::sources_capacity(at)?,
         pin_dir: at.dir().display().to_string(),
     })
@@ -74,12 +88,17 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
             " [interface gone: detach to remove its pins]"
         };
         println!(
-            "{}: xdp {} rate {} burst {} per source, sources {}/{}{gone}",
+            "{}: xdp {} rate {} burst {} per {} /{} (IPv6 /{}), sources {}/{} IPv4 {}/{} IPv6{gone}",
             at.label(),
             r.xdp_mode,
             Rate::from_bps(r.rate_bits_per_sec),
             Size::from_bytes(r.burst_bytes),
-            r.sources_tracked,
+            r.key,
+            r.prefix_v4_bits,
+            r.prefix_v6_bits,
+            r.ipv4_sources_tracked,
+            r.max_sources,
+            r.ipv6_sources_tracked,
             r.max_sources
         );
     }
