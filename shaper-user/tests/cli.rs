@@ -730,7 +730,7 @@ fn prefix_keys_aggregate_and_show_as_networks() {
         .sources()
         .iter()
         .map(|&src| Flow {
-            src,
+            src: src.into(),
             offered_bps: 2_000_000,
             frame_bytes: 1000,
         })

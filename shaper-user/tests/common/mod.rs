@@ -29,11 +29,18 @@ impl Drop for Detach {
 /// Attaches shaper (`attach IFACE --rate RATE --burst BURST`), panicking with its error
 /// line if it fails; detached again when the guard drops.
 pub fn attach(ns: &str, iface: &str, rate: &str, burst: &str) -> Detach {
+    attach_with(ns, iface, rate, burst, &[])
+}
+
+/// [`attach`] with more options (`--prefix-v4 24`, ...).
+pub fn attach_with(ns: &str, iface: &str, rate: &str, burst: &str, more: &[&str]) -> Detach {
     let guard = Detach {
         ns: ns.to_owned(),
         iface: iface.to_owned(),
     };
-    let out = shaper(ns, &["attach", iface, "--rate", rate, "--burst", burst]);
+    let mut args = vec!["attach", iface, "--rate", rate, "--burst", burst];
+    args.extend_from_slice(more);
+    let out = shaper(ns, &args);
     assert!(
         out.status.success(),
         "attach: {}",
