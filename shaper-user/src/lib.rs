@@ -2,6 +2,7 @@
 //! maps, and the pieces the `shaper` command is made of.
 
 pub mod bench;
+pub mod explain;
 pub mod frame;
 pub mod fuzz;
 pub mod lab;

@@ -57,6 +57,10 @@ fn one_line(text: &str) -> String {
 }
 
 fn run(cli: &Cli) -> anyhow::Result<()> {
+    // Arithmetic only: no privileges, no bpffs, no namespace.
+    if let Command::Explain(args) = &cli.command {
+        return cli::explain::run(args, cli.json);
+    }
     // Checked before anything else so that nothing is half done for want of them.
     system::check_privileges()?;
     system::check_bpffs(Path::new(PIN_ROOT).parent().unwrap_or(Path::new("/")))?;
@@ -71,5 +75,6 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Detach(args) => cli::detach::run(args, ns),
         Command::Status(args) => cli::status::run(args, ns, cli.json),
         Command::Stats(args) => cli::stats::run(args, ns, cli.json),
+        Command::Explain(args) => cli::explain::run(args, cli.json),
     }
 }

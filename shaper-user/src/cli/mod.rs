@@ -2,6 +2,7 @@
 
 pub mod attach;
 pub mod detach;
+pub mod explain;
 pub mod stats;
 pub mod status;
 
@@ -27,4 +28,7 @@ pub enum Command {
     Detach(detach::Args),
     Status(status::Args),
     Stats(stats::Args),
+    /// What a rate and burst mean: bytes/s, time per byte and per frame, the burst in
+    /// milliseconds, and warnings (needs no privileges, touches nothing)
+    Explain(explain::Args),
 }
