@@ -11,6 +11,10 @@ use shaper_user::{netns, system};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    // Like other command-line tools, end quietly when the reader goes away
+    // (`shaper stats eth0 | head`) instead of panicking in println!.
+    // SAFETY: restoring the default disposition of one signal, before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
