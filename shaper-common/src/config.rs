@@ -5,7 +5,7 @@ use core::fmt;
 
 use crate::{
     gcra::{Limit, LimitError},
-    maps::{Config, KEY_BY_DST, KEY_BY_SRC},
+    maps::{Config, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST, KEY_BY_SRC},
 };
 
 /// Why the values asked for cannot form a [`Config`].
@@ -85,12 +85,24 @@ impl Config {
             mask_v6: mask_v6(prefix_v6),
         })
     }
+
+    /// [`Config::new`] with the defaults: keyed by source address at /32 and /64, attach
+    /// mode not yet known.
+    pub fn per_source(rate_bps: u64, burst_bytes: u64) -> Result<Self, ConfigError> {
+        Self::new(
+            rate_bps,
+            burst_bytes,
+            KEY_BY_SRC,
+            DEFAULT_PREFIX_V4,
+            DEFAULT_PREFIX_V6,
+            0,
+        )
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::maps::{DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6};
 
     /// The mask bytes in network order, as an operator writes them.
     fn v4_bytes(prefix: u32) -> [u8; 4] {

@@ -75,6 +75,9 @@ const ETH_P_QINQ1: u16 = 0x9100;
 const ETH_P_PPP_DISC: u16 = 0x8863;
 const ETH_P_PPP_SES: u16 = 0x8864;
 
+/// VLAN tags read before the payload's ethertype (802.1Q, and QinQ's outer and inner).
+const MAX_VLAN_TAGS: usize = 2;
+
 /// PPP protocol numbers inside a PPPoE session.
 const PPP_IP: u16 = 0x0021;
 const PPP_IPV6: u16 = 0x0057;
@@ -117,20 +120,17 @@ pub fn classify(start: usize, end: usize) -> Frame {
     if ether_type == ETH_P_IP {
         return ipv4(&mut cur);
     }
-    if is_vlan(ether_type) {
+    for _ in 0..MAX_VLAN_TAGS {
+        if !is_vlan(ether_type) {
+            break;
+        }
         let Some(inner) = vlan(&mut cur) else {
             return Frame::Malformed;
         };
         ether_type = inner;
-        if is_vlan(ether_type) {
-            let Some(inner) = vlan(&mut cur) else {
-                return Frame::Malformed;
-            };
-            ether_type = inner;
-            if is_vlan(ether_type) {
-                return Frame::VlanTooDeep;
-            }
-        }
+    }
+    if is_vlan(ether_type) {
+        return Frame::VlanTooDeep;
     }
     match ether_type {
         ETH_P_IP => ipv4(&mut cur),

@@ -38,30 +38,18 @@ fn overloaded_sources_get_rate_times_time_plus_burst() {
     let _attached = attach(lab.rx_ns(), lab.rx_iface(), "8mbit", "64k");
     assert!(lab.xdp_attached().unwrap());
 
-    let src = lab.sources();
-    let flows = [
-        Flow {
-            src: src[0].into(),
-            offered_bps: 5 * RATE_BPS,
+    // Three sources at 5× the limit, and one below it that must lose nothing.
+    let offered = [5 * RATE_BPS, 5 * RATE_BPS, 5 * RATE_BPS, RATE_BPS / 2];
+    let flows: Vec<Flow> = lab
+        .sources()
+        .iter()
+        .zip(offered)
+        .map(|(&src, offered_bps)| Flow {
+            src: src.into(),
+            offered_bps,
             frame_bytes: FRAME,
-        },
-        Flow {
-            src: src[1].into(),
-            offered_bps: 5 * RATE_BPS,
-            frame_bytes: FRAME,
-        },
-        Flow {
-            src: src[2].into(),
-            offered_bps: 5 * RATE_BPS,
-            frame_bytes: FRAME,
-        },
-        // Below the limit: must lose nothing.
-        Flow {
-            src: src[3].into(),
-            offered_bps: RATE_BPS / 2,
-            frame_bytes: FRAME,
-        },
-    ];
+        })
+        .collect();
     let results = run_udp(&lab, &flows, Duration::from_secs(5)).unwrap();
 
     for r in &results[..3] {

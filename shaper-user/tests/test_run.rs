@@ -4,9 +4,7 @@
 
 use std::net::Ipv4Addr;
 
-use shaper_common::maps::{
-    Config, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, Ipv4Key, KEY_BY_SRC, SourceState,
-};
+use shaper_common::maps::{Config, Ipv4Key, SourceState};
 use shaper_user::{
     frame::{self, ETH_P_ARP},
     testrun::{self, XDP_DROP, XDP_PASS},
@@ -19,17 +17,8 @@ impl Harness {
     /// The program loaded (not attached) with a policy of `rate_bps` and `burst` bytes per
     /// source address, or no policy at all.
     fn new(policy: Option<(u64, u64)>) -> Self {
-        let config = policy.map(|(rate_bps, burst_bytes)| {
-            Config::new(
-                rate_bps,
-                burst_bytes,
-                KEY_BY_SRC,
-                DEFAULT_PREFIX_V4,
-                DEFAULT_PREFIX_V6,
-                0,
-            )
-            .unwrap()
-        });
+        let config = policy
+            .map(|(rate_bps, burst_bytes)| Config::per_source(rate_bps, burst_bytes).unwrap());
         Self(testrun::Harness::new(config.as_ref(), 1024).expect("load"))
     }
 

@@ -40,8 +40,7 @@ use serde::Serialize;
 use shaper_common::{
     gcra::MAX_RATE_BPS,
     maps::{
-        Config, Counters, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, Ipv4Key, KEY_BY_SRC, MAP_COUNTERS,
-        MAP_SOURCES, PROG_NOOP, PROG_XDP, SourceState,
+        Config, Counters, Ipv4Key, MAP_COUNTERS, MAP_SOURCES, PROG_NOOP, PROG_XDP, SourceState,
     },
 };
 
@@ -139,15 +138,7 @@ const XDP_PASS: u32 = 2;
 const XDP_DROP: u32 = 1;
 
 pub fn config(rate_bps: u64, burst_bytes: u64) -> Result<Config> {
-    Config::new(
-        rate_bps,
-        burst_bytes,
-        KEY_BY_SRC,
-        DEFAULT_PREFIX_V4,
-        DEFAULT_PREFIX_V6,
-        0,
-    )
-    .map_err(|e| anyhow::anyhow!("{e}"))
+    Config::per_source(rate_bps, burst_bytes).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// Never limited: the fastest rate with a burst no run can exhaust.

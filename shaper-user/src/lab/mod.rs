@@ -321,11 +321,7 @@ impl Lab {
         let rx_mac = mac_of(&self.rx, &self.rx_iface)?;
         permanent_neighbour(&self.tx, &self.tx_iface, ROUTER_TX_SIDE, &rin_mac)?;
         permanent_neighbour(&self.rx, &self.rx_iface, ROUTER_RX_SIDE, &rout_mac)?;
-        let mut lines: Vec<String> = self
-            .sources
-            .iter()
-            .map(|src| format!("neigh replace {src} lladdr {tx_mac} dev {rin} nud permanent"))
-            .collect();
+        let mut lines = self.source_neighbours(rin, &tx_mac);
         lines.push(format!(
             "neigh replace {} lladdr {rx_mac} dev {rout} nud permanent",
             self.rx_addr
@@ -360,17 +356,16 @@ impl Lab {
         let tx_mac = mac_of(&self.tx, &self.tx_iface)?;
         let rx_mac = mac_of(&self.rx, &self.rx_iface)?;
         permanent_neighbour(&self.tx, &self.tx_iface, self.rx_addr, &rx_mac)?;
-        let lines: Vec<String> = self
-            .sources
+        self.rx
+            .ip_batch(&self.source_neighbours(&self.rx_iface, &tx_mac))
+    }
+
+    /// `ip -batch` lines making every IPv4 source a permanent neighbour at `tx_mac` on `dev`.
+    fn source_neighbours(&self, dev: &str, tx_mac: &str) -> Vec<String> {
+        self.sources
             .iter()
-            .map(|src| {
-                format!(
-                    "neigh replace {src} lladdr {tx_mac} dev {} nud permanent",
-                    self.rx_iface
-                )
-            })
-            .collect();
-        self.rx.ip_batch(&lines)
+            .map(|src| format!("neigh replace {src} lladdr {tx_mac} dev {dev} nud permanent"))
+            .collect()
     }
 
     /// The receiver namespace's name (where the shaper attaches: `shaper -n RX ...`).

@@ -21,20 +21,16 @@ use anyhow::{Context as _, Result, ensure};
 
 use super::{
     Lab,
-    traffic::{Flow, MAX_FRAME_BYTES, pace},
+    traffic::{
+        DRAIN, MAX_FRAME_BYTES, RCVBUF_BYTES, RECEIVER_SLACK, RECV_TIMEOUT, START_DELAY,
+        StopOnDrop, join, pace,
+    },
 };
 use crate::netns;
 
 /// Bytes at the end of each frame that carry the marker and the flow index.
 pub const TAG_BYTES: usize = 8;
 const MARKER: [u8; 4] = *b"shRW";
-/// The receiver looks at its stop flag this often when nothing arrives.
-const RECV_TIMEOUT: Duration = Duration::from_millis(50);
-/// Frames in flight when the senders stop still arrive within this.
-const DRAIN: Duration = Duration::from_millis(300);
-/// Room for bursts while the receiving thread waits for a CPU.
-const RCVBUF_BYTES: libc::c_int = 64 << 20;
-const START_DELAY: Duration = Duration::from_millis(20);
 
 /// One stream of identical crafted frames.
 #[derive(Debug, Clone)]
@@ -93,34 +89,28 @@ pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<Vec<R
 
     let stop = AtomicBool::new(false);
     let start = Instant::now() + START_DELAY;
-    let deadline = start + duration + DRAIN + Duration::from_secs(10);
+    let deadline = start + duration + DRAIN + RECEIVER_SLACK;
     let (sent, received) = thread::scope(|scope| {
+        // Stops the counter however this block ends, a sender's panic included.
+        let stop_guard = StopOnDrop(&stop);
         let counter = scope.spawn(|| count(&receiver, flows.len(), &stop, deadline));
         let handles: Vec<_> = senders
             .iter()
             .zip(&frames)
             .zip(flows)
             .map(|((fd, frame), flow)| {
+                let frame_bytes = u32::try_from(frame.len()).expect("checked above");
                 scope.spawn(move || {
-                    let pacing = Flow {
-                        src: std::net::Ipv4Addr::UNSPECIFIED.into(),
-                        offered_bps: flow.offered_bps,
-                        frame_bytes: u32::try_from(frame.len()).expect("checked above"),
-                    };
-                    pace(&pacing, start, duration, || send(fd, frame))
+                    pace(flow.offered_bps, frame_bytes, start, duration, || {
+                        send(fd, frame)
+                    })
                 })
             })
             .collect();
-        let sent: Vec<_> = handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect();
+        let sent: Vec<_> = handles.into_iter().map(join).collect();
         thread::sleep(DRAIN);
-        stop.store(true, Ordering::Relaxed);
-        let received = counter
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        (sent, received)
+        drop(stop_guard);
+        (sent, join(counter))
     });
     let received = received?;
     sent.into_iter()

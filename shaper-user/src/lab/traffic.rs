@@ -60,19 +60,19 @@ const TICK_BYTES: f64 = 16_384.0;
 /// The shortest wake-up interval (a sender faster than this sends in bigger clumps).
 const MIN_TICK: Duration = Duration::from_micros(50);
 /// How long the receiver keeps counting after the last sender stopped (packets in flight).
-const DRAIN: Duration = Duration::from_millis(300);
+pub(crate) const DRAIN: Duration = Duration::from_millis(300);
 /// How often the receiver looks at its stop flag when no packets come.
-const RECV_TIMEOUT: Duration = Duration::from_millis(50);
+pub(crate) const RECV_TIMEOUT: Duration = Duration::from_millis(50);
 /// Room for bursts while the receiving thread is not scheduled (2 cores, kernel busy too).
-const RCVBUF_BYTES: libc::c_int = 64 << 20;
+pub(crate) const RCVBUF_BYTES: libc::c_int = 64 << 20;
 /// The senders' common pacing clock starts this long after the threads are spawned.
-const START_DELAY: Duration = Duration::from_millis(20);
+pub(crate) const START_DELAY: Duration = Duration::from_millis(20);
 /// Datagrams the receiver takes per recvmmsg call.
 const RECV_BATCH: usize = 64;
 /// Largest UDP payload the receiver expects (a [`MAX_FRAME_BYTES`] frame).
 const RECV_BUF_BYTES: usize = (MAX_FRAME_BYTES - L2_OVERHEAD) as usize;
 /// Hard stop for the receiver beyond duration + DRAIN, should the stop flag never come.
-const RECEIVER_SLACK: Duration = Duration::from_secs(10);
+pub(crate) const RECEIVER_SLACK: Duration = Duration::from_secs(10);
 
 /// One source's offered load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -463,7 +463,7 @@ fn validate(lab: &Lab, flows: &[Flow]) -> Result<()> {
 }
 
 /// Sets `stop` when dropped.
-struct StopOnDrop<'a>(&'a AtomicBool);
+pub(crate) struct StopOnDrop<'a>(pub(crate) &'a AtomicBool);
 
 impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
@@ -472,7 +472,7 @@ impl Drop for StopOnDrop<'_> {
 }
 
 /// Joins a scoped thread, re-raising its panic here.
-fn join<T>(handle: ScopedJoinHandle<'_, T>) -> T {
+pub(crate) fn join<T>(handle: ScopedJoinHandle<'_, T>) -> T {
     handle
         .join()
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
@@ -679,25 +679,30 @@ pub(crate) struct Sent {
 /// Sends `flow` from `start` for `duration` on `socket` ([`pace`]).
 fn send_paced(socket: &UdpSocket, flow: &Flow, start: Instant, duration: Duration) -> Result<Sent> {
     let payload = vec![0u8; (flow.frame_bytes - l2_overhead(flow.src)) as usize];
-    pace(flow, start, duration, || socket.send(&payload).map(drop)).map_err(|e| send_error(e, flow))
+    pace(flow.offered_bps, flow.frame_bytes, start, duration, || {
+        socket.send(&payload).map(drop)
+    })
+    .map_err(|e| send_error(e, flow))
 }
 
-/// Calls `send` at `flow`'s rate from `start` for `duration`: each tick sends the packets
+/// Calls `send` for `frame_bytes`-byte frames at `offered_bps` (layer 2) from `start` for
+/// `duration`: each tick sends the packets
 /// that became due since the start, so after a stall it catches up by at most what the
 /// stall delayed. A sender that cannot keep up sends flat out, and still stops at
 /// `start + duration`. Full queues ([`is_queue_full`]) count as attempted, not sent; any
 /// other error ends the flow.
 pub(crate) fn pace(
-    flow: &Flow,
+    offered_bps: u64,
+    frame_bytes: u32,
     start: Instant,
     duration: Duration,
     mut send: impl FnMut() -> io::Result<()>,
 ) -> io::Result<Sent> {
     /// How many sends between looks at the clock when behind.
     const CLOCK_EVERY: u64 = 32;
-    let frames_per_sec = flow.offered_bps as f64 / 8.0 / f64::from(flow.frame_bytes);
+    let frames_per_sec = offered_bps as f64 / 8.0 / f64::from(frame_bytes);
     let end = start + duration;
-    let tick = tick_of(flow);
+    let tick = tick_of(offered_bps);
     exact_timers();
     thread::sleep(start.saturating_duration_since(Instant::now()));
     // Attempts, not successes, drive the pacing: a dropped send is not retried later.
@@ -755,10 +760,10 @@ fn send_error(e: io::Error, flow: &Flow) -> anyhow::Error {
     anyhow::Error::new(e).context(format!("send from {} failed{hint}", flow.src))
 }
 
-/// How far apart `flow`'s sender wakes: [`TICK_BYTES`] at its rate, within
+/// How far apart a sender of `offered_bps` wakes: [`TICK_BYTES`] at that rate, within
 /// [`MIN_TICK`]..=[`MAX_TICK`].
-fn tick_of(flow: &Flow) -> Duration {
-    let secs = TICK_BYTES * 8.0 / flow.offered_bps.max(1) as f64;
+fn tick_of(offered_bps: u64) -> Duration {
+    let secs = TICK_BYTES * 8.0 / offered_bps.max(1) as f64;
     Duration::from_secs_f64(secs).clamp(MIN_TICK, MAX_TICK)
 }
 
