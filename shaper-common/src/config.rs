@@ -5,7 +5,10 @@ use core::fmt;
 
 use crate::{
     gcra::{Limit, LimitError},
-    maps::{Config, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST, KEY_BY_SRC},
+    maps::{
+        ACTION_DROP, ACTION_LIMIT, ACTION_PASS, Config, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6,
+        KEY_BY_DST, KEY_BY_SRC, MODE_ENFORCE, MODE_MONITOR, Policy,
+    },
 };
 
 /// Why the values asked for cannot form a [`Config`].
@@ -18,6 +21,12 @@ pub enum ConfigError {
     PrefixV4(u32),
     /// An IPv6 prefix longer than 128 bits.
     PrefixV6(u32),
+    /// Not one of the `ACTION_*` values.
+    Action(u32),
+    /// Not one of the `MODE_*` values.
+    Mode(u32),
+    /// The aggregate limit of a policy.
+    Aggregate(LimitError),
 }
 
 impl fmt::Display for ConfigError {
@@ -27,6 +36,9 @@ impl fmt::Display for ConfigError {
             Self::KeyBy(k) => write!(f, "unknown key {k} (0 = source, 1 = destination)"),
             Self::PrefixV4(p) => write!(f, "IPv4 prefix /{p} is longer than 32 bits"),
             Self::PrefixV6(p) => write!(f, "IPv6 prefix /{p} is longer than 128 bits"),
+            Self::Action(a) => write!(f, "unknown action {a}"),
+            Self::Mode(m) => write!(f, "unknown mode {m}"),
+            Self::Aggregate(e) => write!(f, "aggregate: {e}"),
         }
     }
 }
@@ -83,6 +95,9 @@ impl Config {
             prefix_v6,
             mask_v4: mask_v4(prefix_v4),
             mask_v6: mask_v6(prefix_v6),
+            mode: MODE_ENFORCE,
+            // Never 0, which a source's unresolved policy carries.
+            policy_gen: 1,
         })
     }
 
@@ -97,6 +112,83 @@ impl Config {
             DEFAULT_PREFIX_V6,
             0,
         )
+    }
+}
+
+/// A prefix policy's limits and action, as [`Policy::new`] takes them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyLimits {
+    /// `ACTION_*`.
+    pub action: u32,
+    /// `MODE_*`.
+    pub mode: u32,
+    /// Per source; both zero unless the action is `ACTION_LIMIT`.
+    pub rate_bps: u64,
+    pub burst_bytes: u64,
+    /// The whole prefix; both zero for none.
+    pub aggregate_rate_bps: u64,
+    pub aggregate_burst_bytes: u64,
+}
+
+impl Policy {
+    /// The policy for the prefix `addr/prefix_len` of `family` (4 or 6; the address bytes
+    /// in network order, IPv4 in the first four), validated.
+    pub fn new(
+        family: u32,
+        addr: [u8; 16],
+        prefix_len: u32,
+        p: &PolicyLimits,
+    ) -> Result<Self, ConfigError> {
+        match (family, prefix_len) {
+            (4, 0..=32) | (6, 0..=128) => {}
+            (4, p) => return Err(ConfigError::PrefixV4(p)),
+            (_, p) => return Err(ConfigError::PrefixV6(p)),
+        }
+        if p.mode != MODE_ENFORCE && p.mode != MODE_MONITOR {
+            return Err(ConfigError::Mode(p.mode));
+        }
+        let (limit, aggregate) = match p.action {
+            ACTION_LIMIT => {
+                let limit = Limit::new(p.rate_bps, p.burst_bytes)?;
+                let aggregate = if p.aggregate_rate_bps == 0 && p.aggregate_burst_bytes == 0 {
+                    Limit::default()
+                } else {
+                    Limit::new(p.aggregate_rate_bps, p.aggregate_burst_bytes)
+                        .map_err(ConfigError::Aggregate)?
+                };
+                (limit, aggregate)
+            }
+            ACTION_PASS | ACTION_DROP => (Limit::default(), Limit::default()),
+            a => return Err(ConfigError::Action(a)),
+        };
+        let limited = p.action == ACTION_LIMIT;
+        Ok(Self {
+            limit,
+            aggregate,
+            rate_bps: if limited { p.rate_bps } else { 0 },
+            burst_bytes: if limited { p.burst_bytes } else { 0 },
+            aggregate_rate_bps: if limited { p.aggregate_rate_bps } else { 0 },
+            aggregate_burst_bytes: if limited { p.aggregate_burst_bytes } else { 0 },
+            action: p.action,
+            mode: p.mode,
+            in_use: 1,
+            family,
+            prefix_len,
+            _pad: 0,
+            addr,
+        })
+    }
+
+    /// What [`Policy::new`] was given.
+    pub fn limits(&self) -> PolicyLimits {
+        PolicyLimits {
+            action: self.action,
+            mode: self.mode,
+            rate_bps: self.rate_bps,
+            burst_bytes: self.burst_bytes,
+            aggregate_rate_bps: self.aggregate_rate_bps,
+            aggregate_burst_bytes: self.aggregate_burst_bytes,
+        }
     }
 }
 
@@ -181,5 +273,56 @@ mod tests {
         );
         assert!(Config::new(10_000_000, 65_536, KEY_BY_SRC, 0, 0, 0).is_ok());
         assert!(Config::new(10_000_000, 65_536, KEY_BY_SRC, 32, 128, 0).is_ok());
+    }
+
+    #[test]
+    fn policies_validate_and_carry_only_what_their_action_uses() {
+        let addr = [198, 51, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let limited = PolicyLimits {
+            action: ACTION_LIMIT,
+            rate_bps: 4_000_000,
+            burst_bytes: 65_536,
+            aggregate_rate_bps: 10_000_000,
+            aggregate_burst_bytes: 131_072,
+            ..PolicyLimits::default()
+        };
+        let p = Policy::new(4, addr, 24, &limited).unwrap();
+        assert_eq!(p.limit, Limit::new(4_000_000, 65_536).unwrap());
+        assert_eq!(p.aggregate, Limit::new(10_000_000, 131_072).unwrap());
+        assert_eq!((p.in_use, p.family, p.prefix_len), (1, 4, 24));
+        assert_eq!(p.limits(), limited);
+
+        let pass = PolicyLimits {
+            action: ACTION_PASS,
+            ..limited
+        };
+        let p = Policy::new(6, [0x20; 16], 48, &pass).unwrap();
+        assert_eq!((p.limit, p.aggregate), (Limit::default(), Limit::default()));
+        assert_eq!((p.rate_bps, p.aggregate_rate_bps), (0, 0));
+
+        assert_eq!(
+            Policy::new(4, addr, 33, &limited),
+            Err(ConfigError::PrefixV4(33))
+        );
+        assert_eq!(
+            Policy::new(6, addr, 129, &limited),
+            Err(ConfigError::PrefixV6(129))
+        );
+        let bad_aggregate = PolicyLimits {
+            aggregate_burst_bytes: 0,
+            ..limited
+        };
+        assert_eq!(
+            Policy::new(4, addr, 24, &bad_aggregate),
+            Err(ConfigError::Aggregate(LimitError::BurstZero))
+        );
+        let bad_action = PolicyLimits {
+            action: 9,
+            ..limited
+        };
+        assert_eq!(
+            Policy::new(4, addr, 24, &bad_action),
+            Err(ConfigError::Action(9))
+        );
     }
 }

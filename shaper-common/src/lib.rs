@@ -6,4 +6,5 @@
 pub mod config;
 pub mod gcra;
 pub mod maps;
+pub mod rescale;
 pub mod softirq;

@@ -13,12 +13,22 @@ pub const PIN_CONFIG: &str = "config";
 pub const PIN_SOURCES: &str = "sources";
 pub const PIN_SOURCES6: &str = "sources6";
 pub const PIN_COUNTERS: &str = "counters";
+pub const PIN_POLICIES: &str = "policies";
+pub const PIN_PREFIXES_V4: &str = "prefixes_v4";
+pub const PIN_PREFIXES_V6: &str = "prefixes_v6";
+pub const PIN_AGGREGATES: &str = "aggregates";
+pub const PIN_POLICY_STATS: &str = "policy_stats";
 
 /// Map names in the object file (at most 15 bytes: the kernel's name limit).
 pub const MAP_CONFIG: &str = "SHAPER_CONFIG";
 pub const MAP_SOURCES: &str = "SHAPER_SOURCES";
 pub const MAP_SOURCES6: &str = "SHAPER_SOURCES6";
 pub const MAP_COUNTERS: &str = "SHAPER_COUNTERS";
+pub const MAP_POLICIES: &str = "SHAPER_POLICIES";
+pub const MAP_PREFIXES_V4: &str = "SHAPER_PREFIX4";
+pub const MAP_PREFIXES_V6: &str = "SHAPER_PREFIX6";
+pub const MAP_AGGREGATES: &str = "SHAPER_AGGS";
+pub const MAP_POLICY_STATS: &str = "SHAPER_PSTATS";
 
 /// Program names in the object file.
 pub const PROG_XDP: &str = "shaper_xdp";
@@ -42,7 +52,28 @@ pub const KEY_BY_DST: u32 = 1;
 pub const DEFAULT_PREFIX_V4: u32 = 32;
 pub const DEFAULT_PREFIX_V6: u32 = 64;
 
-/// The policy in force on one interface: array map `SHAPER_CONFIG`, one entry.
+/// Policy slots per interface (`SHAPER_POLICIES`, `SHAPER_AGGS`, `SHAPER_PSTATS`), slot
+/// [`DEFAULT_SLOT`] included; also the size of each prefix trie.
+pub const MAX_POLICIES: u32 = 16_384;
+/// The slot of the interface's default policy (the attach rate, from [`Config`]): what a
+/// source no prefix policy covers is metered by. Its `SHAPER_POLICIES` entry is unused.
+pub const DEFAULT_SLOT: u32 = 0;
+
+/// What a policy does with its sources' packets, as recorded in [`Policy::action`].
+/// Meter each source (and the prefix, with an aggregate) against the policy's limits.
+pub const ACTION_LIMIT: u32 = 0;
+/// Exempt: never metered, always passed, still counted.
+pub const ACTION_PASS: u32 = 1;
+/// Blocked: every packet dropped.
+pub const ACTION_DROP: u32 = 2;
+
+/// Whether drops are carried out, as recorded in [`Policy::mode`] and [`Config::mode`].
+pub const MODE_ENFORCE: u32 = 0;
+/// Dry run: nothing is dropped; what enforcement would drop is counted as "would drop",
+/// and is not charged to any cell, so the meters run exactly as they would enforcing.
+pub const MODE_MONITOR: u32 = 1;
+
+/// The interface-wide settings and default policy: array map `SHAPER_CONFIG`, one entry.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
@@ -67,9 +98,93 @@ pub struct Config {
     pub mask_v4: u32,
     /// The IPv6 mask bytes in network order, like [`Ipv6Key`].
     pub mask_v6: [u8; 16],
+    /// `MODE_*` for the whole interface: monitor overrides every policy's own mode.
+    pub mode: u32,
+    /// Bumped by userspace after each change of the prefix policies. A source caches the
+    /// slot its prefix resolved to along with this number ([`SourceState::policy`]), and
+    /// looks its prefix up again only when the number has moved on.
+    pub policy_gen: u32,
 }
 
-const _: () = assert!(size_of::<Config>() == 80);
+const _: () = assert!(size_of::<Config>() == 88);
+
+/// A prefix policy: array map `SHAPER_POLICIES`, indexed by slot. The LPM tries
+/// `SHAPER_PREFIX4` (keyed by prefix length and [`Ipv4Key`]) and `SHAPER_PREFIX6` (by
+/// prefix length and [`Ipv6Key`]) map each prefix to its slot (a `u32`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// Per-source limit (with `ACTION_LIMIT`).
+    pub limit: Limit,
+    /// The limit the whole prefix shares, when `aggregate_rate_bps` is non-zero.
+    pub aggregate: Limit,
+    /// What the operator asked for, kept for `policy list` and `config show`.
+    pub rate_bps: u64,
+    pub burst_bytes: u64,
+    /// Zero: no aggregate cell.
+    pub aggregate_rate_bps: u64,
+    pub aggregate_burst_bytes: u64,
+    /// `ACTION_*`.
+    pub action: u32,
+    /// `MODE_*`.
+    pub mode: u32,
+    /// Non-zero while the slot holds a policy.
+    pub in_use: u32,
+    /// 4 or 6: the family of `addr`.
+    pub family: u32,
+    /// The prefix: its length and address bytes in network order (IPv4 in the first 4).
+    pub prefix_len: u32,
+    pub _pad: u32,
+    pub addr: [u8; 16],
+}
+
+const _: () = assert!(size_of::<Policy>() == 120);
+
+/// A GCRA cell: the TAT, and the scale ([`Limit::scale`]) of the limit it is expressed in,
+/// so a rate change can carry it over (see [`crate::rescale`]). Zero scale: never charged.
+/// Also the value of `SHAPER_AGGS`, one aggregate cell per policy slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cell {
+    /// Theoretical arrival time, in GCRA ticks (see [`crate::gcra`]).
+    pub tat: u64,
+    pub scale: u64,
+}
+
+const _: () = assert!(size_of::<Cell>() == 16);
+
+/// Per-policy counters: per-CPU array map `SHAPER_PSTATS`, indexed by slot; sum the CPUs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyStats {
+    pub passed_packets: u64,
+    pub passed_bytes: u64,
+    pub dropped_packets: u64,
+    pub dropped_bytes: u64,
+    /// In monitor mode: what enforcement would have dropped (and was passed).
+    pub would_drop_packets: u64,
+    pub would_drop_bytes: u64,
+    /// Of the dropped or would-drop packets, those refused by the aggregate cell (the
+    /// source's own cell had room).
+    pub aggregate_refused_packets: u64,
+    pub aggregate_refused_bytes: u64,
+}
+
+const _: () = assert!(size_of::<PolicyStats>() == 64);
+
+impl PolicyStats {
+    /// Field-wise sum, for folding the per-CPU entries.
+    pub fn add(&mut self, o: &Self) {
+        self.passed_packets += o.passed_packets;
+        self.passed_bytes += o.passed_bytes;
+        self.dropped_packets += o.dropped_packets;
+        self.dropped_bytes += o.dropped_bytes;
+        self.would_drop_packets += o.would_drop_packets;
+        self.would_drop_bytes += o.would_drop_bytes;
+        self.aggregate_refused_packets += o.aggregate_refused_packets;
+        self.aggregate_refused_bytes += o.aggregate_refused_bytes;
+    }
+}
 
 /// A key's GCRA cell and counters: value of the LRU hash maps `SHAPER_SOURCES` (IPv4,
 /// keyed by [`Ipv4Key`]) and `SHAPER_SOURCES6` (IPv6, keyed by [`Ipv6Key`]).
@@ -79,15 +194,20 @@ const _: () = assert!(size_of::<Config>() == 80);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SourceState {
-    /// Theoretical arrival time, in GCRA ticks (see [`crate::gcra`]).
-    pub tat: u64,
+    pub cell: Cell,
+    /// The policy slot this key resolved to, in the low 32 bits, and the
+    /// [`Config::policy_gen`] it was resolved under, in the high 32 (0: not yet resolved).
+    pub policy: u64,
     pub passed_packets: u64,
     pub passed_bytes: u64,
     pub dropped_packets: u64,
     pub dropped_bytes: u64,
+    /// In monitor mode: what enforcement would have dropped (and was passed).
+    pub would_drop_packets: u64,
+    pub would_drop_bytes: u64,
 }
 
-const _: () = assert!(size_of::<SourceState>() == 40);
+const _: () = assert!(size_of::<SourceState>() == 72);
 
 /// Key of `SHAPER_SOURCES`: the four address bytes in network order, read as a native u32
 /// (`u32::from_ne_bytes(addr)`), masked with [`Config::mask_v4`]; userspace recovers the
@@ -102,17 +222,20 @@ pub type Ipv6Key = [u8; 16];
 ///
 /// Bytes are whole frames as XDP sees them: Ethernet header to end of payload, no FCS,
 /// every fragment of a multi-buffer frame included. With a policy in force every frame is
-/// counted in exactly one of passed, dropped, not IP, PPPoE other, VLAN too deep and
-/// malformed.
+/// counted in exactly one of passed, dropped, would drop, not IP, PPPoE other, VLAN too
+/// deep and malformed.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
     /// IP frames (both families) within the limit.
     pub passed_packets: u64,
     pub passed_bytes: u64,
-    /// IP frames (both families) over the limit.
+    /// IP frames (both families) over the limit, or blocked.
     pub dropped_packets: u64,
     pub dropped_bytes: u64,
+    /// IP frames passed in monitor mode that enforcement would have dropped.
+    pub would_drop_packets: u64,
+    pub would_drop_bytes: u64,
     /// Metered frames per family (passed or dropped).
     pub ipv4_packets: u64,
     pub ipv6_packets: u64,
@@ -140,7 +263,7 @@ pub struct Counters {
     pub unconfigured_packets: u64,
 }
 
-const _: () = assert!(size_of::<Counters>() == 144);
+const _: () = assert!(size_of::<Counters>() == 160);
 
 impl Counters {
     /// Field-wise sum, for folding the per-CPU entries.
@@ -149,6 +272,8 @@ impl Counters {
         self.passed_bytes += o.passed_bytes;
         self.dropped_packets += o.dropped_packets;
         self.dropped_bytes += o.dropped_bytes;
+        self.would_drop_packets += o.would_drop_packets;
+        self.would_drop_bytes += o.would_drop_bytes;
         self.ipv4_packets += o.ipv4_packets;
         self.ipv6_packets += o.ipv6_packets;
         self.not_ip_packets += o.not_ip_packets;
@@ -173,4 +298,7 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::SourceState {}
     unsafe impl aya::Pod for super::Counters {}
+    unsafe impl aya::Pod for super::Policy {}
+    unsafe impl aya::Pod for super::Cell {}
+    unsafe impl aya::Pod for super::PolicyStats {}
 }

@@ -6,12 +6,23 @@
 //! cursor (`parse`); anything else passes untouched and is counted by kind. An IP frame's
 //! key is its source (or, as configured, destination) address masked to a prefix
 //! (`key`); the program finds the key's GCRA cell in the LRU hash `SHAPER_SOURCES`
-//! (IPv4) or `SHAPER_SOURCES6` (IPv6), creating it on first sight, and asks the shared
-//! arithmetic (`shaper_common::gcra`) whether the frame's bytes fit the configured rate
-//! and burst (`SHAPER_CONFIG`). The cell is one 64-bit TAT that every CPU updates with a
-//! bounded compare-and-swap loop (`cell`), so all CPUs meter one bucket per key.
-//! Conforming frames pass, the rest are dropped; per-key counters are updated with atomic
-//! adds, global ones in a per-CPU array (`counters`).
+//! (IPv4) or `SHAPER_SOURCES6` (IPv6), creating it on first sight.
+//!
+//! The key's policy (`policy`) is the longest prefix in the LPM tries `SHAPER_PREFIX4` /
+//! `SHAPER_PREFIX6` that covers it, naming a slot of `SHAPER_POLICIES`, or the interface's
+//! default (`SHAPER_CONFIG`). The slot is cached in the key's state with the policies'
+//! generation, so the tries are searched only for new keys and after a policy change. A
+//! policy passes (exempt), drops (blocked) or limits: the shared arithmetic
+//! (`shaper_common::gcra`) decides whether the frame's bytes fit the key's cell and, if
+//! the policy has an aggregate, the prefix's shared cell in `SHAPER_AGGS`; a frame must
+//! fit both and is charged to both or neither. In monitor mode nothing is dropped and what
+//! would have been is counted instead.
+//!
+//! A cell is a 64-bit TAT that every CPU updates with a bounded compare-and-swap loop
+//! (`cell`), so all CPUs meter one bucket per key, and the scale of the limit it is
+//! expressed in: when a policy's rate changes, the cell is carried over with its backlog
+//! in bytes intact (`shaper_common::rescale`), never refilled. Per-key counters are
+//! atomic adds, per-policy and global ones per-CPU arrays (`counters`).
 //!
 //! A frame costs its whole length: Ethernet header to end of payload, every buffer of a
 //! multi-buffer (jumbo) frame included, no FCS — what tc counts.
@@ -30,6 +41,7 @@ mod counters;
 mod key;
 mod maps;
 mod parse;
+mod policy;
 mod softirq;
 mod xdp;
 

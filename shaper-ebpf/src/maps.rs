@@ -2,14 +2,18 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LruHashMap, PerCpuArray},
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
 };
 use shaper_common::{
-    maps::{Config, Counters, DEFAULT_MAX_SOURCES, Ipv4Key, Ipv6Key, SourceState},
+    maps::{
+        Cell, Config, Counters, DEFAULT_MAX_SOURCES, Ipv4Key, Ipv6Key, MAX_POLICIES, Policy,
+        PolicyStats, SourceState,
+    },
     softirq::SoftirqTime,
 };
 
-/// The policy: one entry, written by userspace (also while attached, to change it).
+/// The interface's settings and default policy: one entry, written by userspace (also
+/// while attached, to change it).
 #[map(name = "SHAPER_CONFIG")]
 pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 
@@ -22,6 +26,26 @@ pub static SOURCES: LruHashMap<Ipv4Key, SourceState> =
 #[map(name = "SHAPER_SOURCES6")]
 pub static SOURCES6: LruHashMap<Ipv6Key, SourceState> =
     LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
+
+/// Prefix policies by slot (slot 0, the default, lives in `CONFIG` instead).
+#[map(name = "SHAPER_POLICIES")]
+pub static POLICIES: Array<Policy> = Array::with_max_entries(MAX_POLICIES, 0);
+
+/// IPv4 prefix → policy slot, longest prefix wins.
+#[map(name = "SHAPER_PREFIX4")]
+pub static PREFIXES_V4: LpmTrie<Ipv4Key, u32> = LpmTrie::with_max_entries(MAX_POLICIES, 0);
+
+/// IPv6 prefix → policy slot, longest prefix wins.
+#[map(name = "SHAPER_PREFIX6")]
+pub static PREFIXES_V6: LpmTrie<Ipv6Key, u32> = LpmTrie::with_max_entries(MAX_POLICIES, 0);
+
+/// The aggregate cell of each policy slot that has one.
+#[map(name = "SHAPER_AGGS")]
+pub static AGGREGATES: Array<Cell> = Array::with_max_entries(MAX_POLICIES, 0);
+
+/// Counters per policy slot, one entry per CPU.
+#[map(name = "SHAPER_PSTATS")]
+pub static POLICY_STATS: PerCpuArray<PolicyStats> = PerCpuArray::with_max_entries(MAX_POLICIES, 0);
 
 /// Global counters, one entry per CPU.
 #[map(name = "SHAPER_COUNTERS")]

@@ -12,11 +12,12 @@ use aya_ebpf::{
 use shaper_common::gcra::ticks_from_ns;
 
 use crate::{
-    cell::{Verdict, meter},
+    cell::{Outcome, Verdict, meter},
     counters::bump,
     key,
     maps::{CONFIG, SOURCES, SOURCES6},
     parse::{Frame, classify},
+    policy,
 };
 
 #[xdp(frags)]
@@ -57,33 +58,39 @@ fn try_shaper_xdp(ctx: &XdpContext) -> Verdict {
     let len = len64 as u32;
     // SAFETY: a helper with no preconditions.
     let now = ticks_from_ns(unsafe { bpf_ktime_get_ns() });
-    let (verdict, v4) = match frame {
+    let (outcome, v4) = match frame {
         // SAFETY: `classify` returned pointers to headers it checked lie in the frame.
         Frame::Ipv4(ip) => {
             let key = unsafe { key::v4(ip, config) };
-            (meter(&SOURCES, &key, len, now, &config.limit), 1)
+            let lookup = || policy::slot_v4(&key);
+            (meter(&SOURCES, &key, len, now, config, lookup), 1)
         }
         Frame::Ipv6(ip) => {
             let key = unsafe { key::v6(ip, config) };
-            (meter(&SOURCES6, &key, len, now, &config.limit), 0)
+            let lookup = || policy::slot_v6(&key);
+            (meter(&SOURCES6, &key, len, now, config, lookup), 0)
         }
         _ => return Verdict::Pass,
     };
     bump(|c| {
         c.ipv4_packets += v4;
         c.ipv6_packets += 1 - v4;
-        match verdict {
-            Verdict::Pass => {
+        match outcome {
+            Outcome::Passed => {
                 c.passed_packets += 1;
                 c.passed_bytes += len64;
             }
-            Verdict::Drop => {
+            Outcome::WouldDrop => {
+                c.would_drop_packets += 1;
+                c.would_drop_bytes += len64;
+            }
+            Outcome::Dropped => {
                 c.dropped_packets += 1;
                 c.dropped_bytes += len64;
             }
         }
     });
-    verdict
+    outcome.verdict()
 }
 
 /// Passes everything: the baseline against which the per-packet cost is measured. It is

@@ -11,6 +11,7 @@ pub mod loader;
 pub mod maps;
 pub mod netns;
 pub mod pins;
+pub mod policy;
 pub mod system;
 pub mod testrun;
 pub mod units;

@@ -3,8 +3,11 @@
 //! Attach is all or nothing: the maps are configured and pinned, then the program is
 //! attached through a bpf_link and the link pinned; if any step fails, every pin made so
 //! far is removed and the unpinned link detaches when dropped. On an interface that
-//! already has shaper, attach rewrites the policy entry in place: the program stays, no
-//! packet goes unmetered, and every source keeps its cell.
+//! already has shaper, attach rewrites the settings entry in place: the program stays, no
+//! packet goes unmetered, and every source keeps its cell (carried over to a new rate by
+//! the kernel, never refilled). With `policies`, the prefix policies are set in the same
+//! change: on a new attachment before the program is attached, on an existing one right
+//! after the settings, which are put back if the policies cannot be written.
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -18,8 +21,8 @@ use shaper_common::{
     config::ConfigError,
     maps::{
         Config, DEFAULT_MAX_SOURCES, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST, KEY_BY_SRC,
-        MAP_CONFIG, MAP_COUNTERS, MAP_SOURCES, MAP_SOURCES6, PROG_XDP, XDP_MODE_NATIVE,
-        XDP_MODE_SKB,
+        MAP_AGGREGATES, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES, MAP_POLICY_STATS, MAP_PREFIXES_V4,
+        MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6, PROG_XDP, XDP_MODE_NATIVE, XDP_MODE_SKB,
     },
 };
 
@@ -27,6 +30,7 @@ use crate::{
     link,
     maps::{self, PinnedMapError},
     pins::Attachment,
+    policy::{Mode, PolicyError, PolicySpec, PolicyTable},
 };
 
 /// The kernel programs, built by build.rs.
@@ -85,11 +89,16 @@ pub struct AttachRequest {
     pub at: Attachment,
     pub rate_bps: u64,
     pub burst_bytes: u64,
-    pub mode: XdpAttachMode,
+    pub xdp_mode: XdpAttachMode,
     pub max_sources: Option<u32>,
     pub key: Option<KeyBy>,
     pub prefix_v4: Option<u32>,
     pub prefix_v6: Option<u32>,
+    /// Monitor or enforce, for the whole interface.
+    pub mode: Option<Mode>,
+    /// `Some`: make these the interface's prefix policies, in the same change. `None`:
+    /// leave the policies as they are (none on a new attachment).
+    pub policies: Option<Vec<PolicySpec>>,
 }
 
 /// What attach did.
@@ -149,6 +158,8 @@ pub enum AttachError {
     },
     #[error(transparent)]
     Pinned(#[from] PinnedMapError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
 }
 
 pub fn mode_name(xdp_mode: u32) -> &'static str {
@@ -159,9 +170,9 @@ pub fn mode_name(xdp_mode: u32) -> &'static str {
     }
 }
 
-/// The policy for `req`, keyed as `req` asks or by default.
+/// The settings for `req`, keyed as `req` asks or by default.
 fn config_for(req: &AttachRequest, xdp_mode: u32) -> Result<Config, AttachError> {
-    Config::new(
+    let config = Config::new(
         req.rate_bps,
         req.burst_bytes,
         req.key.unwrap_or(KeyBy::Src).value(),
@@ -169,7 +180,11 @@ fn config_for(req: &AttachRequest, xdp_mode: u32) -> Result<Config, AttachError>
         req.prefix_v6.unwrap_or(DEFAULT_PREFIX_V6),
         xdp_mode,
     )
-    .map_err(AttachError::Config)
+    .map_err(AttachError::Config)?;
+    Ok(Config {
+        mode: req.mode.unwrap_or_default().value(),
+        ..config
+    })
 }
 
 /// Refuses a request to key an existing attachment differently from `current`.
@@ -214,8 +229,11 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
             .remove_pins()
             .map_err(pin_err("stale pins (removing)", &req.at.dir()))?;
     }
-    // Validate the limit before creating anything.
-    config_for(req, 0)?;
+    // Validate everything before creating anything.
+    let config = config_for(req, 0)?;
+    if let Some(policies) = &req.policies {
+        PolicyTable::validate(policies, &config)?;
+    }
     let result = attach_new(req);
     if result.is_err() {
         // Best effort: the original error is the one worth reporting.
@@ -240,7 +258,7 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
             });
         }
     }
-    let asked = match req.mode {
+    let asked = match req.xdp_mode {
         XdpAttachMode::Auto => None,
         XdpAttachMode::Native => Some(XDP_MODE_NATIVE),
         XdpAttachMode::Skb => Some(XDP_MODE_SKB),
@@ -252,7 +270,7 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
         });
     }
     check_same_keys(req, &current)?;
-    // Only the limit changes: the keys stay as attached.
+    // The limit and mode change: the keys stay as attached.
     let config = Config::new(
         req.rate_bps,
         req.burst_bytes,
@@ -262,7 +280,22 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
         current.xdp_mode,
     )
     .map_err(AttachError::Config)?;
-    maps::write_config(&req.at, &config)?;
+    let config = Config {
+        mode: req.mode.map_or(current.mode, Mode::value),
+        ..config
+    };
+    let mut table = PolicyTable::open(&req.at)?;
+    if let Some(policies) = &req.policies {
+        PolicyTable::validate(policies, &config)?;
+    }
+    table.set_config(&config)?;
+    if let Some(policies) = &req.policies
+        && let Err(e) = table.replace_all(policies)
+    {
+        // replace_all has undone its own steps; put the settings back too.
+        let _ = table.set_config(&current);
+        return Err(e.into());
+    }
     Ok(Attached::Updated {
         xdp_mode: current.xdp_mode,
     })
@@ -323,6 +356,11 @@ fn attach_new(req: &AttachRequest) -> Result<Attached, AttachError> {
         (MAP_SOURCES, at.sources()),
         (MAP_SOURCES6, at.sources6()),
         (MAP_COUNTERS, at.counters()),
+        (MAP_POLICIES, at.policies()),
+        (MAP_PREFIXES_V4, at.prefixes_v4()),
+        (MAP_PREFIXES_V6, at.prefixes_v6()),
+        (MAP_AGGREGATES, at.aggregates()),
+        (MAP_POLICY_STATS, at.policy_stats()),
     ] {
         let map = ebpf
             .map(name)
@@ -333,10 +371,13 @@ fn attach_new(req: &AttachRequest) -> Result<Attached, AttachError> {
     // The policy is in place before the program can see a packet. The mode is known only
     // after attaching (auto may fall back to skb); it is recorded below, for `status`.
     configure(&mut ebpf, &config_for(req, 0)?)?;
+    if let Some(policies) = &req.policies {
+        PolicyTable::open(at)?.replace_all(policies)?;
+    }
 
     let iface = at.iface.as_str();
     let prog = xdp_program(&mut ebpf, PROG_XDP)?;
-    let (link_id, xdp_mode) = match req.mode {
+    let (link_id, xdp_mode) = match req.xdp_mode {
         XdpAttachMode::Native => prog
             .attach(iface, XdpMode::Driver)
             .map(|id| (id, XDP_MODE_NATIVE))
@@ -365,7 +406,8 @@ fn attach_new(req: &AttachRequest) -> Result<Attached, AttachError> {
     let link = prog
         .take_link(link_id)
         .map_err(|e| AttachError::Load(Box::new(e)))?;
-    configure(&mut ebpf, &config_for(req, xdp_mode)?)?;
+    // Through the pin, keeping the generation the policies were written under.
+    PolicyTable::open(at)?.set_config(&config_for(req, xdp_mode)?)?;
     let link: FdLink = link.try_into().map_err(|e: LinkError| {
         AttachError::Load(format!("XDP was attached without a bpf_link: {e}").into())
     })?;

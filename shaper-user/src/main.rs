@@ -79,6 +79,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Detach(args) => cli::detach::run(args, ns),
         Command::Status(args) => cli::status::run(args, ns, cli.json),
         Command::Stats(args) => cli::stats::run(args, ns, cli.json),
+        Command::Policy(command) => cli::policy::run(command, ns, cli.json),
         Command::Explain(args) => cli::explain::run(args, cli.json),
     }
 }

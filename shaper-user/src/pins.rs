@@ -10,7 +10,8 @@ use std::{
 };
 
 use shaper_common::maps::{
-    PIN_CONFIG, PIN_COUNTERS, PIN_LINK, PIN_ROOT, PIN_SOURCES, PIN_SOURCES6,
+    PIN_AGGREGATES, PIN_CONFIG, PIN_COUNTERS, PIN_LINK, PIN_POLICIES, PIN_POLICY_STATS,
+    PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_ROOT, PIN_SOURCES, PIN_SOURCES6,
 };
 
 const NETNS_DIR: &str = "netns";
@@ -53,6 +54,21 @@ impl Attachment {
     }
     pub fn counters(&self) -> PathBuf {
         self.dir().join(PIN_COUNTERS)
+    }
+    pub fn policies(&self) -> PathBuf {
+        self.dir().join(PIN_POLICIES)
+    }
+    pub fn prefixes_v4(&self) -> PathBuf {
+        self.dir().join(PIN_PREFIXES_V4)
+    }
+    pub fn prefixes_v6(&self) -> PathBuf {
+        self.dir().join(PIN_PREFIXES_V6)
+    }
+    pub fn aggregates(&self) -> PathBuf {
+        self.dir().join(PIN_AGGREGATES)
+    }
+    pub fn policy_stats(&self) -> PathBuf {
+        self.dir().join(PIN_POLICY_STATS)
     }
 
     /// Whether shaper is attached here (its link is pinned).

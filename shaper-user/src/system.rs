@@ -15,6 +15,35 @@ pub enum SystemError {
     BadInterfaceName(String),
     #[error("cannot read the MTU of '{iface}'")]
     Mtu { iface: String, source: io::Error },
+    #[error("cannot take the lock {path}")]
+    Lock { path: String, source: io::Error },
+}
+
+/// Held while a command changes attachments, so two shaper commands never interleave
+/// their map writes. Released when dropped (the file stays; it is empty).
+pub struct Lock(#[expect(dead_code, reason = "held for its flock until dropped")] std::fs::File);
+
+/// Where [`lock`] locks: a file on tmpfs, which every mount namespace of the host shares.
+pub const LOCK_PATH: &str = "/run/shaper.lock";
+
+/// Waits for and takes the host-wide lock on changes.
+pub fn lock() -> Result<Lock, SystemError> {
+    let err = |source| SystemError::Lock {
+        path: LOCK_PATH.to_owned(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LOCK_PATH)
+        .map_err(err)?;
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(err(io::Error::last_os_error()));
+    }
+    Ok(Lock(file))
 }
 
 const CAP_NET_ADMIN: u32 = 12;

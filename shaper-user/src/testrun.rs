@@ -13,7 +13,7 @@ use shaper_common::maps::{
     SourceState,
 };
 
-use crate::loader;
+use crate::{loader, policy::PolicyTable};
 
 /// XDP verdicts (`enum xdp_action`).
 pub const XDP_ABORTED: u32 = 0;
@@ -22,24 +22,31 @@ pub const XDP_PASS: u32 = 2;
 
 pub struct Harness {
     ebpf: Ebpf,
+    table: PolicyTable,
 }
 
 impl Harness {
     /// The program loaded with per-source maps of `max_sources` entries and `config` as
-    /// its policy, or no policy at all.
+    /// its settings and default policy, or none at all.
     pub fn new(config: Option<&Config>, max_sources: u32) -> Result<Self> {
         let mut ebpf = loader::load(max_sources)?;
         loader::xdp_program(&mut ebpf, PROG_XDP)?;
-        let mut h = Self { ebpf };
+        let table = PolicyTable::take(&mut ebpf)?;
+        let mut h = Self { ebpf, table };
         if let Some(config) = config {
             h.configure(config)?;
         }
         Ok(h)
     }
 
-    /// Replaces the policy, as `attach` on a live attachment does.
+    /// Replaces the settings and default policy, as `attach` on a live attachment does.
     pub fn configure(&mut self, config: &Config) -> Result<()> {
-        Ok(loader::configure(&mut self.ebpf, config)?)
+        Ok(self.table.set_config(config)?)
+    }
+
+    /// The prefix policies, to set and read as `shaper policy` does.
+    pub fn policies(&mut self) -> &mut PolicyTable {
+        &mut self.table
     }
 
     /// Runs the program once on `frame`; returns its verdict.

@@ -8,6 +8,7 @@ use shaper_common::{
 use shaper_user::{
     loader::{self, AttachRequest, Attached, KeyBy, XdpAttachMode},
     pins::Attachment,
+    policy::Mode,
     system,
     units::{Rate, Size},
 };
@@ -43,6 +44,23 @@ pub struct Args {
     /// IPv6 prefix length keys are masked to [default: 64, what one site is given]
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=128))]
     pub prefix_v6: Option<u32>,
+    /// enforce, or monitor: drop nothing on the whole interface and count what would be
+    /// dropped [default: enforce; unchanged when updating]
+    #[arg(long, value_enum)]
+    pub mode: Option<Mode>,
+}
+
+/// Refuses a burst below one full-size frame on `iface`: such frames could never pass.
+pub fn check_burst_fits(flag: &str, burst: Size, iface: &str) -> Result<()> {
+    system::ifindex(iface)?;
+    let frame = system::mtu(iface)? + ETH_HLEN;
+    if burst.bytes() < u64::from(frame) {
+        bail!(
+            "{flag} {burst} is smaller than one full-size frame on {iface} ({frame} bytes: MTU {} + {ETH_HLEN}-byte Ethernet header), so such frames could never pass",
+            frame - ETH_HLEN
+        );
+    }
+    Ok(())
 }
 
 pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
@@ -55,32 +73,30 @@ pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
             anyhow!("invalid --burst {}: {e}", args.burst)
         }
     })?;
-    system::ifindex(&args.iface)?;
-    // A frame larger than the burst can never pass: refuse a burst below one full frame.
-    let frame = system::mtu(&args.iface)? + ETH_HLEN;
-    if args.burst.bytes() < u64::from(frame) {
-        bail!(
-            "burst {} is smaller than one full-size frame on {} ({frame} bytes: MTU {} + {ETH_HLEN}-byte Ethernet header), so such frames could never pass",
-            args.burst,
-            args.iface,
-            frame - ETH_HLEN
-        );
-    }
+    check_burst_fits("--burst", args.burst, &args.iface)?;
     let req = AttachRequest {
         at: Attachment::new(&args.iface, netns),
         rate_bps: args.rate.bits_per_sec(),
         burst_bytes: args.burst.bytes(),
-        mode: args.xdp_mode,
+        xdp_mode: args.xdp_mode,
         max_sources: args.max_sources,
         key: args.key,
         prefix_v4: args.prefix_v4,
         prefix_v6: args.prefix_v6,
+        mode: args.mode,
+        policies: None,
     };
+    let _lock = system::lock()?;
     match loader::attach(&req)? {
         Attached::New { xdp_mode } => println!(
-            "attached to {} ({} XDP): rate {} burst {} per {} /{} (IPv6 /{})",
+            "attached to {} ({} XDP{}): rate {} burst {} per {} /{} (IPv6 /{})",
             req.at.label(),
             loader::mode_name(xdp_mode),
+            if args.mode == Some(Mode::Monitor) {
+                ", monitor only"
+            } else {
+                ""
+            },
             args.rate,
             args.burst,
             match req.key.unwrap_or(KeyBy::Src) {

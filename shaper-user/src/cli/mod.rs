@@ -3,6 +3,7 @@
 pub mod attach;
 pub mod detach;
 pub mod explain;
+pub mod policy;
 pub mod stats;
 pub mod status;
 
@@ -28,6 +29,8 @@ pub enum Command {
     Detach(detach::Args),
     Status(status::Args),
     Stats(stats::Args),
+    #[command(subcommand)]
+    Policy(policy::Command),
     /// What a rate and burst mean: bytes/s, time per byte and per frame, the burst in
     /// milliseconds, and warnings (needs no privileges, touches nothing)
     Explain(explain::Args),

@@ -24,6 +24,8 @@ struct Totals {
     passed_bytes: u64,
     dropped_packets: u64,
     dropped_bytes: u64,
+    would_drop_packets: u64,
+    would_drop_bytes: u64,
     ipv4_packets: u64,
     ipv6_packets: u64,
     not_ip_packets: u64,
@@ -47,6 +49,8 @@ impl From<Counters> for Totals {
             passed_bytes: c.passed_bytes,
             dropped_packets: c.dropped_packets,
             dropped_bytes: c.dropped_bytes,
+            would_drop_packets: c.would_drop_packets,
+            would_drop_bytes: c.would_drop_bytes,
             ipv4_packets: c.ipv4_packets,
             ipv6_packets: c.ipv6_packets,
             not_ip_packets: c.not_ip_packets,
@@ -74,6 +78,9 @@ struct Source {
     passed_bytes: u64,
     dropped_packets: u64,
     dropped_bytes: u64,
+    /// Monitor mode: passed, but enforcement would have dropped them.
+    would_drop_packets: u64,
+    would_drop_bytes: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -88,8 +95,10 @@ struct Stats {
 }
 
 fn top(mut sources: Vec<(KeyNet, SourceState)>, n: usize) -> Vec<Source> {
+    // Dropped or would-drop bytes first, whichever mode the source is in.
+    let refused = |s: &SourceState| s.dropped_bytes + s.would_drop_bytes;
     sources.sort_by(|a, b| {
-        (b.1.dropped_bytes, b.1.passed_bytes, a.0).cmp(&(a.1.dropped_bytes, a.1.passed_bytes, b.0))
+        (refused(&b.1), b.1.passed_bytes, a.0).cmp(&(refused(&a.1), a.1.passed_bytes, b.0))
     });
     sources
         .into_iter()
@@ -100,6 +109,8 @@ fn top(mut sources: Vec<(KeyNet, SourceState)>, n: usize) -> Vec<Source> {
             passed_bytes: s.passed_bytes,
             dropped_packets: s.dropped_packets,
             dropped_bytes: s.dropped_bytes,
+            would_drop_packets: s.would_drop_packets,
+            would_drop_bytes: s.would_drop_bytes,
         })
         .collect()
 }
@@ -133,6 +144,12 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
         "  dropped    {:>12} pkts {:>16} bytes",
         t.dropped_packets, t.dropped_bytes
     );
+    if t.would_drop_packets != 0 {
+        println!(
+            "  would drop {:>12} pkts {:>16} bytes (monitor: passed)",
+            t.would_drop_packets, t.would_drop_bytes
+        );
+    }
     println!(
         "  metered    {:>12} IPv4 pkts {:>11} IPv6 pkts",
         t.ipv4_packets, t.ipv6_packets
@@ -155,7 +172,7 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
     );
     if !stats.top_sources.is_empty() {
         println!(
-            "  {:<24} {:>12} {:>16} {:>12} {:>16}",
+            "  {:<24} {:>12} {:>16} {:>12} {:>16} {:>12}",
             if stats.key == "dst" {
                 "destination"
             } else {
@@ -164,13 +181,19 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
             "passed pkts",
             "passed bytes",
             "dropped pkts",
-            "dropped bytes"
+            "dropped bytes",
+            "would drop"
         );
     }
     for s in &stats.top_sources {
         println!(
-            "  {:<24} {:>12} {:>16} {:>12} {:>16}",
-            s.source, s.passed_packets, s.passed_bytes, s.dropped_packets, s.dropped_bytes
+            "  {:<24} {:>12} {:>16} {:>12} {:>16} {:>12}",
+            s.source,
+            s.passed_packets,
+            s.passed_bytes,
+            s.dropped_packets,
+            s.dropped_bytes,
+            s.would_drop_packets
         );
     }
     Ok(())

@@ -1,0 +1,104 @@
+//! Which policy a source falls under.
+//!
+//! The prefix tries are consulted only when a source is new or the policies have changed
+//! since it was last resolved: the slot found is cached in the source's state together
+//! with the generation it was found under (`SourceState::policy`), and the per-packet path
+//! compares one number. Reading a slot's policy is an array access, not a search.
+
+use aya_ebpf::maps::lpm_trie::Key;
+use shaper_common::{
+    gcra::Limit,
+    maps::{ACTION_LIMIT, Cell, Config, DEFAULT_SLOT, Ipv4Key, Ipv6Key, MODE_MONITOR, SourceState},
+};
+
+use crate::maps::{AGGREGATES, POLICIES, PREFIXES_V4, PREFIXES_V6};
+
+/// What to do with a source's packet.
+pub struct Rule<'a> {
+    /// Where its policy counters go.
+    pub slot: u32,
+    /// `ACTION_*`.
+    pub action: u32,
+    /// Count what would be dropped, drop nothing.
+    pub monitor: bool,
+    pub limit: &'a Limit,
+    /// The prefix's shared cell and its limit, if the policy has one.
+    pub aggregate: Option<(*mut Cell, &'a Limit)>,
+}
+
+/// The slot of the longest prefix policy covering an IPv4 key, or the default.
+#[inline(always)]
+pub fn slot_v4(key: &Ipv4Key) -> u32 {
+    PREFIXES_V4
+        .get(Key::new(32, *key))
+        .copied()
+        .unwrap_or(DEFAULT_SLOT)
+}
+
+/// The slot of the longest prefix policy covering an IPv6 key, or the default.
+#[inline(always)]
+pub fn slot_v6(key: &Ipv6Key) -> u32 {
+    PREFIXES_V6
+        .get(Key::new(128, *key))
+        .copied()
+        .unwrap_or(DEFAULT_SLOT)
+}
+
+/// The source's policy slot: the cached one while the generation holds, otherwise looked
+/// up again (with `lookup`) and cached.
+///
+/// # Safety
+/// `state` points to a live map value.
+#[inline(always)]
+pub unsafe fn resolve(
+    state: *mut SourceState,
+    config: &Config,
+    lookup: impl FnOnce() -> u32,
+) -> u32 {
+    // SAFETY: the caller's; racing CPUs store the same value, and a u64 store is atomic.
+    unsafe {
+        let cached = core::ptr::read_volatile(&raw const (*state).policy);
+        if (cached >> 32) as u32 == config.policy_gen {
+            return cached as u32;
+        }
+        let slot = lookup();
+        core::ptr::write_volatile(
+            &raw mut (*state).policy,
+            (u64::from(config.policy_gen) << 32) | u64::from(slot),
+        );
+        slot
+    }
+}
+
+/// The rule of `slot`: the default (from `config`) for slot 0 or a slot no longer in use
+/// (deleted while this source's cache was being revalidated).
+#[inline(always)]
+pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
+    let interface_monitor = config.mode == MODE_MONITOR;
+    if slot != DEFAULT_SLOT
+        && let Some(p) = POLICIES.get(slot)
+        && p.in_use != 0
+    {
+        let aggregate = if p.action == ACTION_LIMIT && p.aggregate_rate_bps != 0 {
+            AGGREGATES
+                .get_ptr_mut(slot)
+                .map(|cell| (cell, &p.aggregate))
+        } else {
+            None
+        };
+        return Rule {
+            slot,
+            action: p.action,
+            monitor: interface_monitor || p.mode == MODE_MONITOR,
+            limit: &p.limit,
+            aggregate,
+        };
+    }
+    Rule {
+        slot: DEFAULT_SLOT,
+        action: ACTION_LIMIT,
+        monitor: interface_monitor,
+        limit: &config.limit,
+        aggregate: None,
+    }
+}

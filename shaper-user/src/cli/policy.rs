@@ -1,0 +1,273 @@
+//! `shaper policy set|del|list IFACE ...`: per-prefix policies on an attached interface.
+
+use anyhow::{Result, bail};
+use serde::Serialize;
+use shaper_common::{config::PolicyLimits, maps::DEFAULT_SLOT};
+use shaper_user::{
+    maps,
+    pins::Attachment,
+    policy::{Action, Installed, Mode, PolicySpec, PolicyTable, parse_prefix},
+    system,
+    units::{Rate, Size},
+};
+
+use super::attach::check_burst_fits;
+
+/// Per-prefix policies: limits, exemptions and blocks, longest prefix wins
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Add a policy for PREFIX, or replace the one it has; sources already seen keep their
+    /// state (a new rate rescales their buckets, never refills them)
+    Set(SetArgs),
+    /// Remove the policy of PREFIX; its sources fall back to the next longest prefix
+    Del(DelArgs),
+    /// List the policies with their counters (the default policy first)
+    List(ListArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SetArgs {
+    pub iface: String,
+    /// 203.0.113.0/24, 2001:db8::/48, or one address (a /32 or /128)
+    pub prefix: String,
+    /// What to do with the prefix's sources
+    #[arg(long, value_enum, default_value_t = Action::Limit)]
+    pub action: Action,
+    /// Rate per source, in tc units (with --action limit)
+    #[arg(long)]
+    pub rate: Option<Rate>,
+    /// Burst per source, in tc units (with --action limit)
+    #[arg(long)]
+    pub burst: Option<Size>,
+    /// Rate the whole prefix shares, on top of the per-source rate
+    #[arg(long, requires = "aggregate_burst")]
+    pub aggregate_rate: Option<Rate>,
+    /// Burst the whole prefix shares
+    #[arg(long, requires = "aggregate_rate")]
+    pub aggregate_burst: Option<Size>,
+    /// monitor: drop nothing for this prefix, count what would be dropped
+    #[arg(long, value_enum, default_value_t = Mode::Enforce)]
+    pub mode: Mode,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DelArgs {
+    pub iface: String,
+    pub prefix: String,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    pub iface: String,
+}
+
+pub fn run(command: &Command, netns: Option<&str>, json: bool) -> Result<()> {
+    match command {
+        Command::Set(args) => set(args, netns),
+        Command::Del(args) => del(args, netns),
+        Command::List(args) => list(args, netns, json),
+    }
+}
+
+/// The table of an attached interface.
+fn open(iface: &str, netns: Option<&str>) -> Result<(Attachment, PolicyTable)> {
+    let at = Attachment::new(iface, netns);
+    if !at.exists() {
+        bail!("shaper is not attached to {}", at.label());
+    }
+    let table = PolicyTable::open(&at)?;
+    Ok((at, table))
+}
+
+/// The limits `set` asks for, checked against the action.
+fn limits(args: &SetArgs) -> Result<PolicyLimits> {
+    let limit = args.action == Action::Limit;
+    if !limit {
+        for (flag, given) in [
+            ("--rate", args.rate.is_some()),
+            ("--burst", args.burst.is_some()),
+            ("--aggregate-rate", args.aggregate_rate.is_some()),
+        ] {
+            if given {
+                bail!("{flag} has no meaning with --action {}", args.action.name());
+            }
+        }
+    }
+    let (rate, burst) = match (limit, args.rate, args.burst) {
+        (false, _, _) => (0, 0),
+        (true, Some(r), Some(b)) => (r.bits_per_sec(), b.bytes()),
+        (true, _, _) => bail!("--action limit needs --rate and --burst"),
+    };
+    Ok(PolicyLimits {
+        action: args.action.value(),
+        mode: args.mode.value(),
+        rate_bps: rate,
+        burst_bytes: burst,
+        aggregate_rate_bps: args.aggregate_rate.map_or(0, |r| r.bits_per_sec()),
+        aggregate_burst_bytes: args.aggregate_burst.map_or(0, |b| b.bytes()),
+    })
+}
+
+fn set(args: &SetArgs, netns: Option<&str>) -> Result<()> {
+    let prefix = parse_prefix(&args.prefix)?;
+    let spec = PolicySpec {
+        prefix,
+        limits: limits(args)?,
+    };
+    // Names the bad value before anything else is looked at.
+    spec.to_policy()
+        .map_err(|e| anyhow::anyhow!("invalid policy for {prefix}: {e}"))?;
+    if let Some(burst) = args.burst {
+        check_burst_fits("--burst", burst, &args.iface)?;
+    }
+    if let Some(burst) = args.aggregate_burst {
+        check_burst_fits("--aggregate-burst", burst, &args.iface)?;
+    }
+    let _lock = system::lock()?;
+    let (at, mut table) = open(&args.iface, netns)?;
+    let changes = table.set(spec)?;
+    let what = if !changes.added.is_empty() {
+        "added"
+    } else if !changes.changed.is_empty() {
+        "changed"
+    } else {
+        "unchanged"
+    };
+    println!("{what} {} on {}: {}", prefix, at.label(), describe(&spec));
+    Ok(())
+}
+
+fn del(args: &DelArgs, netns: Option<&str>) -> Result<()> {
+    let prefix = parse_prefix(&args.prefix)?;
+    let _lock = system::lock()?;
+    let (at, mut table) = open(&args.iface, netns)?;
+    table.del(prefix)?;
+    println!("removed {prefix} from {}", at.label());
+    Ok(())
+}
+
+/// `limit 4mbit burst 64k per source, aggregate 10mbit burst 128k`, `pass`, `drop`, with
+/// ` (monitor)` when dry-running.
+pub fn describe(spec: &PolicySpec) -> String {
+    let l = &spec.limits;
+    let mut text = match spec.action() {
+        Action::Limit => format!(
+            "limit {} burst {} per source",
+            Rate::from_bps(l.rate_bps),
+            Size::from_bytes(l.burst_bytes)
+        ),
+        a => a.name().to_owned(),
+    };
+    if l.aggregate_rate_bps != 0 {
+        text += &format!(
+            ", aggregate {} burst {}",
+            Rate::from_bps(l.aggregate_rate_bps),
+            Size::from_bytes(l.aggregate_burst_bytes)
+        );
+    }
+    if spec.mode() == Mode::Monitor {
+        text += " (monitor)";
+    }
+    text
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    /// `default` for the interface's default policy.
+    prefix: String,
+    action: &'static str,
+    mode: &'static str,
+    rate_bps: u64,
+    burst_bytes: u64,
+    /// Zero: no aggregate.
+    aggregate_rate_bps: u64,
+    aggregate_burst_bytes: u64,
+    passed_packets: u64,
+    passed_bytes: u64,
+    dropped_packets: u64,
+    dropped_bytes: u64,
+    would_drop_packets: u64,
+    would_drop_bytes: u64,
+    aggregate_refused_packets: u64,
+    aggregate_refused_bytes: u64,
+}
+
+fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Result<Row> {
+    let s = table.stats(slot)?;
+    let l = &spec.limits;
+    Ok(Row {
+        prefix,
+        action: spec.action().name(),
+        mode: spec.mode().name(),
+        rate_bps: l.rate_bps,
+        burst_bytes: l.burst_bytes,
+        aggregate_rate_bps: l.aggregate_rate_bps,
+        aggregate_burst_bytes: l.aggregate_burst_bytes,
+        passed_packets: s.passed_packets,
+        passed_bytes: s.passed_bytes,
+        dropped_packets: s.dropped_packets,
+        dropped_bytes: s.dropped_bytes,
+        would_drop_packets: s.would_drop_packets,
+        would_drop_bytes: s.would_drop_bytes,
+        aggregate_refused_packets: s.aggregate_refused_packets,
+        aggregate_refused_bytes: s.aggregate_refused_bytes,
+    })
+}
+
+fn list(args: &ListArgs, netns: Option<&str>, json: bool) -> Result<()> {
+    let (at, table) = open(&args.iface, netns)?;
+    let config = maps::read_config(&at)?;
+    let default = PolicySpec {
+        prefix: parse_prefix("0.0.0.0/0")?,
+        limits: PolicyLimits {
+            mode: config.mode,
+            rate_bps: config.rate_bps,
+            burst_bytes: config.burst_bytes,
+            ..PolicyLimits::default()
+        },
+    };
+    let mut rows = vec![row("default".into(), &default, &table, DEFAULT_SLOT)?];
+    for Installed { slot, spec } in table.list()? {
+        rows.push(row(spec.prefix.to_string(), &spec, &table, slot)?);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>8} {:>12} {:>12} {:>12}",
+        "prefix",
+        "action",
+        "mode",
+        "rate",
+        "burst",
+        "aggr rate",
+        "aggr brst",
+        "passed pkts",
+        "dropped pkts",
+        "would drop"
+    );
+    let or_dash = |v: u64, text: String| if v == 0 { "-".to_owned() } else { text };
+    for r in &rows {
+        println!(
+            "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>8} {:>12} {:>12} {:>12}",
+            r.prefix,
+            r.action,
+            r.mode,
+            or_dash(r.rate_bps, Rate::from_bps(r.rate_bps).to_string()),
+            or_dash(r.burst_bytes, Size::from_bytes(r.burst_bytes).to_string()),
+            or_dash(
+                r.aggregate_rate_bps,
+                Rate::from_bps(r.aggregate_rate_bps).to_string()
+            ),
+            or_dash(
+                r.aggregate_burst_bytes,
+                Size::from_bytes(r.aggregate_burst_bytes).to_string()
+            ),
+            r.passed_packets,
+            r.dropped_packets,
+            r.would_drop_packets
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,417 @@
+//! An interface's policy maps, and changing them as one step.
+//!
+//! Every change, from one `policy set` to a whole `apply`, goes through
+//! [`PolicyTable::replace_all`]: the new set of prefix policies is validated in full
+//! first; then new policies are written into free slots (invisible until a prefix points
+//! at them), changed ones are rewritten in place (so their sources keep their cells, and
+//! the kernel carries each cell over to a new rate), the prefix tries are updated, and the
+//! generation is bumped so every source resolves its prefix again on its next packet.
+//! Slots freed by the change are cleared last and not reused within it. If any map write
+//! fails, the steps already taken are undone in reverse.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aya::{
+    Ebpf,
+    maps::{
+        Array, Map, MapData, MapError, PerCpuArray, PerCpuValues,
+        lpm_trie::{Key, LpmTrie},
+    },
+};
+use ipnet::IpNet;
+use shaper_common::{
+    config::ConfigError,
+    maps::{
+        Cell, Config, Ipv4Key, Ipv6Key, MAP_AGGREGATES, MAP_CONFIG, MAP_POLICIES, MAP_POLICY_STATS,
+        MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAX_POLICIES, Policy, PolicyStats,
+    },
+};
+
+use super::spec::{PolicySpec, family_and_bytes};
+use crate::pins::Attachment;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("invalid policy for {prefix}: {reason}")]
+    Invalid { prefix: IpNet, reason: ConfigError },
+    #[error("{prefix} is listed twice")]
+    Duplicate { prefix: IpNet },
+    #[error(
+        "{prefix} is longer than the /{key_len} sources are keyed by on this interface, so it could never match"
+    )]
+    LongerThanKey { prefix: IpNet, key_len: u32 },
+    #[error("no policy for {0}")]
+    NotFound(IpNet),
+    #[error("too many policies: {asked} asked for, room for {room}")]
+    Full { asked: usize, room: usize },
+    #[error("cannot count the possible CPUs")]
+    Cpus(#[source] std::io::Error),
+    #[error("cannot open map {what}")]
+    Open { what: String, source: MapError },
+    #[error("cannot {what}")]
+    Map { what: String, source: MapError },
+}
+
+fn map_err(what: impl Into<String>) -> impl FnOnce(MapError) -> PolicyError {
+    let what = what.into();
+    move |source| PolicyError::Map { what, source }
+}
+
+/// A policy in force, with the slot it lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Installed {
+    pub slot: u32,
+    pub spec: PolicySpec,
+}
+
+/// What a change did, for the operator.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub added: Vec<IpNet>,
+    pub changed: Vec<IpNet>,
+    pub removed: Vec<IpNet>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
+    }
+}
+
+/// The maps that hold an interface's settings and policies.
+pub struct PolicyTable {
+    config: Array<MapData, Config>,
+    policies: Array<MapData, Policy>,
+    v4: LpmTrie<MapData, Ipv4Key, u32>,
+    v6: LpmTrie<MapData, Ipv6Key, u32>,
+    aggregates: Array<MapData, Cell>,
+    stats: PerCpuArray<MapData, PolicyStats>,
+}
+
+/// A step taken, and how to take it back.
+enum Undo {
+    Slot(u32, Policy),
+    Unroute(IpNet),
+    Route(IpNet, u32),
+}
+
+fn open_pin<T: TryFrom<Map, Error = MapError>>(path: std::path::PathBuf) -> Result<T, PolicyError> {
+    let open_err = |source| PolicyError::Open {
+        what: path.display().to_string(),
+        source,
+    };
+    let data = MapData::from_pin(&path).map_err(open_err)?;
+    let map = Map::from_map_data(data).map_err(open_err)?;
+    T::try_from(map).map_err(open_err)
+}
+
+fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T, PolicyError> {
+    let open_err = |source| PolicyError::Open {
+        what: name.to_owned(),
+        source,
+    };
+    let map = ebpf
+        .take_map(name)
+        .ok_or_else(|| open_err(MapError::InvalidName { name: name.into() }))?;
+    T::try_from(map).map_err(open_err)
+}
+
+impl PolicyTable {
+    /// The pinned maps of an attachment.
+    pub fn open(at: &Attachment) -> Result<Self, PolicyError> {
+        Ok(Self {
+            config: open_pin(at.config())?,
+            policies: open_pin(at.policies())?,
+            v4: open_pin(at.prefixes_v4())?,
+            v6: open_pin(at.prefixes_v6())?,
+            aggregates: open_pin(at.aggregates())?,
+            stats: open_pin(at.policy_stats())?,
+        })
+    }
+
+    /// The maps of a loaded object, taken out of it (for `test_run` and benchmarks).
+    pub fn take(ebpf: &mut Ebpf) -> Result<Self, PolicyError> {
+        Ok(Self {
+            config: take(ebpf, MAP_CONFIG)?,
+            policies: take(ebpf, MAP_POLICIES)?,
+            v4: take(ebpf, MAP_PREFIXES_V4)?,
+            v6: take(ebpf, MAP_PREFIXES_V6)?,
+            aggregates: take(ebpf, MAP_AGGREGATES)?,
+            stats: take(ebpf, MAP_POLICY_STATS)?,
+        })
+    }
+
+    pub fn config(&self) -> Result<Config, PolicyError> {
+        self.config.get(&0, 0).map_err(map_err("read the config"))
+    }
+
+    /// Replaces the interface's settings and default policy. The policy generation in
+    /// force is kept: a default change needs no new prefix lookups.
+    pub fn set_config(&mut self, config: &Config) -> Result<(), PolicyError> {
+        let current = self.config()?;
+        let config = Config {
+            policy_gen: if current.active != 0 {
+                current.policy_gen
+            } else {
+                config.policy_gen
+            },
+            ..*config
+        };
+        self.config
+            .set(0, config, 0)
+            .map_err(map_err("write the config"))
+    }
+
+    /// Every prefix policy in force, IPv4 first, in address then length order.
+    pub fn list(&self) -> Result<Vec<Installed>, PolicyError> {
+        let mut found = Vec::new();
+        for slot in 1..MAX_POLICIES {
+            let p = self
+                .policies
+                .get(&slot, 0)
+                .map_err(map_err("read the policies"))?;
+            if let Some(spec) = PolicySpec::from_policy(&p) {
+                found.push(Installed { slot, spec });
+            }
+        }
+        found.sort_by_key(|i| i.spec.prefix);
+        Ok(found)
+    }
+
+    /// A slot's counters, summed over CPUs ([`DEFAULT_SLOT`]: the default policy's).
+    pub fn stats(&self, slot: u32) -> Result<PolicyStats, PolicyError> {
+        let per_cpu = self
+            .stats
+            .get(&slot, 0)
+            .map_err(map_err("read the policy counters"))?;
+        let mut total = PolicyStats::default();
+        for s in per_cpu.iter() {
+            total.add(s);
+        }
+        Ok(total)
+    }
+
+    /// Adds `spec`, or replaces the policy of its prefix.
+    pub fn set(&mut self, spec: PolicySpec) -> Result<Changes, PolicyError> {
+        let mut specs: Vec<PolicySpec> = self
+            .list()?
+            .into_iter()
+            .map(|i| i.spec)
+            .filter(|s| s.prefix != spec.prefix)
+            .collect();
+        specs.push(spec);
+        self.replace_all(&specs)
+    }
+
+    /// Removes the policy of `prefix`.
+    pub fn del(&mut self, prefix: IpNet) -> Result<Changes, PolicyError> {
+        let current: Vec<PolicySpec> = self.list()?.into_iter().map(|i| i.spec).collect();
+        if !current.iter().any(|s| s.prefix == prefix) {
+            return Err(PolicyError::NotFound(prefix));
+        }
+        let rest: Vec<PolicySpec> = current.into_iter().filter(|s| s.prefix != prefix).collect();
+        self.replace_all(&rest)
+    }
+
+    /// Checks `specs` as a policy set for `config`'s interface without touching anything.
+    pub fn validate(specs: &[PolicySpec], config: &Config) -> Result<(), PolicyError> {
+        let mut seen = BTreeSet::new();
+        for spec in specs {
+            if !seen.insert(spec.prefix) {
+                return Err(PolicyError::Duplicate {
+                    prefix: spec.prefix,
+                });
+            }
+            spec.to_policy().map_err(|reason| PolicyError::Invalid {
+                prefix: spec.prefix,
+                reason,
+            })?;
+            let key_len = match spec.prefix {
+                IpNet::V4(_) => config.prefix_v4,
+                IpNet::V6(_) => config.prefix_v6,
+            };
+            if u32::from(spec.prefix.prefix_len()) > key_len {
+                return Err(PolicyError::LongerThanKey {
+                    prefix: spec.prefix,
+                    key_len,
+                });
+            }
+        }
+        if specs.len() > (MAX_POLICIES - 1) as usize {
+            return Err(PolicyError::Full {
+                asked: specs.len(),
+                room: (MAX_POLICIES - 1) as usize,
+            });
+        }
+        Ok(())
+    }
+
+    /// Makes `specs` the interface's prefix policies, as one change (see the module docs).
+    pub fn replace_all(&mut self, specs: &[PolicySpec]) -> Result<Changes, PolicyError> {
+        Self::validate(specs, &self.config()?)?;
+        let current: BTreeMap<IpNet, Installed> = self
+            .list()?
+            .into_iter()
+            .map(|i| (i.spec.prefix, i))
+            .collect();
+        let wanted: BTreeMap<IpNet, &PolicySpec> = specs.iter().map(|s| (s.prefix, s)).collect();
+        let mut changes = Changes::default();
+        let mut free = (1..MAX_POLICIES).filter(|slot| !current.values().any(|i| i.slot == *slot));
+        let mut added = Vec::new();
+        for (prefix, spec) in &wanted {
+            match current.get(prefix) {
+                None => {
+                    let room = free.clone().count();
+                    let slot = free.next().ok_or(PolicyError::Full {
+                        asked: specs.len(),
+                        room,
+                    })?;
+                    added.push((slot, **spec));
+                    changes.added.push(*prefix);
+                }
+                Some(i) if i.spec != **spec => changes.changed.push(*prefix),
+                Some(_) => {}
+            }
+        }
+        let removed: Vec<Installed> = current
+            .values()
+            .filter(|i| !wanted.contains_key(&i.spec.prefix))
+            .copied()
+            .collect();
+        changes.removed = removed.iter().map(|i| i.spec.prefix).collect();
+        if changes.is_empty() {
+            return Ok(changes);
+        }
+
+        let mut undo = Vec::new();
+        let result = self.carry_out(&current, &wanted, &added, &removed, &mut undo);
+        if let Err(e) = result {
+            // Best effort: the original error is the one worth reporting.
+            for step in undo.into_iter().rev() {
+                let _ = match step {
+                    Undo::Slot(slot, p) => self.write_slot(slot, &p),
+                    Undo::Unroute(prefix) => self.unroute(prefix),
+                    Undo::Route(prefix, slot) => self.route(prefix, slot),
+                };
+            }
+            let _ = self.bump_generation();
+            return Err(e);
+        }
+        Ok(changes)
+    }
+
+    fn carry_out(
+        &mut self,
+        current: &BTreeMap<IpNet, Installed>,
+        wanted: &BTreeMap<IpNet, &PolicySpec>,
+        added: &[(u32, PolicySpec)],
+        removed: &[Installed],
+        undo: &mut Vec<Undo>,
+    ) -> Result<(), PolicyError> {
+        let policy = |spec: &PolicySpec| {
+            spec.to_policy().map_err(|reason| PolicyError::Invalid {
+                prefix: spec.prefix,
+                reason,
+            })
+        };
+        // New policies into free slots, with a fresh aggregate cell and counters: nothing
+        // points at them yet.
+        for (slot, spec) in added {
+            undo.push(Undo::Slot(*slot, Policy::default()));
+            self.reset_slot(*slot)?;
+            self.write_slot(*slot, &policy(spec)?)?;
+        }
+        // Changed policies in place: their sources keep their cells.
+        for (prefix, installed) in current {
+            if let Some(spec) = wanted.get(prefix).filter(|s| ***s != installed.spec) {
+                let old = self
+                    .policies
+                    .get(&installed.slot, 0)
+                    .map_err(map_err("read the policies"))?;
+                undo.push(Undo::Slot(installed.slot, old));
+                self.write_slot(installed.slot, &policy(spec)?)?;
+            }
+        }
+        for (slot, spec) in added {
+            undo.push(Undo::Unroute(spec.prefix));
+            self.route(spec.prefix, *slot)?;
+        }
+        for gone in removed {
+            undo.push(Undo::Route(gone.spec.prefix, gone.slot));
+            self.unroute(gone.spec.prefix)?;
+        }
+        self.bump_generation()?;
+        // Sources still caching a removed slot resolve again on their next packet; one
+        // reading the slot meanwhile finds it unused and takes the default.
+        for gone in removed {
+            self.write_slot(gone.slot, &Policy::default())?;
+        }
+        Ok(())
+    }
+
+    fn write_slot(&mut self, slot: u32, p: &Policy) -> Result<(), PolicyError> {
+        self.policies
+            .set(slot, p, 0)
+            .map_err(map_err(format!("write policy slot {slot}")))
+    }
+
+    /// Zeroes a slot's aggregate cell and counters, for a policy new to it.
+    fn reset_slot(&mut self, slot: u32) -> Result<(), PolicyError> {
+        self.aggregates
+            .set(slot, Cell::default(), 0)
+            .map_err(map_err(format!("reset aggregate cell {slot}")))?;
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| PolicyError::Cpus(e))?;
+        let zeros = PerCpuValues::try_from(vec![PolicyStats::default(); cpus])
+            .map_err(PolicyError::Cpus)?;
+        self.stats
+            .set(slot, zeros, 0)
+            .map_err(map_err(format!("reset policy counters {slot}")))
+    }
+
+    fn route(&mut self, prefix: IpNet, slot: u32) -> Result<(), PolicyError> {
+        let what = || format!("add {prefix} to the prefix trie");
+        let (family, bytes) = family_and_bytes(&prefix);
+        let len = u32::from(prefix.prefix_len());
+        if family == 4 {
+            let key = Key::new(
+                len,
+                u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+            );
+            self.v4.insert(&key, slot, 0).map_err(map_err(what()))
+        } else {
+            self.v6
+                .insert(&Key::new(len, bytes), slot, 0)
+                .map_err(map_err(what()))
+        }
+    }
+
+    fn unroute(&mut self, prefix: IpNet) -> Result<(), PolicyError> {
+        let what = || format!("remove {prefix} from the prefix trie");
+        let (family, bytes) = family_and_bytes(&prefix);
+        let len = u32::from(prefix.prefix_len());
+        if family == 4 {
+            let key = Key::new(
+                len,
+                u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+            );
+            self.v4.remove(&key).map_err(map_err(what()))
+        } else {
+            self.v6
+                .remove(&Key::new(len, bytes))
+                .map_err(map_err(what()))
+        }
+    }
+
+    /// Tells every source to look its prefix up again on its next packet.
+    fn bump_generation(&mut self) -> Result<(), PolicyError> {
+        let mut config = self.config()?;
+        // 0 is what an unresolved source carries: skip it.
+        config.policy_gen = match config.policy_gen.wrapping_add(1) {
+            0 => 1,
+            g => g,
+        };
+        self.config
+            .set(0, config, 0)
+            .map_err(map_err("write the config"))
+    }
+}
