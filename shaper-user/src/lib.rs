@@ -1,7 +1,9 @@
 //! shaper's userspace: loading, attaching and pinning the kernel programs, reading their
 //! maps, and the pieces the `shaper` command is made of.
 
+pub mod apply;
 pub mod bench;
+pub mod config_file;
 pub mod explain;
 pub mod frame;
 pub mod fuzz;

@@ -62,8 +62,10 @@ fn one_line(text: &str) -> String {
 
 fn run(cli: &Cli) -> anyhow::Result<()> {
     // Arithmetic only: no privileges, no bpffs, no namespace.
-    if let Command::Explain(args) = &cli.command {
-        return cli::explain::run(args, cli.json);
+    match &cli.command {
+        Command::Explain(args) => return cli::explain::run(args, cli.json),
+        Command::Apply(args) if args.check => return cli::apply::check(args),
+        _ => {}
     }
     // Checked before anything else so that nothing is half done for want of them.
     system::check_privileges()?;
@@ -80,6 +82,8 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Status(args) => cli::status::run(args, ns, cli.json),
         Command::Stats(args) => cli::stats::run(args, ns, cli.json),
         Command::Policy(command) => cli::policy::run(command, ns, cli.json),
+        Command::Apply(args) => cli::apply::run(args, ns),
+        Command::Config(command) => cli::config::run(command, ns),
         Command::Explain(args) => cli::explain::run(args, cli.json),
     }
 }

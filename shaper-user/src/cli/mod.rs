@@ -1,6 +1,8 @@
 //! The `shaper` command line: one module per subcommand.
 
+pub mod apply;
 pub mod attach;
+pub mod config;
 pub mod detach;
 pub mod explain;
 pub mod policy;
@@ -31,6 +33,9 @@ pub enum Command {
     Stats(stats::Args),
     #[command(subcommand)]
     Policy(policy::Command),
+    Apply(apply::Args),
+    #[command(subcommand)]
+    Config(config::Command),
     /// What a rate and burst mean: bytes/s, time per byte and per frame, the burst in
     /// milliseconds, and warnings (needs no privileges, touches nothing)
     Explain(explain::Args),

@@ -16,8 +16,8 @@ pub fn shaper(ns: &str, args: &[&str]) -> Output {
 /// Detaches shaper from an interface on drop, so a failing assertion leaves nothing
 /// attached or pinned.
 pub struct Detach {
-    ns: String,
-    iface: String,
+    pub ns: String,
+    pub iface: String,
 }
 
 impl Drop for Detach {

@@ -1,0 +1,69 @@
+//! `shaper apply -f FILE.toml [--check]`: make the interfaces a file names look as it says.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+use shaper_user::{
+    apply::{self, Applied},
+    config_file::{self, DesiredInterface},
+    loader::Attached,
+    system,
+};
+
+/// Set interfaces, their default rates and their prefix policies from a TOML file, as one
+/// all-or-nothing change (see `shaper config show` for the format)
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The configuration file
+    #[arg(short = 'f', long = "file", value_name = "FILE.toml")]
+    pub file: PathBuf,
+    /// Only check the file (syntax, values, policies); touch nothing, need no privileges
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// Reads and checks the file; the error names its line and field.
+pub fn read(args: &Args) -> Result<Vec<DesiredInterface>> {
+    let name = args.file.display().to_string();
+    let text =
+        std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {name}"))?;
+    Ok(config_file::parse(&name, &text)?)
+}
+
+/// `--check`: the file alone, before any privilege or namespace is needed.
+pub fn check(args: &Args) -> Result<()> {
+    let desired = read(args)?;
+    let policies: usize = desired.iter().map(|d| d.policies.len()).sum();
+    println!(
+        "{}: valid: {} interface{}, {policies} polic{}",
+        args.file.display(),
+        desired.len(),
+        if desired.len() == 1 { "" } else { "s" },
+        if policies == 1 { "y" } else { "ies" },
+    );
+    Ok(())
+}
+
+pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
+    let desired = read(args)?;
+    let _lock = system::lock()?;
+    let applied = apply::apply(&desired, netns)?;
+    for Applied {
+        iface,
+        outcome,
+        policies,
+        changed,
+    } in applied
+    {
+        let what = match outcome {
+            Attached::New { .. } => "attached",
+            Attached::Updated { .. } if changed => "updated",
+            Attached::Updated { .. } => "unchanged",
+        };
+        println!(
+            "{iface}: {what}, {policies} polic{}",
+            if policies == 1 { "y" } else { "ies" }
+        );
+    }
+    Ok(())
+}

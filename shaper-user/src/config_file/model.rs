@@ -1,0 +1,495 @@
+//! Reading a configuration file into what `apply` needs, every value checked, every error
+//! pointing at its line and field.
+
+use std::ops::Range;
+
+use serde::Deserialize;
+use shaper_common::{
+    config::PolicyLimits,
+    gcra::Limit,
+    maps::{DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
+};
+use toml::Spanned;
+
+use crate::{
+    loader::{KeyBy, XdpAttachMode},
+    policy::{Action, Mode, PolicySpec, parse_prefix},
+    units::{Rate, Size},
+};
+
+/// An error in a configuration file: `FILE:LINE: FIELD: what is wrong`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {field}: {message}")]
+pub struct FileError {
+    pub file: String,
+    pub line: usize,
+    /// `interface[0].policy[2].rate`, or the table or key the parser stopped at.
+    pub field: String,
+    pub message: String,
+}
+
+/// One interface as the file wants it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DesiredInterface {
+    pub name: String,
+    pub rate: Rate,
+    pub burst: Size,
+    pub mode: Mode,
+    pub key: Option<KeyBy>,
+    pub prefix_v4: Option<u32>,
+    pub prefix_v6: Option<u32>,
+    pub xdp_mode: XdpAttachMode,
+    pub max_sources: Option<u32>,
+    pub policies: Vec<PolicySpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileModel {
+    #[serde(default, rename = "interface")]
+    interfaces: Vec<InterfaceModel>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InterfaceModel {
+    name: Spanned<String>,
+    rate: Spanned<String>,
+    burst: Spanned<String>,
+    #[serde(default)]
+    mode: Option<ModeName>,
+    #[serde(default)]
+    key: Option<KeyName>,
+    #[serde(default)]
+    prefix_v4: Option<Spanned<u32>>,
+    #[serde(default)]
+    prefix_v6: Option<Spanned<u32>>,
+    #[serde(default)]
+    xdp_mode: Option<XdpModeName>,
+    #[serde(default)]
+    max_sources: Option<Spanned<u32>>,
+    #[serde(default, rename = "policy")]
+    policies: Vec<PolicyModel>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyModel {
+    prefix: Spanned<String>,
+    #[serde(default)]
+    action: Option<ActionName>,
+    #[serde(default)]
+    rate: Option<Spanned<String>>,
+    #[serde(default)]
+    burst: Option<Spanned<String>>,
+    #[serde(default)]
+    aggregate_rate: Option<Spanned<String>>,
+    #[serde(default)]
+    aggregate_burst: Option<Spanned<String>>,
+    #[serde(default)]
+    mode: Option<ModeName>,
+}
+
+/// The names the file uses for the CLI's value enums (serde checks them, with a span).
+#[derive(Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ModeName {
+    Enforce,
+    Monitor,
+}
+
+#[derive(Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum KeyName {
+    Src,
+    Dst,
+}
+
+#[derive(Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum XdpModeName {
+    Auto,
+    Native,
+    Skb,
+}
+
+#[derive(Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ActionName {
+    Limit,
+    Pass,
+    Drop,
+}
+
+impl From<ModeName> for Mode {
+    fn from(m: ModeName) -> Self {
+        match m {
+            ModeName::Enforce => Self::Enforce,
+            ModeName::Monitor => Self::Monitor,
+        }
+    }
+}
+
+/// Points errors at lines of one file.
+struct Source<'a> {
+    file: &'a str,
+    text: &'a str,
+}
+
+impl Source<'_> {
+    fn line_of(&self, offset: usize) -> usize {
+        let offset = offset.min(self.text.len());
+        self.text[..offset].matches('\n').count() + 1
+    }
+
+    fn error(&self, span: Range<usize>, field: String, message: impl Into<String>) -> FileError {
+        FileError {
+            file: self.file.to_owned(),
+            line: self.line_of(span.start),
+            field,
+            message: message.into(),
+        }
+    }
+
+    /// A parser error: its span gives the line; the field is the key on that line, under
+    /// the table header above it.
+    fn parse_error(&self, e: &toml::de::Error) -> FileError {
+        let span = e.span().unwrap_or(0..0);
+        let line = self.line_of(span.start);
+        let text_line = self.text.lines().nth(line - 1).unwrap_or("");
+        let table = self
+            .text
+            .lines()
+            .take(line)
+            .filter_map(|l| {
+                let l = l.trim();
+                l.starts_with('[')
+                    .then(|| l.trim_matches(|c| c == '[' || c == ']').to_owned())
+            })
+            .last();
+        let key = text_line
+            .split_once('=')
+            .map(|(k, _)| k.trim().to_owned())
+            .filter(|k| !k.is_empty() && !k.starts_with('['));
+        let field = match (table, key) {
+            (Some(t), Some(k)) => format!("{t}.{k}"),
+            (Some(t), None) => t,
+            (None, Some(k)) => k,
+            (None, None) => "(file)".to_owned(),
+        };
+        FileError {
+            file: self.file.to_owned(),
+            line,
+            field,
+            message: e.message().trim().replace('\n', " "),
+        }
+    }
+}
+
+/// Reads the file text `text` (named `file` in errors) into the interfaces it wants.
+pub fn parse(file: &str, text: &str) -> Result<Vec<DesiredInterface>, FileError> {
+    let src = Source { file, text };
+    let model: FileModel = toml::from_str(text).map_err(|e| src.parse_error(&e))?;
+    if model.interfaces.is_empty() {
+        return Err(src.error(0..0, "interface".into(), "no [[interface]] in the file"));
+    }
+    let mut out: Vec<DesiredInterface> = Vec::new();
+    for (i, m) in model.interfaces.into_iter().enumerate() {
+        let here = format!("interface[{i}]");
+        let name = m.name.get_ref().clone();
+        if out.iter().any(|d| d.name == name) {
+            return Err(src.error(
+                m.name.span(),
+                format!("{here}.name"),
+                format!("interface '{name}' is listed twice"),
+            ));
+        }
+        let rate = rate(&src, &m.rate, format!("{here}.rate"))?;
+        let burst = size(&src, &m.burst, format!("{here}.burst"))?;
+        Limit::new(rate.bits_per_sec(), burst.bytes())
+            .map_err(|e| src.error(m.rate.span(), format!("{here}.rate"), e.to_string()))?;
+        let prefix_v4 = bounded(&src, &m.prefix_v4, 32, format!("{here}.prefix_v4"))?;
+        let prefix_v6 = bounded(&src, &m.prefix_v6, 128, format!("{here}.prefix_v6"))?;
+        if let Some(n) = m.max_sources.as_ref().filter(|n| *n.get_ref() == 0) {
+            return Err(src.error(
+                n.span(),
+                format!("{here}.max_sources"),
+                "must be at least 1",
+            ));
+        }
+        let key_v4 = prefix_v4.unwrap_or(DEFAULT_PREFIX_V4);
+        let key_v6 = prefix_v6.unwrap_or(DEFAULT_PREFIX_V6);
+        let mut policies: Vec<PolicySpec> = Vec::new();
+        for (j, p) in m.policies.iter().enumerate() {
+            let spec = policy(&src, p, &format!("{here}.policy[{j}]"))?;
+            let field = format!("{here}.policy[{j}].prefix");
+            if policies.iter().any(|q| q.prefix == spec.prefix) {
+                return Err(src.error(
+                    p.prefix.span(),
+                    field,
+                    format!("{} is listed twice", spec.prefix),
+                ));
+            }
+            let key_len = if spec.prefix.addr().is_ipv4() {
+                key_v4
+            } else {
+                key_v6
+            };
+            if u32::from(spec.prefix.prefix_len()) > key_len {
+                return Err(src.error(
+                    p.prefix.span(),
+                    field,
+                    format!(
+                        "{} is longer than the /{key_len} sources are keyed by, so it could never match",
+                        spec.prefix
+                    ),
+                ));
+            }
+            policies.push(spec);
+        }
+        out.push(DesiredInterface {
+            name,
+            rate,
+            burst,
+            mode: m.mode.map_or(Mode::Enforce, Mode::from),
+            key: m.key.map(|k| match k {
+                KeyName::Src => KeyBy::Src,
+                KeyName::Dst => KeyBy::Dst,
+            }),
+            prefix_v4,
+            prefix_v6,
+            xdp_mode: match m.xdp_mode {
+                None | Some(XdpModeName::Auto) => XdpAttachMode::Auto,
+                Some(XdpModeName::Native) => XdpAttachMode::Native,
+                Some(XdpModeName::Skb) => XdpAttachMode::Skb,
+            },
+            max_sources: m.max_sources.map(|n| *n.get_ref()),
+            policies,
+        });
+    }
+    Ok(out)
+}
+
+fn rate(src: &Source, v: &Spanned<String>, field: String) -> Result<Rate, FileError> {
+    v.get_ref()
+        .parse()
+        .map_err(|e: crate::units::UnitError| src.error(v.span(), field, e.to_string()))
+}
+
+fn size(src: &Source, v: &Spanned<String>, field: String) -> Result<Size, FileError> {
+    v.get_ref()
+        .parse()
+        .map_err(|e: crate::units::UnitError| src.error(v.span(), field, e.to_string()))
+}
+
+fn bounded(
+    src: &Source,
+    v: &Option<Spanned<u32>>,
+    max: u32,
+    field: String,
+) -> Result<Option<u32>, FileError> {
+    match v {
+        Some(p) if *p.get_ref() > max => Err(src.error(
+            p.span(),
+            field,
+            format!("/{} is longer than {max} bits", p.get_ref()),
+        )),
+        Some(p) => Ok(Some(*p.get_ref())),
+        None => Ok(None),
+    }
+}
+
+/// One `[[interface.policy]]` table, checked the way `shaper policy set` checks its flags.
+fn policy(src: &Source, p: &PolicyModel, here: &str) -> Result<PolicySpec, FileError> {
+    let prefix = parse_prefix(p.prefix.get_ref())
+        .map_err(|e| src.error(p.prefix.span(), format!("{here}.prefix"), e.to_string()))?;
+    let action = match p.action {
+        None | Some(ActionName::Limit) => Action::Limit,
+        Some(ActionName::Pass) => Action::Pass,
+        Some(ActionName::Drop) => Action::Drop,
+    };
+    let fields = [
+        ("rate", &p.rate),
+        ("burst", &p.burst),
+        ("aggregate_rate", &p.aggregate_rate),
+        ("aggregate_burst", &p.aggregate_burst),
+    ];
+    if action != Action::Limit
+        && let Some((name, Some(v))) = fields.iter().find(|(_, v)| v.is_some())
+    {
+        return Err(src.error(
+            v.span(),
+            format!("{here}.{name}"),
+            format!("has no meaning with action = \"{}\"", action.name()),
+        ));
+    }
+    let mut limits = PolicyLimits {
+        action: action.value(),
+        mode: p.mode.map_or(Mode::Enforce, Mode::from).value(),
+        ..PolicyLimits::default()
+    };
+    if action == Action::Limit {
+        let (Some(r), Some(b)) = (&p.rate, &p.burst) else {
+            return Err(src.error(
+                p.prefix.span(),
+                format!("{here}.rate"),
+                "action \"limit\" needs rate and burst",
+            ));
+        };
+        limits.rate_bps = rate(src, r, format!("{here}.rate"))?.bits_per_sec();
+        limits.burst_bytes = size(src, b, format!("{here}.burst"))?.bytes();
+        match (&p.aggregate_rate, &p.aggregate_burst) {
+            (None, None) => {}
+            (Some(r), Some(b)) => {
+                limits.aggregate_rate_bps =
+                    rate(src, r, format!("{here}.aggregate_rate"))?.bits_per_sec();
+                limits.aggregate_burst_bytes =
+                    size(src, b, format!("{here}.aggregate_burst"))?.bytes();
+            }
+            (Some(v), None) | (None, Some(v)) => {
+                return Err(src.error(
+                    v.span(),
+                    format!("{here}.aggregate_rate"),
+                    "aggregate_rate and aggregate_burst go together",
+                ));
+            }
+        }
+    }
+    let spec = PolicySpec { prefix, limits };
+    spec.to_policy()
+        .map_err(|e| src.error(p.prefix.span(), here.to_owned(), e.to_string()))?;
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[[interface]]
+name = "eth0"
+rate = "10mbit"
+burst = "64k"
+
+[[interface.policy]]
+prefix = "203.0.113.0/24"
+rate = "4mbit"
+burst = "64k"
+aggregate_rate = "10mbit"
+aggregate_burst = "128k"
+
+[[interface.policy]]
+prefix = "192.0.2.0/24"
+action = "pass"
+
+[[interface]]
+name = "eth1"
+rate = "1gbit"
+burst = "1m"
+mode = "monitor"
+key = "dst"
+prefix_v4 = 24
+xdp_mode = "skb"
+max_sources = 1000
+"#;
+
+    #[test]
+    fn a_good_file_reads_into_interfaces_and_policies() {
+        let got = parse("isp.toml", GOOD).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].name, "eth0");
+        assert_eq!(got[0].rate.bits_per_sec(), 10_000_000);
+        assert_eq!(got[0].policies.len(), 2);
+        assert_eq!(got[0].policies[0].limits.aggregate_burst_bytes, 131_072);
+        assert_eq!(got[0].policies[1].action(), Action::Pass);
+        assert_eq!(got[1].mode, Mode::Monitor);
+        assert_eq!(got[1].key, Some(KeyBy::Dst));
+        assert_eq!(got[1].prefix_v4, Some(24));
+        assert_eq!(got[1].xdp_mode, XdpAttachMode::Skb);
+        assert_eq!(got[1].max_sources, Some(1000));
+    }
+
+    fn error_of(text: &str) -> String {
+        parse("isp.toml", text).unwrap_err().to_string()
+    }
+
+    /// The line of `text` that contains `needle` (the first such), counted from 1.
+    fn line(text: &str, needle: &str) -> usize {
+        nth_line(text, needle, 0)
+    }
+
+    /// The line of the `n`th (from 0) occurrence of `needle`, counted from 1.
+    fn nth_line(text: &str, needle: &str, n: usize) -> usize {
+        let mut found = text.lines().enumerate().filter(|(_, l)| l.contains(needle));
+        found.nth(n).unwrap().0 + 1
+    }
+
+    #[test]
+    fn errors_name_the_file_line_and_field() {
+        let bad_rate = GOOD.replace("rate = \"4mbit\"", "rate = \"4mbt\"");
+        assert_eq!(
+            error_of(&bad_rate),
+            format!(
+                "isp.toml:{}: interface[0].policy[0].rate: invalid rate '4mbt': unknown unit 'mbt' (expected bit, kbit, mbit, gbit, tbit, kibit, mibit, gibit, tibit, bps, kbps, mbps, gbps, tbps, kibps, mibps, gibps, tibps)",
+                line(&bad_rate, "4mbt")
+            )
+        );
+        let host_bits = GOOD.replace("192.0.2.0/24", "192.0.2.1/24");
+        assert_eq!(
+            error_of(&host_bits),
+            format!(
+                "isp.toml:{}: interface[0].policy[1].prefix: invalid prefix '192.0.2.1/24': host bits are set (did you mean 192.0.2.0/24?)",
+                line(&host_bits, "192.0.2.1/24")
+            )
+        );
+        let pass_with_rate =
+            GOOD.replace("action = \"pass\"", "action = \"pass\"\nrate = \"1mbit\"");
+        assert_eq!(
+            error_of(&pass_with_rate),
+            format!(
+                "isp.toml:{}: interface[0].policy[1].rate: has no meaning with action = \"pass\"",
+                line(&pass_with_rate, "1mbit")
+            )
+        );
+        let unknown_field = GOOD.replace("max_sources = 1000", "max_source = 1000");
+        let e = error_of(&unknown_field);
+        let want = format!(
+            "isp.toml:{}: interface.max_source: unknown field `max_source`",
+            line(&unknown_field, "max_source")
+        );
+        assert!(e.starts_with(&want), "{e}");
+        let bad_mode = GOOD.replace("mode = \"monitor\"", "mode = \"dry\"");
+        let e = error_of(&bad_mode);
+        let want = format!(
+            "isp.toml:{}: interface.mode: unknown variant `dry`",
+            line(&bad_mode, "dry")
+        );
+        assert!(e.starts_with(&want), "{e}");
+        let syntax = GOOD.replace("burst = \"1m\"", "burst = 1m");
+        let e = error_of(&syntax);
+        let want = format!("isp.toml:{}: interface.burst: ", line(&syntax, "1m"));
+        assert!(e.starts_with(&want), "{e}");
+        let too_long = GOOD
+            .replace("prefix = \"192.0.2.0/24\"", "prefix = \"192.0.2.0/25\"")
+            .replace("name = \"eth0\"", "name = \"eth0\"\nprefix_v4 = 24");
+        assert_eq!(
+            error_of(&too_long),
+            format!(
+                "isp.toml:{}: interface[0].policy[1].prefix: 192.0.2.0/25 is longer than the /24 sources are keyed by, so it could never match",
+                line(&too_long, "/25")
+            )
+        );
+        let twice = GOOD.replace("name = \"eth1\"", "name = \"eth0\"");
+        assert_eq!(
+            error_of(&twice),
+            format!(
+                "isp.toml:{}: interface[1].name: interface 'eth0' is listed twice",
+                nth_line(&twice, "name = \"eth0\"", 1)
+            )
+        );
+        assert_eq!(
+            error_of(""),
+            "isp.toml:1: interface: no [[interface]] in the file"
+        );
+    }
+}

@@ -1,0 +1,102 @@
+//! The running configuration of an interface as a file `apply` takes back unchanged.
+
+use serde::Serialize;
+
+use crate::{
+    loader::{self, KeyBy},
+    maps,
+    pins::Attachment,
+    policy::{Action, Mode, PolicyError, PolicySpec, PolicyTable},
+    units::{Rate, Size},
+};
+
+#[derive(Serialize)]
+struct FileOut {
+    interface: Vec<InterfaceOut>,
+}
+
+#[derive(Serialize)]
+struct InterfaceOut {
+    name: String,
+    rate: String,
+    burst: String,
+    mode: &'static str,
+    key: &'static str,
+    prefix_v4: u32,
+    prefix_v6: u32,
+    xdp_mode: &'static str,
+    max_sources: u32,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    policy: Vec<PolicyOut>,
+}
+
+#[derive(Serialize)]
+struct PolicyOut {
+    prefix: String,
+    action: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    burst: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aggregate_rate: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aggregate_burst: Option<String>,
+    mode: &'static str,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("shaper is not attached to {0}")]
+    NotAttached(String),
+    #[error(transparent)]
+    Pinned(#[from] maps::PinnedMapError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error("cannot write TOML")]
+    Toml(#[from] toml::ser::Error),
+}
+
+fn policy_out(spec: &PolicySpec) -> PolicyOut {
+    let l = &spec.limits;
+    let limited = spec.action() == Action::Limit;
+    let aggregate = limited && l.aggregate_rate_bps != 0;
+    PolicyOut {
+        prefix: spec.prefix.to_string(),
+        action: spec.action().name(),
+        rate: limited.then(|| Rate::from_bps(l.rate_bps).to_string()),
+        burst: limited.then(|| Size::from_bytes(l.burst_bytes).to_string()),
+        aggregate_rate: aggregate.then(|| Rate::from_bps(l.aggregate_rate_bps).to_string()),
+        aggregate_burst: aggregate.then(|| Size::from_bytes(l.aggregate_burst_bytes).to_string()),
+        mode: spec.mode().name(),
+    }
+}
+
+/// The configuration of `at` as TOML, every setting spelled out.
+pub fn render(at: &Attachment) -> Result<String, RenderError> {
+    if !at.exists() {
+        return Err(RenderError::NotAttached(at.label()));
+    }
+    let config = maps::read_config(at)?;
+    let table = PolicyTable::open(at)?;
+    let key = if config.key_by == KeyBy::Dst.value() {
+        KeyBy::Dst
+    } else {
+        KeyBy::Src
+    };
+    let out = FileOut {
+        interface: vec![InterfaceOut {
+            name: at.iface.clone(),
+            rate: Rate::from_bps(config.rate_bps).to_string(),
+            burst: Size::from_bytes(config.burst_bytes).to_string(),
+            mode: Mode::from_value(config.mode).name(),
+            key: key.name(),
+            prefix_v4: config.prefix_v4,
+            prefix_v6: config.prefix_v6,
+            xdp_mode: loader::mode_name(config.xdp_mode),
+            max_sources: maps::sources_capacity(at)?,
+            policy: table.list()?.iter().map(|i| policy_out(&i.spec)).collect(),
+        }],
+    };
+    Ok(toml::to_string(&out)?)
+}
