@@ -278,3 +278,84 @@ fn check_validates_without_touching_the_kernel() {
     assert!(!pin_dir(&lab, iface).exists());
     assert!(!lab.xdp_attached().unwrap());
 }
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn policy_commands_refuse_bad_input_and_change_nothing() {
+    let lab = Lab::new("polcli", 1).unwrap();
+    let iface = lab.rx_iface();
+    // Not attached yet: named as such.
+    let err = refused(
+        &lab,
+        &["policy", "set", iface, "10.0.0.0/8", "--action", "pass"],
+    );
+    assert!(err.contains("not attached"), "{err}");
+    let _attached = attach(lab.rx_ns(), iface, "10mbit", "64k");
+    ok(
+        &lab,
+        &[
+            "policy",
+            "set",
+            iface,
+            "10.0.0.0/8",
+            "--rate",
+            "1mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    let before = show(&lab, iface);
+    for (args, needle) in [
+        (
+            vec!["10.0.0.1/8", "--action", "pass"],
+            "invalid prefix '10.0.0.1/8': host bits are set (did you mean 10.0.0.0/8?)",
+        ),
+        (
+            vec!["10.0.0.0/33", "--action", "pass"],
+            "invalid prefix '10.0.0.0/33'",
+        ),
+        (
+            vec!["10.0.0.0/8"],
+            "--action limit needs --rate and --burst",
+        ),
+        (
+            vec!["10.0.0.0/8", "--action", "drop", "--rate", "1mbit"],
+            "--rate has no meaning with --action drop",
+        ),
+        (
+            vec!["10.0.0.0/8", "--rate", "1mbt", "--burst", "64k"],
+            "invalid rate '1mbt'",
+        ),
+        (
+            vec!["10.0.0.0/8", "--rate", "1mbit", "--burst", "1k"],
+            "--burst 1k is smaller than one full-size frame",
+        ),
+        (
+            vec![
+                "10.0.0.0/8",
+                "--rate",
+                "1mbit",
+                "--burst",
+                "64k",
+                "--aggregate-rate",
+                "2mbit",
+            ],
+            "--aggregate-burst",
+        ),
+        (
+            vec!["2001:db8::1", "--action", "pass"],
+            "2001:db8::1/128 is longer than the /64 sources are keyed by",
+        ),
+    ] {
+        let mut full = vec!["policy", "set", iface];
+        full.extend(args);
+        let err = refused(&lab, &full);
+        assert!(err.contains(needle), "{full:?}: {err}");
+        assert_eq!(show(&lab, iface), before, "{full:?} changed something");
+    }
+    let err = refused(&lab, &["policy", "del", iface, "10.1.0.0/16"]);
+    assert!(err.ends_with("no policy for 10.1.0.0/16"), "{err}");
+    assert_eq!(show(&lab, iface), before);
+    ok(&lab, &["policy", "del", iface, "10.0.0.0/8"]);
+    assert!(!show(&lab, iface).contains("[[interface.policy]]"));
+}

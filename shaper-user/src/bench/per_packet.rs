@@ -38,14 +38,19 @@ use aya::{
 };
 use serde::Serialize;
 use shaper_common::{
+    config::PolicyLimits,
     gcra::MAX_RATE_BPS,
     maps::{
-        Config, Counters, Ipv4Key, MAP_COUNTERS, MAP_SOURCES, PROG_NOOP, PROG_XDP, SourceState,
+        ACTION_LIMIT, ACTION_PASS, Config, Counters, Ipv4Key, MAP_COUNTERS, MAP_SOURCES, PROG_NOOP,
+        PROG_XDP, SourceState,
     },
 };
 
 use super::scale::Population;
-use crate::{frame, loader};
+use crate::{
+    frame, loader,
+    policy::{PolicySpec, PolicyTable, parse_prefix},
+};
 
 /// How a case was measured (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -267,15 +272,55 @@ impl FreshAddrs {
     }
 }
 
-/// A loop case: id, name, program, frame, policy, expected verdict.
-type LoopCase = (
-    &'static str,
-    &'static str,
-    &'static str,
-    Vec<u8>,
-    Config,
-    u32,
-);
+/// A loop case: what it runs on which frame, under which default policy.
+struct LoopCase {
+    id: &'static str,
+    name: &'static str,
+    program: &'static str,
+    frame: Vec<u8>,
+    config: Config,
+    want: u32,
+    /// Run on the object with prefix policies ([`policied`]) instead of the plain one.
+    policied: bool,
+}
+
+/// Prefix policies covering the sources of the policy cases, all with open limits so
+/// every frame passes: a per-source limit, the same with an aggregate, an exemption.
+const POLICY_PREFIXES: [&str; 3] = ["198.18.1.0/24", "198.18.2.0/24", "198.18.3.0/24"];
+
+/// An object like [`load_open`]'s, with the prefix policies of [`POLICY_PREFIXES`] and
+/// its maps taken into a [`PolicyTable`].
+fn policied() -> Result<(Ebpf, PolicyTable)> {
+    let mut ebpf = load_open(1024)?;
+    let mut table = PolicyTable::take(&mut ebpf)?;
+    let open = PolicyLimits {
+        action: ACTION_LIMIT,
+        rate_bps: MAX_RATE_BPS,
+        burst_bytes: 1 << 40,
+        ..PolicyLimits::default()
+    };
+    let with_aggregate = PolicyLimits {
+        aggregate_rate_bps: MAX_RATE_BPS,
+        aggregate_burst_bytes: 1 << 40,
+        ..open
+    };
+    let exempt = PolicyLimits {
+        action: ACTION_PASS,
+        ..PolicyLimits::default()
+    };
+    let specs: Vec<PolicySpec> = POLICY_PREFIXES
+        .iter()
+        .zip([open, with_aggregate, exempt])
+        .map(|(prefix, limits)| {
+            Ok(PolicySpec {
+                prefix: parse_prefix(prefix)?,
+                limits,
+            })
+        })
+        .collect::<Result<_>>()?;
+    table.replace_all(&specs)?;
+    Ok((ebpf, table))
+}
 
 /// Which object and program a single-shot case runs, and how its frames are made.
 enum Frames {
@@ -319,39 +364,91 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
         (0..EVICTION_MAP_ENTRIES).map(|i| Ipv4Addr::from(0xAC10_0000 + i)),
     )?;
 
+    let (mut with_policies, mut table) = policied()?;
+
     let hot = frame::ipv4_udp(Ipv4Addr::new(198, 18, 0, 11), FRAME_BYTES);
-    let loop_cases: [LoopCase; 4] = [
-        (
+    let case = |id, name, program, frame, config, want, policied| LoopCase {
+        id,
+        name,
+        program,
+        frame,
+        config,
+        want,
+        policied,
+    };
+    let from = |c: u8| frame::ipv4_udp(Ipv4Addr::new(198, 18, c, 11), FRAME_BYTES);
+    let loop_cases = [
+        case(
             "noop",
             "no-op XDP program (baseline)",
             PROG_NOOP,
             hot.clone(),
             open,
             XDP_PASS,
+            false,
         ),
-        (
+        case(
             "pass_existing",
             "pass, existing source",
             PROG_XDP,
             hot.clone(),
             open,
             XDP_PASS,
+            false,
         ),
-        (
+        case(
             "drop_existing",
             "drop, existing source",
             PROG_XDP,
             frame::ipv4_udp(Ipv4Addr::new(198, 18, 0, 12), 1500),
             shut,
             XDP_DROP,
+            false,
         ),
-        (
+        case(
             "not_ipv4",
             "not IPv4, passed untouched",
             PROG_XDP,
             frame::ethernet(frame::ETH_P_ARP, &[0; 46]),
             open,
             XDP_PASS,
+            false,
+        ),
+        case(
+            "pass_default_with_policies",
+            "pass, existing source under the default policy, prefix policies present",
+            PROG_XDP,
+            hot.clone(),
+            open,
+            XDP_PASS,
+            true,
+        ),
+        case(
+            "pass_policy",
+            "pass, existing source under a prefix policy",
+            PROG_XDP,
+            from(1),
+            open,
+            XDP_PASS,
+            true,
+        ),
+        case(
+            "pass_policy_aggregate",
+            "pass, existing source under a prefix policy with an aggregate",
+            PROG_XDP,
+            from(2),
+            open,
+            XDP_PASS,
+            true,
+        ),
+        case(
+            "pass_exempt",
+            "pass, existing source under an exempt prefix",
+            PROG_XDP,
+            from(3),
+            open,
+            XDP_PASS,
+            true,
         ),
     ];
     let mut singles = vec![
@@ -400,11 +497,15 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
     let mut single_samples = vec![Vec::with_capacity(opts.runs); singles.len()];
     let hot_frames = vec![hot.clone(); opts.frames];
     for _ in 0..opts.runs {
-        for ((_, _, program, data, config, want), samples) in
-            loop_cases.iter().zip(&mut loop_samples)
-        {
-            loader::configure(&mut main, config)?;
-            samples.push(test_run(&mut main, program, data, opts.repeat, *want)?);
+        for (c, samples) in loop_cases.iter().zip(&mut loop_samples) {
+            let ebpf = if c.policied {
+                table.set_config(&c.config)?;
+                &mut with_policies
+            } else {
+                loader::configure(&mut main, &c.config)?;
+                &mut main
+            };
+            samples.push(test_run(ebpf, c.program, &c.frame, opts.repeat, c.want)?);
         }
         loader::configure(&mut main, &open)?;
         for (case, samples) in singles.iter().zip(&mut single_samples) {
@@ -438,12 +539,12 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
     let noop_runs = &loop_samples[0];
     let noop_loop = median(noop_runs);
     let mut cases = Vec::new();
-    for ((id, name, ..), runs) in loop_cases.iter().zip(loop_samples.iter()) {
+    for (c, runs) in loop_cases.iter().zip(loop_samples.iter()) {
         let over: Vec<f64> = runs.iter().zip(noop_runs).map(|(c, n)| c - n).collect();
         let ns = median(runs);
         cases.push(CaseResult {
-            id,
-            case: name,
+            id: c.id,
+            case: c.name,
             method: Method::Loop,
             packets_per_run: opts.repeat.into(),
             tracked_sources: None,

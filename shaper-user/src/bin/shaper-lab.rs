@@ -96,9 +96,11 @@ struct BenchArgs {
     sources: Vec<usize>,
 }
 
-/// The lab benchmarks `--only` picks from.
+/// The benchmarks `--only` picks from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum LabPart {
+    /// Per-packet cost (test_run), without the cold-key cases that need filled maps
+    PerPacket,
     /// Rate accuracy against the incumbents
     Sweep,
     /// Delivered rate over time per source
@@ -505,9 +507,26 @@ fn bench(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// `bench --only ...`: the chosen lab benchmarks, printed as they run; nothing written.
+/// `bench --only ...`: the chosen benchmarks, printed as they run; nothing written.
 fn bench_only(args: &BenchArgs) -> Result<()> {
-    use shaper_user::bench::accuracy;
+    use shaper_user::bench::{accuracy, per_packet};
+
+    if args.only.contains(&LabPart::PerPacket) {
+        let mut opts = per_packet::Options::new(args.quick);
+        opts.repeat = args.repeat.unwrap_or(opts.repeat);
+        opts.runs = args.runs.unwrap_or(opts.runs);
+        ensure!(
+            opts.runs > 0 && opts.repeat > 0,
+            "--runs and --repeat must be at least 1"
+        );
+        let affinity = pin_to_current_cpu();
+        let results = per_packet::run(&opts, &mut [])?;
+        restore_affinity(affinity);
+        print_per_packet(&results);
+        if args.only.iter().all(|p| *p == LabPart::PerPacket) {
+            return Ok(());
+        }
+    }
 
     let shaper = match &args.shaper {
         Some(path) => path.clone(),
