@@ -233,8 +233,70 @@ fn demo(args: &DemoArgs) -> Result<()> {
 
     println!("\n$ shaper -n {} stats {}", lab.rx_ns(), lab.rx_iface());
     print!("{}", attachment.run(&["stats", lab.rx_iface()])?);
+
+    demo_policies(&attachment, &lab, &flows, args)?;
     attachment.detach()?;
     println!("\nshaper detached; removing the lab");
+    Ok(())
+}
+
+/// The second act: prefix policies set while attached, the same traffic again.
+fn demo_policies(
+    attachment: &Attachment,
+    lab: &Lab,
+    flows: &[Flow],
+    args: &DemoArgs,
+) -> Result<()> {
+    let iface = lab.rx_iface();
+    let (rate, burst) = (args.rate.to_string(), args.burst.to_string());
+    let [dry_run, exempt, capped, ..] = lab.sources() else {
+        bail!("the demo lab has fewer than three sources");
+    };
+    let (dry_run, exempt, capped) = (dry_run.to_string(), exempt.to_string(), capped.to_string());
+    let half = Rate::from_bps(args.rate.bits_per_sec() / 2).to_string();
+    println!("\nNow prefix policies, set while attached (no detach, no gap):");
+    let policies: [&[&str]; 3] = [
+        &[&exempt, "--action", "pass"],
+        &[
+            &dry_run, "--rate", &rate, "--burst", &burst, "--mode", "monitor",
+        ],
+        &[&capped, "--rate", &half, "--burst", &burst],
+    ];
+    for policy in policies {
+        let mut cmd = vec!["policy", "set", iface];
+        cmd.extend_from_slice(policy);
+        println!("$ shaper -n {} {}", lab.rx_ns(), cmd.join(" "));
+        print!("{}", attachment.run(&cmd)?);
+    }
+    println!("sending the same traffic for {} s ...\n", args.seconds);
+    let results = run_udp(lab, flows, Duration::from_secs(args.seconds))?;
+    if stop_requested() {
+        bail!("interrupted");
+    }
+    println!(
+        "{:<13} {:>13} {:>13}  policy",
+        "source", "offered", "received"
+    );
+    for r in &results {
+        let src = r.src.to_string();
+        let policy = if src == exempt {
+            "exempt: never limited"
+        } else if src == dry_run {
+            "monitor: nothing dropped, would-drops counted"
+        } else if src == capped {
+            "half the default rate"
+        } else {
+            "the default"
+        };
+        println!(
+            "{:<13} {:>13} {:>13}  {policy}",
+            src,
+            human_rate(r.sent_bps().round() as u64),
+            human_rate(r.received_bps().round() as u64),
+        );
+    }
+    println!("\n$ shaper -n {} policy list {iface}", lab.rx_ns());
+    print!("{}", attachment.run(&["policy", "list", iface])?);
     Ok(())
 }
 
