@@ -6,7 +6,7 @@ mod common;
 
 use std::{fs, path::PathBuf, process::Command};
 
-use common::{Detach, SHAPER, attach, shaper};
+use common::{Detach, SHAPER, attach, shaper, shaper_ok};
 use shaper_user::lab::Lab;
 
 /// A port-less bridge in the rx namespace: no native XDP, so `xdp_mode = "native"` fails
@@ -48,14 +48,9 @@ impl Drop for TempFile {
     }
 }
 
+/// [`shaper_ok`] in the lab's rx namespace.
 fn ok(lab: &Lab, args: &[&str]) -> String {
-    let out = shaper(lab.rx_ns(), args);
-    assert!(
-        out.status.success(),
-        "shaper {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    shaper_ok(lab.rx_ns(), args)
 }
 
 /// Runs a command that must fail; returns its one error line.

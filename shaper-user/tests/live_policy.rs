@@ -10,21 +10,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{attach, shaper};
+use common::{attach, shaper_ok};
 use shaper_user::lab::{Flow, Lab, run_udp};
 
 const FRAME: u32 = 1_000;
 const TOLERANCE: f64 = 0.03;
 
-/// Runs `shaper -n NS ARGS`, panicking with its error line if it fails.
+/// [`shaper_ok`] in the lab's rx namespace.
 fn ok(lab: &Lab, args: &[&str]) -> String {
-    let out = shaper(lab.rx_ns(), args);
-    assert!(
-        out.status.success(),
-        "shaper {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    shaper_ok(lab.rx_ns(), args)
 }
 
 /// One source's row of `stats -j`.

@@ -88,6 +88,24 @@ pub struct PolicyTable {
     stats: PerCpuArray<MapData, PolicyStats>,
 }
 
+/// A prefix as the key of its family's LPM trie.
+enum TrieKey {
+    V4(Key<Ipv4Key>),
+    V6(Key<Ipv6Key>),
+}
+
+fn trie_key(prefix: &IpNet) -> TrieKey {
+    let (family, bytes) = family_and_bytes(prefix);
+    let len = u32::from(prefix.prefix_len());
+    if family == 4 {
+        // The address bytes in network order read as a native u32, as `Ipv4Key` is.
+        let addr = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        TrieKey::V4(Key::new(len, addr))
+    } else {
+        TrieKey::V6(Key::new(len, bytes))
+    }
+}
+
 /// A step taken, and how to take it back.
 enum Undo {
     Slot(u32, Policy),
@@ -368,37 +386,21 @@ impl PolicyTable {
             .map_err(map_err(format!("reset policy counters {slot}")))
     }
 
+    /// Points `prefix` at `slot` in its family's trie.
     fn route(&mut self, prefix: IpNet, slot: u32) -> Result<(), PolicyError> {
-        let what = || format!("add {prefix} to the prefix trie");
-        let (family, bytes) = family_and_bytes(&prefix);
-        let len = u32::from(prefix.prefix_len());
-        if family == 4 {
-            let key = Key::new(
-                len,
-                u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
-            );
-            self.v4.insert(&key, slot, 0).map_err(map_err(what()))
-        } else {
-            self.v6
-                .insert(&Key::new(len, bytes), slot, 0)
-                .map_err(map_err(what()))
+        let err = map_err(format!("add {prefix} to the prefix trie"));
+        match trie_key(&prefix) {
+            TrieKey::V4(key) => self.v4.insert(&key, slot, 0).map_err(err),
+            TrieKey::V6(key) => self.v6.insert(&key, slot, 0).map_err(err),
         }
     }
 
+    /// Removes `prefix` from its family's trie.
     fn unroute(&mut self, prefix: IpNet) -> Result<(), PolicyError> {
-        let what = || format!("remove {prefix} from the prefix trie");
-        let (family, bytes) = family_and_bytes(&prefix);
-        let len = u32::from(prefix.prefix_len());
-        if family == 4 {
-            let key = Key::new(
-                len,
-                u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
-            );
-            self.v4.remove(&key).map_err(map_err(what()))
-        } else {
-            self.v6
-                .remove(&Key::new(len, bytes))
-                .map_err(map_err(what()))
+        let err = map_err(format!("remove {prefix} from the prefix trie"));
+        match trie_key(&prefix) {
+            TrieKey::V4(key) => self.v4.remove(&key).map_err(err),
+            TrieKey::V6(key) => self.v6.remove(&key).map_err(err),
         }
     }
 

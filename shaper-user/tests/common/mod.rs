@@ -13,6 +13,18 @@ pub fn shaper(ns: &str, args: &[&str]) -> Output {
         .expect("run shaper")
 }
 
+/// Runs `shaper -n NS ARGS...`, which must succeed (else panics with its error line);
+/// returns its standard output.
+pub fn shaper_ok(ns: &str, args: &[&str]) -> String {
+    let out = shaper(ns, args);
+    assert!(
+        out.status.success(),
+        "shaper {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("shaper's output is UTF-8")
+}
+
 /// Detaches shaper from an interface on drop, so a failing assertion leaves nothing
 /// attached or pinned.
 pub struct Detach {
@@ -40,11 +52,6 @@ pub fn attach_with(ns: &str, iface: &str, rate: &str, burst: &str, more: &[&str]
     };
     let mut args = vec!["attach", iface, "--rate", rate, "--burst", burst];
     args.extend_from_slice(more);
-    let out = shaper(ns, &args);
-    assert!(
-        out.status.success(),
-        "attach: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    shaper_ok(ns, &args);
     guard
 }
