@@ -116,6 +116,21 @@ pub const fn ticks_from_ns(ns: u64) -> u64 {
     ns << TICK_SHIFT
 }
 
+/// Whether a cell with TAT `tat` is empty at `now`: the TAT is behind now (signed
+/// negative: idle), or further ahead than [`STALE_AHEAD_TICKS`] (stale, see the module
+/// docs).
+#[inline(always)]
+pub fn drained(tat: u64, now: u64) -> bool {
+    let ahead = tat.wrapping_sub(now);
+    ahead as i64 <= 0 || ahead > STALE_AHEAD_TICKS
+}
+
+/// The time a packet's cost is added to: the TAT, or now if the cell is [`drained`].
+#[inline(always)]
+pub fn base(tat: u64, now: u64) -> u64 {
+    if drained(tat, now) { now } else { tat }
+}
+
 /// The GCRA decision for one packet.
 ///
 /// Returns the cell's new TAT when the packet conforms (the caller stores it, with a
@@ -124,15 +139,7 @@ pub const fn ticks_from_ns(ns: u64) -> u64 {
 /// operands are bounded as the module docs explain.
 #[inline(always)]
 pub fn conform(tat: u64, now: u64, cost: u64, tau: u64) -> Option<u64> {
-    let ahead = tat.wrapping_sub(now);
-    // Behind now (signed negative) means idle; beyond STALE_AHEAD_TICKS means stale.
-    // Either way the bucket is empty and the packet is charged from now.
-    let base = if ahead as i64 <= 0 || ahead > STALE_AHEAD_TICKS {
-        now
-    } else {
-        tat
-    };
-    let new_tat = base.wrapping_add(cost);
+    let new_tat = base(tat, now).wrapping_add(cost);
     if new_tat.wrapping_sub(now) <= tau {
         Some(new_tat)
     } else {

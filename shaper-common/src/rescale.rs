@@ -13,7 +13,7 @@
 //! ticks per byte in 36.28 fixed point; a cell whose scale differs from its policy's is
 //! rescaled before its next decision.
 
-use crate::gcra::{Limit, STALE_AHEAD_TICKS};
+use crate::gcra::{Limit, drained};
 
 /// Fractional bits of [`Limit::scale`]. 36 integer bits hold the slowest rate's 64·10⁹
 /// ticks per byte (8 bit/s), and 28 fractional bits resolve the fastest rate's 0.005 ticks
@@ -34,12 +34,11 @@ impl Limit {
     /// An idle or stale cell, or `from == 0` (a cell never charged), is returned as it is.
     #[inline(always)]
     pub fn rescale(&self, tat: u64, now: u64, from: u64) -> u64 {
-        let ahead = tat.wrapping_sub(now);
         let to = self.scale();
-        if from == 0 || from == to || ahead as i64 <= 0 || ahead > STALE_AHEAD_TICKS {
+        if from == 0 || from == to || drained(tat, now) {
             return tat;
         }
-        let scaled = mul_div_up(ahead, to, from);
+        let scaled = mul_div_up(tat.wrapping_sub(now), to, from);
         now.wrapping_add(if scaled > self.tau_ticks {
             self.tau_ticks
         } else {
@@ -120,7 +119,7 @@ fn top_bits_down(x: u64, bits: u32) -> (u64, u32) {
 #[cfg(all(test, feature = "user"))]
 mod tests {
     use super::*;
-    use crate::gcra::{MAX_RATE_BPS, MIN_RATE_BPS, TICKS_PER_SEC};
+    use crate::gcra::{MAX_RATE_BPS, MIN_RATE_BPS, STALE_AHEAD_TICKS, TICKS_PER_SEC};
 
     fn exact(a: u64, b: u64, c: u64) -> u128 {
         (u128::from(a) * u128::from(b)).div_ceil(u128::from(c))

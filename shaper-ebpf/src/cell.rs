@@ -7,7 +7,7 @@
 
 use aya_ebpf::maps::LruHashMap;
 use shaper_common::{
-    gcra::Limit,
+    gcra::{self, Limit},
     maps::{ACTION_DROP, ACTION_PASS, Cell, Config, PolicyStats, SourceState},
 };
 
@@ -127,9 +127,9 @@ fn state_of<K>(map: &LruHashMap<K, SourceState>, key: &K) -> Option<*mut SourceS
 }
 
 /// Charges the frame to the source's cell and, if the rule has one, to the aggregate
-/// cell: both or neither. The source is checked first without charging; then the
-/// aggregate is charged; then the source is charged, and if that fails after all (another
-/// CPU used up the room meanwhile) the aggregate is refunded.
+/// cell: both or neither. The source's decision is taken first without charging; then the
+/// aggregate is charged; then the source's decision is published, and if that fails after
+/// all (another CPU used up the room meanwhile) the aggregate is refunded.
 ///
 /// # Safety
 /// `cell` points to a live map value.
@@ -138,66 +138,52 @@ unsafe fn charge(cell: *mut Cell, rule: &Rule, len: u32, now: u64) -> Result<(),
     unsafe {
         carry_over(cell, rule.limit, now);
         let tat = &raw mut (*cell).tat;
-        let mut old = atomic::load(tat);
-        if rule.limit.admit(old, now, len).is_none() {
-            return Err(Refused::Source);
-        }
-        let mut refund = None;
-        if let Some((aggregate, limit)) = rule.aggregate {
-            carry_over(aggregate, limit, now);
-            let aggregate_tat = &raw mut (*aggregate).tat;
-            let cost = swap_loop(aggregate_tat, limit, len, now).ok_or(Refused::Aggregate)?;
-            refund = Some((aggregate_tat, cost));
-        }
-        if swap_loop_from(tat, &mut old, rule.limit, len, now).is_some() {
+        let old = atomic::load(tat);
+        let new = rule.limit.admit(old, now, len).ok_or(Refused::Source)?;
+        let Some((aggregate, limit)) = rule.aggregate else {
+            return publish(tat, old, new, rule.limit, len, now)
+                .map(drop)
+                .ok_or(Refused::Source);
+        };
+        carry_over(aggregate, limit, now);
+        let aggregate_tat = &raw mut (*aggregate).tat;
+        let aggregate_old = atomic::load(aggregate_tat);
+        let aggregate_new = limit
+            .admit(aggregate_old, now, len)
+            .ok_or(Refused::Aggregate)?;
+        let cost = publish(aggregate_tat, aggregate_old, aggregate_new, limit, len, now)
+            .ok_or(Refused::Aggregate)?;
+        if publish(tat, old, new, rule.limit, len, now).is_some() {
             return Ok(());
         }
-        if let Some((aggregate_tat, cost)) = refund {
-            atomic::add(aggregate_tat, cost.wrapping_neg());
-        }
+        atomic::add(aggregate_tat, cost.wrapping_neg());
         Err(Refused::Source)
     }
 }
 
-/// Charges the frame to the cell at `tat` if it conforms; returns what it charged (in
-/// ticks), or `None` if it does not conform and nothing was charged.
+/// The bounded compare-and-swap loop: publish `new`, decided on the TAT read as `old`,
+/// only if nobody changed the TAT meanwhile; otherwise decide again on what was found.
+/// Returns what was charged (in ticks), or `None` if the frame no longer conforms (nothing
+/// is written) or every retry lost to other CPUs.
 #[inline(always)]
-unsafe fn swap_loop(tat: *mut u64, limit: &Limit, len: u32, now: u64) -> Option<u64> {
-    let mut old = unsafe { atomic::load(tat) };
-    unsafe { swap_loop_from(tat, &mut old, limit, len, now) }
-}
-
-/// The bounded compare-and-swap loop, starting from the TAT read as `old`: decide,
-/// publish the new TAT only if nobody changed it meanwhile. A refusal writes nothing.
-#[inline(always)]
-unsafe fn swap_loop_from(
+unsafe fn publish(
     tat: *mut u64,
-    old: &mut u64,
+    mut old: u64,
+    mut new: u64,
     limit: &Limit,
     len: u32,
     now: u64,
 ) -> Option<u64> {
     for _ in 0..CAS_RETRIES {
-        let new = limit.admit(*old, now, len)?;
-        match unsafe { atomic::compare_exchange(tat, *old, new) } {
+        match unsafe { atomic::compare_exchange(tat, old, new) } {
             // What was charged: the new TAT less the base it was charged from.
-            Ok(()) => return Some(new.wrapping_sub(base(*old, now))),
-            Err(found) => *old = found,
+            Ok(()) => return Some(new.wrapping_sub(gcra::base(old, now))),
+            Err(found) => old = found,
         }
+        new = limit.admit(old, now, len)?;
     }
     bump(|c| c.cas_exhausted += 1);
     None
-}
-
-/// The time a charge starts from: the TAT, or now if the cell has drained.
-#[inline(always)]
-fn base(tat: u64, now: u64) -> u64 {
-    let ahead = tat.wrapping_sub(now);
-    if ahead as i64 <= 0 || ahead > shaper_common::gcra::STALE_AHEAD_TICKS {
-        now
-    } else {
-        tat
-    }
 }
 
 /// Brings a cell charged under another limit over to `limit`, keeping its backlog in
