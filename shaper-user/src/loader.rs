@@ -232,7 +232,7 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
     // Validate everything before creating anything.
     let config = config_for(req, 0)?;
     if let Some(policies) = &req.policies {
-        PolicyTable::validate(policies, &config)?;
+        PolicyTable::validate(policies, (config.prefix_v4, config.prefix_v6))?;
     }
     let result = attach_new(req);
     if result.is_err() {
@@ -286,7 +286,7 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
     };
     let mut table = PolicyTable::open(&req.at)?;
     if let Some(policies) = &req.policies {
-        PolicyTable::validate(policies, &config)?;
+        PolicyTable::validate(policies, (config.prefix_v4, config.prefix_v6))?;
     }
     table.set_config(&config)?;
     if let Some(policies) = &req.policies

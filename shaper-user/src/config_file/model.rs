@@ -13,7 +13,7 @@ use toml::Spanned;
 
 use crate::{
     loader::{KeyBy, XdpAttachMode},
-    policy::{Action, Mode, PolicySpec, parse_prefix},
+    policy::{Action, Mode, PolicyError, PolicySpec, PolicyTable, parse_prefix},
     units::{Rate, Size},
 };
 
@@ -219,34 +219,39 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<DesiredInterface>, FileError>
         }
         let key_v4 = prefix_v4.unwrap_or(DEFAULT_PREFIX_V4);
         let key_v6 = prefix_v6.unwrap_or(DEFAULT_PREFIX_V6);
-        let mut policies: Vec<PolicySpec> = Vec::new();
-        for (j, p) in m.policies.iter().enumerate() {
-            let spec = policy(&src, p, &format!("{here}.policy[{j}]"))?;
-            let field = format!("{here}.policy[{j}].prefix");
-            if policies.iter().any(|q| q.prefix == spec.prefix) {
-                return Err(src.error(
-                    p.prefix.span(),
-                    field,
-                    format!("{} is listed twice", spec.prefix),
-                ));
-            }
-            let key_len = if spec.prefix.addr().is_ipv4() {
-                key_v4
-            } else {
-                key_v6
+        let policies = m
+            .policies
+            .iter()
+            .enumerate()
+            .map(|(j, p)| policy(&src, p, &format!("{here}.policy[{j}]")))
+            .collect::<Result<Vec<_>, _>>()?;
+        // As a set (duplicates, prefixes longer than the keys), the way every change is.
+        PolicyTable::validate(&policies, (key_v4, key_v6)).map_err(|e| {
+            let prefix = match &e {
+                PolicyError::Invalid { prefix, .. }
+                | PolicyError::LongerThanKey { prefix, .. }
+                | PolicyError::Duplicate { prefix } => Some(*prefix),
+                _ => None,
             };
-            if u32::from(spec.prefix.prefix_len()) > key_len {
-                return Err(src.error(
-                    p.prefix.span(),
-                    field,
-                    format!(
-                        "{} is longer than the /{key_len} sources are keyed by, so it could never match",
-                        spec.prefix
-                    ),
-                ));
+            // The offending entry: a duplicate's second listing, otherwise the first.
+            let at = prefix.and_then(|prefix| {
+                let mut same = policies
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.prefix == prefix);
+                let first = same.next().map(|(j, _)| j);
+                let second = same.next().map(|(j, _)| j);
+                second.or(first)
+            });
+            match at {
+                Some(j) => src.error(
+                    m.policies[j].prefix.span(),
+                    format!("{here}.policy[{j}].prefix"),
+                    e.to_string(),
+                ),
+                None => src.error(m.name.span(), format!("{here}.policy"), e.to_string()),
             }
-            policies.push(spec);
-        }
+        })?;
         out.push(DesiredInterface {
             name,
             rate,

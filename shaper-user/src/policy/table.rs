@@ -36,9 +36,7 @@ pub enum PolicyError {
     Invalid { prefix: IpNet, reason: ConfigError },
     #[error("{prefix} is listed twice")]
     Duplicate { prefix: IpNet },
-    #[error(
-        "{prefix} is longer than the /{key_len} sources are keyed by on this interface, so it could never match"
-    )]
+    #[error("{prefix} is longer than the /{key_len} sources are keyed by, so it could never match")]
     LongerThanKey { prefix: IpNet, key_len: u32 },
     #[error("no policy for {0}")]
     NotFound(IpNet),
@@ -86,6 +84,14 @@ pub struct PolicyTable {
     v6: LpmTrie<MapData, Ipv6Key, u32>,
     aggregates: Array<MapData, Cell>,
     stats: PerCpuArray<MapData, PolicyStats>,
+}
+
+/// The map entry of a spec, or why it cannot be one.
+fn map_entry(spec: &PolicySpec) -> Result<Policy, PolicyError> {
+    spec.to_policy().map_err(|reason| PolicyError::Invalid {
+        prefix: spec.prefix,
+        reason,
+    })
 }
 
 /// A prefix as the key of its family's LPM trie.
@@ -231,8 +237,9 @@ impl PolicyTable {
         self.replace_all(&rest)
     }
 
-    /// Checks `specs` as a policy set for `config`'s interface without touching anything.
-    pub fn validate(specs: &[PolicySpec], config: &Config) -> Result<(), PolicyError> {
+    /// Checks `specs` as the policy set of an interface whose keys are masked to
+    /// `key_prefixes` (IPv4, IPv6 lengths), without touching anything.
+    pub fn validate(specs: &[PolicySpec], key_prefixes: (u32, u32)) -> Result<(), PolicyError> {
         let mut seen = BTreeSet::new();
         for spec in specs {
             if !seen.insert(spec.prefix) {
@@ -240,13 +247,10 @@ impl PolicyTable {
                     prefix: spec.prefix,
                 });
             }
-            spec.to_policy().map_err(|reason| PolicyError::Invalid {
-                prefix: spec.prefix,
-                reason,
-            })?;
+            map_entry(spec)?;
             let key_len = match spec.prefix {
-                IpNet::V4(_) => config.prefix_v4,
-                IpNet::V6(_) => config.prefix_v6,
+                IpNet::V4(_) => key_prefixes.0,
+                IpNet::V6(_) => key_prefixes.1,
             };
             if u32::from(spec.prefix.prefix_len()) > key_len {
                 return Err(PolicyError::LongerThanKey {
@@ -266,7 +270,8 @@ impl PolicyTable {
 
     /// Makes `specs` the interface's prefix policies, as one change (see the module docs).
     pub fn replace_all(&mut self, specs: &[PolicySpec]) -> Result<Changes, PolicyError> {
-        Self::validate(specs, &self.config()?)?;
+        let config = self.config()?;
+        Self::validate(specs, (config.prefix_v4, config.prefix_v6))?;
         let current: BTreeMap<IpNet, Installed> = self
             .list()?
             .into_iter()
@@ -274,15 +279,15 @@ impl PolicyTable {
             .collect();
         let wanted: BTreeMap<IpNet, &PolicySpec> = specs.iter().map(|s| (s.prefix, s)).collect();
         let mut changes = Changes::default();
-        let mut free = (1..MAX_POLICIES).filter(|slot| !current.values().any(|i| i.slot == *slot));
+        let used: BTreeSet<u32> = current.values().map(|i| i.slot).collect();
+        let mut free = (1..MAX_POLICIES).filter(|slot| !used.contains(slot));
         let mut added = Vec::new();
         for (prefix, spec) in &wanted {
             match current.get(prefix) {
                 None => {
-                    let room = free.clone().count();
                     let slot = free.next().ok_or(PolicyError::Full {
                         asked: specs.len(),
-                        room,
+                        room: (MAX_POLICIES - 1) as usize - used.len(),
                     })?;
                     added.push((slot, **spec));
                     changes.added.push(*prefix);
@@ -326,18 +331,12 @@ impl PolicyTable {
         removed: &[Installed],
         undo: &mut Vec<Undo>,
     ) -> Result<(), PolicyError> {
-        let policy = |spec: &PolicySpec| {
-            spec.to_policy().map_err(|reason| PolicyError::Invalid {
-                prefix: spec.prefix,
-                reason,
-            })
-        };
         // New policies into free slots, with a fresh aggregate cell and counters: nothing
         // points at them yet.
         for (slot, spec) in added {
             undo.push(Undo::Slot(*slot, Policy::default()));
             self.reset_slot(*slot)?;
-            self.write_slot(*slot, &policy(spec)?)?;
+            self.write_slot(*slot, &map_entry(spec)?)?;
         }
         // Changed policies in place: their sources keep their cells.
         for (prefix, installed) in current {
@@ -347,7 +346,7 @@ impl PolicyTable {
                     .get(&installed.slot, 0)
                     .map_err(map_err("read the policies"))?;
                 undo.push(Undo::Slot(installed.slot, old));
-                self.write_slot(installed.slot, &policy(spec)?)?;
+                self.write_slot(installed.slot, &map_entry(spec)?)?;
             }
         }
         for (slot, spec) in added {
