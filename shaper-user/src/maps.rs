@@ -1,4 +1,5 @@
-//! Typed access to an attachment's pinned maps, for `status`, `stats` and in-place updates.
+//! Reading an attachment's pinned maps, for `status`, `stats` and the checks of an update.
+//! (Writes go through [`crate::policy::PolicyTable`], which keeps the policy generation.)
 
 use std::{
     fmt,
@@ -17,8 +18,6 @@ pub enum PinnedMapError {
     Open { path: String, source: MapError },
     #[error("cannot read pinned map {path}")]
     Read { path: String, source: MapError },
-    #[error("cannot update pinned map {path}")]
-    Write { path: String, source: MapError },
 }
 
 fn open(path: &Path) -> Result<Map, PinnedMapError> {
@@ -44,19 +43,6 @@ pub fn read_config(at: &Attachment) -> Result<Config, PinnedMapError> {
     let path = at.config();
     let array: Array<MapData, Config> = Array::try_from(open(&path)?).map_err(read_err(&path))?;
     array.get(&0, 0).map_err(read_err(&path))
-}
-
-/// Replaces the attachment's policy entry; the program sees it on its next packet.
-pub fn write_config(at: &Attachment, config: &Config) -> Result<(), PinnedMapError> {
-    let path = at.config();
-    let mut array: Array<MapData, Config> =
-        Array::try_from(open(&path)?).map_err(read_err(&path))?;
-    array
-        .set(0, config, 0)
-        .map_err(|source| PinnedMapError::Write {
-            path: path.display().to_string(),
-            source,
-        })
 }
 
 /// The global counters, summed over CPUs.

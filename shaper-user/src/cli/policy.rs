@@ -4,7 +4,6 @@ use anyhow::{Result, bail};
 use serde::Serialize;
 use shaper_common::{config::PolicyLimits, maps::DEFAULT_SLOT};
 use shaper_user::{
-    maps,
     pins::Attachment,
     policy::{Action, Installed, Mode, PolicySpec, PolicyTable, parse_prefix},
     system,
@@ -215,8 +214,8 @@ fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Res
 }
 
 fn list(args: &ListArgs, netns: Option<&str>, json: bool) -> Result<()> {
-    let (at, table) = open(&args.iface, netns)?;
-    let config = maps::read_config(&at)?;
+    let (_, table) = open(&args.iface, netns)?;
+    let config = table.config()?;
     let default = PolicySpec {
         prefix: parse_prefix("0.0.0.0/0")?,
         limits: PolicyLimits {

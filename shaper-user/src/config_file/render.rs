@@ -77,8 +77,8 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
     if !at.exists() {
         return Err(RenderError::NotAttached(at.label()));
     }
-    let config = maps::read_config(at)?;
     let table = PolicyTable::open(at)?;
+    let config = table.config()?;
     let key = if config.key_by == KeyBy::Dst.value() {
         KeyBy::Dst
     } else {
