@@ -4,10 +4,10 @@
 use core::fmt;
 
 use crate::{
-    gcra::{Limit, LimitError},
+    gcra::{Limit, LimitError, MAX_RATE_BPS},
     maps::{
-        ACTION_DROP, ACTION_LIMIT, ACTION_PASS, Config, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6,
-        KEY_BY_DST, KEY_BY_SRC, MODE_ENFORCE, MODE_MONITOR, Policy,
+        ACTION_DROP, ACTION_LIMIT, ACTION_PASS, Admission, Config, DEFAULT_PREFIX_V4,
+        DEFAULT_PREFIX_V6, KEY_BY_DST, KEY_BY_SRC, MODE_ENFORCE, MODE_MONITOR, Policy,
     },
 };
 
@@ -27,6 +27,12 @@ pub enum ConfigError {
     Mode(u32),
     /// The aggregate limit of a policy.
     Aggregate(LimitError),
+    /// New-source admission: a burst without a rate.
+    NewSourcesBurstAlone,
+    /// New-source admission: more keys a second than a limit can count.
+    NewSourcesTooMany(u64),
+    /// New-source admission: its burst.
+    NewSources(LimitError),
 }
 
 impl fmt::Display for ConfigError {
@@ -39,6 +45,14 @@ impl fmt::Display for ConfigError {
             Self::Action(a) => write!(f, "unknown action {a}"),
             Self::Mode(m) => write!(f, "unknown mode {m}"),
             Self::Aggregate(e) => write!(f, "aggregate: {e}"),
+            Self::NewSourcesBurstAlone => {
+                f.write_str("a new-sources burst needs a new-sources rate")
+            }
+            Self::NewSourcesTooMany(n) => write!(
+                f,
+                "{n} new sources a second is more than the {MAX_NEW_SOURCES} that can be metered"
+            ),
+            Self::NewSources(e) => write!(f, "new sources: {e}"),
         }
     }
 }
@@ -46,6 +60,30 @@ impl fmt::Display for ConfigError {
 impl From<LimitError> for ConfigError {
     fn from(e: LimitError) -> Self {
         Self::Limit(e)
+    }
+}
+
+/// The most new sources a second admission can meter (a key counts as one byte).
+pub const MAX_NEW_SOURCES: u64 = MAX_RATE_BPS / 8;
+
+impl Admission {
+    /// Admission of at most `new_sources` keys a second, `burst` at once; `new_sources`
+    /// 0 is unlimited (and takes no burst).
+    pub fn new(new_sources: u64, burst: u64) -> Result<Self, ConfigError> {
+        match (new_sources, burst) {
+            (0, 0) => return Ok(Self::default()),
+            (0, _) => return Err(ConfigError::NewSourcesBurstAlone),
+            (n, _) if n > MAX_NEW_SOURCES => return Err(ConfigError::NewSourcesTooMany(n)),
+            _ => {}
+        }
+        // One byte a key: the limit's byte rate is the key rate (so never below the
+        // minimum rate, nor above the maximum); only the burst can be refused.
+        let limit = Limit::new(new_sources * 8, burst).map_err(ConfigError::NewSources)?;
+        Ok(Self {
+            limit,
+            new_sources,
+            new_sources_burst: burst,
+        })
     }
 }
 
@@ -98,6 +136,11 @@ impl Config {
             mode: MODE_ENFORCE,
             // Never 0, which a source's unresolved policy carries.
             policy_gen: 1,
+            // Every new key gets a cell unless admission is asked for.
+            admission: Admission::default(),
+            // Kept by the policy table along with the generation.
+            prefixes_v4: 0,
+            prefixes_v6: 0,
         })
     }
 
@@ -128,6 +171,9 @@ pub struct PolicyLimits {
     /// The whole prefix; both zero for none.
     pub aggregate_rate_bps: u64,
     pub aggregate_burst_bytes: u64,
+    /// New-source admission ([`Admission::new`]); both zero for none.
+    pub new_sources: u64,
+    pub new_sources_burst: u64,
 }
 
 impl Policy {
@@ -161,6 +207,7 @@ impl Policy {
             ACTION_PASS | ACTION_DROP => (Limit::default(), Limit::default()),
             a => return Err(ConfigError::Action(a)),
         };
+        let admission = Admission::new(p.new_sources, p.new_sources_burst)?;
         let limited = p.action == ACTION_LIMIT;
         Ok(Self {
             limit,
@@ -176,6 +223,7 @@ impl Policy {
             prefix_len,
             _pad: 0,
             addr,
+            admission,
         })
     }
 
@@ -188,6 +236,8 @@ impl Policy {
             burst_bytes: self.burst_bytes,
             aggregate_rate_bps: self.aggregate_rate_bps,
             aggregate_burst_bytes: self.aggregate_burst_bytes,
+            new_sources: self.admission.new_sources,
+            new_sources_burst: self.admission.new_sources_burst,
         }
     }
 }
@@ -273,6 +323,43 @@ mod tests {
         );
         assert!(Config::new(10_000_000, 65_536, KEY_BY_SRC, 0, 0, 0).is_ok());
         assert!(Config::new(10_000_000, 65_536, KEY_BY_SRC, 32, 128, 0).is_ok());
+    }
+
+    #[test]
+    fn admission_counts_a_key_as_one_byte() {
+        assert_eq!(Admission::new(0, 0), Ok(Admission::default()));
+        assert!(!Admission::default().limited());
+        let a = Admission::new(1000, 5000).unwrap();
+        assert!(a.limited());
+        assert_eq!(a.limit, Limit::new(8000, 5000).unwrap());
+        assert_eq!((a.new_sources, a.new_sources_burst), (1000, 5000));
+        // From idle, exactly the burst of keys is admitted at once.
+        let now = 1 << 40;
+        let mut tat = 0;
+        let mut admitted = 0;
+        while let Some(t) = a.limit.admit(tat, now, 1) {
+            tat = t;
+            admitted += 1;
+            assert!(admitted <= 5000);
+        }
+        assert_eq!(admitted, 5000);
+        assert_eq!(
+            Admission::new(0, 10),
+            Err(ConfigError::NewSourcesBurstAlone)
+        );
+        assert_eq!(
+            Admission::new(10, 0),
+            Err(ConfigError::NewSources(LimitError::BurstZero))
+        );
+        assert_eq!(
+            Admission::new(MAX_NEW_SOURCES + 1, 1),
+            Err(ConfigError::NewSourcesTooMany(MAX_NEW_SOURCES + 1))
+        );
+        assert!(Admission::new(MAX_NEW_SOURCES, 1).is_ok());
+        assert_eq!(
+            Admission::new(1, u64::MAX / 8),
+            Err(ConfigError::NewSources(LimitError::BurstTooLong))
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub const PIN_PREFIXES_V4: &str = "prefixes_v4";
 pub const PIN_PREFIXES_V6: &str = "prefixes_v6";
 pub const PIN_AGGREGATES: &str = "aggregates";
 pub const PIN_POLICY_STATS: &str = "policy_stats";
+pub const PIN_ADMISSION: &str = "admission";
 
 /// Map names in the object file (at most 15 bytes: the kernel's name limit).
 pub const MAP_CONFIG: &str = "SHAPER_CONFIG";
@@ -29,6 +30,7 @@ pub const MAP_PREFIXES_V4: &str = "SHAPER_PREFIX4";
 pub const MAP_PREFIXES_V6: &str = "SHAPER_PREFIX6";
 pub const MAP_AGGREGATES: &str = "SHAPER_AGGS";
 pub const MAP_POLICY_STATS: &str = "SHAPER_PSTATS";
+pub const MAP_ADMISSION: &str = "SHAPER_ADMIT";
 
 /// Program names in the object file.
 pub const PROG_XDP: &str = "shaper_xdp";
@@ -104,9 +106,90 @@ pub struct Config {
     /// slot its prefix resolved to along with this number ([`SourceState::policy`]), and
     /// looks its prefix up again only when the number has moved on.
     pub policy_gen: u32,
+    /// New-source admission of the default policy (keys no prefix policy covers).
+    pub admission: Admission,
+    /// How many prefix policies each family has, kept by userspace with the generation:
+    /// a key new to the table skips the trie search of a family that has none.
+    pub prefixes_v4: u32,
+    pub prefixes_v6: u32,
 }
 
-const _: () = assert!(size_of::<Config>() == 88);
+const _: () = assert!(size_of::<Config>() == 136);
+
+/// New-source admission: at most `new_sources` keys a second (and `new_sources_burst` at
+/// once) get a cell of their own; the frames of keys refused one are *unadmitted* and
+/// share one cell per policy ([`AdmissionCells`]). All zero: every new key gets a cell.
+///
+/// The creations are metered by a GCRA cell like any other, with a key counted as one
+/// byte: `limit` is `Limit::new(8 × new_sources, new_sources_burst)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Admission {
+    pub limit: Limit,
+    /// Keys a second; 0: unlimited (no admission control).
+    pub new_sources: u64,
+    pub new_sources_burst: u64,
+}
+
+const _: () = assert!(size_of::<Admission>() == 40);
+
+impl Admission {
+    /// Whether new keys are admitted by a meter at all.
+    #[inline(always)]
+    pub fn limited(&self) -> bool {
+        self.new_sources != 0
+    }
+}
+
+/// The two shared cells of a policy slot with admission: array map `SHAPER_ADMIT`,
+/// indexed by slot ([`DEFAULT_SLOT`] for the default policy).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AdmissionCells {
+    /// Meters key creations (one byte a key) against [`Admission::limit`].
+    pub admit: Cell,
+    /// Meters all unadmitted frames of the policy together, at its per-source limit.
+    pub unadmitted: Cell,
+}
+
+const _: () = assert!(size_of::<AdmissionCells>() == 32);
+
+/// What became of a set of frames, by outcome: the counters of unadmitted frames, per
+/// policy and globally.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcomes {
+    pub passed_packets: u64,
+    pub passed_bytes: u64,
+    pub dropped_packets: u64,
+    pub dropped_bytes: u64,
+    /// In monitor mode: what enforcement would have dropped (and was passed).
+    pub would_drop_packets: u64,
+    pub would_drop_bytes: u64,
+}
+
+const _: () = assert!(size_of::<Outcomes>() == 48);
+
+impl Outcomes {
+    /// Field-wise sum, for folding per-CPU entries.
+    pub fn add(&mut self, o: &Self) {
+        self.passed_packets += o.passed_packets;
+        self.passed_bytes += o.passed_bytes;
+        self.dropped_packets += o.dropped_packets;
+        self.dropped_bytes += o.dropped_bytes;
+        self.would_drop_packets += o.would_drop_packets;
+        self.would_drop_bytes += o.would_drop_bytes;
+    }
+
+    /// All frames, whatever became of them.
+    pub fn packets(&self) -> u64 {
+        self.passed_packets + self.dropped_packets + self.would_drop_packets
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.passed_bytes + self.dropped_bytes + self.would_drop_bytes
+    }
+}
 
 /// A prefix policy: array map `SHAPER_POLICIES`, indexed by slot. The LPM tries
 /// `SHAPER_PREFIX4` (keyed by prefix length and [`Ipv4Key`]) and `SHAPER_PREFIX6` (by
@@ -136,9 +219,11 @@ pub struct Policy {
     pub prefix_len: u32,
     pub _pad: u32,
     pub addr: [u8; 16],
+    /// New-source admission of the keys this policy covers.
+    pub admission: Admission,
 }
 
-const _: () = assert!(size_of::<Policy>() == 120);
+const _: () = assert!(size_of::<Policy>() == 160);
 
 /// A GCRA cell: the TAT, and the scale ([`Limit::scale`]) of the limit it is expressed in,
 /// so a rate change can carry it over (see [`crate::rescale`]). Zero scale: never charged.
@@ -168,9 +253,14 @@ pub struct PolicyStats {
     /// source's own cell had room).
     pub aggregate_refused_packets: u64,
     pub aggregate_refused_bytes: u64,
+    /// Frames of keys refused a cell (new-source admission), metered together; not in
+    /// the passed, dropped and would-drop counts above.
+    pub unadmitted: Outcomes,
+    /// Keys given a cell under this policy.
+    pub new_sources: u64,
 }
 
-const _: () = assert!(size_of::<PolicyStats>() == 64);
+const _: () = assert!(size_of::<PolicyStats>() == 120);
 
 impl PolicyStats {
     /// Field-wise sum, for folding the per-CPU entries.
@@ -183,6 +273,8 @@ impl PolicyStats {
         self.would_drop_bytes += o.would_drop_bytes;
         self.aggregate_refused_packets += o.aggregate_refused_packets;
         self.aggregate_refused_bytes += o.aggregate_refused_bytes;
+        self.unadmitted.add(&o.unadmitted);
+        self.new_sources += o.new_sources;
     }
 }
 
@@ -222,8 +314,8 @@ pub type Ipv6Key = [u8; 16];
 ///
 /// Bytes are whole frames as XDP sees them: Ethernet header to end of payload, no FCS,
 /// every fragment of a multi-buffer frame included. With a policy in force every frame is
-/// counted in exactly one of passed, dropped, would drop, not IP, PPPoE other, VLAN too
-/// deep and malformed.
+/// counted in exactly one of passed, dropped, would drop, unadmitted (passed, dropped or
+/// would drop), not IP, PPPoE other, VLAN too deep and malformed.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -236,9 +328,11 @@ pub struct Counters {
     /// IP frames passed in monitor mode that enforcement would have dropped.
     pub would_drop_packets: u64,
     pub would_drop_bytes: u64,
-    /// Metered frames per family (passed or dropped).
+    /// Metered frames per family (passed, dropped or would drop, unadmitted included).
     pub ipv4_packets: u64,
     pub ipv6_packets: u64,
+    /// Frames of keys refused a cell by new-source admission, metered together per policy.
+    pub unadmitted: Outcomes,
     /// Frames of another ethertype (ARP, LLDP, MPLS, ...): passed untouched.
     pub not_ip_packets: u64,
     pub not_ip_bytes: u64,
@@ -255,7 +349,8 @@ pub struct Counters {
     pub malformed_bytes: u64,
     /// Keys seen for the first time (entries created in either sources map).
     pub new_sources: u64,
-    /// Packets dropped because the compare-and-swap lost every retry to other CPUs.
+    /// Decisions lost because the compare-and-swap lost every retry to other CPUs: the
+    /// packet was refused (dropped, or unadmitted when it was asking for a new cell).
     pub cas_exhausted: u64,
     /// Packets passed unmetered because no cell could be created for their key.
     pub untracked_packets: u64,
@@ -263,7 +358,7 @@ pub struct Counters {
     pub unconfigured_packets: u64,
 }
 
-const _: () = assert!(size_of::<Counters>() == 160);
+const _: () = assert!(size_of::<Counters>() == 208);
 
 impl Counters {
     /// Field-wise sum, for folding the per-CPU entries.
@@ -276,6 +371,7 @@ impl Counters {
         self.would_drop_bytes += o.would_drop_bytes;
         self.ipv4_packets += o.ipv4_packets;
         self.ipv6_packets += o.ipv6_packets;
+        self.unadmitted.add(&o.unadmitted);
         self.not_ip_packets += o.not_ip_packets;
         self.not_ip_bytes += o.not_ip_bytes;
         self.pppoe_other_packets += o.pppoe_other_packets;
@@ -301,4 +397,5 @@ mod pod {
     unsafe impl aya::Pod for super::Policy {}
     unsafe impl aya::Pod for super::Cell {}
     unsafe impl aya::Pod for super::PolicyStats {}
+    unsafe impl aya::Pod for super::AdmissionCells {}
 }

@@ -8,13 +8,15 @@
 use aya_ebpf::maps::LruHashMap;
 use shaper_common::{
     gcra::{self, Limit},
-    maps::{ACTION_DROP, ACTION_PASS, Cell, Config, PolicyStats, SourceState},
+    maps::{
+        ACTION_DROP, ACTION_PASS, AdmissionCells, Cell, Config, Outcomes, PolicyStats, SourceState,
+    },
 };
 
 use crate::{
     atomic,
     counters::bump,
-    maps::POLICY_STATS,
+    maps::{ADMISSION, POLICY_STATS},
     policy::{self, Rule},
 };
 
@@ -52,6 +54,15 @@ impl Outcome {
     }
 }
 
+/// What became of a metered frame, and whether its key had a cell of its own.
+#[derive(Clone, Copy)]
+pub struct Metered {
+    pub outcome: Outcome,
+    /// The key was refused a cell by new-source admission: the frame was metered in its
+    /// policy's shared cell of unadmitted frames.
+    pub unadmitted: bool,
+}
+
 /// Why a frame did not conform.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Refused {
@@ -59,8 +70,16 @@ enum Refused {
     Aggregate,
 }
 
+/// Why a key new to the table has no cell.
+enum NoCell {
+    /// Admission refused it one: meter the frame in the policy's shared cell.
+    Unadmitted(*mut AdmissionCells),
+    /// The map could not take the entry: pass the frame unmetered.
+    Untracked,
+}
+
 /// Meters a `len`-byte frame of `key`'s, in `map`, at `now` (ticks); `lookup` finds the
-/// key's policy slot when the cached one is stale.
+/// key's policy slot when the key is new or its cached slot is stale.
 #[inline(always)]
 pub fn meter<K>(
     map: &LruHashMap<K, SourceState>,
@@ -69,26 +88,33 @@ pub fn meter<K>(
     now: u64,
     config: &Config,
     lookup: impl FnOnce() -> u32,
-) -> Outcome {
-    let Some(state) = state_of(map, key) else {
-        bump(|c| c.untracked_packets += 1);
-        return Outcome::Passed;
-    };
+) -> Metered {
     // SAFETY: `state` points into the map value, valid for this program run; the fields
     // other CPUs write are accessed atomically.
     unsafe {
-        let slot = policy::resolve(state, config, lookup);
-        let rule = policy::rule(config, slot);
-        let refused = match rule.action {
-            ACTION_PASS => None,
-            ACTION_DROP => Some(Refused::Source),
-            _ => charge(&raw mut (*state).cell, &rule, len, now).err(),
+        let (state, rule) = match map.get_ptr_mut(key) {
+            Some(state) => (
+                state,
+                policy::rule(config, policy::resolve(state, config, lookup)),
+            ),
+            None => {
+                let rule = policy::rule(config, lookup());
+                match create(map, key, config, &rule, now) {
+                    Ok(state) => (state, rule),
+                    Err(NoCell::Unadmitted(cells)) => {
+                        return unadmitted(&raw mut (*cells).unadmitted, &rule, len, now);
+                    }
+                    Err(NoCell::Untracked) => {
+                        bump(|c| c.untracked_packets += 1);
+                        return Metered {
+                            outcome: Outcome::Passed,
+                            unadmitted: false,
+                        };
+                    }
+                }
+            }
         };
-        let outcome = match refused {
-            None => Outcome::Passed,
-            Some(_) if rule.monitor => Outcome::WouldDrop,
-            Some(_) => Outcome::Dropped,
-        };
+        let (outcome, refused) = decide(&raw mut (*state).cell, &rule, len, now);
         let (packets, bytes) = match outcome {
             Outcome::Passed => (
                 &raw mut (*state).passed_packets,
@@ -105,25 +131,105 @@ pub fn meter<K>(
         };
         atomic::add(packets, 1);
         atomic::add(bytes, u64::from(len));
-        count_policy(rule.slot, outcome, refused == Some(Refused::Aggregate), len);
-        outcome
+        count_policy(rule.slot, outcome, refused, len, false);
+        Metered {
+            outcome,
+            unadmitted: false,
+        }
     }
 }
 
-/// The key's state, created (idle, policy unresolved) on its first frame; `None` if no
-/// entry could be made.
+/// The rule's verdict on a frame metered in `cell`, charging the cell (and the
+/// aggregate) if it passes.
+///
+/// # Safety
+/// `cell` points to a live map value.
 #[inline(always)]
-fn state_of<K>(map: &LruHashMap<K, SourceState>, key: &K) -> Option<*mut SourceState> {
-    if let Some(state) = map.get_ptr_mut(key) {
-        return Some(state);
+unsafe fn decide(cell: *mut Cell, rule: &Rule, len: u32, now: u64) -> (Outcome, Option<Refused>) {
+    let refused = match rule.action {
+        ACTION_PASS => None,
+        ACTION_DROP => Some(Refused::Source),
+        _ => unsafe { charge(cell, rule, len, now) }.err(),
+    };
+    let outcome = match refused {
+        None => Outcome::Passed,
+        Some(_) if rule.monitor => Outcome::WouldDrop,
+        Some(_) => Outcome::Dropped,
+    };
+    (outcome, refused)
+}
+
+/// Meters the frame of a key refused a cell: all such frames of a policy share `cell`,
+/// at the policy's per-source limit.
+///
+/// # Safety
+/// `cell` points to a live map value.
+#[inline(always)]
+unsafe fn unadmitted(cell: *mut Cell, rule: &Rule, len: u32, now: u64) -> Metered {
+    let (outcome, refused) = unsafe { decide(cell, rule, len, now) };
+    count_policy(rule.slot, outcome, refused, len, true);
+    Metered {
+        outcome,
+        unadmitted: true,
     }
-    match map.insert(key, SourceState::default(), BPF_NOEXIST) {
-        Ok(()) => bump(|c| c.new_sources += 1),
+}
+
+/// The state of a key new to the table, created with its policy slot already resolved,
+/// if the policy's admission lets it have one. A refusal costs the admission cell's
+/// check and nothing else: no insert, no second lookup.
+///
+/// # Safety
+/// Map values only are dereferenced.
+#[inline(always)]
+unsafe fn create<K>(
+    map: &LruHashMap<K, SourceState>,
+    key: &K,
+    config: &Config,
+    rule: &Rule,
+    now: u64,
+) -> Result<*mut SourceState, NoCell> {
+    let admission = rule.admission;
+    if admission.limited() {
+        let cells = ADMISSION.get_ptr_mut(rule.slot).ok_or(NoCell::Untracked)?;
+        // SAFETY: `cells` points to a live map value.
+        if !unsafe { take(&raw mut (*cells).admit, &admission.limit, 1, now) } {
+            return Err(NoCell::Unadmitted(cells));
+        }
+    }
+    let state = SourceState {
+        policy: policy::cache_word(config, rule.slot),
+        ..SourceState::default()
+    };
+    match map.insert(key, state, BPF_NOEXIST) {
+        Ok(()) => {
+            bump(|c| c.new_sources += 1);
+            if let Some(stats) = POLICY_STATS.get_ptr_mut(rule.slot) {
+                // SAFETY: this CPU's entry (see `count_policy`).
+                unsafe { (*stats).new_sources += 1 };
+            }
+        }
         // Another CPU created it first: meter against its entry.
         Err(e) if e == -EEXIST => {}
-        Err(_) => return None,
+        Err(_) => return Err(NoCell::Untracked),
     }
-    map.get_ptr_mut(key)
+    map.get_ptr_mut(key).ok_or(NoCell::Untracked)
+}
+
+/// Charges `len` bytes to `cell` under `limit` if they conform: whether they did.
+///
+/// # Safety
+/// `cell` points to a live map value.
+#[inline(always)]
+unsafe fn take(cell: *mut Cell, limit: &Limit, len: u32, now: u64) -> bool {
+    unsafe {
+        carry_over(cell, limit, now);
+        let tat = &raw mut (*cell).tat;
+        let old = atomic::load(tat);
+        limit
+            .admit(old, now, len)
+            .and_then(|new| publish(tat, old, new, limit, len, now))
+            .is_some()
+    }
 }
 
 /// Charges the frame to the source's cell and, if the rule has one, to the aggregate
@@ -136,15 +242,15 @@ fn state_of<K>(map: &LruHashMap<K, SourceState>, key: &K) -> Option<*mut SourceS
 #[inline(always)]
 unsafe fn charge(cell: *mut Cell, rule: &Rule, len: u32, now: u64) -> Result<(), Refused> {
     unsafe {
+        let Some((aggregate, limit)) = rule.aggregate else {
+            return take(cell, rule.limit, len, now)
+                .then_some(())
+                .ok_or(Refused::Source);
+        };
         carry_over(cell, rule.limit, now);
         let tat = &raw mut (*cell).tat;
         let old = atomic::load(tat);
         let new = rule.limit.admit(old, now, len).ok_or(Refused::Source)?;
-        let Some((aggregate, limit)) = rule.aggregate else {
-            return publish(tat, old, new, rule.limit, len, now)
-                .map(drop)
-                .ok_or(Refused::Source);
-        };
         carry_over(aggregate, limit, now);
         let aggregate_tat = &raw mut (*aggregate).tat;
         let aggregate_old = atomic::load(aggregate_tat);
@@ -216,9 +322,10 @@ unsafe fn carry_over(cell: *mut Cell, limit: &Limit, now: u64) {
     }
 }
 
-/// Adds the frame to its policy's per-CPU counters.
+/// Adds the frame to its policy's per-CPU counters: those of unadmitted frames, or the
+/// policy's own, and the aggregate's refusals.
 #[inline(always)]
-fn count_policy(slot: u32, outcome: Outcome, by_aggregate: bool, len: u32) {
+fn count_policy(slot: u32, outcome: Outcome, refused: Option<Refused>, len: u32, unadmitted: bool) {
     let Some(stats) = POLICY_STATS.get_ptr_mut(slot) else {
         return;
     };
@@ -226,22 +333,29 @@ fn count_policy(slot: u32, outcome: Outcome, by_aggregate: bool, len: u32) {
     // preempt each other.
     let s: &mut PolicyStats = unsafe { &mut *stats };
     let bytes = u64::from(len);
-    match outcome {
-        Outcome::Passed => {
-            s.passed_packets += 1;
-            s.passed_bytes += bytes;
+    let (p, b) = if unadmitted {
+        outcome_fields(&mut s.unadmitted, outcome)
+    } else {
+        match outcome {
+            Outcome::Passed => (&mut s.passed_packets, &mut s.passed_bytes),
+            Outcome::Dropped => (&mut s.dropped_packets, &mut s.dropped_bytes),
+            Outcome::WouldDrop => (&mut s.would_drop_packets, &mut s.would_drop_bytes),
         }
-        Outcome::Dropped => {
-            s.dropped_packets += 1;
-            s.dropped_bytes += bytes;
-        }
-        Outcome::WouldDrop => {
-            s.would_drop_packets += 1;
-            s.would_drop_bytes += bytes;
-        }
-    }
-    if by_aggregate {
+    };
+    *p += 1;
+    *b += bytes;
+    if refused == Some(Refused::Aggregate) {
         s.aggregate_refused_packets += 1;
         s.aggregate_refused_bytes += bytes;
+    }
+}
+
+/// The packet and byte counters of `outcome` in `o`.
+#[inline(always)]
+pub fn outcome_fields(o: &mut Outcomes, outcome: Outcome) -> (&mut u64, &mut u64) {
+    match outcome {
+        Outcome::Passed => (&mut o.passed_packets, &mut o.passed_bytes),
+        Outcome::Dropped => (&mut o.dropped_packets, &mut o.dropped_bytes),
+        Outcome::WouldDrop => (&mut o.would_drop_packets, &mut o.would_drop_bytes),
     }
 }

@@ -6,8 +6,8 @@ use aya_ebpf::{
 };
 use shaper_common::{
     maps::{
-        Cell, Config, Counters, DEFAULT_MAX_SOURCES, Ipv4Key, Ipv6Key, MAX_POLICIES, Policy,
-        PolicyStats, SourceState,
+        AdmissionCells, Cell, Config, Counters, DEFAULT_MAX_SOURCES, Ipv4Key, Ipv6Key,
+        MAX_POLICIES, Policy, PolicyStats, SourceState,
     },
     softirq::SoftirqTime,
 };
@@ -42,6 +42,11 @@ pub static PREFIXES_V6: LpmTrie<Ipv6Key, u32> = LpmTrie::with_max_entries(MAX_PO
 /// The aggregate cell of each policy slot that has one.
 #[map(name = "SHAPER_AGGS")]
 pub static AGGREGATES: Array<Cell> = Array::with_max_entries(MAX_POLICIES, 0);
+
+/// The new-source admission cell and the shared cell of unadmitted frames, per policy
+/// slot (the default policy's at slot 0).
+#[map(name = "SHAPER_ADMIT")]
+pub static ADMISSION: Array<AdmissionCells> = Array::with_max_entries(MAX_POLICIES, 0);
 
 /// Counters per policy slot, one entry per CPU.
 #[map(name = "SHAPER_PSTATS")]

@@ -8,7 +8,10 @@
 use aya_ebpf::maps::lpm_trie::Key;
 use shaper_common::{
     gcra::Limit,
-    maps::{ACTION_LIMIT, Cell, Config, DEFAULT_SLOT, Ipv4Key, Ipv6Key, MODE_MONITOR, SourceState},
+    maps::{
+        ACTION_LIMIT, Admission, Cell, Config, DEFAULT_SLOT, Ipv4Key, Ipv6Key, MODE_MONITOR,
+        SourceState,
+    },
 };
 
 use crate::maps::{AGGREGATES, POLICIES, PREFIXES_V4, PREFIXES_V6};
@@ -24,11 +27,17 @@ pub struct Rule<'a> {
     pub limit: &'a Limit,
     /// The prefix's shared cell and its limit, if the policy has one.
     pub aggregate: Option<(*mut Cell, &'a Limit)>,
+    /// How keys new to the table get a cell.
+    pub admission: &'a Admission,
 }
 
-/// The slot of the longest prefix policy covering an IPv4 key, or the default.
+/// The slot of the longest prefix policy covering an IPv4 key, or the default; no search
+/// while the family has no prefix policy.
 #[inline(always)]
-pub fn slot_v4(key: &Ipv4Key) -> u32 {
+pub fn slot_v4(key: &Ipv4Key, config: &Config) -> u32 {
+    if config.prefixes_v4 == 0 {
+        return DEFAULT_SLOT;
+    }
     PREFIXES_V4
         .get(Key::new(32, *key))
         .copied()
@@ -37,11 +46,20 @@ pub fn slot_v4(key: &Ipv4Key) -> u32 {
 
 /// The slot of the longest prefix policy covering an IPv6 key, or the default.
 #[inline(always)]
-pub fn slot_v6(key: &Ipv6Key) -> u32 {
+pub fn slot_v6(key: &Ipv6Key, config: &Config) -> u32 {
+    if config.prefixes_v6 == 0 {
+        return DEFAULT_SLOT;
+    }
     PREFIXES_V6
         .get(Key::new(128, *key))
         .copied()
         .unwrap_or(DEFAULT_SLOT)
+}
+
+/// The cached-policy word of a key resolved to `slot` under `config`'s generation.
+#[inline(always)]
+pub fn cache_word(config: &Config, slot: u32) -> u64 {
+    (u64::from(config.policy_gen) << 32) | u64::from(slot)
 }
 
 /// The source's policy slot: the cached one while the generation holds, otherwise looked
@@ -62,10 +80,7 @@ pub unsafe fn resolve(
             return cached as u32;
         }
         let slot = lookup();
-        core::ptr::write_volatile(
-            &raw mut (*state).policy,
-            (u64::from(config.policy_gen) << 32) | u64::from(slot),
-        );
+        core::ptr::write_volatile(&raw mut (*state).policy, cache_word(config, slot));
         slot
     }
 }
@@ -92,6 +107,7 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
             monitor: interface_monitor || p.mode == MODE_MONITOR,
             limit: &p.limit,
             aggregate,
+            admission: &p.admission,
         };
     }
     Rule {
@@ -100,5 +116,6 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
         monitor: interface_monitor,
         limit: &config.limit,
         aggregate: None,
+        admission: &config.admission,
     }
 }

@@ -12,7 +12,7 @@ use aya_ebpf::{
 use shaper_common::gcra::ticks_from_ns;
 
 use crate::{
-    cell::{Outcome, Verdict, meter},
+    cell::{Metered, Outcome, Verdict, meter, outcome_fields},
     counters::bump,
     key,
     maps::{CONFIG, SOURCES, SOURCES6},
@@ -58,37 +58,38 @@ fn try_shaper_xdp(ctx: &XdpContext) -> Verdict {
     let len = len64 as u32;
     // SAFETY: a helper with no preconditions.
     let now = ticks_from_ns(unsafe { bpf_ktime_get_ns() });
-    let (outcome, v4) = match frame {
+    let (metered, v4) = match frame {
         // SAFETY: `classify` returned pointers to headers it checked lie in the frame.
         Frame::Ipv4(ip) => {
             let key = unsafe { key::v4(ip, config) };
-            let lookup = || policy::slot_v4(&key);
+            let lookup = || policy::slot_v4(&key, config);
             (meter(&SOURCES, &key, len, now, config, lookup), 1)
         }
         Frame::Ipv6(ip) => {
             let key = unsafe { key::v6(ip, config) };
-            let lookup = || policy::slot_v6(&key);
+            let lookup = || policy::slot_v6(&key, config);
             (meter(&SOURCES6, &key, len, now, config, lookup), 0)
         }
         _ => return Verdict::Pass,
     };
+    let Metered {
+        outcome,
+        unadmitted,
+    } = metered;
     bump(|c| {
         c.ipv4_packets += v4;
         c.ipv6_packets += 1 - v4;
-        match outcome {
-            Outcome::Passed => {
-                c.passed_packets += 1;
-                c.passed_bytes += len64;
+        let (packets, bytes) = if unadmitted {
+            outcome_fields(&mut c.unadmitted, outcome)
+        } else {
+            match outcome {
+                Outcome::Passed => (&mut c.passed_packets, &mut c.passed_bytes),
+                Outcome::WouldDrop => (&mut c.would_drop_packets, &mut c.would_drop_bytes),
+                Outcome::Dropped => (&mut c.dropped_packets, &mut c.dropped_bytes),
             }
-            Outcome::WouldDrop => {
-                c.would_drop_packets += 1;
-                c.would_drop_bytes += len64;
-            }
-            Outcome::Dropped => {
-                c.dropped_packets += 1;
-                c.dropped_bytes += len64;
-            }
-        }
+        };
+        *packets += 1;
+        *bytes += len64;
     });
     outcome.verdict()
 }

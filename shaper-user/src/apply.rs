@@ -116,6 +116,7 @@ pub fn apply(
             prefix_v4: d.prefix_v4,
             prefix_v6: d.prefix_v6,
             mode: Some(d.mode),
+            admission: Some(d.admission),
             policies: Some(d.policies.clone()),
         };
         match loader::attach(&req) {

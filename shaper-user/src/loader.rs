@@ -20,9 +20,10 @@ use aya::{
 use shaper_common::{
     config::ConfigError,
     maps::{
-        Config, DEFAULT_MAX_SOURCES, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST, KEY_BY_SRC,
-        MAP_AGGREGATES, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES, MAP_POLICY_STATS, MAP_PREFIXES_V4,
-        MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6, PROG_XDP, XDP_MODE_NATIVE, XDP_MODE_SKB,
+        Admission, Config, DEFAULT_MAX_SOURCES, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST,
+        KEY_BY_SRC, MAP_ADMISSION, MAP_AGGREGATES, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES,
+        MAP_POLICY_STATS, MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6, PROG_XDP,
+        XDP_MODE_NATIVE, XDP_MODE_SKB,
     },
 };
 
@@ -96,6 +97,8 @@ pub struct AttachRequest {
     pub prefix_v6: Option<u32>,
     /// Monitor or enforce, for the whole interface.
     pub mode: Option<Mode>,
+    /// New-source admission of the default policy (default: unlimited).
+    pub admission: Option<Admission>,
     /// `Some`: make these the interface's prefix policies, in the same change. `None`:
     /// leave the policies as they are (none on a new attachment).
     pub policies: Option<Vec<PolicySpec>>,
@@ -183,6 +186,7 @@ fn config_for(req: &AttachRequest, xdp_mode: u32) -> Result<Config, AttachError>
     .map_err(AttachError::Config)?;
     Ok(Config {
         mode: req.mode.unwrap_or_default().value(),
+        admission: req.admission.unwrap_or_default(),
         ..config
     })
 }
@@ -282,6 +286,7 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
     .map_err(AttachError::Config)?;
     let config = Config {
         mode: req.mode.map_or(current.mode, Mode::value),
+        admission: req.admission.unwrap_or(current.admission),
         ..config
     };
     let mut table = PolicyTable::open(&req.at)?;
@@ -361,6 +366,7 @@ fn attach_new(req: &AttachRequest) -> Result<Attached, AttachError> {
         (MAP_PREFIXES_V6, at.prefixes_v6()),
         (MAP_AGGREGATES, at.aggregates()),
         (MAP_POLICY_STATS, at.policy_stats()),
+        (MAP_ADMISSION, at.admission()),
     ] {
         let map = ebpf
             .map(name)

@@ -10,8 +10,8 @@ use std::{
 };
 
 use shaper_common::maps::{
-    PIN_AGGREGATES, PIN_CONFIG, PIN_COUNTERS, PIN_LINK, PIN_POLICIES, PIN_POLICY_STATS,
-    PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_ROOT, PIN_SOURCES, PIN_SOURCES6,
+    PIN_ADMISSION, PIN_AGGREGATES, PIN_CONFIG, PIN_COUNTERS, PIN_LINK, PIN_POLICIES,
+    PIN_POLICY_STATS, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_ROOT, PIN_SOURCES, PIN_SOURCES6,
 };
 
 const NETNS_DIR: &str = "netns";
@@ -69,6 +69,9 @@ impl Attachment {
     }
     pub fn policy_stats(&self) -> PathBuf {
         self.dir().join(PIN_POLICY_STATS)
+    }
+    pub fn admission(&self) -> PathBuf {
+        self.dir().join(PIN_ADMISSION)
     }
 
     /// Whether shaper is attached here (its link is pinned).

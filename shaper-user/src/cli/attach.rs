@@ -1,9 +1,10 @@
 //! `shaper attach IFACE --rate RATE --burst SIZE`: hold every source on IFACE to RATE.
 
+use super::new_sources;
 use anyhow::{Result, anyhow, bail};
 use shaper_common::{
     gcra::{Limit, LimitError},
-    maps::{DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
+    maps::{Admission, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
 };
 use shaper_user::{
     loader::{self, AttachRequest, Attached, KeyBy, XdpAttachMode},
@@ -48,6 +49,8 @@ pub struct Args {
     /// dropped [default: enforce; unchanged when updating]
     #[arg(long, value_enum)]
     pub mode: Option<Mode>,
+    #[command(flatten)]
+    pub new_sources: new_sources::Args,
 }
 
 /// Refuses a burst below one full-size frame on `iface`: such frames could never pass.
@@ -73,6 +76,7 @@ pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
             anyhow!("invalid --burst {}: {e}", args.burst)
         }
     })?;
+    let admission = args.new_sources.admission()?;
     check_burst_fits("--burst", args.burst, &args.iface)?;
     let req = AttachRequest {
         at: Attachment::new(&args.iface, netns),
@@ -84,12 +88,20 @@ pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
         prefix_v4: args.prefix_v4,
         prefix_v6: args.prefix_v6,
         mode: args.mode,
+        admission,
         policies: None,
     };
     let _lock = system::lock()?;
+    let admitted = match admission.filter(Admission::limited) {
+        Some(a) => format!(
+            ", new sources {}",
+            new_sources::describe(a.new_sources, a.new_sources_burst)
+        ),
+        None => String::new(),
+    };
     match loader::attach(&req)? {
         Attached::New { xdp_mode } => println!(
-            "attached to {} ({} XDP{}): rate {} burst {} per {} /{} (IPv6 /{})",
+            "attached to {} ({} XDP{}): rate {} burst {} per {} /{} (IPv6 /{}){admitted}",
             req.at.label(),
             loader::mode_name(xdp_mode),
             if args.mode == Some(Mode::Monitor) {
@@ -107,7 +119,7 @@ pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
             req.prefix_v6.unwrap_or(DEFAULT_PREFIX_V6),
         ),
         Attached::Updated { .. } => println!(
-            "updated {}: rate {} burst {} per source",
+            "updated {}: rate {} burst {} per source{admitted}",
             req.at.label(),
             args.rate,
             args.burst

@@ -5,6 +5,7 @@ pub mod attach;
 pub mod config;
 pub mod detach;
 pub mod explain;
+pub mod new_sources;
 pub mod policy;
 pub mod stats;
 pub mod status;

@@ -10,7 +10,7 @@ use shaper_user::{
     units::{Rate, Size},
 };
 
-use super::attach::check_burst_fits;
+use super::{attach::check_burst_fits, new_sources};
 
 /// Per-prefix policies: limits, exemptions and blocks, longest prefix wins
 #[derive(Debug, clap::Subcommand)]
@@ -47,6 +47,8 @@ pub struct SetArgs {
     /// monitor: drop nothing for this prefix, count what would be dropped
     #[arg(long, value_enum, default_value_t = Mode::Enforce)]
     pub mode: Mode,
+    #[command(flatten)]
+    pub new_sources: new_sources::Args,
 }
 
 #[derive(Debug, clap::Args)]
@@ -97,6 +99,7 @@ fn limits(args: &SetArgs) -> Result<PolicyLimits> {
         (true, Some(r), Some(b)) => (r.bits_per_sec(), b.bytes()),
         (true, _, _) => bail!("--action limit needs --rate and --burst"),
     };
+    let admission = args.new_sources.admission()?.unwrap_or_default();
     Ok(PolicyLimits {
         action: args.action.value(),
         mode: args.mode.value(),
@@ -104,6 +107,8 @@ fn limits(args: &SetArgs) -> Result<PolicyLimits> {
         burst_bytes: burst,
         aggregate_rate_bps: args.aggregate_rate.map_or(0, |r| r.bits_per_sec()),
         aggregate_burst_bytes: args.aggregate_burst.map_or(0, |b| b.bytes()),
+        new_sources: admission.new_sources,
+        new_sources_burst: admission.new_sources_burst,
     })
 }
 
@@ -164,6 +169,10 @@ pub fn describe(spec: &PolicySpec) -> String {
             Size::from_bytes(l.aggregate_burst_bytes)
         );
     }
+    if l.new_sources != 0 {
+        text += ", new sources ";
+        text += &new_sources::describe(l.new_sources, l.new_sources_burst);
+    }
     if spec.mode() == Mode::Monitor {
         text += " (monitor)";
     }
@@ -189,6 +198,21 @@ struct Row {
     would_drop_bytes: u64,
     aggregate_refused_packets: u64,
     aggregate_refused_bytes: u64,
+    /// Zero: unlimited (every new key gets a cell).
+    new_sources_per_sec: u64,
+    new_sources_burst: u64,
+    /// Keys given a cell under this policy.
+    new_sources: u64,
+    /// Frames of keys refused a cell, metered together (not in passed, dropped or
+    /// would drop above).
+    unadmitted_packets: u64,
+    unadmitted_bytes: u64,
+    unadmitted_passed_packets: u64,
+    unadmitted_passed_bytes: u64,
+    unadmitted_dropped_packets: u64,
+    unadmitted_dropped_bytes: u64,
+    unadmitted_would_drop_packets: u64,
+    unadmitted_would_drop_bytes: u64,
 }
 
 fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Result<Row> {
@@ -210,6 +234,17 @@ fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Res
         would_drop_bytes: s.would_drop_bytes,
         aggregate_refused_packets: s.aggregate_refused_packets,
         aggregate_refused_bytes: s.aggregate_refused_bytes,
+        new_sources_per_sec: l.new_sources,
+        new_sources_burst: l.new_sources_burst,
+        new_sources: s.new_sources,
+        unadmitted_packets: s.unadmitted.packets(),
+        unadmitted_bytes: s.unadmitted.bytes(),
+        unadmitted_passed_packets: s.unadmitted.passed_packets,
+        unadmitted_passed_bytes: s.unadmitted.passed_bytes,
+        unadmitted_dropped_packets: s.unadmitted.dropped_packets,
+        unadmitted_dropped_bytes: s.unadmitted.dropped_bytes,
+        unadmitted_would_drop_packets: s.unadmitted.would_drop_packets,
+        unadmitted_would_drop_bytes: s.unadmitted.would_drop_bytes,
     })
 }
 
@@ -222,6 +257,8 @@ fn list(args: &ListArgs, netns: Option<&str>, json: bool) -> Result<()> {
             mode: config.mode,
             rate_bps: config.rate_bps,
             burst_bytes: config.burst_bytes,
+            new_sources: config.admission.new_sources,
+            new_sources_burst: config.admission.new_sources_burst,
             ..PolicyLimits::default()
         },
     };
@@ -234,7 +271,7 @@ fn list(args: &ListArgs, netns: Option<&str>, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>8} {:>12} {:>12} {:>12}",
+        "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>8} {:>8} {:>12} {:>12} {:>12} {:>10} {:>12}",
         "prefix",
         "action",
         "mode",
@@ -242,14 +279,17 @@ fn list(args: &ListArgs, netns: Option<&str>, json: bool) -> Result<()> {
         "burst",
         "aggr rate",
         "aggr brst",
+        "new/s",
         "passed pkts",
         "dropped pkts",
-        "would drop"
+        "would drop",
+        "new keys",
+        "unadmitted"
     );
     let or_dash = |v: u64, text: String| if v == 0 { "-".to_owned() } else { text };
     for r in &rows {
         println!(
-            "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>8} {:>12} {:>12} {:>12}",
+            "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>8} {:>8} {:>12} {:>12} {:>12} {:>10} {:>12}",
             r.prefix,
             r.action,
             r.mode,
@@ -263,9 +303,12 @@ fn list(args: &ListArgs, netns: Option<&str>, json: bool) -> Result<()> {
                 r.aggregate_burst_bytes,
                 Size::from_bytes(r.aggregate_burst_bytes).to_string()
             ),
+            or_dash(r.new_sources_per_sec, r.new_sources_per_sec.to_string()),
             r.passed_packets,
             r.dropped_packets,
-            r.would_drop_packets
+            r.would_drop_packets,
+            r.new_sources,
+            r.unadmitted_packets
         );
     }
     Ok(())

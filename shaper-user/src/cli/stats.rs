@@ -36,6 +36,17 @@ struct Totals {
     vlan_too_deep_bytes: u64,
     malformed_packets: u64,
     malformed_bytes: u64,
+    /// Frames of keys refused a cell by new-source admission, metered together per
+    /// policy; not in passed, dropped or would drop.
+    unadmitted_packets: u64,
+    unadmitted_bytes: u64,
+    unadmitted_passed_packets: u64,
+    unadmitted_passed_bytes: u64,
+    unadmitted_dropped_packets: u64,
+    unadmitted_dropped_bytes: u64,
+    unadmitted_would_drop_packets: u64,
+    unadmitted_would_drop_bytes: u64,
+    /// Keys given a cell.
     new_sources: u64,
     cas_exhausted_packets: u64,
     untracked_packets: u64,
@@ -61,6 +72,14 @@ impl From<Counters> for Totals {
             vlan_too_deep_bytes: c.vlan_too_deep_bytes,
             malformed_packets: c.malformed_packets,
             malformed_bytes: c.malformed_bytes,
+            unadmitted_packets: c.unadmitted.packets(),
+            unadmitted_bytes: c.unadmitted.bytes(),
+            unadmitted_passed_packets: c.unadmitted.passed_packets,
+            unadmitted_passed_bytes: c.unadmitted.passed_bytes,
+            unadmitted_dropped_packets: c.unadmitted.dropped_packets,
+            unadmitted_dropped_bytes: c.unadmitted.dropped_bytes,
+            unadmitted_would_drop_packets: c.unadmitted.would_drop_packets,
+            unadmitted_would_drop_bytes: c.unadmitted.would_drop_bytes,
             new_sources: c.new_sources,
             cas_exhausted_packets: c.cas_exhausted,
             untracked_packets: c.untracked_packets,
@@ -150,6 +169,20 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
             t.would_drop_packets, t.would_drop_bytes
         );
     }
+    if t.unadmitted_packets != 0 {
+        println!(
+            "  unadmitted {:>12} pkts {:>16} bytes: passed {} pkts, dropped {} pkts{}",
+            t.unadmitted_packets,
+            t.unadmitted_bytes,
+            t.unadmitted_passed_packets,
+            t.unadmitted_dropped_packets,
+            if t.unadmitted_would_drop_packets != 0 {
+                format!(", would drop {} pkts", t.unadmitted_would_drop_packets)
+            } else {
+                String::new()
+            }
+        );
+    }
     println!(
         "  metered    {:>12} IPv4 pkts {:>11} IPv6 pkts",
         t.ipv4_packets, t.ipv6_packets
@@ -167,7 +200,7 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
         println!("  {what:<12} {packets:>10} pkts {bytes:>16} bytes");
     }
     println!(
-        "  sources {} tracked, {} seen; cas exhausted {}, untracked {}",
+        "  sources {} tracked, {} created; cas exhausted {}, untracked {}",
         stats.sources_tracked, t.new_sources, t.cas_exhausted_packets, t.untracked_packets
     );
     if !stats.top_sources.is_empty() {

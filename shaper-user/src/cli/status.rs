@@ -1,6 +1,8 @@
 //! `shaper status [IFACE]`: what is attached where, and how.
 
 use anyhow::Result;
+
+use super::new_sources;
 use serde::Serialize;
 use shaper_user::{
     loader, maps,
@@ -33,6 +35,9 @@ struct Row {
     ipv4_sources_tracked: usize,
     ipv6_sources_tracked: usize,
     max_sources: u32,
+    /// New-source admission of the default policy; zero: unlimited.
+    new_sources_per_sec: u64,
+    new_sources_burst: u64,
     pin_dir: String,
 }
 
@@ -54,6 +59,8 @@ fn row(at: &Attachment) -> Result<Row> {
         ipv4_sources_tracked: v4,
         ipv6_sources_tracked: v6,
         max_sources: maps::sources_capacity(at)?,
+        new_sources_per_sec: config.admission.new_sources,
+        new_sources_burst: config.admission.new_sources_burst,
         pin_dir: at.dir().display().to_string(),
     })
 }
@@ -88,7 +95,7 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
             " [interface gone: detach to remove its pins]"
         };
         println!(
-            "{}: xdp {} rate {} burst {} per {} /{} (IPv6 /{}), sources {}/{} IPv4 {}/{} IPv6{gone}",
+            "{}: xdp {} rate {} burst {} per {} /{} (IPv6 /{}), sources {}/{} IPv4 {}/{} IPv6, new sources {}{gone}",
             at.label(),
             r.xdp_mode,
             Rate::from_bps(r.rate_bits_per_sec),
@@ -99,7 +106,8 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
             r.ipv4_sources_tracked,
             r.max_sources,
             r.ipv6_sources_tracked,
-            r.max_sources
+            r.max_sources,
+            new_sources::describe(r.new_sources_per_sec, r.new_sources_burst)
         );
     }
     Ok(())

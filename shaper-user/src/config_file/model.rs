@@ -5,9 +5,9 @@ use std::ops::Range;
 
 use serde::Deserialize;
 use shaper_common::{
-    config::PolicyLimits,
+    config::{ConfigError, PolicyLimits},
     gcra::Limit,
-    maps::{DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
+    maps::{Admission, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
 };
 use toml::Spanned;
 
@@ -40,6 +40,8 @@ pub struct DesiredInterface {
     pub prefix_v6: Option<u32>,
     pub xdp_mode: XdpAttachMode,
     pub max_sources: Option<u32>,
+    /// New-source admission of the default policy (unlimited unless the file sets it).
+    pub admission: Admission,
     pub policies: Vec<PolicySpec>,
 }
 
@@ -68,6 +70,10 @@ struct InterfaceModel {
     xdp_mode: Option<XdpModeName>,
     #[serde(default)]
     max_sources: Option<Spanned<u32>>,
+    #[serde(default)]
+    new_sources: Option<Spanned<u64>>,
+    #[serde(default)]
+    new_sources_burst: Option<Spanned<u64>>,
     #[serde(default, rename = "policy")]
     policies: Vec<PolicyModel>,
 }
@@ -88,6 +94,10 @@ struct PolicyModel {
     aggregate_burst: Option<Spanned<String>>,
     #[serde(default)]
     mode: Option<ModeName>,
+    #[serde(default)]
+    new_sources: Option<Spanned<u64>>,
+    #[serde(default)]
+    new_sources_burst: Option<Spanned<u64>>,
 }
 
 /// The names the file uses for the CLI's value enums (serde checks them, with a span).
@@ -217,6 +227,7 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<DesiredInterface>, FileError>
                 "must be at least 1",
             ));
         }
+        let admission = admission(&src, &m.new_sources, &m.new_sources_burst, &here)?;
         let key_v4 = prefix_v4.unwrap_or(DEFAULT_PREFIX_V4);
         let key_v6 = prefix_v6.unwrap_or(DEFAULT_PREFIX_V6);
         let policies = m
@@ -269,6 +280,7 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<DesiredInterface>, FileError>
                 Some(XdpModeName::Skb) => XdpAttachMode::Skb,
             },
             max_sources: m.max_sources.map(|n| *n.get_ref()),
+            admission,
             policies,
         });
     }
@@ -285,6 +297,42 @@ fn size(src: &Source, v: &Spanned<String>, field: String) -> Result<Size, FileEr
     v.get_ref()
         .parse()
         .map_err(|e: crate::units::UnitError| src.error(v.span(), field, e.to_string()))
+}
+
+/// `new_sources` and `new_sources_burst` of the table at `here` (the burst defaults to
+/// the rate; neither: unlimited).
+fn admission(
+    src: &Source,
+    n: &Option<Spanned<u64>>,
+    burst: &Option<Spanned<u64>>,
+    here: &str,
+) -> Result<Admission, FileError> {
+    let Some(n) = n else {
+        return match burst {
+            Some(b) => Err(src.error(
+                b.span(),
+                format!("{here}.new_sources_burst"),
+                "needs new_sources",
+            )),
+            None => Ok(Admission::default()),
+        };
+    };
+    if *n.get_ref() == 0 {
+        return Err(src.error(
+            n.span(),
+            format!("{here}.new_sources"),
+            "must be at least 1 (leave it out for unlimited)",
+        ));
+    }
+    let b = burst.as_ref().map_or(*n.get_ref(), |b| *b.get_ref());
+    Admission::new(*n.get_ref(), b).map_err(|e| match (e, burst) {
+        (ConfigError::NewSources(_), Some(burst)) => src.error(
+            burst.span(),
+            format!("{here}.new_sources_burst"),
+            e.to_string(),
+        ),
+        _ => src.error(n.span(), format!("{here}.new_sources"), e.to_string()),
+    })
 }
 
 fn bounded(
@@ -328,9 +376,12 @@ fn policy(src: &Source, p: &PolicyModel, here: &str) -> Result<PolicySpec, FileE
             format!("has no meaning with action = \"{}\"", action.name()),
         ));
     }
+    let admission = admission(src, &p.new_sources, &p.new_sources_burst, here)?;
     let mut limits = PolicyLimits {
         action: action.value(),
         mode: p.mode.map_or(Mode::Enforce, Mode::from).value(),
+        new_sources: admission.new_sources,
+        new_sources_burst: admission.new_sources_burst,
         ..PolicyLimits::default()
     };
     if action == Action::Limit {
@@ -387,6 +438,12 @@ aggregate_burst = "128k"
 prefix = "192.0.2.0/24"
 action = "pass"
 
+[[interface.policy]]
+prefix = "198.18.0.0/15"
+rate = "2mbit"
+burst = "16k"
+new_sources = 200
+
 [[interface]]
 name = "eth1"
 rate = "1gbit"
@@ -396,6 +453,8 @@ key = "dst"
 prefix_v4 = 24
 xdp_mode = "skb"
 max_sources = 1000
+new_sources = 5000
+new_sources_burst = 200000
 "#;
 
     #[test]
@@ -404,7 +463,16 @@ max_sources = 1000
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].name, "eth0");
         assert_eq!(got[0].rate.bits_per_sec(), 10_000_000);
-        assert_eq!(got[0].policies.len(), 2);
+        assert_eq!(got[0].policies.len(), 3);
+        assert_eq!(got[0].admission, Admission::default());
+        assert_eq!(
+            (
+                got[0].policies[2].limits.new_sources,
+                got[0].policies[2].limits.new_sources_burst
+            ),
+            (200, 200)
+        );
+        assert_eq!(got[1].admission, Admission::new(5000, 200_000).unwrap());
         assert_eq!(got[0].policies[0].limits.aggregate_burst_bytes, 131_072);
         assert_eq!(got[0].policies[1].action(), Action::Pass);
         assert_eq!(got[1].mode, Mode::Monitor);
@@ -490,6 +558,22 @@ max_sources = 1000
             format!(
                 "isp.toml:{}: interface[1].name: interface 'eth0' is listed twice",
                 nth_line(&twice, "name = \"eth0\"", 1)
+            )
+        );
+        let zero = GOOD.replace("new_sources = 200\n", "new_sources = 0\n");
+        assert_eq!(
+            error_of(&zero),
+            format!(
+                "isp.toml:{}: interface[0].policy[2].new_sources: must be at least 1 (leave it out for unlimited)",
+                line(&zero, "new_sources = 0")
+            )
+        );
+        let burst_alone = GOOD.replace("new_sources = 5000\n", "");
+        assert_eq!(
+            error_of(&burst_alone),
+            format!(
+                "isp.toml:{}: interface[1].new_sources_burst: needs new_sources",
+                line(&burst_alone, "new_sources_burst")
             )
         );
         assert_eq!(

@@ -26,6 +26,10 @@ struct InterfaceOut {
     prefix_v6: u32,
     xdp_mode: &'static str,
     max_sources: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    new_sources: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    new_sources_burst: Option<u64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     policy: Vec<PolicyOut>,
 }
@@ -43,6 +47,10 @@ struct PolicyOut {
     #[serde(skip_serializing_if = "Option::is_none")]
     aggregate_burst: Option<String>,
     mode: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    new_sources: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    new_sources_burst: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +77,8 @@ fn policy_out(spec: &PolicySpec) -> PolicyOut {
         aggregate_rate: aggregate.then(|| Rate::from_bps(l.aggregate_rate_bps).to_string()),
         aggregate_burst: aggregate.then(|| Size::from_bytes(l.aggregate_burst_bytes).to_string()),
         mode: spec.mode().name(),
+        new_sources: (l.new_sources != 0).then_some(l.new_sources),
+        new_sources_burst: (l.new_sources != 0).then_some(l.new_sources_burst),
     }
 }
 
@@ -84,6 +94,7 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
     } else {
         KeyBy::Src
     };
+    let a = config.admission;
     let out = FileOut {
         interface: vec![InterfaceOut {
             name: at.iface.clone(),
@@ -95,6 +106,8 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
             prefix_v6: config.prefix_v6,
             xdp_mode: loader::mode_name(config.xdp_mode),
             max_sources: maps::sources_capacity(at)?,
+            new_sources: a.limited().then_some(a.new_sources),
+            new_sources_burst: a.limited().then_some(a.new_sources_burst),
             policy: table.list()?.iter().map(|i| policy_out(&i.spec)).collect(),
         }],
     };

@@ -22,8 +22,9 @@ use ipnet::IpNet;
 use shaper_common::{
     config::ConfigError,
     maps::{
-        Cell, Config, Ipv4Key, Ipv6Key, MAP_AGGREGATES, MAP_CONFIG, MAP_POLICIES, MAP_POLICY_STATS,
-        MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAX_POLICIES, Policy, PolicyStats,
+        AdmissionCells, Cell, Config, Ipv4Key, Ipv6Key, MAP_ADMISSION, MAP_AGGREGATES, MAP_CONFIG,
+        MAP_POLICIES, MAP_POLICY_STATS, MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAX_POLICIES, Policy,
+        PolicyStats,
     },
 };
 
@@ -83,6 +84,7 @@ pub struct PolicyTable {
     v4: LpmTrie<MapData, Ipv4Key, u32>,
     v6: LpmTrie<MapData, Ipv6Key, u32>,
     aggregates: Array<MapData, Cell>,
+    admission: Array<MapData, AdmissionCells>,
     stats: PerCpuArray<MapData, PolicyStats>,
 }
 
@@ -149,6 +151,7 @@ impl PolicyTable {
             v4: open_pin(at.prefixes_v4())?,
             v6: open_pin(at.prefixes_v6())?,
             aggregates: open_pin(at.aggregates())?,
+            admission: open_pin(at.admission())?,
             stats: open_pin(at.policy_stats())?,
         })
     }
@@ -161,6 +164,7 @@ impl PolicyTable {
             v4: take(ebpf, MAP_PREFIXES_V4)?,
             v6: take(ebpf, MAP_PREFIXES_V6)?,
             aggregates: take(ebpf, MAP_AGGREGATES)?,
+            admission: take(ebpf, MAP_ADMISSION)?,
             stats: take(ebpf, MAP_POLICY_STATS)?,
         })
     }
@@ -170,16 +174,19 @@ impl PolicyTable {
     }
 
     /// Replaces the interface's settings and default policy. The policy generation in
-    /// force is kept: a default change needs no new prefix lookups.
+    /// force, and the prefix counts that go with it, are kept: a default change needs no
+    /// new prefix lookups.
     pub fn set_config(&mut self, config: &Config) -> Result<(), PolicyError> {
         let current = self.config()?;
-        let config = Config {
-            policy_gen: if current.active != 0 {
-                current.policy_gen
-            } else {
-                config.policy_gen
-            },
-            ..*config
+        let config = if current.active != 0 {
+            Config {
+                policy_gen: current.policy_gen,
+                prefixes_v4: current.prefixes_v4,
+                prefixes_v6: current.prefixes_v6,
+                ..*config
+            }
+        } else {
+            *config
         };
         self.config
             .set(0, config, 0)
@@ -317,7 +324,7 @@ impl PolicyTable {
                     Undo::Route(prefix, slot) => self.route(prefix, slot),
                 };
             }
-            let _ = self.bump_generation();
+            let _ = self.bump_generation(current.keys());
             return Err(e);
         }
         Ok(changes)
@@ -357,7 +364,7 @@ impl PolicyTable {
             undo.push(Undo::Route(gone.spec.prefix, gone.slot));
             self.unroute(gone.spec.prefix)?;
         }
-        self.bump_generation()?;
+        self.bump_generation(wanted.keys())?;
         // Sources still caching a removed slot resolve again on their next packet; one
         // reading the slot meanwhile finds it unused and takes the default.
         for gone in removed {
@@ -372,11 +379,15 @@ impl PolicyTable {
             .map_err(map_err(format!("write policy slot {slot}")))
     }
 
-    /// Zeroes a slot's aggregate cell and counters, for a policy new to it.
+    /// Zeroes a slot's aggregate cell, admission cells and counters, for a policy new to
+    /// it.
     fn reset_slot(&mut self, slot: u32) -> Result<(), PolicyError> {
         self.aggregates
             .set(slot, Cell::default(), 0)
             .map_err(map_err(format!("reset aggregate cell {slot}")))?;
+        self.admission
+            .set(slot, AdmissionCells::default(), 0)
+            .map_err(map_err(format!("reset admission cells {slot}")))?;
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| PolicyError::Cpus(e))?;
         let zeros = PerCpuValues::try_from(vec![PolicyStats::default(); cpus])
             .map_err(PolicyError::Cpus)?;
@@ -403,9 +414,18 @@ impl PolicyTable {
         }
     }
 
-    /// Tells every source to look its prefix up again on its next packet.
-    fn bump_generation(&mut self) -> Result<(), PolicyError> {
+    /// Tells every source to look its prefix up again on its next packet, and records
+    /// how many of `prefixes` (the policies now routed) each family has.
+    fn bump_generation<'a>(
+        &mut self,
+        prefixes: impl Iterator<Item = &'a IpNet>,
+    ) -> Result<(), PolicyError> {
         let mut config = self.config()?;
+        let (v4, v6): (Vec<&IpNet>, Vec<&IpNet>) =
+            prefixes.partition(|p| matches!(p, IpNet::V4(_)));
+        // At most MAX_POLICIES of each.
+        config.prefixes_v4 = v4.len() as u32;
+        config.prefixes_v6 = v6.len() as u32;
         // 0 is what an unresolved source carries: skip it.
         config.policy_gen = match config.policy_gen.wrapping_add(1) {
             0 => 1,
