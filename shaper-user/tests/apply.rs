@@ -75,6 +75,8 @@ fn isp(iface: &str) -> String {
 name = "{iface}"
 rate = "10mbit"
 burst = "64k"
+new_sources = 2000
+new_sources_burst = 200000
 
 [[interface.policy]]
 prefix = "203.0.113.0/24"
@@ -96,6 +98,7 @@ prefix = "198.51.100.0/24"
 rate = "1mbit"
 burst = "16k"
 mode = "monitor"
+new_sources = 50
 "#
     )
 }
@@ -119,6 +122,9 @@ fn apply_then_show_round_trips() {
         "action = \"pass\"",
         "prefix = \"2001:db8:bad::/48\"",
         "mode = \"monitor\"",
+        "new_sources = 2000",
+        "new_sources_burst = 200000",
+        "new_sources = 50",
     ] {
         assert!(shown.contains(line), "{line} missing from:\n{shown}");
     }
@@ -340,6 +346,48 @@ fn policy_commands_refuse_bad_input_and_change_nothing() {
         (
             vec!["2001:db8::1", "--action", "pass"],
             "2001:db8::1/128 is longer than the /64 sources are keyed by",
+        ),
+        (
+            vec!["10.0.0.0/8", "--action", "pass", "--new-sources", "0"],
+            "'0' is not a positive whole number of keys a second, or unlimited",
+        ),
+        (
+            vec!["10.0.0.0/8", "--action", "pass", "--new-sources", "many"],
+            "'many' is not a positive whole number",
+        ),
+        (
+            vec![
+                "10.0.0.0/8",
+                "--action",
+                "pass",
+                "--new-sources-burst",
+                "10",
+            ],
+            "--new-sources",
+        ),
+        (
+            vec![
+                "10.0.0.0/8",
+                "--action",
+                "pass",
+                "--new-sources",
+                "unlimited",
+                "--new-sources-burst",
+                "10",
+            ],
+            "--new-sources-burst 10 has no meaning with --new-sources unlimited",
+        ),
+        (
+            vec![
+                "10.0.0.0/8",
+                "--action",
+                "pass",
+                "--new-sources",
+                "1",
+                "--new-sources-burst",
+                "99999999999999999",
+            ],
+            "invalid --new-sources-burst 99999999999999999: burst lasts more than 208 days at this rate",
         ),
     ] {
         let mut full = vec!["policy", "set", iface];

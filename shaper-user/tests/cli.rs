@@ -436,6 +436,30 @@ fn attach_reattach_detach() {
         result.received_l2_bytes
     );
 
+    // New-source admission: set, kept by an update that does not name it, lifted.
+    let admission = |lab: &Lab| {
+        let s = status(lab, &iface);
+        (
+            u64_field(&s, "new_sources_per_sec"),
+            u64_field(&s, "new_sources_burst"),
+        )
+    };
+    assert_eq!(admission(&lab), (0, 0));
+    let base = ["attach", &iface, "--rate", "4mbit", "--burst", "32k"];
+    let with = |more: &[&'static str]| [&base[..], more].concat();
+    let out = shaper_ok(
+        &lab,
+        &with(&["--new-sources", "500", "--new-sources-burst", "700"]),
+    );
+    assert!(out.ends_with("new sources 500/s burst 700\n"), "{out}");
+    assert_eq!(admission(&lab), (500, 700));
+    shaper_ok(&lab, &base);
+    assert_eq!(admission(&lab), (500, 700));
+    shaper_ok(&lab, &with(&["--new-sources", "1000"]));
+    assert_eq!(admission(&lab), (1000, 1000));
+    shaper_ok(&lab, &with(&["--new-sources", "unlimited"]));
+    assert_eq!(admission(&lab), (0, 0));
+
     let out = shaper_ok(&lab, &["detach", &iface]);
     eprintln!("detach: {}", out.trim());
     assert_untouched(&lab, &iface, "after detach");
@@ -483,6 +507,21 @@ fn bad_values_are_refused() {
         (
             &["--rate", "8mbit", "--burst", "64k", "--prefix-v6", "129"],
             &["--prefix-v6", "129"],
+        ),
+        (
+            &["--rate", "8mbit", "--burst", "64k", "--new-sources", "0"],
+            &["--new-sources", "'0'"],
+        ),
+        (
+            &[
+                "--rate",
+                "8mbit",
+                "--burst",
+                "64k",
+                "--new-sources-burst",
+                "5",
+            ],
+            &["--new-sources"],
         ),
     ];
     for &(rest, needles) in cases {

@@ -50,7 +50,7 @@ pub struct Args {
     #[arg(long, value_enum)]
     pub mode: Option<Mode>,
     #[command(flatten)]
-    pub new_sources: new_sources::Args,
+    pub new_sources: new_sources::Flags,
 }
 
 /// Refuses a burst below one full-size frame on `iface`: such frames could never pass.

@@ -41,3 +41,17 @@ pub enum Command {
     /// milliseconds, and warnings (needs no privileges, touches nothing)
     Explain(explain::Args),
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::Cli;
+
+    /// clap checks a command's definition only when it is built: catch clashes (two flag
+    /// groups of one name, ...) here rather than in the first run.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+}

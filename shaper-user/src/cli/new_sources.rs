@@ -37,7 +37,7 @@ impl fmt::Display for KeysPerSec {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub struct Flags {
     /// At most N keys a second get a cell of their own; frames of the others share one
     /// cell at the per-source rate ("unlimited" lifts it) [default: unlimited]
     #[arg(long, value_name = "N|unlimited")]
@@ -47,7 +47,7 @@ pub struct Args {
     pub new_sources_burst: Option<u64>,
 }
 
-impl Args {
+impl Flags {
     /// The admission asked for; `None` when neither flag was given.
     pub fn admission(&self) -> Result<Option<Admission>> {
         let Some(KeysPerSec(n)) = self.new_sources else {

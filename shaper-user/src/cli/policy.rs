@@ -48,7 +48,7 @@ pub struct SetArgs {
     #[arg(long, value_enum, default_value_t = Mode::Enforce)]
     pub mode: Mode,
     #[command(flatten)]
-    pub new_sources: new_sources::Args,
+    pub new_sources: new_sources::Flags,
 }
 
 #[derive(Debug, clap::Args)]
