@@ -66,7 +66,20 @@ impl From<LimitError> for ConfigError {
 /// The most new sources a second admission can meter (a key counts as one byte).
 pub const MAX_NEW_SOURCES: u64 = MAX_RATE_BPS / 8;
 
+/// The default admission lets a flood turn a full source table over at most once in
+/// this many seconds.
+pub const TABLE_TURNOVER_SECS: u64 = 10;
+
 impl Admission {
+    /// The default admission of an interface whose source maps hold `max_sources` keys
+    /// each: a whole table's worth of keys at once, so a warm start on a busy link is
+    /// admitted in full, then a table every [`TABLE_TURNOVER_SECS`] seconds.
+    pub fn for_table(max_sources: u32) -> Self {
+        let burst = u64::from(max_sources).max(1);
+        let per_sec = (burst / TABLE_TURNOVER_SECS).max(1);
+        Self::new(per_sec, burst).unwrap_or_default()
+    }
+
     /// Admission of at most `new_sources` keys a second, `burst` at once; `new_sources`
     /// 0 is unlimited (and takes no burst).
     pub fn new(new_sources: u64, burst: u64) -> Result<Self, ConfigError> {
@@ -356,6 +369,13 @@ mod tests {
             Err(ConfigError::NewSourcesTooMany(MAX_NEW_SOURCES + 1))
         );
         assert!(Admission::new(MAX_NEW_SOURCES, 1).is_ok());
+        let table = Admission::for_table(262_144);
+        assert_eq!(
+            (table.new_sources, table.new_sources_burst),
+            (26_214, 262_144)
+        );
+        let tiny = Admission::for_table(1);
+        assert_eq!((tiny.new_sources, tiny.new_sources_burst), (1, 1));
         assert_eq!(
             Admission::new(1, u64::MAX / 8),
             Err(ConfigError::NewSources(LimitError::BurstTooLong))

@@ -106,7 +106,8 @@ pub struct Config {
     /// slot its prefix resolved to along with this number ([`SourceState::policy`]), and
     /// looks its prefix up again only when the number has moved on.
     pub policy_gen: u32,
-    /// New-source admission of the default policy (keys no prefix policy covers).
+    /// New-source admission of the interface: of the keys no prefix policy covers, and of
+    /// those of every policy without an admission of its own.
     pub admission: Admission,
     /// How many prefix policies each family has, kept by userspace with the generation:
     /// a key new to the table skips the trie search of a family that has none.
@@ -141,14 +142,17 @@ impl Admission {
     }
 }
 
-/// The two shared cells of a policy slot with admission: array map `SHAPER_ADMIT`,
-/// indexed by slot ([`DEFAULT_SLOT`] for the default policy).
+/// The two shared cells of a policy slot: array map `SHAPER_ADMIT`, indexed by slot
+/// ([`DEFAULT_SLOT`] for the interface's).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AdmissionCells {
-    /// Meters key creations (one byte a key) against [`Admission::limit`].
+    /// Meters key creations (one byte a key) against [`Admission::limit`]: of the slot's
+    /// policy if it has an admission of its own, of every policy sharing the interface's
+    /// at [`DEFAULT_SLOT`].
     pub admit: Cell,
-    /// Meters all unadmitted frames of the policy together, at its per-source limit.
+    /// Meters all unadmitted frames of the slot's policy together, at its per-source
+    /// limit.
     pub unadmitted: Cell,
 }
 
@@ -219,7 +223,8 @@ pub struct Policy {
     pub prefix_len: u32,
     pub _pad: u32,
     pub addr: [u8; 16],
-    /// New-source admission of the keys this policy covers.
+    /// New-source admission of the keys this policy covers; unlimited (all zero): they
+    /// share the interface's ([`Config::admission`]).
     pub admission: Admission,
 }
 

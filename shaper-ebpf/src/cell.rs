@@ -175,8 +175,8 @@ unsafe fn unadmitted(cell: *mut Cell, rule: &Rule, len: u32, now: u64) -> Metere
 }
 
 /// The state of a key new to the table, created with its policy slot already resolved,
-/// if the policy's admission lets it have one. A refusal costs the admission cell's
-/// check and nothing else: no insert, no second lookup.
+/// if admission lets it have one. A refusal costs the admission cell's check and nothing
+/// else: no insert, no second lookup.
 ///
 /// # Safety
 /// Map values only are dereferenced.
@@ -190,10 +190,18 @@ unsafe fn create<K>(
 ) -> Result<*mut SourceState, NoCell> {
     let admission = rule.admission;
     if admission.limited() {
-        let cells = ADMISSION.get_ptr_mut(rule.slot).ok_or(NoCell::Untracked)?;
+        let cells = ADMISSION
+            .get_ptr_mut(rule.admission_slot)
+            .ok_or(NoCell::Untracked)?;
         // SAFETY: `cells` points to a live map value.
         if !unsafe { take(&raw mut (*cells).admit, &admission.limit, 1, now) } {
-            return Err(NoCell::Unadmitted(cells));
+            // The policy's own shared cell, wherever its admission is metered.
+            let own = if rule.admission_slot == rule.slot {
+                Some(cells)
+            } else {
+                ADMISSION.get_ptr_mut(rule.slot)
+            };
+            return Err(own.map_or(NoCell::Untracked, NoCell::Unadmitted));
         }
     }
     let state = SourceState {

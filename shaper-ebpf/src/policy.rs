@@ -27,8 +27,10 @@ pub struct Rule<'a> {
     pub limit: &'a Limit,
     /// The prefix's shared cell and its limit, if the policy has one.
     pub aggregate: Option<(*mut Cell, &'a Limit)>,
-    /// How keys new to the table get a cell.
+    /// How keys new to the table get a cell: the policy's own admission, or the
+    /// interface's; and the slot whose admission cell meters it.
     pub admission: &'a Admission,
+    pub admission_slot: u32,
 }
 
 /// The slot of the longest prefix policy covering an IPv4 key, or the default; no search
@@ -94,6 +96,7 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
         && let Some(p) = POLICIES.get(slot)
         && p.in_use != 0
     {
+        let own_admission = p.admission.limited();
         let aggregate = if p.action == ACTION_LIMIT && p.aggregate_rate_bps != 0 {
             AGGREGATES
                 .get_ptr_mut(slot)
@@ -107,7 +110,12 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
             monitor: interface_monitor || p.mode == MODE_MONITOR,
             limit: &p.limit,
             aggregate,
-            admission: &p.admission,
+            admission: if own_admission {
+                &p.admission
+            } else {
+                &config.admission
+            },
+            admission_slot: if own_admission { slot } else { DEFAULT_SLOT },
         };
     }
     Rule {
@@ -117,5 +125,6 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
         limit: &config.limit,
         aggregate: None,
         admission: &config.admission,
+        admission_slot: DEFAULT_SLOT,
     }
 }

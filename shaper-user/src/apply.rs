@@ -8,7 +8,7 @@ use shaper_common::maps::Config;
 
 use crate::{
     config_file::DesiredInterface,
-    loader::{self, AttachError, AttachRequest, Attached},
+    loader::{self, AdmissionRequest, AttachError, AttachRequest, Attached},
     pins::Attachment,
     policy::{PolicySpec, PolicyTable},
     system::{self, SystemError},
@@ -116,7 +116,9 @@ pub fn apply(
             prefix_v4: d.prefix_v4,
             prefix_v6: d.prefix_v6,
             mode: Some(d.mode),
-            admission: Some(d.admission),
+            admission: d
+                .admission
+                .map_or(AdmissionRequest::Default, AdmissionRequest::Exactly),
             policies: Some(d.policies.clone()),
         };
         match loader::attach(&req) {

@@ -97,11 +97,33 @@ pub struct AttachRequest {
     pub prefix_v6: Option<u32>,
     /// Monitor or enforce, for the whole interface.
     pub mode: Option<Mode>,
-    /// New-source admission of the default policy (default: unlimited).
-    pub admission: Option<Admission>,
+    /// New-source admission of the interface.
+    pub admission: AdmissionRequest,
     /// `Some`: make these the interface's prefix policies, in the same change. `None`:
     /// leave the policies as they are (none on a new attachment).
     pub policies: Option<Vec<PolicySpec>>,
+}
+
+/// The new-source admission `attach` is asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AdmissionRequest {
+    /// As it is on an existing attachment; the default on a new one.
+    #[default]
+    Unchanged,
+    /// [`Admission::for_table`] of the attachment's source maps.
+    Default,
+    Exactly(Admission),
+}
+
+impl AdmissionRequest {
+    /// The admission to write, for maps of `max_sources` keys now holding `current`.
+    fn resolve(self, max_sources: u32, current: Option<Admission>) -> Admission {
+        match (self, current) {
+            (Self::Exactly(a), _) => a,
+            (Self::Unchanged, Some(a)) => a,
+            (Self::Unchanged | Self::Default, _) => Admission::for_table(max_sources),
+        }
+    }
 }
 
 /// What attach did.
@@ -184,9 +206,10 @@ fn config_for(req: &AttachRequest, xdp_mode: u32) -> Result<Config, AttachError>
         xdp_mode,
     )
     .map_err(AttachError::Config)?;
+    let max_sources = req.max_sources.unwrap_or(DEFAULT_MAX_SOURCES);
     Ok(Config {
         mode: req.mode.unwrap_or_default().value(),
-        admission: req.admission.unwrap_or_default(),
+        admission: req.admission.resolve(max_sources, None),
         ..config
     })
 }
@@ -253,14 +276,12 @@ pub fn is_live(at: &Attachment) -> bool {
 
 fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
     let current = maps::read_config(&req.at)?;
-    if let Some(asked) = req.max_sources {
-        let cap = maps::sources_capacity(&req.at)?;
-        if asked != cap {
-            return Err(AttachError::Resize {
-                asked,
-                current: cap,
-            });
-        }
+    let cap = maps::sources_capacity(&req.at)?;
+    if let Some(asked) = req.max_sources.filter(|&asked| asked != cap) {
+        return Err(AttachError::Resize {
+            asked,
+            current: cap,
+        });
     }
     let asked = match req.xdp_mode {
         XdpAttachMode::Auto => None,
@@ -286,7 +307,7 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
     .map_err(AttachError::Config)?;
     let config = Config {
         mode: req.mode.map_or(current.mode, Mode::value),
-        admission: req.admission.unwrap_or(current.admission),
+        admission: req.admission.resolve(cap, Some(current.admission)),
         ..config
     };
     let mut table = PolicyTable::open(&req.at)?;

@@ -276,3 +276,40 @@ fn each_policy_admits_and_meters_its_own_newcomers() {
         before.unadmitted.packets() + before.new_sources + 1
     );
 }
+
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn policies_without_an_admission_of_their_own_share_the_interfaces() {
+    let mut h = Harness::new(Some(&admitting(NEW_PER_SEC, NEW_BURST)), 65_536).unwrap();
+    let sharing = PolicySpec {
+        prefix: parse_prefix("10.64.0.0/10").unwrap(),
+        limits: PolicyLimits {
+            action: ACTION_LIMIT,
+            rate_bps: MIN_RATE_BPS,
+            burst_bytes: 3 * FRAME,
+            ..PolicyLimits::default()
+        },
+    };
+    h.policies().replace_all(&[sharing]).unwrap();
+    let slot = h.policies().list().unwrap()[0].slot;
+    let start = Instant::now();
+    let n = 2_000;
+    for i in 0..n {
+        passes(&mut h, &frame_from(flood_source(i)));
+    }
+    let elapsed = start.elapsed();
+    let s = h.policies().stats(slot).unwrap();
+    assert!(
+        (NEW_BURST..=admitted_bound(NEW_PER_SEC, NEW_BURST, elapsed)).contains(&s.new_sources),
+        "{} keys admitted under the policy in {elapsed:?}",
+        s.new_sources
+    );
+    // Its unadmitted frames share the policy's own cell, at the policy's limit.
+    assert_eq!(s.unadmitted.passed_packets, 3);
+    assert_eq!(s.unadmitted.packets(), u64::from(n) - s.new_sources);
+    // The interface's admission is what the policy used up: a newcomer under the
+    // default is refused a cell too (and metered in the default's own shared cell).
+    assert!(passes(&mut h, &frame_from(Ipv4Addr::new(198, 18, 0, 1))));
+    let d = h.policies().stats(0).unwrap();
+    assert_eq!((d.new_sources, d.unadmitted.passed_packets), (0, 1));
+}

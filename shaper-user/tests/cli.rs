@@ -444,7 +444,8 @@ fn attach_reattach_detach() {
             u64_field(&s, "new_sources_burst"),
         )
     };
-    assert_eq!(admission(&lab), (0, 0));
+    // The default: a table's worth at once, a tenth of the table a second.
+    assert_eq!(admission(&lab), (26_214, 262_144));
     let base = ["attach", &iface, "--rate", "4mbit", "--burst", "32k"];
     let with = |more: &[&'static str]| [&base[..], more].concat();
     let out = shaper_ok(

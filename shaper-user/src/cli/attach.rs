@@ -7,7 +7,7 @@ use shaper_common::{
     maps::{Admission, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
 };
 use shaper_user::{
-    loader::{self, AttachRequest, Attached, KeyBy, XdpAttachMode},
+    loader::{self, AdmissionRequest, AttachRequest, Attached, KeyBy, XdpAttachMode},
     pins::Attachment,
     policy::Mode,
     system,
@@ -88,7 +88,7 @@ pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
         prefix_v4: args.prefix_v4,
         prefix_v6: args.prefix_v6,
         mode: args.mode,
-        admission,
+        admission: admission.map_or(AdmissionRequest::Unchanged, AdmissionRequest::Exactly),
         policies: None,
     };
     let _lock = system::lock()?;

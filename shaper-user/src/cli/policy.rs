@@ -99,7 +99,12 @@ fn limits(args: &SetArgs) -> Result<PolicyLimits> {
         (true, Some(r), Some(b)) => (r.bits_per_sec(), b.bytes()),
         (true, _, _) => bail!("--action limit needs --rate and --burst"),
     };
-    let admission = args.new_sources.admission()?.unwrap_or_default();
+    let admission = match args.new_sources.admission()? {
+        Some(a) if !a.limited() => bail!(
+            "--new-sources unlimited: a policy without --new-sources shares the interface's admission"
+        ),
+        a => a.unwrap_or_default(),
+    };
     Ok(PolicyLimits {
         action: args.action.value(),
         mode: args.mode.value(),
@@ -198,7 +203,10 @@ struct Row {
     would_drop_bytes: u64,
     aggregate_refused_packets: u64,
     aggregate_refused_bytes: u64,
-    /// Zero: unlimited (every new key gets a cell).
+    /// Whose new-source admission meters this policy's newcomers: `own`, `interface`
+    /// (the default row's), or `unlimited` (the default row only).
+    admission: &'static str,
+    /// The policy's own admission (the interface's for the default row); zero: none.
     new_sources_per_sec: u64,
     new_sources_burst: u64,
     /// Keys given a cell under this policy.
@@ -218,7 +226,13 @@ struct Row {
 fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Result<Row> {
     let s = table.stats(slot)?;
     let l = &spec.limits;
+    let admission = match (l.new_sources != 0, slot == DEFAULT_SLOT) {
+        (true, _) => "own",
+        (false, false) => "interface",
+        (false, true) => "unlimited",
+    };
     Ok(Row {
+        admission,
         prefix,
         action: spec.action().name(),
         mode: spec.mode().name(),
@@ -271,7 +285,7 @@ fn list(args: &ListArgs, netns: Option<&str>, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>8} {:>8} {:>12} {:>12} {:>12} {:>10} {:>12}",
+        "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>9} {:>9} {:>12} {:>12} {:>12} {:>10} {:>12}",
         "prefix",
         "action",
         "mode",
@@ -289,7 +303,7 @@ fn list(args: &ListArgs, netns: Option<&str>, json: bool) -> Result<()> {
     let or_dash = |v: u64, text: String| if v == 0 { "-".to_owned() } else { text };
     for r in &rows {
         println!(
-            "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>8} {:>8} {:>12} {:>12} {:>12} {:>10} {:>12}",
+            "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>9} {:>9} {:>12} {:>12} {:>12} {:>10} {:>12}",
             r.prefix,
             r.action,
             r.mode,
@@ -303,7 +317,10 @@ fn list(args: &ListArgs, netns: Option<&str>, json: bool) -> Result<()> {
                 r.aggregate_burst_bytes,
                 Size::from_bytes(r.aggregate_burst_bytes).to_string()
             ),
-            or_dash(r.new_sources_per_sec, r.new_sources_per_sec.to_string()),
+            match r.admission {
+                "own" => r.new_sources_per_sec.to_string(),
+                other => other.to_owned(),
+            },
             r.passed_packets,
             r.dropped_packets,
             r.would_drop_packets,

@@ -40,8 +40,8 @@ pub struct DesiredInterface {
     pub prefix_v6: Option<u32>,
     pub xdp_mode: XdpAttachMode,
     pub max_sources: Option<u32>,
-    /// New-source admission of the default policy (unlimited unless the file sets it).
-    pub admission: Admission,
+    /// New-source admission of the interface; `None`: the default for its source maps.
+    pub admission: Option<Admission>,
     pub policies: Vec<PolicySpec>,
 }
 
@@ -71,7 +71,7 @@ struct InterfaceModel {
     #[serde(default)]
     max_sources: Option<Spanned<u32>>,
     #[serde(default)]
-    new_sources: Option<Spanned<u64>>,
+    new_sources: Option<Spanned<KeysPerSec>>,
     #[serde(default)]
     new_sources_burst: Option<Spanned<u64>>,
     #[serde(default, rename = "policy")]
@@ -98,6 +98,14 @@ struct PolicyModel {
     new_sources: Option<Spanned<u64>>,
     #[serde(default)]
     new_sources_burst: Option<Spanned<u64>>,
+}
+
+/// `new_sources` of an interface: keys a second, or "unlimited".
+#[derive(Clone, Deserialize, serde::Serialize)]
+#[serde(untagged)]
+pub(crate) enum KeysPerSec {
+    Keys(u64),
+    Word(String),
 }
 
 /// The names the file uses for the CLI's value enums (serde checks them, with a span).
@@ -227,7 +235,7 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<DesiredInterface>, FileError>
                 "must be at least 1",
             ));
         }
-        let admission = admission(&src, &m.new_sources, &m.new_sources_burst, &here)?;
+        let admission = interface_admission(&src, &m, &here)?;
         let key_v4 = prefix_v4.unwrap_or(DEFAULT_PREFIX_V4);
         let key_v6 = prefix_v6.unwrap_or(DEFAULT_PREFIX_V6);
         let policies = m
@@ -299,8 +307,47 @@ fn size(src: &Source, v: &Spanned<String>, field: String) -> Result<Size, FileEr
         .map_err(|e: crate::units::UnitError| src.error(v.span(), field, e.to_string()))
 }
 
+/// `new_sources` and `new_sources_burst` of an interface: `None` for neither (the
+/// default), unlimited for "unlimited".
+fn interface_admission(
+    src: &Source,
+    m: &InterfaceModel,
+    here: &str,
+) -> Result<Option<Admission>, FileError> {
+    let n = match &m.new_sources {
+        None => None,
+        Some(v) => match v.get_ref() {
+            KeysPerSec::Keys(n) => Some(Spanned::new(v.span(), *n)),
+            KeysPerSec::Word(w) if w == "unlimited" => {
+                return match &m.new_sources_burst {
+                    Some(b) => Err(src.error(
+                        b.span(),
+                        format!("{here}.new_sources_burst"),
+                        "has no meaning with new_sources = \"unlimited\"",
+                    )),
+                    None => Ok(Some(Admission::default())),
+                };
+            }
+            KeysPerSec::Word(w) => {
+                return Err(src.error(
+                    v.span(),
+                    format!("{here}.new_sources"),
+                    format!(
+                        "'{}' is not a positive whole number of keys a second, or \"unlimited\"",
+                        w.escape_debug()
+                    ),
+                ));
+            }
+        },
+    };
+    if n.is_none() && m.new_sources_burst.is_none() {
+        return Ok(None);
+    }
+    admission(src, &n, &m.new_sources_burst, here).map(Some)
+}
+
 /// `new_sources` and `new_sources_burst` of the table at `here` (the burst defaults to
-/// the rate; neither: unlimited).
+/// the rate; neither: none of its own).
 fn admission(
     src: &Source,
     n: &Option<Spanned<u64>>,
@@ -321,7 +368,7 @@ fn admission(
         return Err(src.error(
             n.span(),
             format!("{here}.new_sources"),
-            "must be at least 1 (leave it out for unlimited)",
+            "must be at least 1 (leave it out for the default)",
         ));
     }
     let b = burst.as_ref().map_or(*n.get_ref(), |b| *b.get_ref());
@@ -464,7 +511,7 @@ new_sources_burst = 200000
         assert_eq!(got[0].name, "eth0");
         assert_eq!(got[0].rate.bits_per_sec(), 10_000_000);
         assert_eq!(got[0].policies.len(), 3);
-        assert_eq!(got[0].admission, Admission::default());
+        assert_eq!(got[0].admission, None);
         assert_eq!(
             (
                 got[0].policies[2].limits.new_sources,
@@ -472,7 +519,18 @@ new_sources_burst = 200000
             ),
             (200, 200)
         );
-        assert_eq!(got[1].admission, Admission::new(5000, 200_000).unwrap());
+        assert_eq!(
+            got[1].admission,
+            Some(Admission::new(5000, 200_000).unwrap())
+        );
+        let unlimited = GOOD.replace(
+            "new_sources = 5000\nnew_sources_burst = 200000",
+            "new_sources = \"unlimited\"",
+        );
+        assert_eq!(
+            parse("isp.toml", &unlimited).unwrap()[1].admission,
+            Some(Admission::default())
+        );
         assert_eq!(got[0].policies[0].limits.aggregate_burst_bytes, 131_072);
         assert_eq!(got[0].policies[1].action(), Action::Pass);
         assert_eq!(got[1].mode, Mode::Monitor);
@@ -564,7 +622,7 @@ new_sources_burst = 200000
         assert_eq!(
             error_of(&zero),
             format!(
-                "isp.toml:{}: interface[0].policy[2].new_sources: must be at least 1 (leave it out for unlimited)",
+                "isp.toml:{}: interface[0].policy[2].new_sources: must be at least 1 (leave it out for the default)",
                 line(&zero, "new_sources = 0")
             )
         );

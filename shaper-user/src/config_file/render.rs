@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::model::KeysPerSec;
 use crate::{
     loader::{self, KeyBy},
     maps,
@@ -26,8 +27,7 @@ struct InterfaceOut {
     prefix_v6: u32,
     xdp_mode: &'static str,
     max_sources: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    new_sources: Option<u64>,
+    new_sources: KeysPerSec,
     #[serde(skip_serializing_if = "Option::is_none")]
     new_sources_burst: Option<u64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -106,7 +106,11 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
             prefix_v6: config.prefix_v6,
             xdp_mode: loader::mode_name(config.xdp_mode),
             max_sources: maps::sources_capacity(at)?,
-            new_sources: a.limited().then_some(a.new_sources),
+            new_sources: if a.limited() {
+                KeysPerSec::Keys(a.new_sources)
+            } else {
+                KeysPerSec::Word("unlimited".to_owned())
+            },
             new_sources_burst: a.limited().then_some(a.new_sources_burst),
             policy: table.list()?.iter().map(|i| policy_out(&i.spec)).collect(),
         }],
