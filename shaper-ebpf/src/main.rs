@@ -18,6 +18,13 @@
 //! fit both and is charged to both or neither. In monitor mode nothing is dropped and what
 //! would have been is counted instead.
 //!
+//! A key new to the table gets a cell only if its policy's new-source admission lets it
+//! (`cell::create`): a GCRA cell per policy, or the interface's, counts creations at N
+//! keys a second. A key refused one is *unadmitted*: nothing is inserted, and its frame is
+//! metered in the policy's one shared cell for unadmitted frames at the per-source limit
+//! (`SHAPER_ADMIT`), so a flood of spoofed sources gets what one source gets and cannot
+//! churn the table.
+//!
 //! A cell is a 64-bit TAT that every CPU updates with a bounded compare-and-swap loop
 //! (`cell`), so all CPUs meter one bucket per key, and the scale of the limit it is
 //! expressed in: when a policy's rate changes, the cell is carried over with its backlog
