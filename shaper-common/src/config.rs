@@ -113,19 +113,50 @@ pub fn mask_v6(prefix: u32) -> [u8; 16] {
     bits.to_be_bytes()
 }
 
+/// A rate and burst, validated once where they are read (a flag, a file field) and
+/// carried as they are to the map entry: what was asked for, and the [`Limit`] the
+/// per-packet path uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    rate_bps: u64,
+    burst_bytes: u64,
+    limit: Limit,
+}
+
+impl RateLimit {
+    /// `rate_bps` bits per second, `burst_bytes` bytes at once.
+    pub fn new(rate_bps: u64, burst_bytes: u64) -> Result<Self, LimitError> {
+        Ok(Self {
+            rate_bps,
+            burst_bytes,
+            limit: Limit::new(rate_bps, burst_bytes)?,
+        })
+    }
+
+    pub fn rate_bps(&self) -> u64 {
+        self.rate_bps
+    }
+
+    pub fn burst_bytes(&self) -> u64 {
+        self.burst_bytes
+    }
+
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+}
+
 impl Config {
-    /// An active policy: `rate_bps` bits per second and `burst_bytes` bytes per key, keyed
-    /// by `key_by` (`KEY_BY_*`) masked to `prefix_v4` / `prefix_v6` bits, attached in
-    /// `xdp_mode` (`XDP_MODE_*`, or 0 while not yet known).
+    /// An active policy: `rate` per key, keyed by `key_by` (`KEY_BY_*`) masked to
+    /// `prefix_v4` / `prefix_v6` bits, attached in `xdp_mode` (`XDP_MODE_*`, or 0 while not
+    /// yet known).
     pub fn new(
-        rate_bps: u64,
-        burst_bytes: u64,
+        rate: RateLimit,
         key_by: u32,
         prefix_v4: u32,
         prefix_v6: u32,
         xdp_mode: u32,
     ) -> Result<Self, ConfigError> {
-        let limit = Limit::new(rate_bps, burst_bytes)?;
         if key_by != KEY_BY_SRC && key_by != KEY_BY_DST {
             return Err(ConfigError::KeyBy(key_by));
         }
@@ -136,9 +167,9 @@ impl Config {
             return Err(ConfigError::PrefixV6(prefix_v6));
         }
         Ok(Self {
-            limit,
-            rate_bps,
-            burst_bytes,
+            limit: rate.limit,
+            rate_bps: rate.rate_bps,
+            burst_bytes: rate.burst_bytes,
             xdp_mode,
             active: 1,
             key_by,
@@ -161,8 +192,7 @@ impl Config {
     /// mode not yet known.
     pub fn per_source(rate_bps: u64, burst_bytes: u64) -> Result<Self, ConfigError> {
         Self::new(
-            rate_bps,
-            burst_bytes,
+            RateLimit::new(rate_bps, burst_bytes)?,
             KEY_BY_SRC,
             DEFAULT_PREFIX_V4,
             DEFAULT_PREFIX_V6,
@@ -303,39 +333,28 @@ mod tests {
 
     #[test]
     fn config_validates_and_carries_masks() {
-        let c = Config::new(
-            10_000_000,
-            65_536,
-            KEY_BY_DST,
-            DEFAULT_PREFIX_V4,
-            DEFAULT_PREFIX_V6,
-            0,
-        )
-        .unwrap();
+        let rate = RateLimit::new(10_000_000, 65_536).unwrap();
+        let c = Config::new(rate, KEY_BY_DST, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, 0).unwrap();
         assert_eq!(c.active, 1);
         assert_eq!((c.key_by, c.prefix_v4, c.prefix_v6), (KEY_BY_DST, 32, 64));
         assert_eq!(c.mask_v4, u32::MAX);
         assert_eq!(c.mask_v6, mask_v6(64));
         assert_eq!(c.limit, Limit::new(10_000_000, 65_536).unwrap());
 
+        assert_eq!(Config::new(rate, 2, 32, 64, 0), Err(ConfigError::KeyBy(2)));
         assert_eq!(
-            Config::new(10_000_000, 65_536, 2, 32, 64, 0),
-            Err(ConfigError::KeyBy(2))
-        );
-        assert_eq!(
-            Config::new(10_000_000, 65_536, KEY_BY_SRC, 33, 64, 0),
+            Config::new(rate, KEY_BY_SRC, 33, 64, 0),
             Err(ConfigError::PrefixV4(33))
         );
         assert_eq!(
-            Config::new(10_000_000, 65_536, KEY_BY_SRC, 32, 129, 0),
+            Config::new(rate, KEY_BY_SRC, 32, 129, 0),
             Err(ConfigError::PrefixV6(129))
         );
-        assert_eq!(
-            Config::new(7, 65_536, KEY_BY_SRC, 32, 64, 0),
-            Err(ConfigError::Limit(LimitError::RateTooLow))
-        );
-        assert!(Config::new(10_000_000, 65_536, KEY_BY_SRC, 0, 0, 0).is_ok());
-        assert!(Config::new(10_000_000, 65_536, KEY_BY_SRC, 32, 128, 0).is_ok());
+        assert_eq!(RateLimit::new(7, 65_536), Err(LimitError::RateTooLow));
+        assert_eq!(LimitError::RateTooLow.field(), "rate");
+        assert_eq!(LimitError::BurstTooLong.field(), "burst");
+        assert!(Config::new(rate, KEY_BY_SRC, 0, 0, 0).is_ok());
+        assert!(Config::new(rate, KEY_BY_SRC, 32, 128, 0).is_ok());
     }
 
     #[test]

@@ -159,6 +159,17 @@ pub enum LimitError {
 }
 
 #[cfg(feature = "user")]
+impl LimitError {
+    /// Which of the two values asked for is wrong: `"rate"` or `"burst"`.
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::RateTooLow | Self::RateTooHigh => "rate",
+            Self::BurstZero | Self::BurstTooLong => "burst",
+        }
+    }
+}
+
+#[cfg(feature = "user")]
 impl core::fmt::Display for LimitError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.write_str(match self {

@@ -14,27 +14,39 @@ use crate::{
     system::{self, SystemError},
 };
 
-/// Ethernet header bytes counted in every frame on top of the MTU.
-const ETH_HLEN: u32 = 14;
-
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
-    #[error("interface {iface}: {source}")]
-    System { iface: String, source: SystemError },
-    #[error(
-        "interface {iface}: {field} {burst} is smaller than one full-size frame ({frame} bytes), so such frames could never pass"
-    )]
-    BurstBelowFrame {
+    /// `field` names the setting (`policy 203.0.113.0/24 burst`) when one is at fault.
+    // `error` rather than `source`: the message carries it, and a source would be
+    // printed again by every `{:#}` of the chain.
+    #[error("interface {iface}: {}{error}", field.as_ref().map(|f| format!("{f}: ")).unwrap_or_default())]
+    System {
         iface: String,
-        field: String,
-        burst: u64,
-        frame: u32,
+        field: Option<String>,
+        error: SystemError,
     },
-    #[error("interface {iface}: {source} (nothing was changed)")]
+    /// A setting the kernel side refused is named as in the file:
+    /// `interface[0].max_sources: ...`.
+    #[error("interface {iface}: {} (nothing was changed)", attach_message(*.index, .error))]
     Attach {
+        index: usize,
         iface: String,
-        source: Box<AttachError>,
+        error: Box<AttachError>,
     },
+}
+
+/// The attach error with its whole chain, a setting named as in the file.
+fn attach_message(index: usize, e: &AttachError) -> String {
+    if let AttachError::Setting { setting, problem } = e {
+        return format!("interface[{index}].{setting}: {problem}");
+    }
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text += &format!(": {c}");
+        cause = c.source();
+    }
+    text
 }
 
 /// What was done to one interface.
@@ -61,13 +73,15 @@ enum Undo {
 /// holds one full-size frame.
 pub fn check_interfaces(desired: &[DesiredInterface]) -> Result<(), ApplyError> {
     for d in desired {
-        let sys = |source| ApplyError::System {
-            iface: d.name.clone(),
-            source,
+        let sys = |field: Option<String>| {
+            move |error| ApplyError::System {
+                iface: d.name.clone(),
+                field,
+                error,
+            }
         };
-        system::ifindex(&d.name).map_err(sys)?;
-        let frame = system::mtu(&d.name).map_err(sys)? + ETH_HLEN;
-        let mut bursts = vec![("burst".to_owned(), d.burst.bytes())];
+        system::ifindex(&d.name).map_err(sys(None))?;
+        let mut bursts = vec![("burst".to_owned(), d.rate.burst_bytes())];
         for p in &d.policies {
             for (what, bytes) in [
                 ("burst", p.limits.burst_bytes),
@@ -78,13 +92,8 @@ pub fn check_interfaces(desired: &[DesiredInterface]) -> Result<(), ApplyError> 
                 }
             }
         }
-        if let Some((field, burst)) = bursts.into_iter().find(|(_, b)| *b < u64::from(frame)) {
-            return Err(ApplyError::BurstBelowFrame {
-                iface: d.name.clone(),
-                field,
-                burst,
-                frame,
-            });
+        for (field, burst) in bursts {
+            system::check_burst_fits(&d.name, burst).map_err(sys(Some(field)))?;
         }
     }
     Ok(())
@@ -99,17 +108,16 @@ pub fn apply(
     check_interfaces(desired)?;
     let mut done: Vec<Undo> = Vec::new();
     let mut applied = Vec::new();
-    for d in desired {
+    for (index, d) in desired.iter().enumerate() {
         let at = Attachment::new(&d.name, netns);
         let previous = if loader::is_live(&at) {
-            Some(snapshot(&at).map_err(|e| attach_err(d, e))?)
+            Some(snapshot(&at).map_err(|e| attach_err(index, d, e))?)
         } else {
             None
         };
         let req = AttachRequest {
             at: at.clone(),
-            rate_bps: d.rate.bits_per_sec(),
-            burst_bytes: d.burst.bytes(),
+            rate: d.rate,
             xdp_mode: d.xdp_mode,
             max_sources: d.max_sources,
             key: d.key,
@@ -144,7 +152,7 @@ pub fn apply(
             }
             Err(e) => {
                 roll_back(done);
-                return Err(attach_err(d, e));
+                return Err(attach_err(index, d, e));
             }
         }
     }
@@ -169,10 +177,11 @@ fn same(a: &(Config, Vec<PolicySpec>), b: &(Config, Vec<PolicySpec>)) -> bool {
     settings(&a.0) == settings(&b.0) && a.1 == b.1
 }
 
-fn attach_err(d: &DesiredInterface, source: AttachError) -> ApplyError {
+fn attach_err(index: usize, d: &DesiredInterface, source: AttachError) -> ApplyError {
     ApplyError::Attach {
+        index,
         iface: d.name.clone(),
-        source: Box::new(source),
+        error: Box::new(source),
     }
 }
 

@@ -18,7 +18,10 @@ use std::{
 };
 
 use anyhow::{Result, bail, ensure};
-use shaper_common::maps::{Config, Counters, KEY_BY_DST, KEY_BY_SRC};
+use shaper_common::{
+    config::RateLimit,
+    maps::{Config, Counters, KEY_BY_DST, KEY_BY_SRC},
+};
 
 use crate::{
     bench::per_packet::Rng,
@@ -193,7 +196,8 @@ fn policy(rng: &mut Rng) -> Result<Config> {
         (1_000_000, 20_000),
         (100_000_000_000, 1 << 30),
     ][rng.below(3)];
-    Config::new(rate, burst, key_by, prefix_v4, prefix_v6, 0).map_err(|e| anyhow::anyhow!("{e}"))
+    let rate = RateLimit::new(rate, burst).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Config::new(rate, key_by, prefix_v4, prefix_v6, 0).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// Ethertypes the parser compares against, for mutations that swap them in.

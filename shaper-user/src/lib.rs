@@ -14,6 +14,7 @@ pub mod maps;
 pub mod netns;
 pub mod pins;
 pub mod policy;
+pub mod setting;
 pub mod system;
 pub mod testrun;
 pub mod units;

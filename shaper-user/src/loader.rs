@@ -18,12 +18,12 @@ use aya::{
     },
 };
 use shaper_common::{
-    config::ConfigError,
+    config::{ConfigError, RateLimit},
     maps::{
         Admission, Config, DEFAULT_MAX_SOURCES, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST,
         KEY_BY_SRC, MAP_ADMISSION, MAP_AGGREGATES, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES,
-        MAP_POLICY_STATS, MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6, PROG_XDP,
-        XDP_MODE_NATIVE, XDP_MODE_SKB,
+        MAP_POLICY_STATS, MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6,
+        MODE_ENFORCE, PROG_XDP, XDP_MODE_NATIVE, XDP_MODE_SKB,
     },
 };
 
@@ -32,13 +32,14 @@ use crate::{
     maps::{self, PinnedMapError},
     pins::Attachment,
     policy::{Mode, PolicyError, PolicySpec, PolicyTable},
+    setting::Setting,
 };
 
 /// The kernel programs, built by build.rs.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shaper"));
 
-/// How to attach the XDP program, as `--xdp-mode` takes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// How to attach the XDP program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum XdpAttachMode {
     /// Native if the driver supports it, otherwise generic (skb).
     Auto,
@@ -48,8 +49,8 @@ pub enum XdpAttachMode {
     Skb,
 }
 
-/// Which address of a frame picks its cell, as `--key` takes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// Which address of a frame picks its cell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyBy {
     /// The source address: each sender (or sending network) gets its own bucket.
     Src,
@@ -88,8 +89,8 @@ pub fn key_name(key_by: u32) -> &'static str {
 #[derive(Clone, Debug)]
 pub struct AttachRequest {
     pub at: Attachment,
-    pub rate_bps: u64,
-    pub burst_bytes: u64,
+    /// Per source, the default policy's.
+    pub rate: RateLimit,
     pub xdp_mode: XdpAttachMode,
     pub max_sources: Option<u32>,
     pub key: Option<KeyBy>,
@@ -137,30 +138,10 @@ pub enum Attached {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
-    #[error("invalid policy: {0}")]
-    Config(ConfigError),
-    #[error("--max-sources must be at least 1")]
-    ZeroSources,
-    #[error(
-        "--max-sources {asked} differs from the {current} of the attached map; detach first to resize it"
-    )]
-    Resize { asked: u32, current: u32 },
-    #[error(
-        "--xdp-mode {asked} differs from the attached {current} mode; detach first to change it"
-    )]
-    Mode {
-        asked: &'static str,
-        current: &'static str,
-    },
-    /// The tracked cells are keyed the attached way: under another key they mean nothing.
-    #[error(
-        "{flag} {asked} differs from the attached {current}; detach first to key sources differently"
-    )]
-    Rekey {
-        flag: &'static str,
-        asked: String,
-        current: String,
-    },
+    /// One setting cannot be as asked: named as the file names it ([`Setting`]); the
+    /// command line names the flag instead.
+    #[error("{setting} {problem}")]
+    Setting { setting: Setting, problem: String },
     #[error(
         "native XDP was refused on '{iface}' (its driver may lack XDP support; try --xdp-mode skb or auto)"
     )]
@@ -195,44 +176,69 @@ pub fn mode_name(xdp_mode: u32) -> &'static str {
     }
 }
 
-/// The settings for `req`, keyed as `req` asks or by default.
-fn config_for(req: &AttachRequest, xdp_mode: u32) -> Result<Config, AttachError> {
-    let config = Config::new(
-        req.rate_bps,
-        req.burst_bytes,
-        req.key.unwrap_or(KeyBy::Src).value(),
-        req.prefix_v4.unwrap_or(DEFAULT_PREFIX_V4),
-        req.prefix_v6.unwrap_or(DEFAULT_PREFIX_V6),
-        xdp_mode,
-    )
-    .map_err(AttachError::Config)?;
-    let max_sources = req.max_sources.unwrap_or(DEFAULT_MAX_SOURCES);
+fn setting(setting: Setting, problem: impl Into<String>) -> AttachError {
+    AttachError::Setting {
+        setting,
+        problem: problem.into(),
+    }
+}
+
+/// The settings entry for `req`: on a new attachment (`current` none) keyed as `req`
+/// asks or by default, on an existing one keyed as it is, with what `req` leaves out as
+/// it is. Every settings entry is made here.
+fn config_for(
+    req: &AttachRequest,
+    current: Option<&Config>,
+    max_sources: u32,
+    xdp_mode: u32,
+) -> Result<Config, AttachError> {
+    let (key_by, prefix_v4, prefix_v6) = match current {
+        Some(c) => (c.key_by, c.prefix_v4, c.prefix_v6),
+        None => (
+            req.key.unwrap_or(KeyBy::Src).value(),
+            req.prefix_v4.unwrap_or(DEFAULT_PREFIX_V4),
+            req.prefix_v6.unwrap_or(DEFAULT_PREFIX_V6),
+        ),
+    };
+    let config =
+        Config::new(req.rate, key_by, prefix_v4, prefix_v6, xdp_mode).map_err(|e| match e {
+            ConfigError::PrefixV6(_) => setting(Setting::PrefixV6, e.to_string()),
+            e => setting(Setting::PrefixV4, e.to_string()),
+        })?;
     Ok(Config {
-        mode: req.mode.unwrap_or_default().value(),
-        admission: req.admission.resolve(max_sources, None),
+        mode: req
+            .mode
+            .map_or(current.map_or(MODE_ENFORCE, |c| c.mode), Mode::value),
+        admission: req
+            .admission
+            .resolve(max_sources, current.map(|c| c.admission)),
         ..config
     })
 }
 
 /// Refuses a request to key an existing attachment differently from `current`.
 fn check_same_keys(req: &AttachRequest, current: &Config) -> Result<(), AttachError> {
+    let rekey = |s, asked: String, current: String| {
+        setting(
+            s,
+            format!(
+                "{asked} differs from the attached {current}; detach first to key sources differently"
+            ),
+        )
+    };
     if let Some(key) = req.key.filter(|k| k.value() != current.key_by) {
-        return Err(AttachError::Rekey {
-            flag: "--key",
-            asked: key.name().to_owned(),
-            current: format!("key {}", key_name(current.key_by)),
-        });
+        return Err(rekey(
+            Setting::Key,
+            key.name().to_owned(),
+            format!("key {}", key_name(current.key_by)),
+        ));
     }
-    for (flag, asked, current) in [
-        ("--prefix-v4", req.prefix_v4, current.prefix_v4),
-        ("--prefix-v6", req.prefix_v6, current.prefix_v6),
+    for (s, asked, current) in [
+        (Setting::PrefixV4, req.prefix_v4, current.prefix_v4),
+        (Setting::PrefixV6, req.prefix_v6, current.prefix_v6),
     ] {
         if let Some(asked) = asked.filter(|&p| p != current) {
-            return Err(AttachError::Rekey {
-                flag,
-                asked: asked.to_string(),
-                current: format!("prefix /{current}"),
-            });
+            return Err(rekey(s, asked.to_string(), format!("prefix /{current}")));
         }
     }
     Ok(())
@@ -244,7 +250,7 @@ fn check_same_keys(req: &AttachRequest, current: &Config) -> Result<(), AttachEr
 /// interface's network namespace.
 pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
     if req.max_sources == Some(0) {
-        return Err(AttachError::ZeroSources);
+        return Err(setting(Setting::MaxSources, "0: must be at least 1"));
     }
     if req.at.exists() {
         if is_live(&req.at) {
@@ -257,11 +263,12 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
             .map_err(pin_err("stale pins (removing)", &req.at.dir()))?;
     }
     // Validate everything before creating anything.
-    let config = config_for(req, 0)?;
+    let max_sources = req.max_sources.unwrap_or(DEFAULT_MAX_SOURCES);
+    let config = config_for(req, None, max_sources, 0)?;
     if let Some(policies) = &req.policies {
         PolicyTable::validate(policies, (config.prefix_v4, config.prefix_v6))?;
     }
-    let result = attach_new(req);
+    let result = attach_new(req, &config);
     if result.is_err() {
         // Best effort: the original error is the one worth reporting.
         let _ = req.at.remove_pins();
@@ -278,10 +285,12 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
     let current = maps::read_config(&req.at)?;
     let cap = maps::sources_capacity(&req.at)?;
     if let Some(asked) = req.max_sources.filter(|&asked| asked != cap) {
-        return Err(AttachError::Resize {
-            asked,
-            current: cap,
-        });
+        return Err(setting(
+            Setting::MaxSources,
+            format!(
+                "{asked} differs from the {cap} of the attached map; detach first to resize it"
+            ),
+        ));
     }
     let asked = match req.xdp_mode {
         XdpAttachMode::Auto => None,
@@ -289,27 +298,18 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
         XdpAttachMode::Skb => Some(XDP_MODE_SKB),
     };
     if let Some(asked) = asked.filter(|&m| m != current.xdp_mode) {
-        return Err(AttachError::Mode {
-            asked: mode_name(asked),
-            current: mode_name(current.xdp_mode),
-        });
+        return Err(setting(
+            Setting::XdpMode,
+            format!(
+                "{} differs from the attached {} mode; detach first to change it",
+                mode_name(asked),
+                mode_name(current.xdp_mode)
+            ),
+        ));
     }
     check_same_keys(req, &current)?;
-    // The limit and mode change: the keys stay as attached.
-    let config = Config::new(
-        req.rate_bps,
-        req.burst_bytes,
-        current.key_by,
-        current.prefix_v4,
-        current.prefix_v6,
-        current.xdp_mode,
-    )
-    .map_err(AttachError::Config)?;
-    let config = Config {
-        mode: req.mode.map_or(current.mode, Mode::value),
-        admission: req.admission.resolve(cap, Some(current.admission)),
-        ..config
-    };
+    // The limit, mode and admission change: the keys stay as attached.
+    let config = config_for(req, Some(&current), cap, current.xdp_mode)?;
     let mut table = PolicyTable::open(&req.at)?;
     if let Some(policies) = &req.policies {
         PolicyTable::validate(policies, (config.prefix_v4, config.prefix_v6))?;
@@ -372,7 +372,8 @@ pub fn configure(ebpf: &mut Ebpf, config: &Config) -> Result<(), AttachError> {
         .map_err(|e| AttachError::Load(Box::new(e)))
 }
 
-fn attach_new(req: &AttachRequest) -> Result<Attached, AttachError> {
+/// Loads, configures with `config` (its mode recorded once known), pins and attaches.
+fn attach_new(req: &AttachRequest, config: &Config) -> Result<Attached, AttachError> {
     let at = &req.at;
     let mut ebpf = load(req.max_sources.unwrap_or(DEFAULT_MAX_SOURCES))?;
 
@@ -397,7 +398,7 @@ fn attach_new(req: &AttachRequest) -> Result<Attached, AttachError> {
 
     // The policy is in place before the program can see a packet. The mode is known only
     // after attaching (auto may fall back to skb); it is recorded below, for `status`.
-    configure(&mut ebpf, &config_for(req, 0)?)?;
+    configure(&mut ebpf, config)?;
     if let Some(policies) = &req.policies {
         PolicyTable::open(at)?.replace_all(policies)?;
     }
@@ -434,7 +435,10 @@ fn attach_new(req: &AttachRequest) -> Result<Attached, AttachError> {
         .take_link(link_id)
         .map_err(|e| AttachError::Load(Box::new(e)))?;
     // Through the pin, keeping the generation the policies were written under.
-    PolicyTable::open(at)?.set_config(&config_for(req, xdp_mode)?)?;
+    PolicyTable::open(at)?.set_config(&Config {
+        xdp_mode,
+        ..*config
+    })?;
     let link: FdLink = link.try_into().map_err(|e: LinkError| {
         AttachError::Load(format!("XDP was attached without a bpf_link: {e}").into())
     })?;

@@ -17,6 +17,35 @@ pub enum SystemError {
     Mtu { iface: String, source: io::Error },
     #[error("cannot take the lock {path}")]
     Lock { path: String, source: io::Error },
+    #[error(
+        "{burst} bytes is smaller than one full-size frame on {iface} ({frame} bytes: MTU {mtu} + {ETH_HLEN}-byte Ethernet header), so such frames could never pass"
+    )]
+    BurstBelowFrame {
+        iface: String,
+        burst: u64,
+        frame: u32,
+        mtu: u32,
+    },
+}
+
+/// Ethernet header bytes every frame carries on top of the MTU (no VLAN tag, no FCS).
+pub const ETH_HLEN: u32 = 14;
+
+/// Refuses a burst of `burst` bytes below one full-size frame on `iface` (which must
+/// exist): such frames could never pass.
+pub fn check_burst_fits(iface: &str, burst: u64) -> Result<(), SystemError> {
+    ifindex(iface)?;
+    let mtu = mtu(iface)?;
+    let frame = mtu + ETH_HLEN;
+    if burst < u64::from(frame) {
+        return Err(SystemError::BurstBelowFrame {
+            iface: iface.to_owned(),
+            burst,
+            frame,
+            mtu,
+        });
+    }
+    Ok(())
 }
 
 /// Held while a command changes attachments, so two shaper commands never interleave

@@ -228,7 +228,29 @@ fn an_invalid_file_or_a_failure_part_way_changes_nothing() {
         &isp(iface).replace("burst = \"16k\"", "burst = \"1k\""),
     );
     let err = refused(&lab, &["apply", "-f", small.path()]);
-    assert!(err.contains("smaller than one full-size frame"), "{err}");
+    assert!(
+        err.contains(
+            "policy 198.51.100.0/24 burst: 1024 bytes is smaller than one full-size frame"
+        ),
+        "{err}"
+    );
+    assert_eq!(show(&lab, iface), before);
+    // A setting the attachment cannot change in place is named as the file names it.
+    let resized = TempFile::new(
+        "resized",
+        &isp(iface).replacen(
+            "burst = \"64k\"\n",
+            "burst = \"64k\"\nmax_sources = 1000\n",
+            1,
+        ),
+    );
+    let err = refused(&lab, &["apply", "-f", resized.path()]);
+    assert!(
+        err.ends_with(&format!(
+            "interface {iface}: interface[0].max_sources: 1000 differs from the 262144 of the attached map; detach first to resize it (nothing was changed)"
+        )),
+        "{err}"
+    );
     assert_eq!(show(&lab, iface), before);
 }
 
@@ -329,7 +351,7 @@ fn policy_commands_refuse_bad_input_and_change_nothing() {
         ),
         (
             vec!["10.0.0.0/8", "--rate", "1mbit", "--burst", "1k"],
-            "--burst 1k is smaller than one full-size frame",
+            "--burst 1k: 1024 bytes is smaller than one full-size frame",
         ),
         (
             vec![

@@ -19,7 +19,7 @@ fn the_example_is_valid_and_says_what_its_comments_say() {
     let interfaces = config_file::parse("examples/isp.toml", EXAMPLE).unwrap();
     assert_eq!(interfaces.len(), 1);
     let eth1 = &interfaces[0];
-    assert_eq!(eth1.rate.bits_per_sec(), 10_000_000);
+    assert_eq!(eth1.rate.rate_bps(), 10_000_000);
     let admission = eth1.admission.unwrap();
     assert_eq!(
         (admission.new_sources, admission.new_sources_burst),

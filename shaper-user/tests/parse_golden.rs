@@ -7,8 +7,11 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use shaper_common::maps::{
-    Config, Counters, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST, KEY_BY_SRC, SourceState,
+use shaper_common::{
+    config::RateLimit,
+    maps::{
+        Config, Counters, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST, KEY_BY_SRC, SourceState,
+    },
 };
 use shaper_user::{
     frame::*,
@@ -21,7 +24,8 @@ const RATE: u64 = 8_000;
 const BURST: u64 = 20_000;
 
 fn harness_with(key_by: u32, prefix_v4: u32, prefix_v6: u32, burst: u64) -> Harness {
-    let config = Config::new(RATE, burst, key_by, prefix_v4, prefix_v6, 0).unwrap();
+    let rate = RateLimit::new(RATE, burst).unwrap();
+    let config = Config::new(rate, key_by, prefix_v4, prefix_v6, 0).unwrap();
     Harness::new(Some(&config), 1024).expect("load")
 }
 

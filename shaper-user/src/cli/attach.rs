@@ -1,21 +1,23 @@
 //! `shaper attach IFACE --rate RATE --burst SIZE`: hold every source on IFACE to RATE.
 
-use super::new_sources;
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Result, anyhow};
 use shaper_common::{
-    gcra::{Limit, LimitError},
+    config::RateLimit,
     maps::{Admission, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
 };
 use shaper_user::{
-    loader::{self, AdmissionRequest, AttachRequest, Attached, KeyBy, XdpAttachMode},
+    loader::{self, AdmissionRequest, AttachError, AttachRequest, Attached, KeyBy},
     pins::Attachment,
     policy::Mode,
+    setting::Setting,
     system,
     units::{Rate, Size},
 };
 
-/// Ethernet header bytes counted in every frame on top of the MTU.
-const ETH_HLEN: u32 = 14;
+use super::{
+    new_sources,
+    values::{KeyArg, ModeArg, XdpModeArg, flag},
+};
 
 /// Attach shaper to IFACE, or change its rate and burst in place if already attached.
 #[derive(Debug, clap::Args)]
@@ -29,8 +31,8 @@ pub struct Args {
     #[arg(long)]
     pub burst: Size,
     /// How to attach the XDP program.
-    #[arg(long, value_enum, default_value_t = XdpAttachMode::Auto)]
-    pub xdp_mode: XdpAttachMode,
+    #[arg(long, value_enum, default_value_t = XdpModeArg::Auto)]
+    pub xdp_mode: XdpModeArg,
     /// Sources tracked at once per address family (least recently seen are evicted beyond
     /// this) [default: 262144]
     #[arg(long)]
@@ -38,7 +40,7 @@ pub struct Args {
     /// Which address gets a bucket: the source (senders) or the destination (receivers)
     /// [default: src]
     #[arg(long, value_enum)]
-    pub key: Option<KeyBy>,
+    pub key: Option<KeyArg>,
     /// IPv4 prefix length keys are masked to: 24 gives each /24 one bucket [default: 32]
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=32))]
     pub prefix_v4: Option<u32>,
@@ -48,46 +50,48 @@ pub struct Args {
     /// enforce, or monitor: drop nothing on the whole interface and count what would be
     /// dropped [default: enforce; unchanged when updating]
     #[arg(long, value_enum)]
-    pub mode: Option<Mode>,
+    pub mode: Option<ModeArg>,
     #[command(flatten)]
     pub new_sources: new_sources::Flags,
 }
 
-/// Refuses a burst below one full-size frame on `iface`: such frames could never pass.
+/// Refuses a burst (given as `flag value`) below one full-size frame on `iface`: such
+/// frames could never pass.
 pub fn check_burst_fits(flag: &str, burst: Size, iface: &str) -> Result<()> {
-    system::ifindex(iface)?;
-    let frame = system::mtu(iface)? + ETH_HLEN;
-    if burst.bytes() < u64::from(frame) {
-        bail!(
-            "{flag} {burst} is smaller than one full-size frame on {iface} ({frame} bytes: MTU {} + {ETH_HLEN}-byte Ethernet header), so such frames could never pass",
-            frame - ETH_HLEN
-        );
+    system::check_burst_fits(iface, burst.bytes()).map_err(|e| match e {
+        system::SystemError::BurstBelowFrame { .. } => anyhow!("{flag} {burst}: {e}"),
+        e => e.into(),
+    })
+}
+
+/// The library's error, with a setting named by its flag.
+fn flagged(e: AttachError) -> anyhow::Error {
+    match e {
+        AttachError::Setting { setting, problem } => anyhow!("{} {problem}", flag(setting)),
+        e => e.into(),
     }
-    Ok(())
 }
 
 pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
     // The values first (naming the argument and the value given), then the interface.
-    Limit::new(args.rate.bits_per_sec(), args.burst.bytes()).map_err(|e| match e {
-        LimitError::RateTooLow | LimitError::RateTooHigh => {
-            anyhow!("invalid --rate {}: {e}", args.rate)
-        }
-        LimitError::BurstZero | LimitError::BurstTooLong => {
-            anyhow!("invalid --burst {}: {e}", args.burst)
-        }
+    let rate = RateLimit::new(args.rate.bits_per_sec(), args.burst.bytes()).map_err(|e| {
+        let given = match Setting::of_limit(e.field()) {
+            Setting::Rate => args.rate.to_string(),
+            _ => args.burst.to_string(),
+        };
+        anyhow!("invalid --{} {given}: {e}", e.field())
     })?;
     let admission = args.new_sources.admission()?;
     check_burst_fits("--burst", args.burst, &args.iface)?;
     let req = AttachRequest {
         at: Attachment::new(&args.iface, netns),
-        rate_bps: args.rate.bits_per_sec(),
-        burst_bytes: args.burst.bytes(),
-        xdp_mode: args.xdp_mode,
+        rate,
+        xdp_mode: args.xdp_mode.into(),
         max_sources: args.max_sources,
-        key: args.key,
+        key: args.key.map(KeyBy::from),
         prefix_v4: args.prefix_v4,
         prefix_v6: args.prefix_v6,
-        mode: args.mode,
+        mode: args.mode.map(Mode::from),
         admission: admission.map_or(AdmissionRequest::Unchanged, AdmissionRequest::Exactly),
         policies: None,
     };
@@ -99,12 +103,12 @@ pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
         ),
         None => String::new(),
     };
-    match loader::attach(&req)? {
+    match loader::attach(&req).map_err(flagged)? {
         Attached::New { xdp_mode } => println!(
             "attached to {} ({} XDP{}): rate {} burst {} per {} /{} (IPv6 /{}){admitted}",
             req.at.label(),
             loader::mode_name(xdp_mode),
-            if args.mode == Some(Mode::Monitor) {
+            if req.mode == Some(Mode::Monitor) {
                 ", monitor only"
             } else {
                 ""

@@ -10,7 +10,11 @@ use shaper_user::{
     units::{Rate, Size},
 };
 
-use super::{attach::check_burst_fits, new_sources};
+use super::{
+    attach::check_burst_fits,
+    new_sources,
+    values::{ActionArg, ModeArg},
+};
 
 /// Per-prefix policies: limits, exemptions and blocks, longest prefix wins
 #[derive(Debug, clap::Subcommand)]
@@ -30,8 +34,8 @@ pub struct SetArgs {
     /// 203.0.113.0/24, 2001:db8::/48, or one address (a /32 or /128)
     pub prefix: String,
     /// What to do with the prefix's sources
-    #[arg(long, value_enum, default_value_t = Action::Limit)]
-    pub action: Action,
+    #[arg(long, value_enum, default_value_t = ActionArg::Limit)]
+    pub action: ActionArg,
     /// Rate per source, in tc units (with --action limit)
     #[arg(long)]
     pub rate: Option<Rate>,
@@ -45,8 +49,8 @@ pub struct SetArgs {
     #[arg(long, requires = "aggregate_rate")]
     pub aggregate_burst: Option<Size>,
     /// monitor: drop nothing for this prefix, count what would be dropped
-    #[arg(long, value_enum, default_value_t = Mode::Enforce)]
-    pub mode: Mode,
+    #[arg(long, value_enum, default_value_t = ModeArg::Enforce)]
+    pub mode: ModeArg,
     #[command(flatten)]
     pub new_sources: new_sources::Flags,
 }
@@ -82,7 +86,8 @@ fn open(iface: &str, netns: Option<&str>) -> Result<(Attachment, PolicyTable)> {
 
 /// The limits `set` asks for, checked against the action.
 fn limits(args: &SetArgs) -> Result<PolicyLimits> {
-    let limit = args.action == Action::Limit;
+    let action = Action::from(args.action);
+    let limit = action == Action::Limit;
     if !limit {
         for (flag, given) in [
             ("--rate", args.rate.is_some()),
@@ -90,7 +95,7 @@ fn limits(args: &SetArgs) -> Result<PolicyLimits> {
             ("--aggregate-rate", args.aggregate_rate.is_some()),
         ] {
             if given {
-                bail!("{flag} has no meaning with --action {}", args.action.name());
+                bail!("{flag} has no meaning with --action {}", action.name());
             }
         }
     }
@@ -106,8 +111,8 @@ fn limits(args: &SetArgs) -> Result<PolicyLimits> {
         a => a.unwrap_or_default(),
     };
     Ok(PolicyLimits {
-        action: args.action.value(),
-        mode: args.mode.value(),
+        action: action.value(),
+        mode: Mode::from(args.mode).value(),
         rate_bps: rate,
         burst_bytes: burst,
         aggregate_rate_bps: args.aggregate_rate.map_or(0, |r| r.bits_per_sec()),

@@ -5,8 +5,7 @@ use std::ops::Range;
 
 use serde::Deserialize;
 use shaper_common::{
-    config::{ConfigError, PolicyLimits},
-    gcra::Limit,
+    config::{ConfigError, PolicyLimits, RateLimit},
     maps::{Admission, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
 };
 use toml::Spanned;
@@ -32,8 +31,8 @@ pub struct FileError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredInterface {
     pub name: String,
-    pub rate: Rate,
-    pub burst: Size,
+    /// The default policy's rate and burst per source.
+    pub rate: RateLimit,
     pub mode: Mode,
     pub key: Option<KeyBy>,
     pub prefix_v4: Option<u32>,
@@ -222,10 +221,17 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<DesiredInterface>, FileError>
                 format!("interface '{name}' is listed twice"),
             ));
         }
-        let rate = rate(&src, &m.rate, format!("{here}.rate"))?;
-        let burst = size(&src, &m.burst, format!("{here}.burst"))?;
-        Limit::new(rate.bits_per_sec(), burst.bytes())
-            .map_err(|e| src.error(m.rate.span(), format!("{here}.rate"), e.to_string()))?;
+        let rate = RateLimit::new(
+            rate(&src, &m.rate, format!("{here}.rate"))?.bits_per_sec(),
+            size(&src, &m.burst, format!("{here}.burst"))?.bytes(),
+        )
+        .map_err(|e| {
+            let span = match e.field() {
+                "rate" => m.rate.span(),
+                _ => m.burst.span(),
+            };
+            src.error(span, format!("{here}.{}", e.field()), e.to_string())
+        })?;
         let prefix_v4 = bounded(&src, &m.prefix_v4, 32, format!("{here}.prefix_v4"))?;
         let prefix_v6 = bounded(&src, &m.prefix_v6, 128, format!("{here}.prefix_v6"))?;
         if let Some(n) = m.max_sources.as_ref().filter(|n| *n.get_ref() == 0) {
@@ -274,7 +280,6 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<DesiredInterface>, FileError>
         out.push(DesiredInterface {
             name,
             rate,
-            burst,
             mode: m.mode.map_or(Mode::Enforce, Mode::from),
             key: m.key.map(|k| match k {
                 KeyName::Src => KeyBy::Src,
@@ -509,7 +514,7 @@ new_sources_burst = 200000
         let got = parse("isp.toml", GOOD).unwrap();
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].name, "eth0");
-        assert_eq!(got[0].rate.bits_per_sec(), 10_000_000);
+        assert_eq!(got[0].rate.rate_bps(), 10_000_000);
         assert_eq!(got[0].policies.len(), 3);
         assert_eq!(got[0].admission, None);
         assert_eq!(

@@ -8,8 +8,8 @@ use shaper_common::{
     maps::{ACTION_DROP, ACTION_LIMIT, ACTION_PASS, MODE_ENFORCE, MODE_MONITOR, Policy},
 };
 
-/// What a policy does with its sources' packets, as `--action` takes it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+/// What a policy does with its sources' packets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Action {
     /// Hold each source to the policy's rate and burst (and the prefix to its aggregate).
     #[default]
@@ -47,8 +47,8 @@ impl Action {
     }
 }
 
-/// Whether drops are carried out, as `--mode` takes it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+/// Whether drops are carried out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Mode {
     /// Drop what does not conform.
     #[default]

@@ -1,0 +1,103 @@
+//! The command line's spellings of the library's choices (clap value enums), and of its
+//! settings (flags).
+
+use shaper_user::{
+    loader::{KeyBy, XdpAttachMode},
+    policy::{Action, Mode},
+    setting::Setting,
+};
+
+/// How to attach the XDP program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpModeArg {
+    /// Native if the driver supports it, otherwise generic (skb).
+    Auto,
+    /// In the driver; fails if the driver has no XDP support.
+    Native,
+    /// Generic XDP in the network stack; works on every interface, costs more.
+    Skb,
+}
+
+impl From<XdpModeArg> for XdpAttachMode {
+    fn from(m: XdpModeArg) -> Self {
+        match m {
+            XdpModeArg::Auto => Self::Auto,
+            XdpModeArg::Native => Self::Native,
+            XdpModeArg::Skb => Self::Skb,
+        }
+    }
+}
+
+/// Which address of a frame picks its bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeyArg {
+    /// The source address: each sender (or sending network) gets its own bucket.
+    Src,
+    /// The destination address: each receiver (or receiving network) gets its own bucket.
+    Dst,
+}
+
+impl From<KeyArg> for KeyBy {
+    fn from(k: KeyArg) -> Self {
+        match k {
+            KeyArg::Src => Self::Src,
+            KeyArg::Dst => Self::Dst,
+        }
+    }
+}
+
+/// What a policy does with its sources' packets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ActionArg {
+    /// Hold each source to the policy's rate and burst (and the prefix to its aggregate).
+    Limit,
+    /// Exempt: never limited, still counted.
+    Pass,
+    /// Blocked: every packet dropped.
+    Drop,
+}
+
+impl From<ActionArg> for Action {
+    fn from(a: ActionArg) -> Self {
+        match a {
+            ActionArg::Limit => Self::Limit,
+            ActionArg::Pass => Self::Pass,
+            ActionArg::Drop => Self::Drop,
+        }
+    }
+}
+
+/// Whether drops are carried out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    /// Drop what does not conform.
+    Enforce,
+    /// Dry run: drop nothing, count what enforcement would drop.
+    Monitor,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Enforce => Self::Enforce,
+            ModeArg::Monitor => Self::Monitor,
+        }
+    }
+}
+
+/// The flag that sets `setting`: `--max-sources`.
+pub fn flag(setting: Setting) -> String {
+    format!("--{}", setting.name().replace('_', "-"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_named_by_their_flags() {
+        assert_eq!(flag(Setting::MaxSources), "--max-sources");
+        assert_eq!(flag(Setting::PrefixV4), "--prefix-v4");
+        assert_eq!(flag(Setting::NewSourcesBurst), "--new-sources-burst");
+    }
+}
