@@ -9,6 +9,7 @@ mod host;
 mod lab;
 mod setup;
 mod test;
+mod vm;
 mod workspace;
 
 use std::process::ExitCode;
@@ -113,5 +114,44 @@ mod tests {
         };
         assert_eq!(args.kernel_test_args, ["live_rate"]);
         assert!(!args.host_only);
+    }
+
+    fn test_args(argv: &[&str]) -> Result<test::Args, clap::Error> {
+        match Cli::try_parse_from(argv)?.command {
+            Command::Test(args) => Ok(args),
+            _ => panic!("{argv:?} did not parse as test"),
+        }
+    }
+
+    fn kernel_names(argv: &[&str]) -> Option<Vec<&'static str>> {
+        match test_args(argv).unwrap().kernel {
+            test::Kernels::Host => None,
+            test::Kernels::Guests(series) => Some(series.iter().map(|s| s.name).collect()),
+        }
+    }
+
+    #[test]
+    fn kernel_choices() {
+        assert_eq!(kernel_names(&["xtask", "test"]), None);
+        assert_eq!(kernel_names(&["xtask", "test", "--kernel", "host"]), None);
+        assert_eq!(
+            kernel_names(&["xtask", "test", "--kernel", "all"]),
+            Some(vec!["6.1", "6.12"])
+        );
+        assert_eq!(
+            kernel_names(&["xtask", "test", "--kernel", "6.12,6.1,6.12"]),
+            Some(vec!["6.12", "6.1"])
+        );
+        assert!(test_args(&["xtask", "test", "--kernel", "5.10"]).is_err());
+        // --host-only goes with this machine's kernel only.
+        assert!(
+            test_args(&["xtask", "test", "--host-only"])
+                .unwrap()
+                .host_only
+        );
+        assert!(test_args(&["xtask", "test", "--kernel", "6.1", "--host-only"]).is_err());
+        // A filter after `--` goes to the guests' test binaries too.
+        let args = test_args(&["xtask", "test", "--kernel", "6.1", "--", "golden"]).unwrap();
+        assert_eq!(args.kernel_test_args, ["golden"]);
     }
 }

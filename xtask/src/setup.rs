@@ -40,6 +40,22 @@ const ITEMS: &[Item] = &[
         package: "iperf3",
         present: Present::Programs(&["iperf3"]),
     },
+    // The kernel matrix (`cargo xtask test --kernel`): Debian's kernels boot under QEMU with
+    // a busybox initramfs; modprobe and depmod resolve their modules, and load them in the
+    // guest (which runs on this machine's files).
+    Item::Apt {
+        package: "qemu-system-x86",
+        present: Present::Programs(&["qemu-system-x86_64"]),
+    },
+    // Static: the initramfs holds this one binary and no libraries.
+    Item::Apt {
+        package: "busybox-static",
+        present: Present::StaticProgram("busybox"),
+    },
+    Item::Apt {
+        package: "kmod",
+        present: Present::Programs(&["modprobe", "depmod"]),
+    },
     // The eBPF crate is built with nightly's -Z build-std, which needs rust-src.
     Item::Toolchain {
         name: "nightly",
@@ -98,6 +114,8 @@ enum Present {
     File(&'static str),
     /// These programs are on PATH (or in /usr/sbin, /sbin).
     Programs(&'static [&'static str]),
+    /// This program is on PATH and statically linked (Debian's plain `busybox` is not).
+    StaticProgram(&'static str),
 }
 
 impl Present {
@@ -105,6 +123,8 @@ impl Present {
         match self {
             Present::File(path) => std::path::Path::new(path).exists(),
             Present::Programs(names) => names.iter().all(|name| host::find_program(name).is_some()),
+            Present::StaticProgram(name) => host::find_program(name)
+                .is_some_and(|path| host::is_static_elf(&path).unwrap_or(false)),
         }
     }
 }
@@ -161,6 +181,10 @@ impl Item {
                 package,
                 present: Present::Programs(programs),
             } if programs != &[*package] => format!("{package} ({})", programs.join(", ")),
+            Item::Apt {
+                package,
+                present: Present::StaticProgram(program),
+            } => format!("{package} ({program}, static)"),
             Item::Apt { package, .. } => (*package).to_owned(),
             Item::Toolchain { name, .. } => format!("toolchain {name}"),
             Item::Component { name, toolchain } => format!("{name} ({toolchain})"),

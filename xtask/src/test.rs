@@ -8,13 +8,18 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd, host, setup, workspace};
+use crate::{cmd, host, setup, vm, workspace};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Stop after the host tests, and succeed without running the kernel tests
     #[arg(long)]
     pub host_only: bool,
+    /// Where the kernel tests run: `host` (this machine's kernel, after fmt, clippy and the
+    /// host tests), or Debian 12's `6.1`, `6.12` (comma-separated) or `all`, each under QEMU
+    /// (only the kernel tests that do not depend on timing; nothing else)
+    #[arg(long, default_value = "host", value_parser = kernels, conflicts_with = "host_only")]
+    pub kernel: Kernels,
     /// Test filter and libtest options for the kernel tests, e.g. `-- live_rate`
     #[arg(last = true, conflicts_with = "host_only")]
     pub kernel_test_args: Vec<String>,
@@ -28,8 +33,47 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     result
 }
 
+/// What `--kernel` chose.
+#[derive(Clone)]
+pub enum Kernels {
+    /// This machine's kernel.
+    Host,
+    /// Debian kernels in QEMU guests.
+    Guests(Vec<&'static vm::Series>),
+}
+
+fn kernels(arg: &str) -> Result<Kernels, String> {
+    match arg {
+        "host" => return Ok(Kernels::Host),
+        "all" => return Ok(Kernels::Guests(vm::SERIES.iter().collect())),
+        _ => {}
+    }
+    let mut series = Vec::new();
+    for name in arg.split(',') {
+        let Some(one) = vm::series_named(name.trim()) else {
+            let names: Vec<&str> = vm::SERIES.iter().map(|s| s.name).collect();
+            return Err(format!(
+                "no kernel '{name}': host, {}, or all",
+                names.join(", ")
+            ));
+        };
+        if !series.iter().any(|s: &&vm::Series| s.name == one.name) {
+            series.push(one);
+        }
+    }
+    Ok(Kernels::Guests(series))
+}
+
 fn run_all(args: &Args, tally: &mut Tally) -> Result<ExitCode> {
     setup::run()?;
+    if let Kernels::Guests(series) = &args.kernel {
+        // Formatting, lints and host tests are the same whatever the kernel: the host run
+        // (`cargo xtask test`) has them.
+        let (counted, code) = vm::run(series, &args.kernel_test_args)?;
+        tally.passed += counted.passed;
+        tally.failed += counted.failed;
+        return Ok(code);
+    }
     cmd::run(workspace::cargo().args(["fmt", "--all", "--check"]))?;
     cmd::run(workspace::cargo().args([
         "clippy",
@@ -69,10 +113,10 @@ fn run_all(args: &Args, tally: &mut Tally) -> Result<ExitCode> {
 }
 
 /// Tests counted over all `cargo test` runs, from libtest's `test result:` lines.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Tally {
-    passed: u64,
-    failed: u64,
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    pub passed: u64,
+    pub failed: u64,
 }
 
 impl Tally {
@@ -97,11 +141,19 @@ impl Tally {
         Ok(())
     }
 
-    /// `test result: ok. 5 passed; 0 failed; 2 ignored; ...`
-    fn count(&mut self, line: &str) {
-        let Some(rest) = line.strip_prefix("test result: ") else {
-            return;
-        };
+    /// Adds what a libtest `test result:` line counts; other lines count nothing.
+    pub fn count(&mut self, line: &str) {
+        if let Some(counted) = Self::of_result_line(line) {
+            self.passed += counted.passed;
+            self.failed += counted.failed;
+        }
+    }
+
+    /// The counts of `test result: ok. 5 passed; 0 failed; 2 ignored; ...`, or `None` for
+    /// any other line.
+    pub fn of_result_line(line: &str) -> Option<Tally> {
+        let rest = line.strip_prefix("test result: ")?;
+        let mut tally = Tally::default();
         for part in rest.split(';') {
             let mut words = part.split_whitespace().rev();
             let (Some(what), Some(n)) = (words.next(), words.next()) else {
@@ -109,11 +161,12 @@ impl Tally {
             };
             let Ok(n) = n.parse::<u64>() else { continue };
             match what {
-                "passed" => self.passed += n,
-                "failed" => self.failed += n,
+                "passed" => tally.passed += n,
+                "failed" => tally.failed += n,
                 _ => {}
             }
         }
+        Some(tally)
     }
 }
 

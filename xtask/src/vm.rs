@@ -1,0 +1,1183 @@
+//! `cargo xtask test --kernel 6.1|6.12|all`: the kernel tests under Debian 12's own kernels,
+//! each booted in a QEMU guest that runs on this machine's files.
+//!
+//! For each kernel series the newest Debian package (`linux-image-6.1.0-N-amd64`,
+//! `linux-image-6.12.N+deb12-amd64`, generic rather than `-cloud`: the cloud kernels have no
+//! 9p) is fetched with `apt-get download` into `target/kernels/` and unpacked there with
+//! `dpkg-deb -x` (nothing is installed). A busybox initramfs built into `target/vm/` loads
+//! the modules the guest needs to reach its files (virtio, 9p, overlay), mounts this
+//! machine's `/` read-only over 9p with a tmpfs overlay on top, the work tree read-write
+//! over a second 9p share (so the test binaries built here are there at the same paths),
+//! and switches root into it. The test binaries then run as they would here, one after the
+//! other, and the guest powers off. The guest's console is this command's output.
+//!
+//! QEMU emulates the CPU (TCG): this machine's KVM cannot run a stock kernel. So the guests
+//! run the kernel tests whose outcome does not depend on time ([`SUITES`] says which and
+//! why); the timing ones stay on the host.
+
+use std::{
+    fs,
+    io::{BufRead as _, BufReader, Write as _},
+    path::{Path, PathBuf},
+    process::{Command, ExitCode, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{cmd, host, test::Tally, workspace};
+
+/// A guest that has not powered off after this long is killed, and its kernel fails.
+const GUEST_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+/// A Debian 12 kernel series: its packages are `<prefix><N><suffix>[-unsigned]`.
+pub struct Series {
+    /// What `--kernel` calls it.
+    pub name: &'static str,
+    prefix: &'static str,
+    suffix: &'static str,
+}
+
+/// The kernels `--kernel all` runs, oldest first. 6.1 is Debian 12's own kernel; 6.12 is
+/// the newer one Debian 12 carries (the next stable's).
+pub const SERIES: &[Series] = &[
+    Series {
+        name: "6.1",
+        prefix: "linux-image-6.1.0-",
+        suffix: "-amd64",
+    },
+    Series {
+        name: "6.12",
+        prefix: "linux-image-6.12.",
+        suffix: "+deb12-amd64",
+    },
+];
+
+/// Where a test file of shaper-user runs.
+enum Place {
+    /// In every guest, without the tests named in `skip` (each with the reason).
+    Guest {
+        skip: &'static [(&'static str, &'static str)],
+    },
+    /// Only on the host (`cargo xtask test`).
+    Host,
+}
+
+/// One test target of shaper-user, by its source file.
+struct Suite {
+    /// The file, relative to shaper-user.
+    file: &'static str,
+    place: Place,
+    /// Why it runs in the guests, or why not.
+    why: &'static str,
+}
+
+/// Every test file of shaper-user, and whether the guests run its kernel tests (`--ignored
+/// --test-threads=1`, as on the host). A new test file must be added here (a host test
+/// checks). In: what checks what a kernel accepts and how the program behaves on it, with
+/// no dependence on time. Out: what measures time (rates, accuracy): under emulation the
+/// guest's clock is right but everything runs tens of times slower than on hardware, so
+/// offered rates and deadlines mean nothing there.
+const SUITES: &[Suite] = &[
+    Suite {
+        file: "tests/test_run.rs",
+        place: Place::Guest { skip: &[] },
+        why: "verifier acceptance (every test loads the program) and verdicts and counters \
+              through BPF_PROG_TEST_RUN; rates are slow enough that run time does not matter",
+    },
+    Suite {
+        file: "tests/parse_golden.rs",
+        place: Place::Guest { skip: &[] },
+        why: "golden frames of every encapsulation and every truncation through \
+              BPF_PROG_TEST_RUN, including multi-buffer (xdp.frags) jumbo frames",
+    },
+    Suite {
+        file: "tests/fuzz.rs",
+        place: Place::Guest { skip: &[] },
+        why: "fuzzed frames through BPF_PROG_TEST_RUN: each passes or drops and is counted",
+    },
+    Suite {
+        file: "tests/policy_test_run.rs",
+        place: Place::Guest { skip: &[] },
+        why: "prefix policies (LPM tries, monitor, aggregates, rescaling) through \
+              BPF_PROG_TEST_RUN",
+    },
+    Suite {
+        file: "tests/admission_test_run.rs",
+        place: Place::Guest { skip: &[] },
+        why: "new-source admission through BPF_PROG_TEST_RUN; its bounds are computed from \
+              the time the run took, so a slow guest only loosens them",
+    },
+    Suite {
+        file: "tests/cli.rs",
+        place: Place::Guest {
+            skip: &[(
+                "attach_reattach_detach",
+                "holds passed bytes to within 5% of rate × measured time of live traffic",
+            )],
+        },
+        why: "attach, re-attach, detach and every refusal, with native and generic XDP on \
+              veth, dummy and bridge devices",
+    },
+    Suite {
+        file: "tests/apply.rs",
+        place: Place::Guest { skip: &[] },
+        why: "apply and config show round trips and all-or-nothing refusals: no traffic",
+    },
+    Suite {
+        file: "tests/stale_pins.rs",
+        place: Place::Guest { skip: &[] },
+        why: "attach over pins left by a deleted interface: no traffic",
+    },
+    Suite {
+        file: "tests/live_rate.rs",
+        place: Place::Host,
+        why: "rate accuracy of live traffic",
+    },
+    Suite {
+        file: "tests/live_encap.rs",
+        place: Place::Host,
+        why: "rate accuracy of live traffic (IPv6, VLAN, /24 keys, jumbo frames)",
+    },
+    Suite {
+        file: "tests/live_policy.rs",
+        place: Place::Host,
+        why: "rates of live traffic under policies, and changes within a second",
+    },
+    Suite {
+        file: "tests/bench_accuracy.rs",
+        place: Place::Host,
+        why: "a benchmark: rate accuracy and CPU cost",
+    },
+    Suite {
+        file: "tests/bench_quick.rs",
+        place: Place::Host,
+        why: "a benchmark: per-packet cost and live rates",
+    },
+    Suite {
+        file: "src/lib.rs",
+        place: Place::Host,
+        why: "the lab's own kernel tests check that traffic arrives at the offered rate",
+    },
+    Suite {
+        file: "tests/explain.rs",
+        place: Place::Host,
+        why: "no kernel tests (host tests only)",
+    },
+    Suite {
+        file: "tests/example_config.rs",
+        place: Place::Host,
+        why: "no kernel tests (host tests only)",
+    },
+];
+
+/// Modules the guest loads before the tests (from the kernel's own package, with modprobe):
+/// veth for the namespace lab, dummy and bridge for the interfaces without native XDP that
+/// cli.rs and apply.rs attach to. (The kernel would also load them on demand.)
+const TEST_MODULES: &[&str] = &["veth", "dummy", "bridge"];
+
+/// Modules the initramfs loads to reach the guest's files (with what they depend on).
+const BOOT_MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "overlay"];
+
+/// What one kernel's run came to.
+struct KernelResult {
+    series: &'static str,
+    release: String,
+    package: String,
+    tally: Tally,
+    /// Per suite, in the order run.
+    suites: Vec<(String, SuiteResult)>,
+    wall: Duration,
+    /// Why the run did not complete, if it did not.
+    error: Option<String>,
+}
+
+#[derive(Default)]
+struct SuiteResult {
+    passed: u64,
+    failed: u64,
+    failed_tests: Vec<String>,
+    /// The binary's exit status, once it has ended.
+    exit: Option<i32>,
+}
+
+/// Runs the guest suites under each kernel of `series`, one guest at a time; `extra` goes to
+/// every test binary after our own arguments (a filter, say). Prints each kernel's results
+/// and returns the total; fails only when nothing could run at all.
+pub fn run(series: &[&'static Series], extra: &[String]) -> Result<(Tally, ExitCode)> {
+    print_plan();
+    let suites = build_suites()?;
+    let mut results = Vec::new();
+    for series in series {
+        let start = Instant::now();
+        let result = match run_kernel(series, &suites, extra) {
+            Ok(mut result) => {
+                result.wall = start.elapsed();
+                result
+            }
+            Err(err) => KernelResult {
+                series: series.name,
+                release: String::new(),
+                package: String::new(),
+                tally: Tally::default(),
+                suites: Vec::new(),
+                wall: start.elapsed(),
+                error: Some(format!("{err:#}")),
+            },
+        };
+        print_kernel(&result);
+        results.push(result);
+    }
+
+    println!();
+    println!("kernel matrix:");
+    let mut total = Tally::default();
+    let mut ok = true;
+    for result in &results {
+        total.passed += result.tally.passed;
+        total.failed += result.tally.failed;
+        // A kernel that could not run its tests (no package, no boot) fails one, so that
+        // the summary line never says 0 failed when something did.
+        if result.error.is_some() && result.tally.failed == 0 {
+            total.failed += 1;
+        }
+        ok &= result.error.is_none() && result.tally.failed == 0;
+        let verdict = match &result.error {
+            Some(err) => format!("did not complete: {err}"),
+            None if result.tally.failed == 0 => "ok".to_owned(),
+            None => "FAILED".to_owned(),
+        };
+        println!(
+            "  {:<5} {:<24} {:>4} passed {:>3} failed  {:>7}  {verdict}",
+            result.series,
+            result.release,
+            result.tally.passed,
+            result.tally.failed,
+            minutes(result.wall),
+        );
+    }
+    Ok((
+        total,
+        if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        },
+    ))
+}
+
+/// A test binary to run in the guests.
+struct GuestSuite {
+    name: String,
+    executable: PathBuf,
+    /// Where cargo would run it: its package's directory.
+    dir: PathBuf,
+    skip: &'static [(&'static str, &'static str)],
+}
+
+/// Builds the test binaries here (the guests only run them) and picks the guest suites.
+fn build_suites() -> Result<Vec<GuestSuite>> {
+    let mut cargo = workspace::cargo();
+    cargo.args(["test", "--workspace", "--no-run", "--message-format=json"]);
+    let line = cmd::display(&cargo);
+    println!("$ {line}");
+    // Cargo's progress and errors go to the terminal; its JSON (stdout) is read here.
+    let output = cargo
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("could not start `{line}`"))?;
+    if !output.status.success() {
+        bail!("`{line}` failed ({})", output.status);
+    }
+    let out = String::from_utf8_lossy(&output.stdout);
+    let package_dir = workspace::root().join("shaper-user");
+    let mut found = Vec::new();
+    for line in out.lines() {
+        if json_string(line, "reason").as_deref() != Some("compiler-artifact") {
+            continue;
+        }
+        let (Some(src), Some(executable)) = (
+            json_string(line, "src_path"),
+            json_string(line, "executable"),
+        ) else {
+            continue;
+        };
+        let Ok(file) = Path::new(&src).strip_prefix(&package_dir) else {
+            continue;
+        };
+        let Some(suite) = SUITES.iter().find(|s| Path::new(s.file) == file) else {
+            continue;
+        };
+        let Place::Guest { skip } = suite.place else {
+            continue;
+        };
+        let name = file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        found.push(GuestSuite {
+            name,
+            executable: PathBuf::from(executable),
+            dir: package_dir.clone(),
+            skip,
+        });
+    }
+    // In the table's order, whatever order cargo finished them in.
+    let order = |s: &GuestSuite| {
+        SUITES
+            .iter()
+            .position(|suite| Path::new(suite.file).file_stem() == Some(s.name.as_ref()))
+    };
+    found.sort_by_key(order);
+    let expected = SUITES
+        .iter()
+        .filter(|s| matches!(s.place, Place::Guest { .. }))
+        .count();
+    if found.len() != expected {
+        let names: Vec<&str> = found.iter().map(|s| s.name.as_str()).collect();
+        bail!(
+            "cargo built {} of the {expected} guest test suites ({})",
+            found.len(),
+            names.join(", ")
+        );
+    }
+    Ok(found)
+}
+
+/// The string value of the first `"key":"..."` in a line of cargo's JSON output, unescaped.
+/// (Cargo writes compact JSON, and the keys we read occur once per artifact line; this
+/// keeps xtask free of a JSON dependency.)
+fn json_string(line: &str, key: &str) -> Option<String> {
+    let start = line.find(&format!("\"{key}\":\""))? + key.len() + 4;
+    let mut value = String::new();
+    let mut chars = line[start..].chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Some(value),
+            '\\' => match chars.next()? {
+                'n' => value.push('\n'),
+                't' => value.push('\t'),
+                'u' => {
+                    let hex: String = chars.by_ref().take(4).collect();
+                    value.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+                }
+                other => value.push(other),
+            },
+            c => value.push(c),
+        }
+    }
+    None
+}
+
+/// An unpacked kernel package.
+struct Kernel {
+    package: String,
+    /// Where it is unpacked: `boot/` and `lib/modules/<release>/` are under it.
+    root: PathBuf,
+    release: String,
+}
+
+impl Kernel {
+    fn vmlinuz(&self) -> PathBuf {
+        self.root
+            .join("boot")
+            .join(format!("vmlinuz-{}", self.release))
+    }
+
+    fn modules(&self) -> PathBuf {
+        self.root.join("lib/modules").join(&self.release)
+    }
+}
+
+fn run_kernel(
+    series: &'static Series,
+    suites: &[GuestSuite],
+    extra: &[String],
+) -> Result<KernelResult> {
+    println!();
+    println!("=== kernel {} ===", series.name);
+    let kernel = fetch(series)?;
+    let dir = workspace::target_dir().join("vm").join(series.name);
+    fs::create_dir_all(&dir).with_context(|| format!("could not create {}", dir.display()))?;
+    let initramfs = dir.join("initramfs.cpio");
+    let busybox = busybox()?;
+    let stage2 = stage2_script(&kernel, &busybox, suites, extra);
+    write_initramfs(&kernel, &busybox, &stage2, &initramfs)?;
+
+    let log_path = dir.join("console.log");
+    let mut result = KernelResult {
+        series: series.name,
+        release: kernel.release.clone(),
+        package: kernel.package.clone(),
+        tally: Tally::default(),
+        suites: Vec::new(),
+        wall: Duration::ZERO,
+        error: None,
+    };
+    let mut qemu = qemu_command(&kernel, &initramfs);
+    result.error = run_guest(&mut qemu, &log_path, &mut result)?;
+    // A binary that failed without a failing test (a crash, a panic outside a test, a
+    // libtest usage error), or did not finish, counts as one failure.
+    for (_, suite) in &mut result.suites {
+        if suite.failed == 0 && suite.exit != Some(0) {
+            suite.failed = 1;
+            result.tally.failed += 1;
+        }
+    }
+    Ok(result)
+}
+
+/// Finds the newest package of `series` apt knows, downloads and unpacks it (once: both stay
+/// in `target/kernels/`), and indexes its modules with depmod.
+fn fetch(series: &Series) -> Result<Kernel> {
+    let mut package = newest_package(series)?;
+    if package.is_none() {
+        // apt's lists may be missing or old (a fresh container has none).
+        cmd::run(Command::new("apt-get").arg("update"))?;
+        package = newest_package(series)?;
+    }
+    let Some(package) = package else {
+        bail!(
+            "apt knows no package {}N{}[-unsigned]",
+            series.prefix,
+            series.suffix
+        );
+    };
+    let cache = workspace::target_dir().join("kernels");
+    fs::create_dir_all(&cache).with_context(|| format!("could not create {}", cache.display()))?;
+    let root = cache.join(&package);
+    let done = root.join(".unpacked");
+    if !done.exists() {
+        let deb = match find_deb(&cache, &package)? {
+            Some(deb) => deb,
+            None => {
+                let mut apt = Command::new("apt-get");
+                apt.args(["download", &package]).current_dir(&cache);
+                if host::is_root()? {
+                    // apt's download user (_apt) cannot write to a root-owned target/.
+                    apt.args(["-o", "APT::Sandbox::User=root"]);
+                }
+                cmd::run(&mut apt)?;
+                find_deb(&cache, &package)?
+                    .with_context(|| format!("apt-get download left no {package}_*.deb"))?
+            }
+        };
+        if root.exists() {
+            fs::remove_dir_all(&root)
+                .with_context(|| format!("could not remove {}", root.display()))?;
+        }
+        cmd::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
+        let release = release_of(&root)?;
+        cmd::run(Command::new(depmod()?).arg("-b").arg(&root).arg(&release))?;
+        fs::write(&done, "").with_context(|| format!("could not write {}", done.display()))?;
+    }
+    let release = release_of(&root)?;
+    let kernel = Kernel {
+        package,
+        root,
+        release,
+    };
+    if !kernel.vmlinuz().exists() {
+        bail!("{} has no {}", kernel.package, kernel.vmlinuz().display());
+    }
+    println!("kernel {}: {}", kernel.release, kernel.root.display());
+    Ok(kernel)
+}
+
+/// The newest `<prefix>N<suffix>` package in apt's lists (the unsigned one if both are).
+fn newest_package(series: &Series) -> Result<Option<String>> {
+    let names = cmd::stdout(Command::new("apt-cache").args(["pkgnames", series.prefix]))?;
+    Ok(names
+        .lines()
+        .filter_map(|name| package_rank(series, name).map(|rank| (rank, name)))
+        .max()
+        .map(|(_, name)| name.to_owned()))
+}
+
+/// `(N, unsigned)` for a package name of `series`, `None` for any other name (`-cloud-`,
+/// `-rt-`, `-dbg`, meta-packages).
+fn package_rank(series: &Series, name: &str) -> Option<(u32, bool)> {
+    let rest = name.strip_prefix(series.prefix)?;
+    let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+    let abi: u32 = rest[..digits].parse().ok()?;
+    match rest[digits..].strip_prefix(series.suffix)? {
+        "" => Some((abi, false)),
+        "-unsigned" => Some((abi, true)),
+        _ => None,
+    }
+}
+
+fn find_deb(dir: &Path, package: &str) -> Result<Option<PathBuf>> {
+    let prefix = format!("{package}_");
+    for entry in fs::read_dir(dir).with_context(|| format!("could not read {}", dir.display()))? {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(&prefix) && name.ends_with(".deb") {
+            return Ok(Some(dir.join(&*name)));
+        }
+    }
+    Ok(None)
+}
+
+/// The one release under `<root>/lib/modules`.
+fn release_of(root: &Path) -> Result<String> {
+    let dir = root.join("lib/modules");
+    let mut releases = Vec::new();
+    for entry in fs::read_dir(&dir).with_context(|| format!("could not read {}", dir.display()))? {
+        releases.push(entry?.file_name().to_string_lossy().into_owned());
+    }
+    match releases.as_slice() {
+        [release] => Ok(release.clone()),
+        _ => bail!("{} holds {releases:?}, not one release", dir.display()),
+    }
+}
+
+fn depmod() -> Result<PathBuf> {
+    host::find_program("depmod").context("no depmod (kmod): run `cargo xtask setup`")
+}
+
+/// The module files `BOOT_MODULES` need, dependencies first, each once.
+fn boot_modules(kernel: &Kernel) -> Result<Vec<PathBuf>> {
+    let modprobe = host::find_program("modprobe").context("no modprobe (kmod)")?;
+    let out = cmd::stdout(
+        Command::new(modprobe)
+            .arg("-d")
+            .arg(&kernel.root)
+            .args(["-S", &kernel.release, "-a", "--show-depends"])
+            .args(BOOT_MODULES),
+    )?;
+    let mut modules: Vec<PathBuf> = Vec::new();
+    for line in out.lines() {
+        // `insmod /path/to/mod.ko[.xz] [params]`, or `builtin name`.
+        if let Some(path) = line
+            .strip_prefix("insmod ")
+            .and_then(|rest| rest.split_whitespace().next())
+        {
+            let path = PathBuf::from(path);
+            if !modules.contains(&path) {
+                modules.push(path);
+            }
+        }
+    }
+    Ok(modules)
+}
+
+/// A module file's contents, decompressed: busybox's insmod reads plain ELF only.
+fn module_bytes(path: &Path) -> Result<Vec<u8>> {
+    let name = path.to_string_lossy();
+    if name.ends_with(".ko") {
+        return fs::read(path).with_context(|| format!("could not read {name}"));
+    }
+    let tool: &[&str] = if name.ends_with(".ko.xz") {
+        &["busybox", "xzcat"]
+    } else if name.ends_with(".ko.gz") {
+        &["busybox", "zcat"]
+    } else if name.ends_with(".ko.zst") {
+        &["zstd", "-dc"]
+    } else {
+        bail!("{name}: not a module file this knows how to read");
+    };
+    let output = Command::new(tool[0])
+        .args(&tool[1..])
+        .arg(path)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("could not start {}", tool.join(" ")))?;
+    if !output.status.success() {
+        bail!("{} {name} failed ({})", tool.join(" "), output.status);
+    }
+    Ok(output.stdout)
+}
+
+/// Quotes `word` for sh.
+fn sh_quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+/// The marker the guest scripts put in front of what they report on the console.
+const MARK: &str = "@@shaper-vm:";
+
+/// The initramfs's /init (busybox sh): modules, the guest's root (this machine's `/`
+/// read-only under a tmpfs overlay, the work tree read-write), then the tests' script as
+/// the new root's first process.
+fn init_script(modules: &[String]) -> String {
+    let work = workspace::root().to_string_lossy().into_owned();
+    let newroot_work = sh_quote(&format!("/newroot{work}"));
+    let modules = modules.join(" ");
+    format!(
+        r#"#!/bin/busybox sh
+/bin/busybox mkdir -p /bin /proc /sys /dev
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+fail() {{
+    echo "{MARK} init failed: $*"
+    poweroff -f
+}}
+for m in {modules}; do
+    insmod /modules/$m || fail "insmod $m"
+done
+# 9p with a large message size and the page cache: the test binaries are large, and the
+# host does not change these files while the guest runs.
+opts=trans=virtio,version=9p2000.L,msize=512000,cache=loose
+mkdir -p /hostroot /ovl /newroot
+mount -t 9p -o ro,$opts hostroot /hostroot || fail "mount the host's root"
+mount -t tmpfs -o mode=0755 ovl /ovl
+mkdir -p /ovl/upper /ovl/work
+mount -t overlay -o lowerdir=/hostroot,upperdir=/ovl/upper,workdir=/ovl/work overlay /newroot \
+    || fail "mount the overlay"
+mkdir -p {newroot_work}
+mount -t 9p -o $opts worktree {newroot_work} || fail "mount the work tree"
+mount -t proc proc /newroot/proc
+mount -t sysfs sysfs /newroot/sys
+mount -t bpf bpf /newroot/sys/fs/bpf
+mount -t devtmpfs devtmpfs /newroot/dev
+mkdir -p /newroot/dev/pts /newroot/dev/shm
+mount -t devpts devpts /newroot/dev/pts
+mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm
+mount -t tmpfs -o mode=0755 tmpfs /newroot/run
+mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp
+cp /stage2 /newroot/run/shaper-vm.sh
+umount /proc /sys /dev
+exec switch_root /newroot /bin/sh /run/shaper-vm.sh
+"#
+    )
+}
+
+/// The script the guest runs in its new root (this machine's files, with its `sh`): the
+/// kernel's modules in place, loopback up, each suite, then power off.
+fn stage2_script(
+    kernel: &Kernel,
+    busybox: &Path,
+    suites: &[GuestSuite],
+    extra: &[String],
+) -> String {
+    let mut script = format!(
+        r#"#!/bin/sh
+# The kernel tests in a guest of `cargo xtask test --kernel`; PID 1 of the guest.
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
+say() {{ echo "{MARK} $*"; }}
+mkdir -p /lib/modules/{release}
+mount --bind {modules} /lib/modules/{release}
+ip link set lo up
+modprobe -a {test_modules} || say "modprobe {test_modules} failed"
+say kernel "$(uname -r)"
+# From here on the kernel log holds what the tests made the kernel say.
+dmesg --clear
+"#,
+        release = sh_quote(&kernel.release),
+        modules = sh_quote(&kernel.modules().to_string_lossy()),
+        test_modules = TEST_MODULES.join(" "),
+    );
+    for suite in suites {
+        let mut words = vec![
+            "exec".to_owned(),
+            sh_quote(&suite.executable.to_string_lossy()),
+            "--ignored".to_owned(),
+            "--test-threads=1".to_owned(),
+        ];
+        for (test, _) in suite.skip {
+            words.push("--skip".to_owned());
+            words.push(sh_quote(test));
+        }
+        words.extend(extra.iter().map(|arg| sh_quote(arg)));
+        script.push_str(&format!(
+            "say begin {name}\n(cd {dir} && {command})\nsay end {name} $?\n",
+            name = suite.name,
+            dir = sh_quote(&suite.dir.to_string_lossy()),
+            command = words.join(" "),
+        ));
+    }
+    // busybox's poweroff -f powers off there and then (the reboot system call); the sysrq
+    // one is asynchronous, and PID 1 must not exit before it has happened.
+    script.push_str(&format!(
+        r#"say done
+# Warnings and errors the kernel logged while the tests ran (the console shows only the
+# worst): a verifier, driver or lockdep complaint lands here.
+log=$(dmesg --level=emerg,alert,crit,err,warn | tail -n 50)
+if [ -n "$log" ]; then
+    say kernel log, warnings and worse, during the tests:
+    echo "$log"
+fi
+sync
+exec {busybox} poweroff -f
+"#,
+        busybox = sh_quote(&busybox.to_string_lossy()),
+    ));
+    script
+}
+
+/// This machine's busybox, which must be static: the initramfs has no libraries.
+fn busybox() -> Result<PathBuf> {
+    let busybox = host::find_program("busybox").context("no busybox: run `cargo xtask setup`")?;
+    if !host::is_static_elf(&busybox)? {
+        bail!(
+            "{} is not statically linked: install busybox-static (`cargo xtask setup`)",
+            busybox.display()
+        );
+    }
+    Ok(busybox)
+}
+
+fn write_initramfs(kernel: &Kernel, busybox: &Path, stage2: &str, path: &Path) -> Result<()> {
+    let mut cpio = Cpio::default();
+    for dir in ["bin", "dev", "proc", "sys", "modules"] {
+        cpio.dir(dir);
+    }
+    cpio.char_device("dev/console", 5, 1);
+    cpio.file(
+        "bin/busybox",
+        0o755,
+        &fs::read(busybox).with_context(|| format!("could not read {}", busybox.display()))?,
+    );
+    let mut names = Vec::new();
+    for (i, module) in boot_modules(kernel)?.iter().enumerate() {
+        let file = module
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let stem = file.split(".ko").next().unwrap_or(&file);
+        let name = format!("{i:02}-{stem}.ko");
+        cpio.file(&format!("modules/{name}"), 0o644, &module_bytes(module)?);
+        names.push(name);
+    }
+    cpio.file("init", 0o755, init_script(&names).as_bytes());
+    cpio.file("stage2", 0o755, stage2.as_bytes());
+    fs::write(path, cpio.finish()).with_context(|| format!("could not write {}", path.display()))
+}
+
+/// A cpio archive in the "newc" format, the one the kernel unpacks as an initramfs.
+#[derive(Default)]
+struct Cpio {
+    out: Vec<u8>,
+    inode: u32,
+}
+
+impl Cpio {
+    fn dir(&mut self, name: &str) {
+        self.entry(name, 0o040_755, (0, 0), &[]);
+    }
+
+    fn file(&mut self, name: &str, perm: u32, data: &[u8]) {
+        self.entry(name, 0o100_000 | perm, (0, 0), data);
+    }
+
+    fn char_device(&mut self, name: &str, major: u32, minor: u32) {
+        self.entry(name, 0o020_600, (major, minor), &[]);
+    }
+
+    fn entry(&mut self, name: &str, mode: u32, (major, minor): (u32, u32), data: &[u8]) {
+        self.inode += 1;
+        let size = u32::try_from(data.len()).expect("initramfs files are under 4 GiB");
+        let name_size = u32::try_from(name.len() + 1).expect("short names");
+        let nlink = if mode & 0o170_000 == 0o040_000 { 2 } else { 1 };
+        // magic, ino, mode, uid, gid, nlink, mtime, filesize, devmajor, devminor,
+        // rdevmajor, rdevminor, namesize, check
+        let fields = [
+            self.inode, mode, 0, 0, nlink, 0, size, 0, 0, major, minor, name_size, 0,
+        ];
+        self.out.extend_from_slice(b"070701");
+        for field in fields {
+            self.out
+                .extend_from_slice(format!("{field:08x}").as_bytes());
+        }
+        self.out.extend_from_slice(name.as_bytes());
+        self.out.push(0);
+        self.pad();
+        self.out.extend_from_slice(data);
+        self.pad();
+    }
+
+    fn pad(&mut self) {
+        while !self.out.len().is_multiple_of(4) {
+            self.out.push(0);
+        }
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.entry("TRAILER!!!", 0, (0, 0), &[]);
+        self.out
+    }
+}
+
+fn qemu_command(kernel: &Kernel, initramfs: &Path) -> Command {
+    let share = |path: &Path, tag: &str, readonly: bool| {
+        let mut spec = format!(
+            "local,path={},mount_tag={tag},security_model=none,multidevs=remap",
+            path.display()
+        );
+        if readonly {
+            spec.push_str(",readonly=on");
+        }
+        spec
+    };
+    let mut qemu = Command::new("qemu-system-x86_64");
+    qemu.args(["-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2"])
+        .args(["-m", "2G", "-no-reboot", "-nic", "none"])
+        .args(["-display", "none", "-monitor", "none", "-serial", "stdio"])
+        .arg("-kernel")
+        .arg(kernel.vmlinuz())
+        .arg("-initrd")
+        .arg(initramfs)
+        .args(["-append", "console=ttyS0 quiet panic=-1"])
+        .arg("-virtfs")
+        .arg(share(Path::new("/"), "hostroot", true))
+        .arg("-virtfs")
+        .arg(share(workspace::root(), "worktree", false));
+    qemu
+}
+
+/// Runs the guest, echoing its console and keeping it in `log_path`, and counts its tests
+/// into `result` (what ran is counted however the guest ends). Returns why the guest did
+/// not get to the end of its script, if it did not: one still running after
+/// [`GUEST_TIMEOUT`] is killed.
+fn run_guest(
+    qemu: &mut Command,
+    log_path: &Path,
+    result: &mut KernelResult,
+) -> Result<Option<String>> {
+    let line = cmd::display(qemu);
+    println!("$ {line}");
+    let mut log = fs::File::create(log_path)
+        .with_context(|| format!("could not create {}", log_path.display()))?;
+    let mut child = qemu
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("could not start `{line}`"))?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let (send, lines) = mpsc::channel();
+    let reader = thread::spawn(move || {
+        let mut stdout = BufReader::new(stdout);
+        let mut buf = Vec::new();
+        // Bytes, not UTF-8 lines: a console can carry anything.
+        while stdout.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
+            let text = String::from_utf8_lossy(&buf);
+            let text = text.trim_end_matches(['\n', '\r']).to_owned();
+            buf.clear();
+            if send.send(text).is_err() {
+                break;
+            }
+        }
+    });
+
+    let deadline = Instant::now() + GUEST_TIMEOUT;
+    let mut console = Console::default();
+    let timed_out = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(text) => {
+                println!("{text}");
+                writeln!(log, "{text}").ok();
+                console.read(&text, result);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break false,
+            Err(mpsc::RecvTimeoutError::Timeout) => break true,
+        }
+    };
+    if timed_out {
+        child.kill().ok();
+        child.wait().ok();
+        reader.join().ok();
+        return Ok(Some(format!(
+            "the guest was still running after {} and was killed (console: {})",
+            minutes(GUEST_TIMEOUT),
+            log_path.display()
+        )));
+    }
+    // The console closed: QEMU is exiting. Give it a moment, then make sure.
+    let exit_deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        if Instant::now() > exit_deadline {
+            child.kill().ok();
+            child.wait().ok();
+            break None;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    reader.join().ok();
+    Ok(match status {
+        Some(status) if !status.success() => Some(format!("`{line}` failed ({status})")),
+        None => Some("QEMU closed its console but did not exit: killed".to_owned()),
+        Some(_) if !console.done => Some(format!(
+            "the guest stopped before the tests ended (console: {})",
+            log_path.display()
+        )),
+        Some(_) => None,
+    })
+}
+
+/// What the guest's console has said so far.
+#[derive(Default)]
+struct Console {
+    /// The suite running now.
+    current: Option<String>,
+    done: bool,
+}
+
+impl Console {
+    fn read(&mut self, line: &str, result: &mut KernelResult) {
+        // libtest colours its output on the guest's console, which is a terminal.
+        let line = &strip_ansi(line);
+        // The marker may follow a stray kernel message on the same line.
+        if let Some(at) = line.find(MARK) {
+            let words: Vec<&str> = line[at + MARK.len()..].split_whitespace().collect();
+            match words.as_slice() {
+                ["begin", name] => {
+                    self.current = Some((*name).to_owned());
+                    result
+                        .suites
+                        .push(((*name).to_owned(), SuiteResult::default()));
+                }
+                ["end", name, code] => {
+                    if let Some((_, suite)) = result.suites.iter_mut().find(|(n, _)| n == name) {
+                        suite.exit = code.parse().ok();
+                    }
+                    self.current = None;
+                }
+                ["done"] => self.done = true,
+                _ => {}
+            }
+            return;
+        }
+        let Some(current) = &self.current else {
+            return;
+        };
+        let Some((_, suite)) = result.suites.iter_mut().find(|(n, _)| n == current) else {
+            return;
+        };
+        if let Some(counts) = Tally::of_result_line(line) {
+            suite.passed += counts.passed;
+            suite.failed += counts.failed;
+            result.tally.passed += counts.passed;
+            result.tally.failed += counts.failed;
+        } else if let Some(test) = line
+            .strip_prefix("test ")
+            .and_then(|rest| rest.strip_suffix(" ... FAILED"))
+        {
+            suite.failed_tests.push(test.to_owned());
+        }
+    }
+}
+
+fn print_kernel(result: &KernelResult) {
+    println!();
+    println!(
+        "kernel {} ({} from {}): {} passed, {} failed in {}",
+        result.series,
+        result.release,
+        result.package,
+        result.tally.passed,
+        result.tally.failed,
+        minutes(result.wall)
+    );
+    let mut failures = Vec::new();
+    for (name, suite) in &result.suites {
+        println!(
+            "  {name:<20} {:>3} passed {:>3} failed",
+            suite.passed, suite.failed
+        );
+        failures.extend(
+            suite
+                .failed_tests
+                .iter()
+                .map(|test| format!("{name}: {test}")),
+        );
+        match suite.exit {
+            Some(0) => {}
+            Some(code) if suite.failed_tests.is_empty() => failures.push(format!(
+                "{name}: the test binary exited with {code}, no test reported failing"
+            )),
+            Some(_) => {}
+            None => failures.push(format!("{name}: did not finish")),
+        }
+    }
+    if failures.is_empty() && result.error.is_none() {
+        println!("  failed on this kernel: none");
+    } else if !failures.is_empty() {
+        println!("  failed on this kernel:");
+        for failure in failures {
+            println!("    {failure}");
+        }
+    }
+    if let Some(err) = &result.error {
+        println!("  error: {err}");
+    }
+}
+
+/// `line` without ANSI escape sequences (`ESC [ ... letter`).
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// What the guests run and what they leave to the host, and why.
+fn print_plan() {
+    println!("kernel tests in the guests (shaper-user):");
+    for suite in SUITES {
+        if let Place::Guest { skip } = suite.place {
+            println!("  {}: {}", suite.file, suite.why);
+            for (test, why) in skip {
+                println!("    except {test}: {why}");
+            }
+        }
+    }
+    println!("left to the host (timing means nothing under emulation, or no kernel tests):");
+    for suite in SUITES {
+        if let Place::Host = suite.place {
+            println!("  {}: {}", suite.file, suite.why);
+        }
+    }
+}
+
+/// `4m07s`.
+fn minutes(d: Duration) -> String {
+    let secs = d.as_secs();
+    format!("{}m{:02}s", secs / 60, secs % 60)
+}
+
+/// The series `--kernel` names.
+pub fn series_named(name: &str) -> Option<&'static Series> {
+    SERIES.iter().find(|s| s.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_test_file_is_placed() {
+        let dir = workspace::root().join("shaper-user/tests");
+        let mut files: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+            .map(|p| format!("tests/{}", p.file_name().unwrap().to_string_lossy()))
+            .collect();
+        files.sort();
+        for file in &files {
+            assert!(
+                SUITES.iter().any(|s| s.file == file),
+                "{file} is not in vm::SUITES: say whether the kernel matrix runs it"
+            );
+        }
+        for suite in SUITES {
+            assert!(
+                workspace::root()
+                    .join("shaper-user")
+                    .join(suite.file)
+                    .exists(),
+                "vm::SUITES names {}, which does not exist",
+                suite.file
+            );
+        }
+    }
+
+    #[test]
+    fn package_names() {
+        let (old, new) = (&SERIES[0], &SERIES[1]);
+        assert_eq!(
+            package_rank(old, "linux-image-6.1.0-56-amd64-unsigned"),
+            Some((56, true))
+        );
+        assert_eq!(
+            package_rank(old, "linux-image-6.1.0-9-amd64"),
+            Some((9, false))
+        );
+        assert_eq!(package_rank(old, "linux-image-6.1.0-56-cloud-amd64"), None);
+        assert_eq!(package_rank(old, "linux-image-6.1.0-56-rt-amd64"), None);
+        assert_eq!(package_rank(old, "linux-image-6.1.0-56-amd64-dbg"), None);
+        assert_eq!(
+            package_rank(new, "linux-image-6.12.117+deb12-amd64-unsigned"),
+            Some((117, true))
+        );
+        assert_eq!(package_rank(new, "linux-image-6.12-amd64"), None);
+        assert_eq!(
+            package_rank(new, "linux-image-6.12.117+deb12-cloud-amd64"),
+            None
+        );
+    }
+
+    #[test]
+    fn json_strings() {
+        let line = r#"{"reason":"compiler-artifact","target":{"name":"cli","src_path":"/w/a \"b\"\\c.rs"},"executable":"/w/t/cli-1"}"#;
+        assert_eq!(json_string(line, "reason").unwrap(), "compiler-artifact");
+        assert_eq!(json_string(line, "src_path").unwrap(), r#"/w/a "b"\c.rs"#);
+        assert_eq!(json_string(line, "executable").unwrap(), "/w/t/cli-1");
+        assert_eq!(json_string(line, "missing"), None);
+        // `"executable":null` is not a string.
+        assert_eq!(json_string(r#"{"executable":null}"#, "executable"), None);
+    }
+
+    #[test]
+    fn cpio_entries_are_aligned() {
+        let mut cpio = Cpio::default();
+        cpio.dir("bin");
+        cpio.file("bin/x", 0o755, b"hello");
+        let out = cpio.finish();
+        assert!(out.len().is_multiple_of(4));
+        assert!(out.starts_with(b"070701"));
+        // A 110-byte header and "bin\0", padded to a multiple of 4.
+        let second = 116;
+        assert_eq!(&out[second..second + 6], b"070701");
+        assert!(out.windows(10).any(|w| w == b"TRAILER!!!"));
+    }
+
+    #[test]
+    fn console_counts_per_suite() {
+        let mut result = KernelResult {
+            series: "6.1",
+            release: String::new(),
+            package: String::new(),
+            tally: Tally::default(),
+            suites: Vec::new(),
+            wall: Duration::ZERO,
+            error: None,
+        };
+        let mut console = Console::default();
+        for line in [
+            "@@shaper-vm: begin cli",
+            "test missing_bpffs_is_refused ... \x1b[31mFAILED\x1b[m",
+            "test result: \x1b[31mFAILED\x1b[m. 6 passed; 1 failed; 0 ignored; 0 measured; 1 filtered out",
+            "[   12.3] random kernel line @@shaper-vm: end cli 101",
+            "test result: ok. 9 passed; 0 failed",
+            "@@shaper-vm: done",
+        ] {
+            console.read(line, &mut result);
+        }
+        assert!(console.done);
+        assert_eq!(
+            result.tally,
+            Tally {
+                passed: 6,
+                failed: 1
+            }
+        );
+        let (name, cli) = &result.suites[0];
+        assert_eq!(name, "cli");
+        assert_eq!((cli.passed, cli.failed, cli.exit), (6, 1, Some(101)));
+        assert_eq!(cli.failed_tests, ["missing_bpffs_is_refused"]);
+    }
+}
