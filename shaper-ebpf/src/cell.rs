@@ -63,6 +63,14 @@ pub struct Metered {
     pub unadmitted: bool,
 }
 
+/// What a passed frame charged the aggregate cell: its TAT and the ticks added, so a
+/// frame metered twice can give them back.
+#[derive(Clone, Copy)]
+struct Charged {
+    tat: *mut u64,
+    ticks: u64,
+}
+
 /// Why a frame did not conform.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Refused {
@@ -70,8 +78,12 @@ enum Refused {
     Aggregate,
 }
 
-/// Why a key new to the table has no cell.
-enum NoCell {
+/// What became of a key new to the table.
+enum New {
+    /// Its entry was created with this frame already metered in it.
+    Created(Outcome, Option<Refused>),
+    /// Another CPU created it meanwhile: meter the frame against that entry.
+    Exists(*mut SourceState),
     /// Admission refused it one: meter the frame in the policy's shared cell.
     Unadmitted(*mut AdmissionCells),
     /// The map could not take the entry: pass the frame unmetered.
@@ -99,12 +111,19 @@ pub fn meter<K>(
             ),
             None => {
                 let rule = policy::rule(config, lookup());
-                match create(map, key, config, &rule, now) {
-                    Ok(state) => (state, rule),
-                    Err(NoCell::Unadmitted(cells)) => {
+                match create(map, key, config, &rule, len, now) {
+                    New::Created(outcome, refused) => {
+                        count_policy(rule.slot, outcome, refused, len, false);
+                        return Metered {
+                            outcome,
+                            unadmitted: false,
+                        };
+                    }
+                    New::Exists(state) => (state, rule),
+                    New::Unadmitted(cells) => {
                         return unadmitted(&raw mut (*cells).unadmitted, &rule, len, now);
                     }
-                    Err(NoCell::Untracked) => {
+                    New::Untracked => {
                         bump(|c| c.untracked_packets += 1);
                         return Metered {
                             outcome: Outcome::Passed,
@@ -114,7 +133,23 @@ pub fn meter<K>(
                 }
             }
         };
-        let (outcome, refused) = decide(&raw mut (*state).cell, &rule, len, now);
+        let (outcome, refused, _) = decide(&raw mut (*state).cell, &rule, len, now);
+        count_source(state, outcome, len);
+        count_policy(rule.slot, outcome, refused, len, false);
+        Metered {
+            outcome,
+            unadmitted: false,
+        }
+    }
+}
+
+/// Adds the frame to the key's own counters.
+///
+/// # Safety
+/// `state` points to a live map value, or to a value of this program's own.
+#[inline(always)]
+unsafe fn count_source(state: *mut SourceState, outcome: Outcome, len: u32) {
+    unsafe {
         let (packets, bytes) = match outcome {
             Outcome::Passed => (
                 &raw mut (*state).passed_packets,
@@ -131,11 +166,6 @@ pub fn meter<K>(
         };
         atomic::add(packets, 1);
         atomic::add(bytes, u64::from(len));
-        count_policy(rule.slot, outcome, refused, len, false);
-        Metered {
-            outcome,
-            unadmitted: false,
-        }
     }
 }
 
@@ -145,18 +175,26 @@ pub fn meter<K>(
 /// # Safety
 /// `cell` points to a live map value.
 #[inline(always)]
-unsafe fn decide(cell: *mut Cell, rule: &Rule, len: u32, now: u64) -> (Outcome, Option<Refused>) {
-    let refused = match rule.action {
-        ACTION_PASS => None,
-        ACTION_DROP => Some(Refused::Source),
-        _ => unsafe { charge(cell, rule, len, now) }.err(),
+unsafe fn decide(
+    cell: *mut Cell,
+    rule: &Rule,
+    len: u32,
+    now: u64,
+) -> (Outcome, Option<Refused>, Option<Charged>) {
+    let (refused, charged) = match rule.action {
+        ACTION_PASS => (None, None),
+        ACTION_DROP => (Some(Refused::Source), None),
+        _ => match unsafe { charge(cell, rule, len, now) } {
+            Ok(charged) => (None, charged),
+            Err(refused) => (Some(refused), None),
+        },
     };
     let outcome = match refused {
         None => Outcome::Passed,
         Some(_) if rule.monitor => Outcome::WouldDrop,
         Some(_) => Outcome::Dropped,
     };
-    (outcome, refused)
+    (outcome, refused, charged)
 }
 
 /// Meters the frame of a key refused a cell: all such frames of a policy share `cell`,
@@ -166,7 +204,7 @@ unsafe fn decide(cell: *mut Cell, rule: &Rule, len: u32, now: u64) -> (Outcome, 
 /// `cell` points to a live map value.
 #[inline(always)]
 unsafe fn unadmitted(cell: *mut Cell, rule: &Rule, len: u32, now: u64) -> Metered {
-    let (outcome, refused) = unsafe { decide(cell, rule, len, now) };
+    let (outcome, refused, _) = unsafe { decide(cell, rule, len, now) };
     count_policy(rule.slot, outcome, refused, len, true);
     Metered {
         outcome,
@@ -174,9 +212,13 @@ unsafe fn unadmitted(cell: *mut Cell, rule: &Rule, len: u32, now: u64) -> Metere
     }
 }
 
-/// The state of a key new to the table, created with its policy slot already resolved,
-/// if admission lets it have one. A refusal costs the admission cell's check and nothing
-/// else: no insert, no second lookup.
+/// A key new to the table: its entry, created with its policy slot resolved and this
+/// frame already metered in its fresh cell, if admission lets it have one.
+///
+/// The entry is inserted and not looked up again: a lookup would mark it referenced,
+/// and the kernel's LRU evicts unreferenced entries first, so the entry of a key seen
+/// once (a spoofed source) goes before those of sources that keep sending. A refusal
+/// costs the admission cell's check and nothing else: no insert, no second lookup.
 ///
 /// # Safety
 /// Map values only are dereferenced.
@@ -186,13 +228,14 @@ unsafe fn create<K>(
     key: &K,
     config: &Config,
     rule: &Rule,
+    len: u32,
     now: u64,
-) -> Result<*mut SourceState, NoCell> {
+) -> New {
     let admission = rule.admission;
     if admission.limited() {
-        let cells = ADMISSION
-            .get_ptr_mut(rule.admission_slot)
-            .ok_or(NoCell::Untracked)?;
+        let Some(cells) = ADMISSION.get_ptr_mut(rule.admission_slot) else {
+            return New::Untracked;
+        };
         // SAFETY: `cells` points to a live map value.
         if !unsafe { take(&raw mut (*cells).admit, &admission.limit, 1, now) } {
             // The policy's own shared cell, wherever its admission is metered.
@@ -201,13 +244,16 @@ unsafe fn create<K>(
             } else {
                 ADMISSION.get_ptr_mut(rule.slot)
             };
-            return Err(own.map_or(NoCell::Untracked, NoCell::Unadmitted));
+            return own.map_or(New::Untracked, New::Unadmitted);
         }
     }
-    let state = SourceState {
+    let mut state = SourceState {
         policy: policy::cache_word(config, rule.slot),
         ..SourceState::default()
     };
+    // SAFETY: `state` is this program's own; the aggregate cell is a live map value.
+    let (outcome, refused, charged) = unsafe { decide(&raw mut state.cell, rule, len, now) };
+    unsafe { count_source(&raw mut state, outcome, len) };
     match map.insert(key, state, BPF_NOEXIST) {
         Ok(()) => {
             bump(|c| c.new_sources += 1);
@@ -215,12 +261,19 @@ unsafe fn create<K>(
                 // SAFETY: this CPU's entry (see `count_policy`).
                 unsafe { (*stats).new_sources += 1 };
             }
+            New::Created(outcome, refused)
         }
-        // Another CPU created it first: meter against its entry.
-        Err(e) if e == -EEXIST => {}
-        Err(_) => return Err(NoCell::Untracked),
+        // Another CPU created it first: give back what the aggregate was charged for the
+        // fresh cell, and meter against that CPU's entry.
+        Err(e) if e == -EEXIST => {
+            if let Some(Charged { tat, ticks }) = charged {
+                // SAFETY: the aggregate's TAT, a live map value.
+                unsafe { atomic::add(tat, ticks.wrapping_neg()) };
+            }
+            map.get_ptr_mut(key).map_or(New::Untracked, New::Exists)
+        }
+        Err(_) => New::Untracked,
     }
-    map.get_ptr_mut(key).ok_or(NoCell::Untracked)
 }
 
 /// Charges `len` bytes to `cell` under `limit` if they conform: whether they did.
@@ -241,18 +294,23 @@ unsafe fn take(cell: *mut Cell, limit: &Limit, len: u32, now: u64) -> bool {
 }
 
 /// Charges the frame to the source's cell and, if the rule has one, to the aggregate
-/// cell: both or neither. The source's decision is taken first without charging; then the
+/// cell: both or neither (what the aggregate was charged is returned). The source's decision is taken first without charging; then the
 /// aggregate is charged; then the source's decision is published, and if that fails after
 /// all (another CPU used up the room meanwhile) the aggregate is refunded.
 ///
 /// # Safety
 /// `cell` points to a live map value.
 #[inline(always)]
-unsafe fn charge(cell: *mut Cell, rule: &Rule, len: u32, now: u64) -> Result<(), Refused> {
+unsafe fn charge(
+    cell: *mut Cell,
+    rule: &Rule,
+    len: u32,
+    now: u64,
+) -> Result<Option<Charged>, Refused> {
     unsafe {
         let Some((aggregate, limit)) = rule.aggregate else {
             return take(cell, rule.limit, len, now)
-                .then_some(())
+                .then_some(None)
                 .ok_or(Refused::Source);
         };
         carry_over(cell, rule.limit, now);
@@ -268,7 +326,10 @@ unsafe fn charge(cell: *mut Cell, rule: &Rule, len: u32, now: u64) -> Result<(),
         let cost = publish(aggregate_tat, aggregate_old, aggregate_new, limit, len, now)
             .ok_or(Refused::Aggregate)?;
         if publish(tat, old, new, rule.limit, len, now).is_some() {
-            return Ok(());
+            return Ok(Some(Charged {
+                tat: aggregate_tat,
+                ticks: cost,
+            }));
         }
         atomic::add(aggregate_tat, cost.wrapping_neg());
         Err(Refused::Source)
