@@ -2,12 +2,15 @@
 //! the same machine, in one run. Each figure is measured in the same run as its baseline.
 //!
 //! - `per_packet`: cost per packet with BPF_PROG_TEST_RUN next to a no-op XDP program.
+//! - `lru`: the common LRU against per-CPU LRU lists for the source map, under a flood
+//!   of new sources from every CPU.
 //! - `scale`: per-packet cost and kernel memory as tracked sources grow.
 //! - `accuracy`: delivered rate against rate × time + burst in the namespace lab, for
 //!   shaper and the incumbents, with per-source time series and softirq CPU cost.
 //! - `report`: writes `bench/results.md`, `bench/results.json` and the plots.
 
 pub mod accuracy;
+pub mod lru;
 pub mod per_packet;
 pub mod report;
 pub mod scale;

@@ -41,8 +41,8 @@ use shaper_common::{
     config::PolicyLimits,
     gcra::MAX_RATE_BPS,
     maps::{
-        ACTION_LIMIT, ACTION_PASS, Config, Counters, Ipv4Key, MAP_COUNTERS, MAP_SOURCES, PROG_NOOP,
-        PROG_XDP, SourceState,
+        ACTION_LIMIT, ACTION_PASS, Admission, Config, Counters, DEFAULT_MAX_SOURCES, Ipv4Key,
+        MAP_COUNTERS, MAP_SOURCES, PROG_NOOP, PROG_XDP, SourceState,
     },
 };
 
@@ -153,7 +153,11 @@ pub fn open_config() -> Result<Config> {
 
 /// Loads the object with a `max_sources` map, both programs, and the open policy.
 pub fn load_open(max_sources: u32) -> Result<Ebpf> {
-    let mut ebpf = loader::load(max_sources)?;
+    open(loader::load(max_sources)?)
+}
+
+/// Loads both programs of an object and sets the open policy.
+pub fn open(mut ebpf: Ebpf) -> Result<Ebpf> {
     loader::xdp_program(&mut ebpf, PROG_XDP)?;
     loader::xdp_program(&mut ebpf, PROG_NOOP)?;
     loader::configure(&mut ebpf, &open_config()?)?;
@@ -168,17 +172,22 @@ pub fn test_run(
     repeat: u32,
     want: u32,
 ) -> Result<f64> {
-    let prog: &mut Xdp = ebpf
-        .program_mut(program)
+    let prog: &Xdp = ebpf
+        .program(program)
         .context("program missing")?
         .try_into()?;
+    test_run_xdp(prog, data, repeat, want).with_context(|| program.to_owned())
+}
+
+/// [`test_run`] on a loaded program (which several threads may share).
+pub fn test_run_xdp(prog: &Xdp, data: &[u8], repeat: u32, want: u32) -> Result<f64> {
     let mut opts = TestRunOptions::new();
     opts.data_in = Some(data);
     opts.repeat = repeat;
     let result = prog.test_run(opts).context("BPF_PROG_TEST_RUN")?;
     ensure!(
         result.return_value == want,
-        "{program} returned {} instead of {want}",
+        "returned {} instead of {want}",
         result.return_value
     );
     Ok(result.duration.as_nanos() as f64)
@@ -272,6 +281,31 @@ impl FreshAddrs {
     }
 }
 
+/// New-source admission that lets everything in: far more keys a second than any run
+/// creates, and as many at once.
+fn admit_all() -> Result<Admission> {
+    Admission::new(1 << 30, 1 << 30).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// New-source admission as closed as it gets: one key a second, one at once. Once
+/// [`drain_admission`] has taken that one, the next key is admitted a second later.
+fn admit_one() -> Result<Admission> {
+    Admission::new(1, 1).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Empties the admission cell of an object configured with [`admit_one`]: sends frames of
+/// new sources until one is refused (the first may still be admitted).
+fn drain_admission(ebpf: &mut Ebpf, fresh: &mut FreshAddrs) -> Result<()> {
+    for f in fresh.take(4) {
+        let before = counters(ebpf)?.unadmitted.packets();
+        test_run(ebpf, PROG_XDP, &f, 1, XDP_PASS)?;
+        if counters(ebpf)?.unadmitted.packets() > before {
+            return Ok(());
+        }
+    }
+    anyhow::bail!("new sources are still admitted after 4 tries to empty the admission cell")
+}
+
 /// A loop case: what it runs on which frame, under which default policy.
 struct LoopCase {
     id: &'static str,
@@ -282,6 +316,9 @@ struct LoopCase {
     want: u32,
     /// Run on the object with prefix policies ([`policied`]) instead of the plain one.
     policied: bool,
+    /// The frame's source is a newcomer that admission must refuse: the admission cell is
+    /// emptied first, and every run checked to have created no source.
+    refused: bool,
 }
 
 /// Prefix policies covering the sources of the policy cases, all with open limits so
@@ -290,8 +327,8 @@ const POLICY_PREFIXES: [&str; 3] = ["198.18.1.0/24", "198.18.2.0/24", "198.18.3.
 
 /// An object like [`load_open`]'s, with the prefix policies of [`POLICY_PREFIXES`] and
 /// its maps taken into a [`PolicyTable`].
-fn policied() -> Result<(Ebpf, PolicyTable)> {
-    let mut ebpf = load_open(1024)?;
+fn policied(max_sources: u32) -> Result<(Ebpf, PolicyTable)> {
+    let mut ebpf = load_open(max_sources)?;
     let mut table = PolicyTable::take(&mut ebpf)?;
     let open = PolicyLimits {
         action: ACTION_LIMIT,
@@ -330,6 +367,9 @@ enum Frames {
     Fresh,
     /// Existing keys of a population, in shuffled order.
     Cold(usize),
+    /// Keys of the full map the refused newcomers meet, at random: the known-source
+    /// pass those are compared with.
+    Full,
 }
 
 struct SingleCase {
@@ -338,11 +378,20 @@ struct SingleCase {
     target: Target,
     frames: Frames,
     tracked: Option<u32>,
+    /// Settings and default policy (of [`Target::Main`] and [`Target::Policied`]).
+    config: Config,
+    /// As [`LoopCase::refused`]; frames admitted anyway are counted in the note.
+    refused: bool,
 }
 
 #[derive(Clone, Copy)]
 enum Target {
     Main,
+    /// Like the main object, with admission.
+    Admit,
+    /// Full maps of the default size, without and with prefix policies ([`policied`]).
+    Refusing,
+    RefusingPolicied,
     Evict,
     Population(usize),
 }
@@ -353,6 +402,15 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
     ensure!(opts.runs > 0 && opts.frames > 0 && opts.repeat > 0);
     let shut = config(8, 1514)?; // over the limit after the first frame: one byte per second
     let open = open_config()?;
+    // Admission set, with room for every newcomer, or emptied before each measurement.
+    let admitting = Config {
+        admission: admit_all()?,
+        ..open
+    };
+    let refusing = Config {
+        admission: admit_one()?,
+        ..open
+    };
     // Big enough that no new-source frame of any run evicts anything.
     let fresh_total = opts.runs * opts.frames;
     let main_entries = u32::try_from(2 * fresh_total + 1024).context("too many frames")?;
@@ -364,7 +422,17 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
         (0..EVICTION_MAP_ENTRIES).map(|i| Ipv4Addr::from(0xAC10_0000 + i)),
     )?;
 
-    let (mut with_policies, mut table) = policied()?;
+    let (mut with_policies, mut table) = policied(1024)?;
+    // The refused newcomers' maps: the product's default size, full (as a flood finds
+    // them), with keys no measured frame uses (10.0.0.0/8). Refused frames insert nothing.
+    const FULL_BASE: u32 = 0x0A00_0000;
+    let full = || (0..DEFAULT_MAX_SOURCES).map(|i| Ipv4Addr::from(FULL_BASE + i));
+    let mut refusing_plain = load_open(DEFAULT_MAX_SOURCES)?;
+    prefill(&mut refusing_plain, full())?;
+    let (mut refusing_policied, mut refusing_table) = policied(DEFAULT_MAX_SOURCES)?;
+    prefill(&mut refusing_policied, full())?;
+    // The admitted newcomers' map: as big as the main one, for the same reason.
+    let mut admit = load_open(main_entries)?;
 
     let hot = frame::ipv4_udp(Ipv4Addr::new(198, 18, 0, 11), FRAME_BYTES);
     let case = |id, name, program, frame, config, want, policied| LoopCase {
@@ -375,7 +443,10 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
         config,
         want,
         policied,
+        refused: false,
     };
+    // A source that never gets a cell (TEST-NET-1, far from every other case's).
+    let newcomer = frame::ipv4_udp(Ipv4Addr::new(192, 0, 2, 1), FRAME_BYTES);
     let from = |c: u8| frame::ipv4_udp(Ipv4Addr::new(198, 18, c, 11), FRAME_BYTES);
     let loop_cases = [
         case(
@@ -450,6 +521,30 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
             XDP_PASS,
             true,
         ),
+        LoopCase {
+            refused: true,
+            ..case(
+                "refused_newcomer",
+                "refused newcomer: new source, admission cell empty (unadmitted)",
+                PROG_XDP,
+                newcomer.clone(),
+                refusing,
+                XDP_PASS,
+                false,
+            )
+        },
+        LoopCase {
+            refused: true,
+            ..case(
+                "refused_newcomer_with_policies",
+                "refused newcomer, prefix policies present (trie searched)",
+                PROG_XDP,
+                newcomer,
+                refusing,
+                XDP_PASS,
+                true,
+            )
+        },
     ];
     let mut singles = vec![
         SingleCase {
@@ -458,6 +553,8 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
             target: Target::Main,
             frames: Frames::Hot,
             tracked: None,
+            config: open,
+            refused: false,
         },
         SingleCase {
             id: "pass_existing_single",
@@ -465,13 +562,53 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
             target: Target::Main,
             frames: Frames::Hot,
             tracked: None,
+            config: open,
+            refused: false,
         },
         SingleCase {
             id: "new_source",
-            name: "first packet of a new source",
+            name: "first packet of a new source (no admission)",
             target: Target::Main,
             frames: Frames::Fresh,
             tracked: None,
+            config: open,
+            refused: false,
+        },
+        SingleCase {
+            id: "admitted_newcomer",
+            name: "admitted newcomer: first packet of a new source, admission with room",
+            target: Target::Admit,
+            frames: Frames::Fresh,
+            tracked: None,
+            config: admitting,
+            refused: false,
+        },
+        SingleCase {
+            id: "pass_known_in_full_map_single",
+            name: "pass, a known source at random in the same full map (their baseline)",
+            target: Target::Refusing,
+            frames: Frames::Full,
+            tracked: Some(DEFAULT_MAX_SOURCES),
+            config: refusing,
+            refused: false,
+        },
+        SingleCase {
+            id: "refused_newcomer_single",
+            name: "refused newcomer, a new source per frame (a flood's frames)",
+            target: Target::Refusing,
+            frames: Frames::Fresh,
+            tracked: Some(DEFAULT_MAX_SOURCES),
+            config: refusing,
+            refused: true,
+        },
+        SingleCase {
+            id: "refused_newcomer_with_policies_single",
+            name: "refused newcomer, a new source per frame, prefix policies present",
+            target: Target::RefusingPolicied,
+            frames: Frames::Fresh,
+            tracked: Some(DEFAULT_MAX_SOURCES),
+            config: refusing,
+            refused: true,
         },
         SingleCase {
             id: "new_source_evict",
@@ -479,6 +616,8 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
             target: Target::Evict,
             frames: Frames::Fresh,
             tracked: Some(EVICTION_MAP_ENTRIES),
+            config: open,
+            refused: false,
         },
     ];
     for (i, p) in populations.iter().enumerate() {
@@ -488,6 +627,8 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
             target: Target::Population(i),
             frames: Frames::Cold(i),
             tracked: Some(p.capacity),
+            config: open,
+            refused: false,
         });
     }
 
@@ -496,6 +637,9 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
     let mut loop_samples = vec![Vec::with_capacity(opts.runs); loop_cases.len()];
     let mut single_samples = vec![Vec::with_capacity(opts.runs); singles.len()];
     let hot_frames = vec![hot.clone(); opts.frames];
+    // Of the refused cases' frames, those admitted all the same (the cell refills at one
+    // key a second).
+    let mut admitted_anyway = vec![0; singles.len()];
     for _ in 0..opts.runs {
         for (c, samples) in loop_cases.iter().zip(&mut loop_samples) {
             let ebpf = if c.policied {
@@ -505,10 +649,22 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
                 loader::configure(&mut main, &c.config)?;
                 &mut main
             };
+            if c.refused {
+                drain_admission(ebpf, &mut fresh)?;
+            }
+            let created = counters(ebpf)?.new_sources;
             samples.push(test_run(ebpf, c.program, &c.frame, opts.repeat, c.want)?);
+            ensure!(
+                !c.refused || counters(ebpf)?.new_sources == created,
+                "{}: the newcomer was admitted while measured",
+                c.id
+            );
         }
-        loader::configure(&mut main, &open)?;
-        for (case, samples) in singles.iter().zip(&mut single_samples) {
+        for ((case, samples), admitted) in singles
+            .iter()
+            .zip(&mut single_samples)
+            .zip(&mut admitted_anyway)
+        {
             let cold;
             let fresh_frames;
             let frames: &[Vec<u8>] = match case.frames {
@@ -521,18 +677,49 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
                     cold = populations[i].sample_frames(&mut rng, opts.frames, FRAME_BYTES);
                     &cold
                 }
+                Frames::Full => {
+                    cold = (0..opts.frames)
+                        .map(|_| {
+                            let i = rng.below(DEFAULT_MAX_SOURCES as usize) as u32;
+                            frame::ipv4_udp(Ipv4Addr::from(FULL_BASE + i), FRAME_BYTES)
+                        })
+                        .collect();
+                    &cold
+                }
             };
             let ebpf = match case.target {
-                Target::Main => &mut main,
+                Target::Main => {
+                    loader::configure(&mut main, &case.config)?;
+                    &mut main
+                }
+                Target::Admit => {
+                    loader::configure(&mut admit, &case.config)?;
+                    &mut admit
+                }
+                Target::Refusing => {
+                    loader::configure(&mut refusing_plain, &case.config)?;
+                    &mut refusing_plain
+                }
+                Target::RefusingPolicied => {
+                    refusing_table.set_config(&case.config)?;
+                    &mut refusing_policied
+                }
                 Target::Evict => &mut evict,
                 Target::Population(i) => &mut populations[i].ebpf,
             };
+            if case.refused {
+                drain_admission(ebpf, &mut fresh)?;
+            }
             let program = if case.id == "noop_single" {
                 PROG_NOOP
             } else {
                 PROG_XDP
             };
+            let created = counters(ebpf)?.new_sources;
             samples.push(single_shot(ebpf, program, frames)?);
+            if case.refused {
+                *admitted += counters(ebpf)?.new_sources - created;
+            }
         }
     }
 
@@ -558,16 +745,31 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
         });
     }
     let noop_single = single_samples[0].clone();
-    for (case, runs) in singles.iter().zip(single_samples) {
+    for ((case, runs), admitted) in singles.iter().zip(single_samples).zip(admitted_anyway) {
         let over: Vec<f64> = runs.iter().zip(&noop_single).map(|(c, n)| c - n).collect();
         let over = median(&over);
         let ns = noop_loop + over;
         let ebpf = match case.target {
             Target::Main => &main,
+            Target::Admit => &admit,
+            Target::Refusing => &refusing_plain,
+            Target::RefusingPolicied => &refusing_policied,
             Target::Evict => &evict,
             Target::Population(i) => &populations[i].ebpf,
         };
         let untracked = counters(ebpf)?.untracked_packets;
+        let mut notes = Vec::new();
+        if untracked > 0 {
+            notes.push(format!(
+                "{untracked} packets found no free map entry and passed unmetered"
+            ));
+        }
+        if admitted > 0 {
+            notes.push(format!(
+                "{admitted} of {} frames were admitted all the same (admission refills at 1 key/s)",
+                opts.runs * opts.frames
+            ));
+        }
         cases.push(CaseResult {
             id: case.id,
             case: case.name,
@@ -580,9 +782,7 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
             ns_per_packet: ns,
             ratio_to_noop: ns / noop_loop,
             packets_per_sec: 1e9 / ns,
-            note: (untracked > 0).then(|| {
-                format!("{untracked} packets found no free map entry and passed unmetered")
-            }),
+            note: (!notes.is_empty()).then(|| notes.join("; ")),
         });
     }
     // The eviction case must have evicted: the map never grows past its size, so every

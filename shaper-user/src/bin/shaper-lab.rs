@@ -107,6 +107,8 @@ enum LabPart {
     Series,
     /// Softirq CPU per million packets
     Cpu,
+    /// Common against per-CPU LRU source maps under a flood from every CPU (test_run)
+    Lru,
 }
 
 #[derive(Debug, Args)]
@@ -571,7 +573,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
 
 /// `bench --only ...`: the chosen benchmarks, printed as they run; nothing written.
 fn bench_only(args: &BenchArgs) -> Result<()> {
-    use shaper_user::bench::{accuracy, per_packet};
+    use shaper_user::bench::{accuracy, lru, per_packet};
 
     if args.only.contains(&LabPart::PerPacket) {
         let mut opts = per_packet::Options::new(args.quick);
@@ -585,9 +587,21 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
         let results = per_packet::run(&opts, &mut [])?;
         restore_affinity(affinity);
         print_per_packet(&results);
-        if args.only.iter().all(|p| *p == LabPart::PerPacket) {
-            return Ok(());
+    }
+    if args.only.contains(&LabPart::Lru) {
+        let mut opts = lru::Options::new(args.quick);
+        opts.reps = args.runs.unwrap_or(opts.reps);
+        ensure!(opts.reps > 0, "--runs must be at least 1");
+        for line in lru::summary_lines(&lru::run(&opts)?) {
+            println!("{line}");
         }
+    }
+    if args
+        .only
+        .iter()
+        .all(|p| matches!(p, LabPart::PerPacket | LabPart::Lru))
+    {
+        return Ok(());
     }
 
     let shaper = match &args.shaper {
@@ -653,16 +667,23 @@ fn bench_accuracy(
 
 fn print_per_packet(results: &shaper_user::bench::per_packet::PerPacketResults) {
     println!(
-        "{:<70} {:>10} {:>9} {:>14}",
-        "case", "ns/packet", "x no-op", "Mpps per core"
+        "{:<70} {:>10} {:>9} {:>14} {:>13}",
+        "case", "ns/packet", "x no-op", "Mpps per core", "spread (ns)"
     );
     for r in &results.cases {
+        // Over the runs, as measured (a constant offset for single shots, so the same
+        // width as the reported figure's).
+        let (lo, hi) = r
+            .measured_ns_runs
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
         println!(
-            "{:<70} {:>10.1} {:>9.2} {:>14.2}",
+            "{:<70} {:>10.1} {:>9.2} {:>14.2} {:>13.1}",
             r.case,
             r.ns_per_packet,
             r.ratio_to_noop,
-            r.packets_per_sec / 1e6
+            r.packets_per_sec / 1e6,
+            hi - lo
         );
         if let Some(note) = &r.note {
             println!("    note: {note}");
