@@ -134,6 +134,7 @@ fn vlan_and_qinq_frames_are_held_by_inner_address() {
         .map(|f| {
             assert_eq!(f.len(), FRAME);
             RawFlow {
+                spoofed: false,
                 frame: f.clone(),
                 offered_bps: 2 * RATE_BPS,
             }

@@ -137,6 +137,11 @@ const SUITES: &[Suite] = &[
         why: "rate accuracy of live traffic",
     },
     Suite {
+        file: "tests/live_flood.rs",
+        place: Place::Host,
+        why: "rates and admission under a live spoofed flood, against the clock",
+    },
+    Suite {
         file: "tests/live_encap.rs",
         place: Place::Host,
         why: "rate accuracy of live traffic (IPv6, VLAN, /24 keys, jumbo frames)",

@@ -40,7 +40,13 @@ pub struct RawFlow {
     pub frame: Vec<u8>,
     /// Offered load, layer-2 bits per second.
     pub offered_bps: u64,
+    /// Send each frame from a source never used before (a spoofed flood): the IPv4
+    /// source of an untagged IPv4 frame counts up from the frame's own, one per send.
+    pub spoofed: bool,
 }
+
+/// Where an untagged IPv4 frame holds its source address.
+const IPV4_SRC_AT: usize = 14 + 12;
 
 /// What one raw flow sent and what of it the rx veth's packet socket saw.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,6 +81,10 @@ pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<Vec<R
             flow.frame.len(),
             14 + TAG_BYTES
         );
+        ensure!(
+            !flow.spoofed || flow.frame.len() >= IPV4_SRC_AT + 4 + TAG_BYTES,
+            "raw flow {i}: too short to spoof its source"
+        );
         let mut frame = flow.frame.clone();
         let at = frame.len() - TAG_BYTES;
         frame[at..at + 4].copy_from_slice(&MARKER);
@@ -101,8 +111,20 @@ pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<Vec<R
             .map(|((fd, frame), flow)| {
                 let frame_bytes = u32::try_from(frame.len()).expect("checked above");
                 scope.spawn(move || {
+                    let mut frame = frame.clone();
+                    let first = u32::from_be_bytes(
+                        frame[IPV4_SRC_AT..IPV4_SRC_AT + 4]
+                            .try_into()
+                            .expect("4 bytes"),
+                    );
+                    let mut n: u32 = 0;
                     pace(flow.offered_bps, frame_bytes, start, duration, || {
-                        send(fd, frame)
+                        if flow.spoofed {
+                            let src = first.wrapping_add(n).to_be_bytes();
+                            frame[IPV4_SRC_AT..IPV4_SRC_AT + 4].copy_from_slice(&src);
+                            n = n.wrapping_add(1);
+                        }
+                        send(fd, &frame)
                     })
                 })
             })
@@ -274,6 +296,7 @@ mod tests {
         let flows: Vec<RawFlow> = [(lab.sources()[0], 2_000_000), (lab.sources()[1], 1_000_000)]
             .iter()
             .map(|&(src, offered_bps)| RawFlow {
+                spoofed: false,
                 frame: frame::ipv4_udp(src, 500),
                 offered_bps,
             })
@@ -293,6 +316,7 @@ mod tests {
         }
         // A frame too short for the tag is refused before anything is sent.
         let short = RawFlow {
+            spoofed: false,
             frame: vec![0; 14],
             offered_bps: 1_000,
         };
