@@ -10,6 +10,7 @@
 //! - `report`: writes `bench/results.md`, `bench/results.json` and the plots.
 
 pub mod accuracy;
+pub mod flood;
 pub mod lru;
 pub mod per_packet;
 pub mod report;

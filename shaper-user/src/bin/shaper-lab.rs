@@ -109,6 +109,8 @@ enum LabPart {
     Cpu,
     /// Common against per-CPU LRU source maps under a flood from every CPU (test_run)
     Lru,
+    /// A live spoofed flood, shaper with and without new-source admission
+    Flood,
 }
 
 #[derive(Debug, Args)]
@@ -596,18 +598,25 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
             println!("{line}");
         }
     }
-    if args
-        .only
-        .iter()
-        .all(|p| matches!(p, LabPart::PerPacket | LabPart::Lru))
-    {
-        return Ok(());
-    }
-
     let shaper = match &args.shaper {
         Some(path) => path.clone(),
         None => default_shaper()?,
     };
+    if args.only.contains(&LabPart::Flood) {
+        for line in
+            shaper_user::bench::flood::summary_lines(&shaper_user::bench::flood::run(&shaper)?)
+        {
+            println!("{line}");
+        }
+    }
+    if args
+        .only
+        .iter()
+        .all(|p| matches!(p, LabPart::PerPacket | LabPart::Lru | LabPart::Flood))
+    {
+        return Ok(());
+    }
+
     let opts = accuracy::AccuracyOptions {
         shaper,
         quick: args.quick,
