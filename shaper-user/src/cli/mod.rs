@@ -9,6 +9,7 @@ pub mod new_sources;
 pub mod policy;
 pub mod stats;
 pub mod status;
+pub mod unadmitted;
 pub mod values;
 
 use clap::{Parser, Subcommand};

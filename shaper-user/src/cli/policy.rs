@@ -13,6 +13,7 @@ use shaper_user::{
 use super::{
     attach::check_burst_fits,
     new_sources,
+    unadmitted::Unadmitted,
     values::{ActionArg, ModeArg},
 };
 
@@ -216,16 +217,8 @@ struct Row {
     new_sources_burst: u64,
     /// Keys given a cell under this policy.
     new_sources: u64,
-    /// Frames of keys refused a cell, metered together (not in passed, dropped or
-    /// would drop above).
-    unadmitted_packets: u64,
-    unadmitted_bytes: u64,
-    unadmitted_passed_packets: u64,
-    unadmitted_passed_bytes: u64,
-    unadmitted_dropped_packets: u64,
-    unadmitted_dropped_bytes: u64,
-    unadmitted_would_drop_packets: u64,
-    unadmitted_would_drop_bytes: u64,
+    #[serde(flatten)]
+    unadmitted: Unadmitted,
 }
 
 fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Result<Row> {
@@ -256,14 +249,7 @@ fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Res
         new_sources_per_sec: l.new_sources,
         new_sources_burst: l.new_sources_burst,
         new_sources: s.new_sources,
-        unadmitted_packets: s.unadmitted.packets(),
-        unadmitted_bytes: s.unadmitted.bytes(),
-        unadmitted_passed_packets: s.unadmitted.passed_packets,
-        unadmitted_passed_bytes: s.unadmitted.passed_bytes,
-        unadmitted_dropped_packets: s.unadmitted.dropped_packets,
-        unadmitted_dropped_bytes: s.unadmitted.dropped_bytes,
-        unadmitted_would_drop_packets: s.unadmitted.would_drop_packets,
-        unadmitted_would_drop_bytes: s.unadmitted.would_drop_bytes,
+        unadmitted: (&s.unadmitted).into(),
     })
 }
 
@@ -330,7 +316,7 @@ fn list(args: &ListArgs, netns: Option<&str>, json: bool) -> Result<()> {
             r.dropped_packets,
             r.would_drop_packets,
             r.new_sources,
-            r.unadmitted_packets
+            r.unadmitted.unadmitted_packets
         );
     }
     Ok(())

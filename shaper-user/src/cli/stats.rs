@@ -1,5 +1,6 @@
 //! `shaper stats IFACE [--top N]`: global counters and the sources dropped most.
 
+use super::unadmitted::Unadmitted;
 use anyhow::{Result, bail};
 use serde::Serialize;
 use shaper_common::maps::{Counters, SourceState};
@@ -36,16 +37,8 @@ struct Totals {
     vlan_too_deep_bytes: u64,
     malformed_packets: u64,
     malformed_bytes: u64,
-    /// Frames of keys refused a cell by new-source admission, metered together per
-    /// policy; not in passed, dropped or would drop.
-    unadmitted_packets: u64,
-    unadmitted_bytes: u64,
-    unadmitted_passed_packets: u64,
-    unadmitted_passed_bytes: u64,
-    unadmitted_dropped_packets: u64,
-    unadmitted_dropped_bytes: u64,
-    unadmitted_would_drop_packets: u64,
-    unadmitted_would_drop_bytes: u64,
+    #[serde(flatten)]
+    unadmitted: Unadmitted,
     /// Keys given a cell.
     new_sources: u64,
     cas_exhausted_packets: u64,
@@ -72,14 +65,7 @@ impl From<Counters> for Totals {
             vlan_too_deep_bytes: c.vlan_too_deep_bytes,
             malformed_packets: c.malformed_packets,
             malformed_bytes: c.malformed_bytes,
-            unadmitted_packets: c.unadmitted.packets(),
-            unadmitted_bytes: c.unadmitted.bytes(),
-            unadmitted_passed_packets: c.unadmitted.passed_packets,
-            unadmitted_passed_bytes: c.unadmitted.passed_bytes,
-            unadmitted_dropped_packets: c.unadmitted.dropped_packets,
-            unadmitted_dropped_bytes: c.unadmitted.dropped_bytes,
-            unadmitted_would_drop_packets: c.unadmitted.would_drop_packets,
-            unadmitted_would_drop_bytes: c.unadmitted.would_drop_bytes,
+            unadmitted: (&c.unadmitted).into(),
             new_sources: c.new_sources,
             cas_exhausted_packets: c.cas_exhausted,
             untracked_packets: c.untracked_packets,
@@ -169,15 +155,18 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
             t.would_drop_packets, t.would_drop_bytes
         );
     }
-    if t.unadmitted_packets != 0 {
+    if t.unadmitted.unadmitted_packets != 0 {
         println!(
             "  unadmitted {:>12} pkts {:>16} bytes: passed {} pkts, dropped {} pkts{}",
-            t.unadmitted_packets,
-            t.unadmitted_bytes,
-            t.unadmitted_passed_packets,
-            t.unadmitted_dropped_packets,
-            if t.unadmitted_would_drop_packets != 0 {
-                format!(", would drop {} pkts", t.unadmitted_would_drop_packets)
+            t.unadmitted.unadmitted_packets,
+            t.unadmitted.unadmitted_bytes,
+            t.unadmitted.unadmitted_passed_packets,
+            t.unadmitted.unadmitted_dropped_packets,
+            if t.unadmitted.unadmitted_would_drop_packets != 0 {
+                format!(
+                    ", would drop {} pkts",
+                    t.unadmitted.unadmitted_would_drop_packets
+                )
             } else {
                 String::new()
             }
