@@ -49,6 +49,15 @@ impl Harness {
         &mut self.table
     }
 
+    /// The loaded program, for running it from several threads at once.
+    pub fn program(&self) -> Result<&Xdp> {
+        Ok(self
+            .ebpf
+            .program(PROG_XDP)
+            .context("program missing")?
+            .try_into()?)
+    }
+
     /// Runs the program once on `frame`; returns its verdict.
     pub fn run(&mut self, frame: &[u8]) -> Result<u32> {
         let prog: &mut Xdp = self

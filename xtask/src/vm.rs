@@ -137,6 +137,11 @@ const SUITES: &[Suite] = &[
         why: "rate accuracy of live traffic",
     },
     Suite {
+        file: "tests/contention.rs",
+        place: Place::Host,
+        why: "one key from every CPU; its bound is rate x elapsed, so it needs a real clock",
+    },
+    Suite {
         file: "tests/live_flood.rs",
         place: Place::Host,
         why: "rates and admission under a live spoofed flood, against the clock",

@@ -208,7 +208,8 @@ fn load_on(path: &Path, entries: u32) -> Result<Ebpf> {
     open(ebpf)
 }
 
-fn pin_to_cpu(cpu: usize) -> Result<()> {
+/// Pins the calling thread to `cpu` (`BPF_PROG_TEST_RUN` runs on the calling CPU).
+pub fn pin_to_cpu(cpu: usize) -> Result<()> {
     // SAFETY: a zeroed cpu_set_t filled by the libc helper, valid for the call.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -221,7 +222,8 @@ fn pin_to_cpu(cpu: usize) -> Result<()> {
     Ok(())
 }
 
-fn online_cpus() -> usize {
+/// CPUs online now.
+pub fn online_cpus() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     usize::try_from(n).unwrap_or(1).max(1)
