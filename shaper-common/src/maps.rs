@@ -158,6 +158,20 @@ pub struct AdmissionCells {
 
 const _: () = assert!(size_of::<AdmissionCells>() == 32);
 
+/// Counters kept one entry per CPU, which userspace adds up field by field.
+pub trait PerCpuSum: Default {
+    fn add(&mut self, other: &Self);
+}
+
+/// The sum of the per-CPU entries of a counter.
+pub fn sum_per_cpu<'a, T: PerCpuSum + 'a>(per_cpu: impl IntoIterator<Item = &'a T>) -> T {
+    let mut total = T::default();
+    for c in per_cpu {
+        total.add(c);
+    }
+    total
+}
+
 /// What became of a set of frames, by outcome: the counters of unadmitted frames, per
 /// policy and globally.
 #[repr(C)]
@@ -174,9 +188,8 @@ pub struct Outcomes {
 
 const _: () = assert!(size_of::<Outcomes>() == 48);
 
-impl Outcomes {
-    /// Field-wise sum, for folding per-CPU entries.
-    pub fn add(&mut self, o: &Self) {
+impl PerCpuSum for Outcomes {
+    fn add(&mut self, o: &Self) {
         self.passed_packets += o.passed_packets;
         self.passed_bytes += o.passed_bytes;
         self.dropped_packets += o.dropped_packets;
@@ -184,7 +197,9 @@ impl Outcomes {
         self.would_drop_packets += o.would_drop_packets;
         self.would_drop_bytes += o.would_drop_bytes;
     }
+}
 
+impl Outcomes {
     /// All frames, whatever became of them.
     pub fn packets(&self) -> u64 {
         self.passed_packets + self.dropped_packets + self.would_drop_packets
@@ -267,9 +282,8 @@ pub struct PolicyStats {
 
 const _: () = assert!(size_of::<PolicyStats>() == 120);
 
-impl PolicyStats {
-    /// Field-wise sum, for folding the per-CPU entries.
-    pub fn add(&mut self, o: &Self) {
+impl PerCpuSum for PolicyStats {
+    fn add(&mut self, o: &Self) {
         self.passed_packets += o.passed_packets;
         self.passed_bytes += o.passed_bytes;
         self.dropped_packets += o.dropped_packets;
@@ -365,9 +379,8 @@ pub struct Counters {
 
 const _: () = assert!(size_of::<Counters>() == 208);
 
-impl Counters {
-    /// Field-wise sum, for folding the per-CPU entries.
-    pub fn add(&mut self, o: &Self) {
+impl PerCpuSum for Counters {
+    fn add(&mut self, o: &Self) {
         self.passed_packets += o.passed_packets;
         self.passed_bytes += o.passed_bytes;
         self.dropped_packets += o.dropped_packets;

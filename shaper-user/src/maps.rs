@@ -8,7 +8,7 @@ use std::{
 };
 
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
-use shaper_common::maps::{Config, Counters, Ipv4Key, Ipv6Key, SourceState};
+use shaper_common::maps::{Config, Counters, Ipv4Key, Ipv6Key, SourceState, sum_per_cpu};
 
 use crate::pins::Attachment;
 
@@ -51,11 +51,7 @@ pub fn read_counters(at: &Attachment) -> Result<Counters, PinnedMapError> {
     let array: PerCpuArray<MapData, Counters> =
         PerCpuArray::try_from(open(&path)?).map_err(read_err(&path))?;
     let per_cpu = array.get(&0, 0).map_err(read_err(&path))?;
-    let mut total = Counters::default();
-    for c in per_cpu.iter() {
-        total.add(c);
-    }
-    Ok(total)
+    Ok(sum_per_cpu(per_cpu.iter()))
 }
 
 /// The size of the per-source map (`--max-sources` at attach time).

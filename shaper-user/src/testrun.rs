@@ -10,7 +10,7 @@ use aya::{
 };
 use shaper_common::maps::{
     Config, Counters, Ipv4Key, Ipv6Key, MAP_COUNTERS, MAP_SOURCES, MAP_SOURCES6, PROG_XDP,
-    SourceState,
+    SourceState, sum_per_cpu,
 };
 
 use crate::{loader, policy::PolicyTable};
@@ -19,6 +19,13 @@ use crate::{loader, policy::PolicyTable};
 pub const XDP_ABORTED: u32 = 0;
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
+
+/// The global counters of a loaded object, summed over CPUs.
+pub fn counters(ebpf: &Ebpf) -> Result<Counters> {
+    let map: PerCpuArray<&MapData, Counters> =
+        PerCpuArray::try_from(ebpf.map(MAP_COUNTERS).context("counters map missing")?)?;
+    Ok(sum_per_cpu(map.get(&0, 0)?.iter()))
+}
 
 pub struct Harness {
     ebpf: Ebpf,
@@ -75,13 +82,7 @@ impl Harness {
 
     /// The global counters, summed over CPUs.
     pub fn counters(&self) -> Result<Counters> {
-        let map: PerCpuArray<&MapData, Counters> =
-            PerCpuArray::try_from(self.ebpf.map(MAP_COUNTERS).context("counters missing")?)?;
-        let mut total = Counters::default();
-        for c in map.get(&0, 0)?.iter() {
-            total.add(c);
-        }
-        Ok(total)
+        counters(&self.ebpf)
     }
 
     /// Every IPv4 key tracked, with its cell.

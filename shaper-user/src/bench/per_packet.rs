@@ -33,7 +33,7 @@ use std::net::Ipv4Addr;
 use anyhow::{Context as _, Result, ensure};
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, PerCpuArray},
+    maps::{HashMap, MapData},
     programs::{TestRun as _, TestRunOptions, Xdp},
 };
 use serde::Serialize;
@@ -41,8 +41,8 @@ use shaper_common::{
     config::PolicyLimits,
     gcra::MAX_RATE_BPS,
     maps::{
-        ACTION_LIMIT, ACTION_PASS, Admission, Config, Counters, DEFAULT_MAX_SOURCES, Ipv4Key,
-        MAP_COUNTERS, MAP_SOURCES, PROG_NOOP, PROG_XDP, SourceState,
+        ACTION_LIMIT, ACTION_PASS, Admission, Config, DEFAULT_MAX_SOURCES, Ipv4Key, MAP_SOURCES,
+        PROG_NOOP, PROG_XDP, SourceState,
     },
 };
 
@@ -50,6 +50,7 @@ use super::scale::Population;
 use crate::{
     frame, loader,
     policy::{PolicySpec, PolicyTable, parse_prefix},
+    testrun::counters,
 };
 
 /// How a case was measured (see the module docs).
@@ -215,16 +216,6 @@ pub fn prefill(ebpf: &mut Ebpf, addrs: impl IntoIterator<Item = Ipv4Addr>) -> Re
             .with_context(|| format!("inserting {addr}"))?;
     }
     Ok(())
-}
-
-pub fn counters(ebpf: &Ebpf) -> Result<Counters> {
-    let map: PerCpuArray<&MapData, Counters> =
-        PerCpuArray::try_from(ebpf.map(MAP_COUNTERS).context("counters map missing")?)?;
-    let mut total = Counters::default();
-    for c in map.get(&0, 0)?.iter() {
-        total.add(c);
-    }
-    Ok(total)
 }
 
 /// A small deterministic generator (splitmix64): shuffles need no quality beyond

@@ -24,7 +24,7 @@ use shaper_common::{
     maps::{
         AdmissionCells, Cell, Config, Ipv4Key, Ipv6Key, MAP_ADMISSION, MAP_AGGREGATES, MAP_CONFIG,
         MAP_POLICIES, MAP_POLICY_STATS, MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAX_POLICIES, Policy,
-        PolicyStats,
+        PolicyStats, sum_per_cpu,
     },
 };
 
@@ -215,11 +215,7 @@ impl PolicyTable {
             .stats
             .get(&slot, 0)
             .map_err(map_err("read the policy counters"))?;
-        let mut total = PolicyStats::default();
-        for s in per_cpu.iter() {
-            total.add(s);
-        }
-        Ok(total)
+        Ok(sum_per_cpu(per_cpu.iter()))
     }
 
     /// Adds `spec`, or replaces the policy of its prefix.
