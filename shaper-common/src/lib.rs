@@ -2,9 +2,9 @@
 //! (`shaper-user`, with feature `user`): the GCRA arithmetic and the map layouts.
 #![no_std]
 
+pub mod bench;
 #[cfg(feature = "user")]
 pub mod config;
 pub mod gcra;
 pub mod maps;
 pub mod rescale;
-pub mod softirq;

@@ -34,8 +34,6 @@ pub const MAP_ADMISSION: &str = "SHAPER_ADMIT";
 
 /// Program names in the object file.
 pub const PROG_XDP: &str = "shaper_xdp";
-/// An XDP program that passes everything: the baseline for per-packet cost figures.
-pub const PROG_NOOP: &str = "shaper_noop";
 
 /// Default size of each per-source map (`--max-sources`).
 pub const DEFAULT_MAX_SOURCES: u32 = 262_144;

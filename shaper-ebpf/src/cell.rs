@@ -13,8 +13,9 @@ use shaper_common::{
     },
 };
 
+use shaper_ebpf::atomic;
+
 use crate::{
-    atomic,
     counters::bump,
     maps::{ADMISSION, POLICY_STATS},
     policy::{self, Rule},

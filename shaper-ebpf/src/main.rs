@@ -33,23 +33,18 @@
 //!
 //! A frame costs its whole length: Ethernet header to end of payload, every buffer of a
 //! multi-buffer (jumbo) frame included, no FCS — what tc counts.
+//!
+//! This object holds only what `shaper attach` loads. The benchmark's programs (the no-op
+//! baseline, the floor, the softirq clock) are a second object, `bench/main.rs`.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
-// The bpfel target has no compare-and-swap in core::sync::atomic; see `atomic`.
-#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
-#![cfg_attr(
-    target_arch = "bpf",
-    expect(internal_features, reason = "core_intrinsics, see atomic.rs")
-)]
 
-mod atomic;
 mod cell;
 mod counters;
 mod key;
 mod maps;
 mod parse;
 mod policy;
-mod softirq;
 mod xdp;
 
 #[cfg(target_arch = "bpf")]

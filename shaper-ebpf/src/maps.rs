@@ -4,12 +4,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
 };
-use shaper_common::{
-    maps::{
-        AdmissionCells, Cell, Config, Counters, DEFAULT_MAX_SOURCES, Ipv4Key, Ipv6Key,
-        MAX_POLICIES, Policy, PolicyStats, SourceState,
-    },
-    softirq::SoftirqTime,
+use shaper_common::maps::{
+    AdmissionCells, Cell, Config, Counters, DEFAULT_MAX_SOURCES, Ipv4Key, Ipv6Key, MAX_POLICIES,
+    Policy, PolicyStats, SourceState,
 };
 
 /// The interface's settings and default policy: one entry, written by userspace (also
@@ -55,7 +52,3 @@ pub static POLICY_STATS: PerCpuArray<PolicyStats> = PerCpuArray::with_max_entrie
 /// Global counters, one entry per CPU.
 #[map(name = "SHAPER_COUNTERS")]
 pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
-
-/// Softirq time per CPU, for the benchmark only (`softirq`).
-#[map(name = "SHAPER_SOFTIRQ")]
-pub static SOFTIRQ: PerCpuArray<SoftirqTime> = PerCpuArray::with_max_entries(1, 0);

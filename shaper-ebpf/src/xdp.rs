@@ -93,10 +93,3 @@ fn try_shaper_xdp(ctx: &XdpContext) -> Verdict {
     });
     outcome.verdict()
 }
-
-/// Passes everything: the baseline against which the per-packet cost is measured. It is
-/// multi-buffer aware like `shaper_xdp`, so both run under the same conditions.
-#[xdp(frags)]
-pub fn shaper_noop(_ctx: XdpContext) -> u32 {
-    xdp_action::XDP_PASS
-}

@@ -2,12 +2,8 @@
 //! maps, and the pieces the `shaper` command is made of.
 
 pub mod apply;
-pub mod bench;
 pub mod config_file;
 pub mod explain;
-pub mod frame;
-pub mod fuzz;
-pub mod lab;
 pub mod link;
 pub mod loader;
 pub mod maps;
@@ -16,5 +12,4 @@ pub mod pins;
 pub mod policy;
 pub mod setting;
 pub mod system;
-pub mod testrun;
 pub mod units;

@@ -36,7 +36,8 @@ use crate::{
 };
 
 /// The kernel programs, built by build.rs.
-pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shaper"));
+pub static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shaper-ebpf"));
 
 /// How to attach the XDP program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,7 +17,15 @@ pub fn run(subcommand: &str, args: &[String]) -> Result<ExitCode> {
         );
     }
     setup::run()?;
-    cmd::run(workspace::cargo().args(["build", "--release", "-p", "shaper-user", "--bins"]))?;
+    cmd::run(workspace::cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "shaper-user",
+        "-p",
+        "shaper-lab",
+        "--bins",
+    ]))?;
 
     let release = workspace::target_dir().join("release");
     let mut lab = Command::new(release.join("shaper-lab"));

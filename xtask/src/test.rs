@@ -83,6 +83,8 @@ fn run_all(args: &Args, tally: &mut Tally) -> Result<ExitCode> {
         "-D",
         "warnings",
     ]))?;
+    // The lab's tests drive the `shaper` binary, which is another package's.
+    cmd::run(&mut workspace::build_bins())?;
     // Kernel tests are #[ignore]d, so this runs only what needs no privileges.
     tally.run(workspace::cargo().args(["test", "--workspace"]))?;
 

@@ -55,7 +55,7 @@ pub const SERIES: &[Series] = &[
     },
 ];
 
-/// Where a test file of shaper-user runs.
+/// Where a test file of the lab package (`workspace::LAB_DIR`) runs.
 enum Place {
     /// In every guest, without the tests named in `skip` (each with the reason).
     Guest {
@@ -65,16 +65,16 @@ enum Place {
     Host,
 }
 
-/// One test target of shaper-user, by its source file.
+/// One test target of the lab package, by its source file.
 struct Suite {
-    /// The file, relative to shaper-user.
+    /// The file, relative to the lab package.
     file: &'static str,
     place: Place,
     /// Why it runs in the guests, or why not.
     why: &'static str,
 }
 
-/// Every test file of shaper-user, and whether the guests run its kernel tests (`--ignored
+/// Every test file of the lab package, and whether the guests run its kernel tests (`--ignored
 /// --test-threads=1`, as on the host). A new test file must be added here (a host test
 /// checks). In: what checks what a kernel accepts and how the program behaves on it, with
 /// no dependence on time. Out: what measures time (rates, accuracy): under emulation the
@@ -289,6 +289,7 @@ struct GuestSuite {
 
 /// Builds the test binaries here (the guests only run them) and picks the guest suites.
 fn build_suites() -> Result<Vec<GuestSuite>> {
+    cmd::run(&mut workspace::build_bins())?;
     let mut cargo = workspace::cargo();
     cargo.args(["test", "--workspace", "--no-run", "--message-format=json"]);
     let line = cmd::display(&cargo);
@@ -303,7 +304,7 @@ fn build_suites() -> Result<Vec<GuestSuite>> {
         bail!("`{line}` failed ({})", output.status);
     }
     let out = String::from_utf8_lossy(&output.stdout);
-    let package_dir = workspace::root().join("shaper-user");
+    let package_dir = workspace::root().join(workspace::LAB_DIR);
     let mut found = Vec::new();
     for line in out.lines() {
         if json_string(line, "reason").as_deref() != Some("compiler-artifact") {
@@ -1045,7 +1046,7 @@ fn strip_ansi(line: &str) -> String {
 
 /// What the guests run and what they leave to the host, and why.
 fn print_plan() {
-    println!("kernel tests in the guests (shaper-user):");
+    println!("kernel tests in the guests ({}):", workspace::LAB_DIR);
     for suite in SUITES {
         if let Place::Guest { skip } = suite.place {
             println!("  {}: {}", suite.file, suite.why);
@@ -1079,7 +1080,7 @@ mod tests {
 
     #[test]
     fn every_test_file_is_placed() {
-        let dir = workspace::root().join("shaper-user/tests");
+        let dir = workspace::root().join(workspace::LAB_DIR).join("tests");
         let mut files: Vec<String> = fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().path())
@@ -1096,7 +1097,7 @@ mod tests {
         for suite in SUITES {
             assert!(
                 workspace::root()
-                    .join("shaper-user")
+                    .join(workspace::LAB_DIR)
                     .join(suite.file)
                     .exists(),
                 "vm::SUITES names {}, which does not exist",

@@ -12,6 +12,18 @@ pub fn root() -> &'static Path {
         .expect("xtask's manifest directory has a parent")
 }
 
+/// The test-only package (`shaper-lab`: the lab, the benchmarks, the kernel integration
+/// tests), relative to the root.
+pub const LAB_DIR: &str = "shaper-user/lab";
+
+/// Builds every binary of the workspace (dev profile): the lab's tests drive the `shaper`
+/// binary of another package, which `cargo test` alone does not build.
+pub fn build_bins() -> Command {
+    let mut cmd = cargo();
+    cmd.args(["build", "--workspace", "--bins"]);
+    cmd
+}
+
 /// Cargo's target directory for the workspace: `CARGO_TARGET_DIR` if set (relative to the root,
 /// since that is where we run cargo), else `<root>/target`.
 pub fn target_dir() -> PathBuf {

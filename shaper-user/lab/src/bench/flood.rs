@@ -1,0 +1,149 @@
+//! A spoofed flood against shaper with and without new-source admission, in the same lab
+//! with the same traffic: three real sources (one at twice its limit, two at half) and a
+//! flood of 60-byte frames, each from a source never used before, as fast as one sender
+//! thread writes them (`lab::raw`, spoofed). Reported per configuration: the flood's frames
+//! that reached the receiver, what the under-limit sources lost at the receiver, the keys
+//! created, and the softirq time (exact, [`super::softirq`]) per flood frame.
+
+use std::{net::Ipv4Addr, path::Path, process::Command, time::Duration};
+
+use anyhow::{Context as _, Result, ensure};
+use serde::Serialize;
+use shaper_common::bench::NET_RX_SOFTIRQ;
+
+use super::softirq::SoftirqClock;
+use crate::{
+    frame,
+    lab::{
+        Lab,
+        raw::{RawFlow, RawResult, run_raw},
+    },
+};
+
+const RATE_BPS: u64 = 8_000_000;
+const FRAME: usize = 1000;
+const FLOOD_FRAME: usize = 60;
+const SECONDS: u64 = 4;
+
+/// The configurations compared: a label and the attach flags beyond rate and burst.
+const CONFIGS: [(&str, &[&str]); 2] = [
+    (
+        "shaper, admission unlimited",
+        &["--new-sources", "unlimited"],
+    ),
+    ("shaper, --new-sources 100", &["--new-sources", "100"]),
+];
+
+/// One configuration under the flood.
+#[derive(Clone, Debug, Serialize)]
+pub struct FloodRow {
+    pub limiter: String,
+    pub flood_sent_packets: u64,
+    pub flood_sent_per_sec: f64,
+    /// Flood frames the receiver saw, of those sent.
+    pub flood_passed_pct: f64,
+    /// What the two under-limit sources lost between sender and receiver.
+    pub real_loss_pct: f64,
+    /// Keys given a cell during the flood.
+    pub keys_created: u64,
+    /// NET_RX softirq time over the run, per flood frame sent (machine-wide, the real
+    /// sources' few frames included).
+    pub net_rx_ns_per_flood_frame: f64,
+}
+
+fn shaper(shaper: &Path, ns: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(shaper)
+        .args(["-n", ns])
+        .args(args)
+        .output()
+        .with_context(|| format!("running {}", shaper.display()))?;
+    ensure!(
+        out.status.success(),
+        "shaper {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// Runs the flood once per configuration, in one lab.
+pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
+    let lab = Lab::new("bflood", 3)?;
+    let (ns, iface) = (lab.rx_ns().to_owned(), lab.rx_iface().to_owned());
+    let flow = |src: Ipv4Addr, len, offered_bps, spoofed| RawFlow {
+        frame: frame::ipv4_udp_to(src, lab.rx_addr(), len),
+        offered_bps,
+        spoofed,
+    };
+    let s = lab.sources();
+    let flows = [
+        flow(s[0], FRAME, 2 * RATE_BPS, false),
+        flow(s[1], FRAME, RATE_BPS / 2, false),
+        flow(s[2], FRAME, RATE_BPS / 2, false),
+        flow(
+            Ipv4Addr::new(10, 64, 0, 0),
+            FLOOD_FRAME,
+            1_000_000_000,
+            true,
+        ),
+    ];
+    let clock = SoftirqClock::start()?;
+    let mut rows = Vec::new();
+    for (label, more) in CONFIGS {
+        let mut attach = vec!["attach", &iface, "--rate", "8mbit", "--burst", "32k"];
+        attach.extend_from_slice(more);
+        shaper(shaper_bin, &ns, &attach)?;
+        let measured = (|| -> Result<FloodRow> {
+            // The real sources get their cells before the flood.
+            run_raw(&lab, &flows[..3], Duration::from_secs(1))?;
+            let before = clock.read()?;
+            let results = run_raw(&lab, &flows, Duration::from_secs(SECONDS))?;
+            let net_rx = clock.read()?.since(&before).ns[NET_RX_SOFTIRQ];
+            let stats: serde_json::Value =
+                serde_json::from_str(&shaper(shaper_bin, &ns, &["-j", "stats", &iface])?)?;
+            let flood: &RawResult = &results[3];
+            let real = &results[1..3];
+            let sent: u64 = real.iter().map(|r| r.sent_packets).sum();
+            let received: u64 = real.iter().map(|r| r.received_packets).sum();
+            Ok(FloodRow {
+                limiter: label.to_owned(),
+                flood_sent_packets: flood.sent_packets,
+                flood_sent_per_sec: flood.sent_packets as f64 / flood.offered_secs,
+                flood_passed_pct: 100.0 * flood.received_packets as f64
+                    / flood.sent_packets.max(1) as f64,
+                real_loss_pct: 100.0 * (sent - received.min(sent)) as f64 / sent.max(1) as f64,
+                keys_created: stats["totals"]["new_sources"].as_u64().unwrap_or(0),
+                net_rx_ns_per_flood_frame: net_rx as f64 / flood.sent_packets.max(1) as f64,
+            })
+        })();
+        shaper(shaper_bin, &ns, &["detach", &iface])?;
+        rows.push(measured?);
+    }
+    Ok(rows)
+}
+
+/// The rows as a table.
+pub fn summary_lines(rows: &[FloodRow]) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{:<30} {:>12} {:>10} {:>13} {:>11} {:>10} {:>16}",
+        "spoofed flood (60 B frames)",
+        "flood sent",
+        "frames/s",
+        "flood passed",
+        "real lost",
+        "keys made",
+        "NET_RX ns/frame"
+    )];
+    for r in rows {
+        lines.push(format!(
+            "{:<30} {:>12} {:>10.0} {:>12.2}% {:>10.2}% {:>10} {:>16.0}",
+            r.limiter,
+            r.flood_sent_packets,
+            r.flood_sent_per_sec,
+            r.flood_passed_pct,
+            r.real_loss_pct,
+            r.keys_created,
+            r.net_rx_ns_per_flood_frame
+        ));
+    }
+    lines
+}

@@ -1,0 +1,696 @@
+//! Per-packet cost of the kernel programs, measured with BPF_PROG_TEST_RUN in the real
+//! kernel, next to a no-op XDP program measured in the same session.
+//!
+//! Two methods, because `BPF_PROG_TEST_RUN` runs one program on ONE frame:
+//!
+//! - **Loop** (existing-source cases): the kernel runs the program `repeat` times on the
+//!   same frame and reports the mean time per run. Precise (the clock is read once around
+//!   the whole loop), but the frame's source is the same every time, so its map entry is
+//!   hot in every cache after the first run.
+//! - **Single** (cases whose key must change from packet to packet: a new source, a new
+//!   source that evicts, and existing keys drawn at random from 1K, 64K or 1M tracked
+//!   sources): one `BPF_PROG_TEST_RUN` with `repeat = 1` per frame, over many distinct
+//!   frames, taking the kernel-reported duration of each and averaging. Each reading is a
+//!   whole number of nanoseconds and includes the kernel's fixed cost of timing one run
+//!   (a clock read, run-context setup); a no-op program measured the same way, on the
+//!   same number of frames, in the same run, carries exactly that fixed cost. So these
+//!   cases are reported as their excess over the single-shot no-op, added to the loop
+//!   no-op: `ns/packet = noop(loop) + (case(single) − noop(single))`. A hot existing
+//!   source is also measured this way as a check: its figure should agree with the loop
+//!   measurement of the same path. Resolution: a single reading is ±1 ns plus timer
+//!   jitter (tens of ns); the mean over thousands of frames is good to about a
+//!   nanosecond, and the median over runs removes the odd interrupted run. Between two
+//!   frames the kernel returns to userspace and copies the next frame in, which evicts
+//!   little of the map, so "cold" means "not the key of the previous packet": at 1K
+//!   sources the whole map still fits in the CPU caches; at 1M it does not.
+//!
+//! Each case is measured `runs` times, interleaved with the others so drift in machine
+//! load touches all of them alike; the median is reported. Differences to the no-op are
+//! taken run by run (paired) before the median.
+
+use std::net::Ipv4Addr;
+
+use anyhow::{Context as _, Result, ensure};
+use aya::Ebpf;
+use serde::Serialize;
+use shaper_common::{
+    bench::PROG_NOOP,
+    config::PolicyLimits,
+    gcra::MAX_RATE_BPS,
+    maps::{ACTION_LIMIT, ACTION_PASS, Admission, Config, DEFAULT_MAX_SOURCES, PROG_XDP},
+};
+use shaper_user::{
+    loader,
+    policy::{PolicySpec, PolicyTable, parse_prefix},
+};
+
+use super::{population::Population, spread::median};
+use crate::{
+    frame,
+    rng::Rng,
+    testrun::{
+        XDP_DROP, XDP_PASS, config, counters, load_open, noop, open_config, prefill, test_run,
+    },
+};
+
+/// How a case was measured (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// One frame, `repeat` runs inside the kernel.
+    Loop,
+    /// `repeat = 1` on each of many distinct frames; excess over a single-shot no-op.
+    Single,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CaseResult {
+    /// Stable identifier, e.g. `pass_existing`, `cold_1m`.
+    pub id: &'static str,
+    pub case: &'static str,
+    pub method: Method,
+    /// Packets per measurement: `repeat` (loop) or distinct frames (single).
+    pub packets_per_run: u64,
+    /// The sources tracked in the map while measuring, where the case is about that.
+    pub tracked_sources: Option<u32>,
+    /// As measured: the kernel's mean time per packet, median over runs.
+    pub measured_ns_median: f64,
+    pub measured_ns_runs: Vec<f64>,
+    /// Median over runs of (this case − the no-op measured the same way in that run).
+    pub over_noop_ns: f64,
+    /// The headline cost: the measured figure (loop), or noop(loop) + over_noop_ns (single).
+    pub ns_per_packet: f64,
+    /// `ns_per_packet` / the no-op's loop figure.
+    pub ratio_to_noop: f64,
+    /// Packets per second one core could handle at `ns_per_packet`.
+    pub packets_per_sec: f64,
+    /// Anything a reader must know (e.g. frames that found no free entry).
+    pub note: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PerPacketResults {
+    pub repeat: u32,
+    pub runs: usize,
+    /// Distinct frames per measurement for the single-shot cases.
+    pub frames_per_run: usize,
+    /// Size of the map for the eviction case.
+    pub eviction_map_entries: u32,
+    pub cases: Vec<CaseResult>,
+}
+
+impl PerPacketResults {
+    pub fn case(&self, id: &str) -> Option<&CaseResult> {
+        self.cases.iter().find(|c| c.id == id)
+    }
+
+    pub fn noop(&self) -> &CaseResult {
+        &self.cases[0]
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Runs of the program per loop measurement.
+    pub repeat: u32,
+    /// Measurements per case; the median is reported.
+    pub runs: usize,
+    /// Distinct frames per single-shot measurement.
+    pub frames: usize,
+}
+
+impl Options {
+    pub fn new(quick: bool) -> Self {
+        if quick {
+            Options {
+                repeat: 10_000,
+                runs: 5,
+                frames: 2_000,
+            }
+        } else {
+            Options {
+                repeat: 1_000_000,
+                runs: 7,
+                frames: 50_000,
+            }
+        }
+    }
+}
+
+/// Size of the map that the eviction case keeps full.
+pub const EVICTION_MAP_ENTRIES: u32 = 1024;
+const FRAME_BYTES: usize = 64;
+
+/// Mean of the kernel-reported durations of `repeat = 1` runs over `frames`.
+fn single_shot(ebpf: &mut Ebpf, program: &str, frames: &[Vec<u8>]) -> Result<f64> {
+    let mut total = 0.0;
+    for f in frames {
+        total += test_run(ebpf, program, f, 1, XDP_PASS)?;
+    }
+    Ok(total / frames.len() as f64)
+}
+
+/// Addresses for new sources: 100.64.0.0/10, counted up, never reused within a run.
+struct FreshAddrs(u32);
+
+impl FreshAddrs {
+    fn take(&mut self, n: usize) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|_| {
+                self.0 += 1;
+                frame::ipv4_udp(Ipv4Addr::from(0x6440_0000 + self.0), FRAME_BYTES)
+            })
+            .collect()
+    }
+}
+
+/// New-source admission that lets everything in: far more keys a second than any run
+/// creates, and as many at once.
+fn admit_all() -> Result<Admission> {
+    Admission::new(1 << 30, 1 << 30).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// New-source admission as closed as it gets: one key a second, one at once. Once
+/// [`drain_admission`] has taken that one, the next key is admitted a second later.
+fn admit_one() -> Result<Admission> {
+    Admission::new(1, 1).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Empties the admission cell of an object configured with [`admit_one`]: sends frames of
+/// new sources until one is refused (the first may still be admitted).
+fn drain_admission(ebpf: &mut Ebpf, fresh: &mut FreshAddrs) -> Result<()> {
+    for f in fresh.take(4) {
+        let before = counters(ebpf)?.unadmitted.packets();
+        test_run(ebpf, PROG_XDP, &f, 1, XDP_PASS)?;
+        if counters(ebpf)?.unadmitted.packets() > before {
+            return Ok(());
+        }
+    }
+    anyhow::bail!("new sources are still admitted after 4 tries to empty the admission cell")
+}
+
+/// A loop case: what it runs on which frame, under which default policy.
+struct LoopCase {
+    id: &'static str,
+    name: &'static str,
+    program: &'static str,
+    frame: Vec<u8>,
+    config: Config,
+    want: u32,
+    /// Run on the object with prefix policies ([`policied`]) instead of the plain one.
+    policied: bool,
+    /// The frame's source is a newcomer that admission must refuse: the admission cell is
+    /// emptied first, and every run checked to have created no source.
+    refused: bool,
+}
+
+/// Prefix policies covering the sources of the policy cases, all with open limits so
+/// every frame passes: a per-source limit, the same with an aggregate, an exemption.
+const POLICY_PREFIXES: [&str; 3] = ["198.18.1.0/24", "198.18.2.0/24", "198.18.3.0/24"];
+
+/// An object like [`load_open`]'s, with the prefix policies of [`POLICY_PREFIXES`] and
+/// its maps taken into a [`PolicyTable`].
+fn policied(max_sources: u32) -> Result<(Ebpf, PolicyTable)> {
+    let mut ebpf = load_open(max_sources)?;
+    let mut table = PolicyTable::take(&mut ebpf)?;
+    let open = PolicyLimits {
+        action: ACTION_LIMIT,
+        rate_bps: MAX_RATE_BPS,
+        burst_bytes: 1 << 40,
+        ..PolicyLimits::default()
+    };
+    let with_aggregate = PolicyLimits {
+        aggregate_rate_bps: MAX_RATE_BPS,
+        aggregate_burst_bytes: 1 << 40,
+        ..open
+    };
+    let exempt = PolicyLimits {
+        action: ACTION_PASS,
+        ..PolicyLimits::default()
+    };
+    let specs: Vec<PolicySpec> = POLICY_PREFIXES
+        .iter()
+        .zip([open, with_aggregate, exempt])
+        .map(|(prefix, limits)| {
+            Ok(PolicySpec {
+                prefix: parse_prefix(prefix)?,
+                limits,
+            })
+        })
+        .collect::<Result<_>>()?;
+    table.replace_all(&specs)?;
+    Ok((ebpf, table))
+}
+
+/// Which object and program a single-shot case runs, and how its frames are made.
+enum Frames {
+    /// The same hot frame every time.
+    Hot,
+    /// Never-seen sources.
+    Fresh,
+    /// Existing keys of a population, in shuffled order.
+    Cold(usize),
+    /// Keys of the full map the refused newcomers meet, at random: the known-source
+    /// pass those are compared with.
+    Full,
+}
+
+struct SingleCase {
+    id: &'static str,
+    name: &'static str,
+    target: Target,
+    frames: Frames,
+    tracked: Option<u32>,
+    /// Settings and default policy (of [`Target::Main`] and [`Target::Policied`]).
+    config: Config,
+    /// As [`LoopCase::refused`]; frames admitted anyway are counted in the note.
+    refused: bool,
+}
+
+#[derive(Clone, Copy)]
+enum Target {
+    Main,
+    /// Like the main object, with admission.
+    Admit,
+    /// Full maps of the default size, without and with prefix policies ([`policied`]).
+    Refusing,
+    RefusingPolicied,
+    Evict,
+    Population(usize),
+}
+
+/// Measures every per-packet case. `populations` are filled maps (1K, 64K, 1M sources)
+/// for the cold-key cases.
+pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketResults> {
+    ensure!(opts.runs > 0 && opts.frames > 0 && opts.repeat > 0);
+    let shut = config(8, 1514)?; // over the limit after the first frame: one byte per second
+    let open = open_config()?;
+    // Admission set, with room for every newcomer, or emptied before each measurement.
+    let admitting = Config {
+        admission: admit_all()?,
+        ..open
+    };
+    let refusing = Config {
+        admission: admit_one()?,
+        ..open
+    };
+    // Big enough that no new-source frame of any run evicts anything.
+    let fresh_total = opts.runs * opts.frames;
+    let main_entries = u32::try_from(2 * fresh_total + 1024).context("too many frames")?;
+    let mut main = load_open(main_entries)?;
+    let mut evict = load_open(EVICTION_MAP_ENTRIES)?;
+    // Full before the first measurement, with keys no measured frame uses (172.16.0.0/12).
+    prefill(
+        &mut evict,
+        (0..EVICTION_MAP_ENTRIES).map(|i| Ipv4Addr::from(0xAC10_0000 + i)),
+    )?;
+
+    let (mut with_policies, mut table) = policied(1024)?;
+    // The refused newcomers' maps: the product's default size, full (as a flood finds
+    // them), with keys no measured frame uses (10.0.0.0/8). Refused frames insert nothing.
+    const FULL_BASE: u32 = 0x0A00_0000;
+    let full = || (0..DEFAULT_MAX_SOURCES).map(|i| Ipv4Addr::from(FULL_BASE + i));
+    let mut refusing_plain = load_open(DEFAULT_MAX_SOURCES)?;
+    prefill(&mut refusing_plain, full())?;
+    let (mut refusing_policied, mut refusing_table) = policied(DEFAULT_MAX_SOURCES)?;
+    prefill(&mut refusing_policied, full())?;
+    // The admitted newcomers' map: as big as the main one, for the same reason.
+    let mut admit = load_open(main_entries)?;
+    // The baseline, from the bench object.
+    let mut baseline = noop()?;
+
+    let hot = frame::ipv4_udp(Ipv4Addr::new(198, 18, 0, 11), FRAME_BYTES);
+    let case = |id, name, program, frame, config, want, policied| LoopCase {
+        id,
+        name,
+        program,
+        frame,
+        config,
+        want,
+        policied,
+        refused: false,
+    };
+    // A source that never gets a cell (TEST-NET-1, far from every other case's).
+    let newcomer = frame::ipv4_udp(Ipv4Addr::new(192, 0, 2, 1), FRAME_BYTES);
+    let from = |c: u8| frame::ipv4_udp(Ipv4Addr::new(198, 18, c, 11), FRAME_BYTES);
+    let loop_cases = [
+        case(
+            "noop",
+            "no-op XDP program (baseline)",
+            PROG_NOOP,
+            hot.clone(),
+            open,
+            XDP_PASS,
+            false,
+        ),
+        case(
+            "pass_existing",
+            "pass, existing source",
+            PROG_XDP,
+            hot.clone(),
+            open,
+            XDP_PASS,
+            false,
+        ),
+        case(
+            "drop_existing",
+            "drop, existing source",
+            PROG_XDP,
+            frame::ipv4_udp(Ipv4Addr::new(198, 18, 0, 12), 1500),
+            shut,
+            XDP_DROP,
+            false,
+        ),
+        case(
+            "not_ipv4",
+            "not IPv4, passed untouched",
+            PROG_XDP,
+            frame::ethernet(frame::ETH_P_ARP, &[0; 46]),
+            open,
+            XDP_PASS,
+            false,
+        ),
+        case(
+            "pass_default_with_policies",
+            "pass, existing source under the default policy, prefix policies present",
+            PROG_XDP,
+            hot.clone(),
+            open,
+            XDP_PASS,
+            true,
+        ),
+        case(
+            "pass_policy",
+            "pass, existing source under a prefix policy",
+            PROG_XDP,
+            from(1),
+            open,
+            XDP_PASS,
+            true,
+        ),
+        case(
+            "pass_policy_aggregate",
+            "pass, existing source under a prefix policy with an aggregate",
+            PROG_XDP,
+            from(2),
+            open,
+            XDP_PASS,
+            true,
+        ),
+        case(
+            "pass_exempt",
+            "pass, existing source under an exempt prefix",
+            PROG_XDP,
+            from(3),
+            open,
+            XDP_PASS,
+            true,
+        ),
+        LoopCase {
+            refused: true,
+            ..case(
+                "refused_newcomer",
+                "refused newcomer: new source, admission cell empty (unadmitted)",
+                PROG_XDP,
+                newcomer.clone(),
+                refusing,
+                XDP_PASS,
+                false,
+            )
+        },
+        LoopCase {
+            refused: true,
+            ..case(
+                "refused_newcomer_with_policies",
+                "refused newcomer, prefix policies present (trie searched)",
+                PROG_XDP,
+                newcomer,
+                refusing,
+                XDP_PASS,
+                true,
+            )
+        },
+    ];
+    let mut singles = vec![
+        SingleCase {
+            id: "noop_single",
+            name: "no-op XDP program, single shots (baseline of the single-shot cases)",
+            target: Target::Main,
+            frames: Frames::Hot,
+            tracked: None,
+            config: open,
+            refused: false,
+        },
+        SingleCase {
+            id: "pass_existing_single",
+            name: "pass, existing source, single shots (check against the loop figure)",
+            target: Target::Main,
+            frames: Frames::Hot,
+            tracked: None,
+            config: open,
+            refused: false,
+        },
+        SingleCase {
+            id: "new_source",
+            name: "first packet of a new source (no admission)",
+            target: Target::Main,
+            frames: Frames::Fresh,
+            tracked: None,
+            config: open,
+            refused: false,
+        },
+        SingleCase {
+            id: "admitted_newcomer",
+            name: "admitted newcomer: first packet of a new source, admission with room",
+            target: Target::Admit,
+            frames: Frames::Fresh,
+            tracked: None,
+            config: admitting,
+            refused: false,
+        },
+        SingleCase {
+            id: "pass_known_in_full_map_single",
+            name: "pass, a known source at random in the same full map (their baseline)",
+            target: Target::Refusing,
+            frames: Frames::Full,
+            tracked: Some(DEFAULT_MAX_SOURCES),
+            config: refusing,
+            refused: false,
+        },
+        SingleCase {
+            id: "refused_newcomer_single",
+            name: "refused newcomer, a new source per frame (a flood's frames)",
+            target: Target::Refusing,
+            frames: Frames::Fresh,
+            tracked: Some(DEFAULT_MAX_SOURCES),
+            config: refusing,
+            refused: true,
+        },
+        SingleCase {
+            id: "refused_newcomer_with_policies_single",
+            name: "refused newcomer, a new source per frame, prefix policies present",
+            target: Target::RefusingPolicied,
+            frames: Frames::Fresh,
+            tracked: Some(DEFAULT_MAX_SOURCES),
+            config: refusing,
+            refused: true,
+        },
+        SingleCase {
+            id: "new_source_evict",
+            name: "first packet of a new source into a full map (evicts)",
+            target: Target::Evict,
+            frames: Frames::Fresh,
+            tracked: Some(EVICTION_MAP_ENTRIES),
+            config: open,
+            refused: false,
+        },
+    ];
+    for (i, p) in populations.iter().enumerate() {
+        singles.push(SingleCase {
+            id: p.cold_id(),
+            name: p.cold_name(),
+            target: Target::Population(i),
+            frames: Frames::Cold(i),
+            tracked: Some(p.capacity),
+            config: open,
+            refused: false,
+        });
+    }
+
+    let mut rng = Rng::new(0x5eed);
+    let mut fresh = FreshAddrs(0);
+    let mut loop_samples = vec![Vec::with_capacity(opts.runs); loop_cases.len()];
+    let mut single_samples = vec![Vec::with_capacity(opts.runs); singles.len()];
+    let hot_frames = vec![hot.clone(); opts.frames];
+    // Of the refused cases' frames, those admitted all the same (the cell refills at one
+    // key a second).
+    let mut admitted_anyway = vec![0; singles.len()];
+    for _ in 0..opts.runs {
+        for (c, samples) in loop_cases.iter().zip(&mut loop_samples) {
+            if c.program == PROG_NOOP {
+                samples.push(test_run(
+                    &mut baseline,
+                    PROG_NOOP,
+                    &c.frame,
+                    opts.repeat,
+                    c.want,
+                )?);
+                continue;
+            }
+            let ebpf = if c.policied {
+                table.set_config(&c.config)?;
+                &mut with_policies
+            } else {
+                loader::configure(&mut main, &c.config)?;
+                &mut main
+            };
+            if c.refused {
+                drain_admission(ebpf, &mut fresh)?;
+            }
+            let created = counters(ebpf)?.new_sources;
+            samples.push(test_run(ebpf, c.program, &c.frame, opts.repeat, c.want)?);
+            ensure!(
+                !c.refused || counters(ebpf)?.new_sources == created,
+                "{}: the newcomer was admitted while measured",
+                c.id
+            );
+        }
+        for ((case, samples), admitted) in singles
+            .iter()
+            .zip(&mut single_samples)
+            .zip(&mut admitted_anyway)
+        {
+            let cold;
+            let fresh_frames;
+            let frames: &[Vec<u8>] = match case.frames {
+                Frames::Hot => &hot_frames,
+                Frames::Fresh => {
+                    fresh_frames = fresh.take(opts.frames);
+                    &fresh_frames
+                }
+                Frames::Cold(i) => {
+                    cold = populations[i].sample_frames(&mut rng, opts.frames, FRAME_BYTES);
+                    &cold
+                }
+                Frames::Full => {
+                    cold = (0..opts.frames)
+                        .map(|_| {
+                            let i = rng.below(DEFAULT_MAX_SOURCES as usize) as u32;
+                            frame::ipv4_udp(Ipv4Addr::from(FULL_BASE + i), FRAME_BYTES)
+                        })
+                        .collect();
+                    &cold
+                }
+            };
+            let ebpf = match case.target {
+                Target::Main => {
+                    loader::configure(&mut main, &case.config)?;
+                    &mut main
+                }
+                Target::Admit => {
+                    loader::configure(&mut admit, &case.config)?;
+                    &mut admit
+                }
+                Target::Refusing => {
+                    loader::configure(&mut refusing_plain, &case.config)?;
+                    &mut refusing_plain
+                }
+                Target::RefusingPolicied => {
+                    refusing_table.set_config(&case.config)?;
+                    &mut refusing_policied
+                }
+                Target::Evict => &mut evict,
+                Target::Population(i) => &mut populations[i].ebpf,
+            };
+            if case.refused {
+                drain_admission(ebpf, &mut fresh)?;
+            }
+            if case.id == "noop_single" {
+                samples.push(single_shot(&mut baseline, PROG_NOOP, frames)?);
+                continue;
+            }
+            let created = counters(ebpf)?.new_sources;
+            samples.push(single_shot(ebpf, PROG_XDP, frames)?);
+            if case.refused {
+                *admitted += counters(ebpf)?.new_sources - created;
+            }
+        }
+    }
+
+    let noop_runs = &loop_samples[0];
+    let noop_loop = median(noop_runs);
+    let mut cases = Vec::new();
+    for (c, runs) in loop_cases.iter().zip(loop_samples.iter()) {
+        let over: Vec<f64> = runs.iter().zip(noop_runs).map(|(c, n)| c - n).collect();
+        let ns = median(runs);
+        cases.push(CaseResult {
+            id: c.id,
+            case: c.name,
+            method: Method::Loop,
+            packets_per_run: opts.repeat.into(),
+            tracked_sources: None,
+            measured_ns_median: ns,
+            measured_ns_runs: runs.clone(),
+            over_noop_ns: median(&over),
+            ns_per_packet: ns,
+            ratio_to_noop: ns / noop_loop,
+            packets_per_sec: 1e9 / ns,
+            note: None,
+        });
+    }
+    let noop_single = single_samples[0].clone();
+    for ((case, runs), admitted) in singles.iter().zip(single_samples).zip(admitted_anyway) {
+        let over: Vec<f64> = runs.iter().zip(&noop_single).map(|(c, n)| c - n).collect();
+        let over = median(&over);
+        let ns = noop_loop + over;
+        let ebpf = match case.target {
+            Target::Main => &main,
+            Target::Admit => &admit,
+            Target::Refusing => &refusing_plain,
+            Target::RefusingPolicied => &refusing_policied,
+            Target::Evict => &evict,
+            Target::Population(i) => &populations[i].ebpf,
+        };
+        let untracked = counters(ebpf)?.untracked_packets;
+        let mut notes = Vec::new();
+        if untracked > 0 {
+            notes.push(format!(
+                "{untracked} packets found no free map entry and passed unmetered"
+            ));
+        }
+        if admitted > 0 {
+            notes.push(format!(
+                "{admitted} of {} frames were admitted all the same (admission refills at 1 key/s)",
+                opts.runs * opts.frames
+            ));
+        }
+        cases.push(CaseResult {
+            id: case.id,
+            case: case.name,
+            method: Method::Single,
+            packets_per_run: opts.frames as u64,
+            tracked_sources: case.tracked,
+            measured_ns_median: median(&runs),
+            measured_ns_runs: runs,
+            over_noop_ns: over,
+            ns_per_packet: ns,
+            ratio_to_noop: ns / noop_loop,
+            packets_per_sec: 1e9 / ns,
+            note: (!notes.is_empty()).then(|| notes.join("; ")),
+        });
+    }
+    // The eviction case must have evicted: the map never grows past its size, so every
+    // new source beyond it replaced an older one.
+    let created = counters(&evict)?.new_sources;
+    ensure!(
+        created as usize == fresh_total,
+        "eviction case: {created} sources created of {fresh_total} frames"
+    );
+    Ok(PerPacketResults {
+        repeat: opts.repeat,
+        runs: opts.runs,
+        frames_per_run: opts.frames,
+        eviction_map_entries: EVICTION_MAP_ENTRIES,
+        cases,
+    })
+}

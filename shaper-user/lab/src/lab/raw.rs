@@ -1,0 +1,325 @@
+//! Crafted frames through a [`Lab`], for encapsulations the lab's kernel cannot make itself
+//! (this kernel has no 802.1Q VLAN devices and no PPPoE): a packet socket writes whole
+//! Ethernet frames onto the tx veth, and a packet socket on the rx veth counts what the XDP
+//! program there let through.
+//!
+//! The last [`TAG_BYTES`] of every frame are overwritten with a marker and the flow's index,
+//! so the receiver tells flows apart whatever the kernel does to the headers on the way (it
+//! moves an outer VLAN tag out of the frame before packet sockets see it). The frames are
+//! not delivered to any socket beyond that: the rx kernel has nowhere to send a tagged frame
+//! and drops it after the packet socket has seen it.
+
+use std::{
+    io,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    sync::atomic::{AtomicBool, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, ensure};
+
+use super::{
+    Lab,
+    traffic::{
+        DRAIN, MAX_FRAME_BYTES, RCVBUF_BYTES, RECEIVER_SLACK, RECV_TIMEOUT, START_DELAY,
+        StopOnDrop, join, pace,
+    },
+};
+use shaper_user::netns;
+
+/// Bytes at the end of each frame that carry the marker and the flow index.
+pub const TAG_BYTES: usize = 8;
+const MARKER: [u8; 4] = *b"shRW";
+
+/// One stream of identical crafted frames.
+#[derive(Debug, Clone)]
+pub struct RawFlow {
+    /// The whole frame from the destination MAC on, without FCS. Its last [`TAG_BYTES`]
+    /// must be payload: they are overwritten.
+    pub frame: Vec<u8>,
+    /// Offered load, layer-2 bits per second.
+    pub offered_bps: u64,
+    /// Send each frame from a source never used before (a spoofed flood): the IPv4
+    /// source of an untagged IPv4 frame counts up from the frame's own, one per send.
+    pub spoofed: bool,
+}
+
+/// Where an untagged IPv4 frame holds its source address.
+const IPV4_SRC_AT: usize = 14 + 12;
+
+/// What one raw flow sent and what of it the rx veth's packet socket saw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawResult {
+    pub attempted_packets: u64,
+    pub sent_packets: u64,
+    pub received_packets: u64,
+    pub frame_bytes: u32,
+    /// From the pacing start to the last send.
+    pub offered_secs: f64,
+}
+
+impl RawResult {
+    pub fn sent_l2_bytes(&self) -> u64 {
+        self.sent_packets * u64::from(self.frame_bytes)
+    }
+
+    /// Bytes as sent (before the kernel stripped any tag) of the frames that arrived.
+    pub fn received_l2_bytes(&self) -> u64 {
+        self.received_packets * u64::from(self.frame_bytes)
+    }
+}
+
+/// Sends every flow for `duration` from the tx veth and counts, per flow, the frames the
+/// rx veth passed up. Results are in the order of `flows`.
+pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<Vec<RawResult>> {
+    let mut frames = Vec::with_capacity(flows.len());
+    for (i, flow) in flows.iter().enumerate() {
+        ensure!(
+            (14 + TAG_BYTES..=MAX_FRAME_BYTES as usize).contains(&flow.frame.len()),
+            "raw flow {i}: a {}-byte frame is outside {}..={MAX_FRAME_BYTES}",
+            flow.frame.len(),
+            14 + TAG_BYTES
+        );
+        ensure!(
+            !flow.spoofed || flow.frame.len() >= IPV4_SRC_AT + 4 + TAG_BYTES,
+            "raw flow {i}: too short to spoof its source"
+        );
+        let mut frame = flow.frame.clone();
+        let at = frame.len() - TAG_BYTES;
+        frame[at..at + 4].copy_from_slice(&MARKER);
+        frame[at + 4..].copy_from_slice(&u32::try_from(i)?.to_be_bytes());
+        frames.push(frame);
+    }
+    let receiver = open_packet_socket(lab.rx_ns(), lab.rx_iface(), true)?;
+    let senders: Vec<OwnedFd> = flows
+        .iter()
+        .map(|_| open_packet_socket(lab.tx_ns(), lab.tx_iface(), false))
+        .collect::<Result<_>>()?;
+
+    let stop = AtomicBool::new(false);
+    let start = Instant::now() + START_DELAY;
+    let deadline = start + duration + DRAIN + RECEIVER_SLACK;
+    let (sent, received) = thread::scope(|scope| {
+        // Stops the counter however this block ends, a sender's panic included.
+        let stop_guard = StopOnDrop(&stop);
+        let counter = scope.spawn(|| count(&receiver, flows.len(), &stop, deadline));
+        let handles: Vec<_> = senders
+            .iter()
+            .zip(&frames)
+            .zip(flows)
+            .map(|((fd, frame), flow)| {
+                let frame_bytes = u32::try_from(frame.len()).expect("checked above");
+                scope.spawn(move || {
+                    let mut frame = frame.clone();
+                    let first = u32::from_be_bytes(
+                        frame[IPV4_SRC_AT..IPV4_SRC_AT + 4]
+                            .try_into()
+                            .expect("4 bytes"),
+                    );
+                    let mut n: u32 = 0;
+                    pace(flow.offered_bps, frame_bytes, start, duration, || {
+                        if flow.spoofed {
+                            let src = first.wrapping_add(n).to_be_bytes();
+                            frame[IPV4_SRC_AT..IPV4_SRC_AT + 4].copy_from_slice(&src);
+                            n = n.wrapping_add(1);
+                        }
+                        send(fd, &frame)
+                    })
+                })
+            })
+            .collect();
+        let sent: Vec<_> = handles.into_iter().map(join).collect();
+        thread::sleep(DRAIN);
+        drop(stop_guard);
+        (sent, join(counter))
+    });
+    let received = received?;
+    sent.into_iter()
+        .zip(&frames)
+        .zip(received)
+        .enumerate()
+        .map(|(i, ((sent, frame), received_packets))| {
+            let sent = sent.with_context(|| format!("raw flow {i}: send failed"))?;
+            Ok(RawResult {
+                attempted_packets: sent.attempted,
+                sent_packets: sent.packets,
+                received_packets,
+                frame_bytes: u32::try_from(frame.len())?,
+                offered_secs: sent.secs,
+            })
+        })
+        .collect()
+}
+
+/// A packet socket on `iface` in namespace `ns`: a receiving one sees every frame the
+/// interface takes in, a sending one writes whole frames out of it (non-blocking).
+fn open_packet_socket(ns: &str, iface: &str, receive: bool) -> Result<OwnedFd> {
+    let iface = iface.to_owned();
+    netns::run_in(ns, move || -> Result<OwnedFd> {
+        let name = std::ffi::CString::new(iface.clone())?;
+        // SAFETY: a NUL-terminated name.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        ensure!(ifindex != 0, "no interface {iface}");
+        // Receivers take every protocol; senders take none (they only write).
+        let protocol = if receive {
+            (libc::ETH_P_ALL as u16).to_be()
+        } else {
+            0
+        };
+        // SAFETY: plain socket creation; the fd is owned right after.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(protocol)) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error()).context("cannot open a packet socket");
+        }
+        // SAFETY: `fd` is a fresh descriptor nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: all-zero is a valid sockaddr_ll; the fields set below make it a binding.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = protocol;
+        addr.sll_ifindex = i32::try_from(ifindex)?;
+        // SAFETY: the pointer and length describe `addr`.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&raw const addr).cast(),
+                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error())
+                .with_context(|| format!("cannot bind a packet socket to {iface}"));
+        }
+        if receive {
+            set_option(&fd, libc::SO_RCVBUFFORCE, &RCVBUF_BYTES)?;
+            let timeout = libc::timeval {
+                tv_sec: 0,
+                tv_usec: libc::suseconds_t::try_from(RECV_TIMEOUT.as_micros())?,
+            };
+            set_option(&fd, libc::SO_RCVTIMEO, &timeout)?;
+        }
+        Ok(fd)
+    })?
+}
+
+fn set_option<T>(fd: &OwnedFd, name: libc::c_int, value: &T) -> Result<()> {
+    // SAFETY: the pointer and length describe `value`; the fd is open.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            name,
+            (value as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error()).with_context(|| format!("setsockopt {name} failed"))
+    }
+}
+
+fn send(fd: &OwnedFd, frame: &[u8]) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `frame`; the fd is open.
+    let n = unsafe {
+        libc::send(
+            fd.as_raw_fd(),
+            frame.as_ptr().cast(),
+            frame.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Counts frames carrying the marker per flow index until `stop` or `deadline`; frames the
+/// interface itself sends (none in the lab) and frames without the marker are ignored.
+fn count(fd: &OwnedFd, flows: usize, stop: &AtomicBool, deadline: Instant) -> Result<Vec<u64>> {
+    let mut counts = vec![0u64; flows];
+    let mut buf = vec![0u8; MAX_FRAME_BYTES as usize];
+    while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+        // SAFETY: all-zero is a valid sockaddr_ll for the kernel to fill.
+        let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        let mut from_len = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+        // SAFETY: the buffer and address pointers describe live, writable memory of the
+        // given lengths; the fd is open. SO_RCVTIMEO bounds the wait.
+        let n = unsafe {
+            libc::recvfrom(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+                (&raw mut from).cast(),
+                &raw mut from_len,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock
+                | io::ErrorKind::TimedOut
+                | io::ErrorKind::Interrupted => continue,
+                _ => return Err(e).context("packet socket receive failed"),
+            }
+        }
+        let n = n.unsigned_abs();
+        if from.sll_pkttype == libc::PACKET_OUTGOING || n < TAG_BYTES {
+            continue;
+        }
+        let tag = &buf[n - TAG_BYTES..n];
+        if tag[..4] != MARKER {
+            continue;
+        }
+        let index = u32::from_be_bytes(tag[4..].try_into().expect("4 bytes")) as usize;
+        if let Some(c) = counts.get_mut(index) {
+            *c += 1;
+        }
+    }
+    Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame;
+
+    #[test]
+    #[ignore = "needs root: creates network namespaces (cargo xtask test)"]
+    fn crafted_frames_arrive_counted_per_flow() {
+        let lab = Lab::new("t-raw", 2).expect("create lab");
+        let flows: Vec<RawFlow> = [(lab.sources()[0], 2_000_000), (lab.sources()[1], 1_000_000)]
+            .iter()
+            .map(|&(src, offered_bps)| RawFlow {
+                spoofed: false,
+                frame: frame::ipv4_udp(src, 500),
+                offered_bps,
+            })
+            .collect();
+        let results = run_raw(&lab, &flows, Duration::from_secs(1)).expect("run_raw");
+        for (flow, r) in flows.iter().zip(&results) {
+            eprintln!("{r:?}");
+            assert!(r.sent_packets > 0, "{r:?}");
+            // Nothing limits them: every frame sent is seen at the rx veth.
+            assert_eq!(r.received_packets, r.sent_packets, "{r:?}");
+            let bps = r.sent_l2_bytes() as f64 * 8.0 / r.offered_secs;
+            let ratio = bps / flow.offered_bps as f64;
+            assert!(
+                (0.95..=1.05).contains(&ratio),
+                "sent/offered {ratio}: {r:?}"
+            );
+        }
+        // A frame too short for the tag is refused before anything is sent.
+        let short = RawFlow {
+            spoofed: false,
+            frame: vec![0; 14],
+            offered_bps: 1_000,
+        };
+        assert!(run_raw(&lab, &[short], Duration::from_millis(10)).is_err());
+    }
+}

@@ -1,0 +1,195 @@
+//! The XDP program loaded into the kernel but attached nowhere, driven frame by frame with
+//! `BPF_PROG_TEST_RUN`: what the kernel tests, the fuzzer and the benchmarks run frames
+//! through, and how they read back what the program recorded. The bench object's no-op
+//! ([`noop`]) is loaded the same way, as the benchmarks' baseline.
+
+use std::net::Ipv4Addr;
+
+use anyhow::{Context as _, Result, ensure};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray},
+    programs::{TestRun as _, TestRunOptions, Xdp},
+};
+use shaper_common::{
+    bench::PROG_NOOP,
+    gcra::MAX_RATE_BPS,
+    maps::{
+        Config, Counters, Ipv4Key, Ipv6Key, MAP_COUNTERS, MAP_SOURCES, MAP_SOURCES6, PROG_XDP,
+        SourceState, sum_per_cpu,
+    },
+};
+use shaper_user::{loader, policy::PolicyTable};
+
+/// The benchmark's kernel object (`shaper-ebpf`'s `shaper-ebpf-bench`), built by build.rs.
+pub static BENCH_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shaper-ebpf-bench"));
+
+/// The bench object with its no-op XDP program loaded: the baseline of per-packet costs.
+pub fn noop() -> Result<Ebpf> {
+    let mut ebpf = EbpfLoader::new()
+        .load(BENCH_OBJECT)
+        .context("cannot load the bench object")?;
+    loader::xdp_program(&mut ebpf, PROG_NOOP)?;
+    Ok(ebpf)
+}
+
+/// A loaded XDP program of `ebpf`, to attach or run.
+pub fn xdp_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp> {
+    Ok(ebpf
+        .program_mut(name)
+        .with_context(|| format!("program {name} missing from the object"))?
+        .try_into()?)
+}
+
+/// XDP verdicts (`enum xdp_action`).
+pub const XDP_ABORTED: u32 = 0;
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+
+/// The global counters of a loaded object, summed over CPUs.
+pub fn counters(ebpf: &Ebpf) -> Result<Counters> {
+    let map: PerCpuArray<&MapData, Counters> =
+        PerCpuArray::try_from(ebpf.map(MAP_COUNTERS).context("counters map missing")?)?;
+    Ok(sum_per_cpu(map.get(&0, 0)?.iter()))
+}
+
+pub struct Harness {
+    ebpf: Ebpf,
+    table: PolicyTable,
+}
+
+impl Harness {
+    /// The program loaded with per-source maps of `max_sources` entries and `config` as
+    /// its settings and default policy, or none at all.
+    pub fn new(config: Option<&Config>, max_sources: u32) -> Result<Self> {
+        let mut ebpf = loader::load(max_sources)?;
+        loader::xdp_program(&mut ebpf, PROG_XDP)?;
+        let table = PolicyTable::take(&mut ebpf)?;
+        let mut h = Self { ebpf, table };
+        if let Some(config) = config {
+            h.configure(config)?;
+        }
+        Ok(h)
+    }
+
+    /// Replaces the settings and default policy, as `attach` on a live attachment does.
+    pub fn configure(&mut self, config: &Config) -> Result<()> {
+        Ok(self.table.set_config(config)?)
+    }
+
+    /// The prefix policies, to set and read as `shaper policy` does.
+    pub fn policies(&mut self) -> &mut PolicyTable {
+        &mut self.table
+    }
+
+    /// The loaded program, for running it from several threads at once.
+    pub fn program(&self) -> Result<&Xdp> {
+        Ok(self
+            .ebpf
+            .program(PROG_XDP)
+            .context("program missing")?
+            .try_into()?)
+    }
+
+    /// Runs the program once on `frame`; returns its verdict.
+    pub fn run(&mut self, frame: &[u8]) -> Result<u32> {
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(PROG_XDP)
+            .context("program missing")?
+            .try_into()?;
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(frame);
+        let result = prog
+            .test_run(opts)
+            .with_context(|| format!("BPF_PROG_TEST_RUN on a {}-byte frame", frame.len()))?;
+        Ok(result.return_value)
+    }
+
+    /// The global counters, summed over CPUs.
+    pub fn counters(&self) -> Result<Counters> {
+        counters(&self.ebpf)
+    }
+
+    /// Every IPv4 key tracked, with its cell.
+    pub fn sources(&self) -> Result<Vec<(Ipv4Key, SourceState)>> {
+        self.entries(MAP_SOURCES)
+    }
+
+    /// Every IPv6 key tracked, with its cell.
+    pub fn sources6(&self) -> Result<Vec<(Ipv6Key, SourceState)>> {
+        self.entries(MAP_SOURCES6)
+    }
+
+    fn entries<K: aya::Pod>(&self, name: &str) -> Result<Vec<(K, SourceState)>> {
+        let map: HashMap<&MapData, K, SourceState> =
+            HashMap::try_from(self.ebpf.map(name).context("sources map missing")?)?;
+        Ok(map.iter().collect::<Result<_, _>>()?)
+    }
+}
+
+pub fn config(rate_bps: u64, burst_bytes: u64) -> Result<Config> {
+    Config::per_source(rate_bps, burst_bytes).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Never limited: the fastest rate with a burst no run can exhaust.
+pub fn open_config() -> Result<Config> {
+    config(MAX_RATE_BPS, 1 << 40)
+}
+
+/// Loads the object with a `max_sources` map, its XDP program, and the open policy.
+pub fn load_open(max_sources: u32) -> Result<Ebpf> {
+    open(loader::load(max_sources)?)
+}
+
+/// Loads the XDP program of an object and sets the open policy.
+pub fn open(mut ebpf: Ebpf) -> Result<Ebpf> {
+    loader::xdp_program(&mut ebpf, PROG_XDP)?;
+    loader::configure(&mut ebpf, &open_config()?)?;
+    Ok(ebpf)
+}
+
+/// One BPF_PROG_TEST_RUN; returns the kernel's mean ns per run. Checks the verdict.
+pub fn test_run(
+    ebpf: &mut Ebpf,
+    program: &str,
+    data: &[u8],
+    repeat: u32,
+    want: u32,
+) -> Result<f64> {
+    let prog: &Xdp = ebpf
+        .program(program)
+        .context("program missing")?
+        .try_into()?;
+    test_run_xdp(prog, data, repeat, want).with_context(|| program.to_owned())
+}
+
+/// [`test_run`] on a loaded program (which several threads may share).
+pub fn test_run_xdp(prog: &Xdp, data: &[u8], repeat: u32, want: u32) -> Result<f64> {
+    let mut opts = TestRunOptions::new();
+    opts.data_in = Some(data);
+    opts.repeat = repeat;
+    let result = prog.test_run(opts).context("BPF_PROG_TEST_RUN")?;
+    ensure!(
+        result.return_value == want,
+        "returned {} instead of {want}",
+        result.return_value
+    );
+    Ok(result.duration.as_nanos() as f64)
+}
+
+pub fn key(addr: Ipv4Addr) -> Ipv4Key {
+    u32::from_ne_bytes(addr.octets())
+}
+
+/// Inserts an idle cell for each address, as the program would create it.
+pub fn prefill(ebpf: &mut Ebpf, addrs: impl IntoIterator<Item = Ipv4Addr>) -> Result<()> {
+    let mut map: HashMap<&mut MapData, Ipv4Key, SourceState> =
+        HashMap::try_from(ebpf.map_mut(MAP_SOURCES).context("sources map missing")?)?;
+    for addr in addrs {
+        map.insert(key(addr), SourceState::default(), 0)
+            .with_context(|| format!("inserting {addr}"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,427 @@
+//! `shaper apply` and `shaper config show` end to end against the real kernel, inside a
+//! throwaway lab: the round trip, all-or-nothing on bad files and on failures part way,
+//! and `--check`, which must not touch the kernel at all.
+
+mod common;
+
+use std::{fs, path::PathBuf, process::Command};
+
+use common::{Detach, attach, shaper, shaper_bin, shaper_ok};
+use shaper_lab::lab::Lab;
+
+/// A port-less bridge in the rx namespace: no native XDP, so `xdp_mode = "native"` fails
+/// on it when it is attached, after the checks.
+const BRIDGE: &str = "shbr0";
+
+/// Where shaper pins in the lab's rx namespace, spelled out here.
+fn pin_dir(lab: &Lab, iface: &str) -> PathBuf {
+    PathBuf::from(format!("/sys/fs/bpf/shaper/netns/{}/{iface}", lab.rx_ns()))
+}
+
+/// Detaches `iface` in the lab's rx namespace when dropped.
+fn detach_on_drop(lab: &Lab, iface: &str) -> Detach {
+    Detach {
+        ns: lab.rx_ns().to_owned(),
+        iface: iface.to_owned(),
+    }
+}
+
+/// A file in the temporary directory, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(tag: &str, text: &str) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("shaper-apply-{tag}-{}.toml", std::process::id()));
+        fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+/// [`shaper_ok`] in the lab's rx namespace.
+fn ok(lab: &Lab, args: &[&str]) -> String {
+    shaper_ok(lab.rx_ns(), args)
+}
+
+/// Runs a command that must fail; returns its one error line.
+fn refused(lab: &Lab, args: &[&str]) -> String {
+    let out = shaper(lab.rx_ns(), args);
+    assert!(!out.status.success(), "shaper {args:?} succeeded");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(err.lines().count(), 1, "not one line: {err}");
+    err.trim_end().to_owned()
+}
+
+fn show(lab: &Lab, iface: &str) -> String {
+    ok(lab, &["config", "show", iface])
+}
+
+/// The ISP example: a default rate, a customer /24 capped per address and in aggregate,
+/// the operator's own servers exempt, an abusive IPv6 /48 blocked, one trial in monitor.
+fn isp(iface: &str) -> String {
+    format!(
+        r#"
+[[interface]]
+name = "{iface}"
+rate = "10mbit"
+burst = "64k"
+new_sources = 2000
+new_sources_burst = 200000
+
+[[interface.policy]]
+prefix = "203.0.113.0/24"
+rate = "4mbit"
+burst = "64k"
+aggregate_rate = "10mbit"
+aggregate_burst = "128k"
+
+[[interface.policy]]
+prefix = "192.0.2.0/28"
+action = "pass"
+
+[[interface.policy]]
+prefix = "2001:db8:bad::/48"
+action = "drop"
+
+[[interface.policy]]
+prefix = "198.51.100.0/24"
+rate = "1mbit"
+burst = "16k"
+mode = "monitor"
+new_sources = 50
+"#
+    )
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn apply_then_show_round_trips() {
+    let lab = Lab::new("apply", 1).unwrap();
+    let iface = lab.rx_iface();
+    let _detach = detach_on_drop(&lab, iface);
+    let file = TempFile::new("isp", &isp(iface));
+    assert_eq!(
+        ok(&lab, &["apply", "-f", file.path()]),
+        format!("{iface}: attached, 4 policies\n")
+    );
+    let shown = show(&lab, iface);
+    for line in [
+        "rate = \"10mbit\"",
+        "prefix = \"203.0.113.0/24\"",
+        "aggregate_burst = \"128k\"",
+        "action = \"pass\"",
+        "prefix = \"2001:db8:bad::/48\"",
+        "mode = \"monitor\"",
+        "new_sources = 2000",
+        "new_sources_burst = 200000",
+        "new_sources = 50",
+    ] {
+        assert!(shown.contains(line), "{line} missing from:\n{shown}");
+    }
+    // What show prints, apply takes back unchanged, and show prints it again.
+    let again = TempFile::new("shown", &shown);
+    assert_eq!(
+        ok(&lab, &["apply", "-f", again.path()]),
+        format!("{iface}: unchanged, 4 policies\n")
+    );
+    assert_eq!(show(&lab, iface), shown);
+    // The policies are in force as listed.
+    let rows: serde_json::Value =
+        serde_json::from_str(&ok(&lab, &["-j", "policy", "list", iface])).unwrap();
+    let prefixes: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["prefix"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        prefixes,
+        [
+            "default",
+            "192.0.2.0/28",
+            "198.51.100.0/24",
+            "203.0.113.0/24",
+            "2001:db8:bad::/48"
+        ]
+    );
+    // A file without one of the policies removes it.
+    let fewer = isp(iface).replace(
+        "[[interface.policy]]\nprefix = \"192.0.2.0/28\"\naction = \"pass\"\n",
+        "",
+    );
+    let fewer = TempFile::new("fewer", &fewer);
+    assert_eq!(
+        ok(&lab, &["apply", "-f", fewer.path()]),
+        format!("{iface}: updated, 3 policies\n")
+    );
+    assert!(!show(&lab, iface).contains("192.0.2.0/28"));
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_invalid_file_or_a_failure_part_way_changes_nothing() {
+    let lab = Lab::new("applyx", 1).unwrap();
+    let iface = lab.rx_iface();
+    let _detach = detach_on_drop(&lab, iface);
+    let _detach_bridge = detach_on_drop(&lab, BRIDGE);
+    lab.rx_netns()
+        .ip(&["link", "add", BRIDGE, "type", "bridge"])
+        .unwrap();
+    lab.rx_netns().ip(&["link", "set", BRIDGE, "up"]).unwrap();
+
+    // Nothing attached yet: a failure on the second interface detaches the first again.
+    let both = format!(
+        "{}\n[[interface]]\nname = \"{BRIDGE}\"\nrate = \"1mbit\"\nburst = \"64k\"\nxdp_mode = \"native\"\n",
+        isp(iface)
+    );
+    let both = TempFile::new("both", &both);
+    let err = refused(&lab, &["apply", "-f", both.path()]);
+    assert!(
+        err.contains(BRIDGE) && err.contains("native XDP was refused"),
+        "{err}"
+    );
+    assert!(!pin_dir(&lab, iface).exists(), "{iface} left attached");
+    assert!(!pin_dir(&lab, BRIDGE).exists(), "{BRIDGE} left attached");
+
+    // Attached (by `attach`, then given policies by a file): the same failure puts the
+    // first interface's settings and policies back.
+    let _attached = attach(lab.rx_ns(), iface, "1mbit", "64k");
+    let file = TempFile::new("good", &isp(iface));
+    ok(&lab, &["apply", "-f", file.path()]);
+    let before = show(&lab, iface);
+    let changed = TempFile::new(
+        "changed",
+        &fs::read_to_string(&both.0)
+            .unwrap()
+            .replace("rate = \"10mbit\"", "rate = \"20mbit\"")
+            .replace("192.0.2.0/28", "192.0.2.0/27"),
+    );
+    refused(&lab, &["apply", "-f", changed.path()]);
+    assert_eq!(show(&lab, iface), before, "a failed apply changed {iface}");
+
+    // A bad value: the error names the file, the line and the field; nothing changes.
+    let text = isp(iface).replace("rate = \"4mbit\"", "rate = \"4mbt\"");
+    let line = text.lines().position(|l| l.contains("4mbt")).unwrap() + 1;
+    let bad = TempFile::new("bad", &text);
+    let err = refused(&lab, &["apply", "-f", bad.path()]);
+    assert!(
+        err.starts_with(&format!(
+            "shaper: {}:{line}: interface[0].policy[0].rate: invalid rate '4mbt'",
+            bad.path()
+        )),
+        "{err}"
+    );
+    assert_eq!(show(&lab, iface), before);
+    // A burst below one frame on this interface, found when the interfaces are checked.
+    let small = TempFile::new(
+        "small",
+        &isp(iface).replace("burst = \"16k\"", "burst = \"1k\""),
+    );
+    let err = refused(&lab, &["apply", "-f", small.path()]);
+    assert!(
+        err.contains(
+            "policy 198.51.100.0/24 burst: 1024 bytes is smaller than one full-size frame"
+        ),
+        "{err}"
+    );
+    assert_eq!(show(&lab, iface), before);
+    // A setting the attachment cannot change in place is named as the file names it.
+    let resized = TempFile::new(
+        "resized",
+        &isp(iface).replacen(
+            "burst = \"64k\"\n",
+            "burst = \"64k\"\nmax_sources = 1000\n",
+            1,
+        ),
+    );
+    let err = refused(&lab, &["apply", "-f", resized.path()]);
+    assert!(
+        err.ends_with(&format!(
+            "interface {iface}: interface[0].max_sources: 1000 differs from the 262144 of the attached map; detach first to resize it (nothing was changed)"
+        )),
+        "{err}"
+    );
+    assert_eq!(show(&lab, iface), before);
+}
+
+#[test]
+#[ignore = "needs root: creates network namespaces (cargo xtask test)"]
+fn check_validates_without_touching_the_kernel() {
+    let lab = Lab::new("applyc", 1).unwrap();
+    let iface = lab.rx_iface();
+    let _detach = detach_on_drop(&lab, iface);
+    let good = TempFile::new("check", &isp(iface));
+    let bad = TempFile::new(
+        "checkbad",
+        &isp(iface).replace("192.0.2.0/28", "192.0.2.1/28"),
+    );
+    // As nobody, with no capabilities: --check cannot load, attach or pin anything, and
+    // still answers.
+    let nobody = |file: &str| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+            ])
+            .arg(shaper_bin())
+            .args(["-n", lab.rx_ns(), "apply", "--check", "-f", file])
+            .output()
+            .unwrap()
+    };
+    let out = nobody(good.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}: valid: 1 interface, 4 policies\n", good.path())
+    );
+    let out = nobody(bad.path());
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("interface[0].policy[1].prefix: invalid prefix '192.0.2.1/28'"),
+        "{err}"
+    );
+    // And as root, nothing is attached or pinned afterwards either.
+    ok(&lab, &["apply", "--check", "-f", good.path()]);
+    assert!(!pin_dir(&lab, iface).exists());
+    assert!(!lab.xdp_attached().unwrap());
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn policy_commands_refuse_bad_input_and_change_nothing() {
+    let lab = Lab::new("polcli", 1).unwrap();
+    let iface = lab.rx_iface();
+    // Not attached yet: named as such.
+    let err = refused(
+        &lab,
+        &["policy", "set", iface, "10.0.0.0/8", "--action", "pass"],
+    );
+    assert!(err.contains("not attached"), "{err}");
+    let _attached = attach(lab.rx_ns(), iface, "10mbit", "64k");
+    ok(
+        &lab,
+        &[
+            "policy",
+            "set",
+            iface,
+            "10.0.0.0/8",
+            "--rate",
+            "1mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    let before = show(&lab, iface);
+    for (args, needle) in [
+        (
+            vec!["10.0.0.1/8", "--action", "pass"],
+            "invalid prefix '10.0.0.1/8': host bits are set (did you mean 10.0.0.0/8?)",
+        ),
+        (
+            vec!["10.0.0.0/33", "--action", "pass"],
+            "invalid prefix '10.0.0.0/33'",
+        ),
+        (
+            vec!["10.0.0.0/8"],
+            "--action limit needs --rate and --burst",
+        ),
+        (
+            vec!["10.0.0.0/8", "--action", "drop", "--rate", "1mbit"],
+            "--rate has no meaning with --action drop",
+        ),
+        (
+            vec!["10.0.0.0/8", "--rate", "1mbt", "--burst", "64k"],
+            "invalid rate '1mbt'",
+        ),
+        (
+            vec!["10.0.0.0/8", "--rate", "1mbit", "--burst", "1k"],
+            "--burst 1k: 1024 bytes is smaller than one full-size frame",
+        ),
+        (
+            vec![
+                "10.0.0.0/8",
+                "--rate",
+                "1mbit",
+                "--burst",
+                "64k",
+                "--aggregate-rate",
+                "2mbit",
+            ],
+            "--aggregate-burst",
+        ),
+        (
+            vec!["2001:db8::1", "--action", "pass"],
+            "2001:db8::1/128 is longer than the /64 sources are keyed by",
+        ),
+        (
+            vec!["10.0.0.0/8", "--action", "pass", "--new-sources", "0"],
+            "'0' is not a positive whole number of keys a second, or unlimited",
+        ),
+        (
+            vec!["10.0.0.0/8", "--action", "pass", "--new-sources", "many"],
+            "'many' is not a positive whole number",
+        ),
+        (
+            vec![
+                "10.0.0.0/8",
+                "--action",
+                "pass",
+                "--new-sources-burst",
+                "10",
+            ],
+            "--new-sources",
+        ),
+        (
+            vec![
+                "10.0.0.0/8",
+                "--action",
+                "pass",
+                "--new-sources",
+                "unlimited",
+                "--new-sources-burst",
+                "10",
+            ],
+            "--new-sources-burst 10 has no meaning with --new-sources unlimited",
+        ),
+        (
+            vec![
+                "10.0.0.0/8",
+                "--action",
+                "pass",
+                "--new-sources",
+                "1",
+                "--new-sources-burst",
+                "99999999999999999",
+            ],
+            "invalid --new-sources-burst 99999999999999999: burst lasts more than 208 days at this rate",
+        ),
+    ] {
+        let mut full = vec!["policy", "set", iface];
+        full.extend(args);
+        let err = refused(&lab, &full);
+        assert!(err.contains(needle), "{full:?}: {err}");
+        assert_eq!(show(&lab, iface), before, "{full:?} changed something");
+    }
+    let err = refused(&lab, &["policy", "del", iface, "10.1.0.0/16"]);
+    assert!(err.ends_with("no policy for 10.1.0.0/16"), "{err}");
+    assert_eq!(show(&lab, iface), before);
+    ok(&lab, &["policy", "del", iface, "10.0.0.0/8"]);
+    assert!(!show(&lab, iface).contains("[[interface.policy]]"));
+}

@@ -1,0 +1,104 @@
+//! The accuracy benchmark's quick mode end to end: every limiter set up, traffic through
+//! the lab, results well-formed. Asserts the shape of the results, not timings or accuracy.
+
+use std::path::Path;
+
+use shaper_lab::bench::accuracy::{AccuracyOptions, run, summary_lines};
+
+use shaper_lab::bins::shaper as shaper_bin;
+
+#[test]
+#[ignore = "needs root: loads XDP programs, sets up qdiscs and creates network namespaces (cargo xtask test)"]
+fn quick_run_gives_well_formed_results() {
+    let results = run(&AccuracyOptions {
+        shaper: shaper_bin().into(),
+        quick: true,
+        seconds: 3.0,
+        only: None,
+    })
+    .expect("accuracy run");
+
+    for limiter in ["shaper", "tbf", "htb", "ifb+htb"] {
+        assert!(
+            results.rows.iter().any(|r| r.limiter == limiter),
+            "no row for {limiter}"
+        );
+    }
+    for r in &results.rows {
+        assert!(["drops", "queues"].contains(&r.behaviour.as_str()), "{r:?}");
+        assert!(
+            r.rate_bps > 0 && r.burst_bytes > 0 && r.sources > 0,
+            "{r:?}"
+        );
+        for x in [
+            r.offered_bps_per_source,
+            r.expected_bytes,
+            r.error_pct,
+            r.seconds,
+        ] {
+            assert!(x.is_finite(), "{r:?}");
+        }
+        assert!(
+            r.offered_bps_per_source > 0.0 && r.expected_bytes > 0.0,
+            "{r:?}"
+        );
+        assert!(r.delivered_bytes > 0, "{r:?}");
+    }
+
+    for limiter in ["shaper", "tbf", "htb"] {
+        let s = results
+            .series
+            .iter()
+            .find(|s| s.limiter == limiter)
+            .unwrap_or_else(|| panic!("no time series for {limiter}"));
+        assert!(s.bin_ms > 0 && !s.per_source.is_empty(), "{s:?}");
+        for (src, bins) in &s.per_source {
+            assert!(!bins.is_empty(), "{limiter} {src}: no bins");
+            assert!(bins.iter().all(|b| b.is_finite() && *b >= 0.0), "{bins:?}");
+            assert!(
+                bins.iter().any(|b| *b > 0.0),
+                "{limiter} {src}: all bins empty"
+            );
+        }
+    }
+
+    for load in ["over", "under"] {
+        for limiter in ["none", "shaper", "htb"] {
+            let c = results
+                .cpu
+                .iter()
+                .find(|c| c.limiter == limiter && c.load == load)
+                .unwrap_or_else(|| panic!("no CPU row for {limiter} {load} the limit"));
+            assert!(c.packets > 0 && c.offered_pps > 0.0, "{c:?}");
+            // The traced softirq time is real: the packets crossed veths, so NET_RX ran.
+            assert!(c.net_rx_ns > 0 && c.softirq_ns >= c.net_rx_ns, "{c:?}");
+            assert!(c.softirq_ms_per_mpkt.is_finite(), "{c:?}");
+            if load == "under" {
+                // Nothing over the limit: what was sent arrives (1% allowed for the lab's own
+                // losses on a busy machine; the note would name them).
+                assert!(c.delivered_packets * 100 >= c.packets * 99, "{c:?}");
+            }
+        }
+    }
+
+    let summary = summary_lines(&results);
+    assert!(!summary.is_empty());
+    for line in &summary {
+        println!("{line}");
+    }
+    // Everything it made is gone: no pins left for the lab's interfaces.
+    let pins = Path::new("/sys/fs/bpf/shaper/netns");
+    if let Ok(entries) = std::fs::read_dir(pins) {
+        let left: Vec<_> = entries
+            .flatten()
+            .map(|e| e.file_name())
+            // This process's labs only (their names carry the pid): a bench running beside
+            // the tests has pins of its own.
+            .filter(|n| {
+                n.to_string_lossy()
+                    .contains(&format!("bench-acc-{}-", std::process::id()))
+            })
+            .collect();
+        assert!(left.is_empty(), "pins left behind: {left:?}");
+    }
+}

@@ -1,0 +1,106 @@
+//! `shaper-lab bench --quick` end to end: every output is written and well-formed. Checks
+//! shapes only, never timings, so the harness cannot rot without failing.
+
+use std::{path::Path, process::Command};
+
+fn finite_numbers(v: &serde_json::Value, at: &str) {
+    match v {
+        serde_json::Value::Number(n) => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            assert!(f.is_finite(), "{at} is not finite: {n}");
+        }
+        serde_json::Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                finite_numbers(item, &format!("{at}[{i}]"));
+            }
+        }
+        serde_json::Value::Object(map) => {
+            for (k, item) in map {
+                finite_numbers(item, &format!("{at}.{k}"));
+            }
+        }
+        _ => {}
+    }
+}
+
+fn read(dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+#[test]
+#[ignore = "needs root: loads programs into the kernel and builds the namespace lab (cargo xtask test)"]
+fn quick_bench_writes_a_well_formed_report() {
+    let out = std::env::temp_dir().join(format!("shaper-bench-quick-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let status = Command::new(env!("CARGO_BIN_EXE_shaper-lab"))
+        .args(["bench", "--quick", "--out"])
+        .arg(&out)
+        .arg("--shaper")
+        .arg(shaper_lab::bins::shaper())
+        .status()
+        .expect("run shaper-lab");
+    assert!(status.success(), "shaper-lab bench --quick: {status}");
+
+    let json: serde_json::Value = serde_json::from_str(&read(&out, "results.json")).unwrap();
+    finite_numbers(&json, "results");
+    for key in ["machine", "per_packet", "scale", "accuracy"] {
+        assert!(!json[key].is_null(), "results.json has no {key}");
+    }
+    let cases = json["per_packet"]["cases"].as_array().unwrap();
+    let ids: Vec<&str> = cases.iter().filter_map(|c| c["id"].as_str()).collect();
+    for id in [
+        "noop",
+        "pass_existing",
+        "drop_existing",
+        "new_source",
+        "new_source_evict",
+        "cold_1k",
+        "cold_64k",
+        "cold_1m",
+    ] {
+        assert!(
+            ids.contains(&id),
+            "per-packet case {id} missing from {ids:?}"
+        );
+    }
+    for c in cases {
+        assert!(c["ns_per_packet"].as_f64().unwrap() > 0.0, "{c}");
+        assert!(c["ratio_to_noop"].as_f64().unwrap() > 0.0, "{c}");
+    }
+    let rows = json["scale"]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    for r in rows {
+        assert!(r["bytes_per_source"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let accuracy = &json["accuracy"];
+    match accuracy["status"].as_str() {
+        Some("measured") => assert!(accuracy["results"]["rows"].is_array()),
+        Some("missing") => assert!(accuracy["reason"].is_string()),
+        other => panic!("accuracy status {other:?}"),
+    }
+
+    let md = read(&out, "results.md");
+    let kernel = json["machine"]["kernel"].as_str().unwrap();
+    let date = json["machine"]["date_utc"].as_str().unwrap();
+    assert!(md.contains(kernel), "results.md does not name the kernel");
+    assert!(md.contains(date), "results.md does not give the date");
+    assert!(md.contains("## Rate accuracy"));
+
+    let mut svgs = 0;
+    for entry in std::fs::read_dir(&out).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "svg") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let head = text.trim_start();
+            assert!(
+                head.starts_with("<svg") || head.starts_with("<?xml"),
+                "{}",
+                path.display()
+            );
+            assert!(text.trim_end().ends_with("</svg>"), "{}", path.display());
+            svgs += 1;
+        }
+    }
+    assert!(svgs >= 2, "only {svgs} plots");
+    std::fs::remove_dir_all(&out).unwrap();
+}

@@ -1,0 +1,44 @@
+//! The README's worked example is `examples/isp.toml`, word for word, and it is a valid
+//! configuration (host only: nothing is applied).
+
+use shaper_user::{config_file, policy::Action};
+
+const EXAMPLE: &str = include_str!("../../../examples/isp.toml");
+const README: &str = include_str!("../../../README.md");
+
+#[test]
+fn the_readme_shows_the_example_file_verbatim() {
+    assert!(
+        README.contains(&format!("```toml\n{EXAMPLE}```")),
+        "README.md's worked example differs from examples/isp.toml"
+    );
+}
+
+#[test]
+fn the_example_is_valid_and_says_what_its_comments_say() {
+    let interfaces = config_file::parse("examples/isp.toml", EXAMPLE).unwrap();
+    assert_eq!(interfaces.len(), 1);
+    let eth1 = &interfaces[0];
+    assert_eq!(eth1.rate.rate_bps(), 10_000_000);
+    let admission = eth1.admission.unwrap();
+    assert_eq!(
+        (admission.new_sources, admission.new_sources_burst),
+        (2000, 100_000)
+    );
+    let actions: Vec<(String, Action)> = eth1
+        .policies
+        .iter()
+        .map(|p| (p.prefix.to_string(), p.action()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("203.0.113.0/24".to_owned(), Action::Limit),
+            ("203.0.113.25/32".to_owned(), Action::Limit),
+            ("192.0.2.0/28".to_owned(), Action::Pass),
+            ("2001:db8:bad::/48".to_owned(), Action::Drop),
+            ("198.51.100.0/24".to_owned(), Action::Limit),
+        ]
+    );
+    assert_eq!(eth1.policies[0].limits.aggregate_rate_bps, 10_000_000);
+}

@@ -1,0 +1,58 @@
+//! `shaper explain` as an operator runs it: no root, no kernel, JSON with units in the keys,
+//! one-line errors.
+
+use std::process::Command;
+
+use shaper_lab::bins::shaper as shaper_bin;
+
+fn explain(args: &[&str]) -> std::process::Output {
+    Command::new(shaper_bin())
+        .arg("explain")
+        .args(args)
+        .output()
+        .expect("run shaper")
+}
+
+#[test]
+fn json_carries_the_arithmetic() {
+    let out = explain(&["--rate", "10mbit", "--burst", "64k", "-j"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["rate_bps"], 10_000_000);
+    assert_eq!(v["rate_bytes_per_sec"], 1_250_000.0);
+    assert_eq!(v["byte_time_ns"], 800.0);
+    assert_eq!(v["frame_1500_time_us"], 1200.0);
+    assert_eq!(v["burst_bytes"], 65_536);
+    assert_eq!(v["burst_ms"], 52.4288);
+    assert_eq!(v["tcp_bursts"][1]["rtt_ms"], 50);
+    assert_eq!(v["tcp_bursts"][1]["burst_bytes"], 62_500);
+    assert_eq!(v["warnings"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn text_warns_about_small_bursts() {
+    let out = explain(&["--rate", "1gbit", "--burst", "1000b"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("125000000 bytes/s"), "{text}");
+    assert_eq!(text.matches("warning:").count(), 2, "{text}");
+}
+
+#[test]
+fn bad_values_are_one_line_errors() {
+    for args in [
+        &["--rate", "10xbit", "--burst", "64k"][..],
+        &["--rate", "10mbit", "--burst", "0"][..],
+        &["--rate", "10mbit"][..],
+    ] {
+        let out = explain(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("shaper: "), "{err}");
+    }
+}

@@ -1,0 +1,231 @@
+//! Live traffic of every kind the parser handles, through the real XDP program on a veth:
+//! IPv6 sources, VLAN and QinQ tagged frames keyed by their inner address, a /24 aggregate
+//! key, and jumbo frames charged their full length.
+//!
+//! This kernel has no 802.1Q VLAN devices (CONFIG_VLAN_8021Q is off), so tagged traffic is
+//! written onto the veth with packet sockets ([`shaper_lab::lab::raw`]) and counted at the
+//! receiving veth the same way.
+
+mod common;
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    time::Duration,
+};
+
+use common::{attach, attach_with, shaper};
+use shaper_lab::{
+    frame,
+    lab::{
+        Flow, FlowResult, Lab, LabOptions,
+        raw::{RawFlow, run_raw},
+        run_udp,
+    },
+};
+
+const RATE_BPS: u64 = 8_000_000;
+const RATE: &str = "8mbit";
+const BURST: u64 = 65_536;
+const BURST_ARG: &str = "64k";
+const SECONDS: u64 = 3;
+/// Allowed error of delivered bytes against rate × time + burst.
+const TOLERANCE: f64 = 0.03;
+
+/// Delivered against rate × time + burst for one bucket; panics beyond ±3%.
+fn assert_within(what: &str, delivered: u64, rate_bps: u64, secs: f64) {
+    let expected = rate_bps as f64 / 8.0 * secs + BURST as f64;
+    let err = (delivered as f64 - expected) / expected;
+    println!(
+        "{what}: delivered {delivered} bytes over {secs:.3} s, expected {expected:.0} ({:+.3}%)",
+        err * 100.0
+    );
+    assert!(
+        err.abs() <= TOLERANCE,
+        "{what}: error {:+.3}% beyond ±3%",
+        err * 100.0
+    );
+}
+
+/// shaper's per-key rows from `stats -j`: (key as printed, passed bytes).
+fn shaper_keys(lab: &Lab) -> Vec<(String, u64)> {
+    let out = shaper(
+        lab.rx_ns(),
+        &["-j", "stats", lab.rx_iface(), "--top", "100"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    stats["top_sources"]
+        .as_array()
+        .expect("top_sources")
+        .iter()
+        .map(|r| {
+            (
+                r["source"].as_str().expect("source").to_owned(),
+                r["passed_bytes"].as_u64().expect("passed_bytes"),
+            )
+        })
+        .collect()
+}
+
+fn overload(srcs: &[IpAddr], frame_bytes: u32) -> Vec<Flow> {
+    srcs.iter()
+        .map(|&src| Flow {
+            src,
+            offered_bps: 2 * RATE_BPS,
+            frame_bytes,
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn ipv6_sources_are_held_to_the_limit() {
+    let options = LabOptions {
+        ipv6: true,
+        ..LabOptions::default()
+    };
+    let lab = Lab::with("live6", 3, options).unwrap();
+    let _attached = attach(lab.rx_ns(), lab.rx_iface(), RATE, BURST_ARG);
+    let srcs: Vec<IpAddr> = lab.sources6().iter().map(|&a| a.into()).collect();
+    let results = run_udp(&lab, &overload(&srcs, 1000), Duration::from_secs(SECONDS)).unwrap();
+    let keys = shaper_keys(&lab);
+    for r in &results {
+        assert_within(
+            &r.src.to_string(),
+            r.received_l2_bytes,
+            RATE_BPS,
+            r.offered_secs,
+        );
+        // Each source is its own /64 (the default IPv6 key) and shaper saw the same bytes.
+        let IpAddr::V6(a) = r.src else { unreachable!() };
+        let seg = a.segments();
+        let prefix = format!("{:x}:{:x}:{:x}:{:x}::/64", seg[0], seg[1], seg[2], seg[3]);
+        let (_, passed) = keys
+            .iter()
+            .find(|(k, _)| *k == prefix)
+            .unwrap_or_else(|| panic!("{prefix} not among shaper's keys {keys:?}"));
+        assert_eq!(*passed, r.received_l2_bytes, "{prefix}");
+    }
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn vlan_and_qinq_frames_are_held_by_inner_address() {
+    const FRAME: usize = 1000;
+    let lab = Lab::new("livevlan", 4).unwrap();
+    let _attached = attach(lab.rx_ns(), lab.rx_iface(), RATE, BURST_ARG);
+    let inner = |src: Ipv4Addr| frame::ipv4_udp_to(src, lab.rx_addr(), FRAME - 4);
+    let qinq_inner = |src: Ipv4Addr| frame::ipv4_udp_to(src, lab.rx_addr(), FRAME - 8);
+    let s = lab.sources();
+    // Two sources in 802.1Q VLAN 100, two in QinQ (802.1ad 10, then 802.1Q 20); every
+    // frame is FRAME bytes with its tags.
+    let frames = [
+        frame::with_vlan(&inner(s[0]), 0x8100, 100),
+        frame::with_vlan(&inner(s[1]), 0x8100, 100),
+        frame::with_vlan(&frame::with_vlan(&qinq_inner(s[2]), 0x8100, 20), 0x88a8, 10),
+        frame::with_vlan(&frame::with_vlan(&qinq_inner(s[3]), 0x8100, 20), 0x88a8, 10),
+    ];
+    let flows: Vec<RawFlow> = frames
+        .iter()
+        .map(|f| {
+            assert_eq!(f.len(), FRAME);
+            RawFlow {
+                spoofed: false,
+                frame: f.clone(),
+                offered_bps: 2 * RATE_BPS,
+            }
+        })
+        .collect();
+    let results = run_raw(&lab, &flows, Duration::from_secs(SECONDS)).unwrap();
+    let keys = shaper_keys(&lab);
+    for (src, r) in s.iter().zip(&results) {
+        assert!(r.sent_packets > 0, "{src}: {r:?}");
+        assert_within(
+            &src.to_string(),
+            r.received_l2_bytes(),
+            RATE_BPS,
+            r.offered_secs,
+        );
+        // Charged to the inner source address, with the tags' bytes.
+        let (_, passed) = keys
+            .iter()
+            .find(|(k, _)| *k == src.to_string())
+            .unwrap_or_else(|| panic!("{src} not among shaper's keys {keys:?}"));
+        assert_eq!(*passed, r.received_l2_bytes(), "{src}");
+    }
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_24_prefix_holds_four_sources_to_one_limit() {
+    const AGGREGATE_BPS: u64 = 10_000_000;
+    let lab = Lab::new("live24", 4).unwrap();
+    let _attached = attach_with(
+        lab.rx_ns(),
+        lab.rx_iface(),
+        "10mbit",
+        BURST_ARG,
+        &["--prefix-v4", "24"],
+    );
+    let srcs: Vec<IpAddr> = lab.sources().iter().map(|&a| a.into()).collect();
+    // Each offers 8 mbit: 32 mbit against one 10 mbit bucket.
+    let results = run_udp(&lab, &overload(&srcs, 1000), Duration::from_secs(SECONDS)).unwrap();
+    let delivered: u64 = results.iter().map(|r| r.received_l2_bytes).sum();
+    let secs = results
+        .iter()
+        .map(|r: &FlowResult| r.offered_secs)
+        .fold(0.0, f64::max);
+    assert_within("198.18.0.0/24", delivered, AGGREGATE_BPS, secs);
+    let keys = shaper_keys(&lab);
+    assert_eq!(keys.len(), 1, "one key for the /24: {keys:?}");
+    assert_eq!(keys[0].0, "198.18.0.0/24");
+    assert_eq!(keys[0].1, delivered);
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn jumbo_frames_are_charged_their_full_length() {
+    const JUMBO: u32 = 9014;
+    let lab = Lab::new("livejumbo", 2).unwrap();
+    lab.set_mtu(9000).unwrap();
+    let _attached = attach(lab.rx_ns(), lab.rx_iface(), RATE, BURST_ARG);
+    let s = lab.sources();
+    let flows = [
+        // Overloaded: held to the limit in full-frame bytes.
+        Flow {
+            src: s[0].into(),
+            offered_bps: 2 * RATE_BPS,
+            frame_bytes: JUMBO,
+        },
+        // Below the limit: everything passes, each frame charged 9014 bytes.
+        Flow {
+            src: s[1].into(),
+            offered_bps: RATE_BPS / 2,
+            frame_bytes: JUMBO,
+        },
+    ];
+    let results = run_udp(&lab, &flows, Duration::from_secs(SECONDS)).unwrap();
+    let keys = shaper_keys(&lab);
+    let passed = |src: IpAddr| {
+        keys.iter()
+            .find(|(k, _)| *k == src.to_string())
+            .unwrap_or_else(|| panic!("{src} not among shaper's keys {keys:?}"))
+            .1
+    };
+    let hot = &results[0];
+    assert_within(
+        "jumbo, overloaded",
+        hot.received_l2_bytes,
+        RATE_BPS,
+        hot.offered_secs,
+    );
+    assert_eq!(passed(hot.src), hot.received_l2_bytes);
+    let quiet = &results[1];
+    assert!(quiet.sent_packets > 0);
+    assert_eq!(quiet.received_packets, quiet.sent_packets);
+    assert_eq!(passed(quiet.src), quiet.received_packets * u64::from(JUMBO));
+}

@@ -1,0 +1,312 @@
+//! Prefix policies in the real kernel through BPF_PROG_TEST_RUN: longest-prefix
+//! precedence across nested IPv4 and IPv6 prefixes, exempt and blocked sources, monitor
+//! mode, the aggregate cell, re-resolution after a change, and rate changes that rescale
+//! a bucket instead of refilling it.
+//!
+//! test_run frames arrive microseconds apart, so any limit here is overloaded thousands of
+//! times over: at 8 kbit/s (1000 bytes a second) nothing measurable refills during a test.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use shaper_common::{
+    config::PolicyLimits,
+    maps::{ACTION_DROP, ACTION_LIMIT, ACTION_PASS, Config, MODE_MONITOR, PolicyStats},
+};
+use shaper_lab::{
+    frame,
+    testrun::{Harness, XDP_DROP, XDP_PASS},
+};
+use shaper_user::policy::{PolicySpec, parse_prefix};
+
+const SLOW: u64 = 8_000;
+const FRAME: usize = 1_000;
+
+fn limit(rate_bps: u64, burst_bytes: u64) -> PolicyLimits {
+    PolicyLimits {
+        action: ACTION_LIMIT,
+        rate_bps,
+        burst_bytes,
+        ..PolicyLimits::default()
+    }
+}
+
+fn action(action: u32) -> PolicyLimits {
+    PolicyLimits {
+        action,
+        ..PolicyLimits::default()
+    }
+}
+
+fn spec(prefix: &str, limits: PolicyLimits) -> PolicySpec {
+    PolicySpec {
+        prefix: parse_prefix(prefix).unwrap(),
+        limits,
+    }
+}
+
+/// Default policy: 8 kbit/s with a burst of `default_burst`, keys /32 and /64.
+fn harness(default_burst: u64) -> Harness {
+    let config = Config::per_source(SLOW, default_burst).unwrap();
+    Harness::new(Some(&config), 1024).expect("load")
+}
+
+fn frame_from(src: &str) -> Vec<u8> {
+    match src.parse::<IpAddr>().unwrap() {
+        IpAddr::V4(a) => frame::ipv4_udp(a, FRAME),
+        IpAddr::V6(a) => {
+            let dst = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
+            let payload = FRAME - frame::ETH_HLEN - frame::IPV6_HLEN - frame::UDP_HLEN;
+            frame::ipv6_udp(a, dst, payload)
+        }
+    }
+}
+
+/// Sends `n` frames from `src`; returns how many passed.
+fn send(h: &mut Harness, src: &str, n: usize) -> usize {
+    let f = frame_from(src);
+    (0..n)
+        .filter(|_| match h.run(&f).expect("test_run") {
+            XDP_PASS => true,
+            XDP_DROP => false,
+            v => panic!("verdict {v}"),
+        })
+        .count()
+}
+
+/// The counters of the policy for `prefix` (`None`: the default policy's).
+fn stats(h: &mut Harness, prefix: Option<&str>) -> PolicyStats {
+    let table = h.policies();
+    let slot = match prefix {
+        None => 0,
+        Some(p) => {
+            let p = parse_prefix(p).unwrap();
+            table
+                .list()
+                .unwrap()
+                .into_iter()
+                .find(|i| i.spec.prefix == p)
+                .unwrap_or_else(|| panic!("no policy {p}"))
+                .slot
+        }
+    };
+    table.stats(slot).unwrap()
+}
+
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn longest_prefix_wins_across_nested_prefixes() {
+    // The default lets 3 frames through per source, then drops.
+    let mut h = harness(3 * FRAME as u64);
+    let nested = [
+        // IPv4: pass ⊃ drop ⊃ limit(5 frames) ⊃ pass.
+        spec("10.0.0.0/8", action(ACTION_PASS)),
+        spec("10.1.0.0/16", action(ACTION_DROP)),
+        spec("10.1.2.0/24", limit(SLOW, 5 * FRAME as u64)),
+        spec("10.1.2.3/32", action(ACTION_PASS)),
+        // IPv6 (keys are /64): pass ⊃ drop ⊃ limit(7 frames).
+        spec("2001:db8::/32", action(ACTION_PASS)),
+        spec("2001:db8:1::/48", action(ACTION_DROP)),
+        spec("2001:db8:1:2::/64", limit(SLOW, 7 * FRAME as u64)),
+    ];
+    h.policies().replace_all(&nested).unwrap();
+
+    // (source, frames passed out of 20, policy expected to count them)
+    let cases = [
+        ("10.9.9.9", 20, Some("10.0.0.0/8")),
+        ("10.1.9.9", 0, Some("10.1.0.0/16")),
+        ("10.1.2.4", 5, Some("10.1.2.0/24")),
+        ("10.1.2.3", 20, Some("10.1.2.3/32")),
+        ("192.0.2.1", 3, None),
+        ("2001:db8:9::1", 20, Some("2001:db8::/32")),
+        ("2001:db8:1:9::1", 0, Some("2001:db8:1::/48")),
+        ("2001:db8:1:2::1", 7, Some("2001:db8:1:2::/64")),
+        ("2001:db9::1", 3, None),
+    ];
+    for (src, passed, policy) in cases {
+        let before = stats(&mut h, policy);
+        assert_eq!(send(&mut h, src, 20), passed, "{src}");
+        let after = stats(&mut h, policy);
+        assert_eq!(
+            (
+                after.passed_packets - before.passed_packets,
+                after.dropped_packets - before.dropped_packets
+            ),
+            (passed as u64, 20 - passed as u64),
+            "{src}: counted under {policy:?}"
+        );
+    }
+
+    // Removing the /24 hands its sources to the /16 on their next packet (the cached slot
+    // is revalidated by generation); adding it back limits them again, from a new cell
+    // state only in the policy, not in the source (its bucket is still full).
+    h.policies()
+        .del(parse_prefix("10.1.2.0/24").unwrap())
+        .unwrap();
+    assert_eq!(send(&mut h, "10.1.2.4", 5), 0, "after del: blocked by /16");
+    assert_eq!(send(&mut h, "10.1.2.3", 5), 5, "/32 still exempt");
+    h.policies().set(nested[2]).unwrap();
+    assert_eq!(send(&mut h, "10.1.2.5", 10), 5, "new source under the /24");
+}
+
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn exempt_sources_are_never_dropped_and_blocked_ones_get_nothing() {
+    let mut h = harness(2 * FRAME as u64);
+    h.policies()
+        .replace_all(&[
+            spec("198.18.1.0/24", action(ACTION_PASS)),
+            spec("198.18.2.0/24", action(ACTION_DROP)),
+        ])
+        .unwrap();
+    // 2000 frames of 1000 bytes in well under a second: over 1000× the 8 kbit/s default.
+    let n = 2_000;
+    assert_eq!(
+        send(&mut h, "198.18.0.9", n),
+        2,
+        "default source is overloaded"
+    );
+    assert_eq!(
+        send(&mut h, "198.18.1.9", n),
+        n,
+        "exempt source lost frames"
+    );
+    assert_eq!(
+        send(&mut h, "198.18.2.9", n),
+        0,
+        "blocked source got through"
+    );
+    let exempt = stats(&mut h, Some("198.18.1.0/24"));
+    assert_eq!(
+        (
+            exempt.passed_packets,
+            exempt.passed_bytes,
+            exempt.dropped_packets
+        ),
+        (n as u64, (n * FRAME) as u64, 0)
+    );
+    let blocked = stats(&mut h, Some("198.18.2.0/24"));
+    assert_eq!(
+        (blocked.passed_packets, blocked.dropped_packets),
+        (0, n as u64)
+    );
+    // Both are still tracked and counted per source.
+    let sources = h.sources().unwrap();
+    assert_eq!(sources.len(), 3);
+    let c = h.counters().unwrap();
+    assert_eq!(c.passed_packets, 2 + n as u64);
+    assert_eq!(c.dropped_packets, (n - 2 + n) as u64);
+}
+
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn monitor_mode_drops_nothing_and_counts_what_enforcement_would() {
+    let mut h = harness(3 * FRAME as u64);
+    let monitored = |limits: PolicyLimits| PolicyLimits {
+        mode: MODE_MONITOR,
+        ..limits
+    };
+    h.policies()
+        .replace_all(&[
+            spec("198.18.1.0/24", monitored(limit(SLOW, 3 * FRAME as u64))),
+            spec("198.18.2.0/24", monitored(action(ACTION_DROP))),
+            spec("198.18.3.0/24", limit(SLOW, 3 * FRAME as u64)),
+        ])
+        .unwrap();
+    assert_eq!(send(&mut h, "198.18.1.1", 50), 50);
+    assert_eq!(send(&mut h, "198.18.2.1", 50), 50);
+    // The same traffic enforced, for comparison.
+    assert_eq!(send(&mut h, "198.18.3.1", 50), 3);
+    let limited = stats(&mut h, Some("198.18.1.0/24"));
+    let enforced = stats(&mut h, Some("198.18.3.0/24"));
+    assert_eq!(limited.would_drop_packets, enforced.dropped_packets);
+    assert_eq!((limited.passed_packets, limited.dropped_packets), (3, 0));
+    let blocked = stats(&mut h, Some("198.18.2.0/24"));
+    assert_eq!(
+        (blocked.would_drop_packets, blocked.dropped_packets),
+        (50, 0)
+    );
+    // Per source too, and globally (would-drop frames count as passed).
+    let sources = h.sources().unwrap();
+    let monitored_source = sources
+        .iter()
+        .find(|(k, _)| Ipv4Addr::from(k.to_ne_bytes()) == Ipv4Addr::new(198, 18, 1, 1))
+        .unwrap()
+        .1;
+    assert_eq!(monitored_source.would_drop_packets, 47);
+    assert_eq!(monitored_source.dropped_packets, 0);
+    let c = h.counters().unwrap();
+    assert_eq!(c.would_drop_packets, 47 + 50);
+    assert_eq!(c.dropped_packets, 47);
+    assert_eq!(c.passed_packets, 3 + 3);
+
+    // The whole interface in monitor mode: even the default drops nothing.
+    let config = Config {
+        mode: MODE_MONITOR,
+        ..Config::per_source(SLOW, 3 * FRAME as u64).unwrap()
+    };
+    h.configure(&config).unwrap();
+    assert_eq!(send(&mut h, "198.18.3.1", 20), 20);
+    assert_eq!(send(&mut h, "198.18.9.9", 20), 20);
+}
+
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_packet_refused_by_the_aggregate_is_charged_to_neither_cell() {
+    let mut h = harness(100 * FRAME as u64);
+    let mut hier = limit(SLOW, 3 * FRAME as u64);
+    hier.aggregate_rate_bps = SLOW;
+    hier.aggregate_burst_bytes = 5 * FRAME as u64;
+    h.policies()
+        .replace_all(&[spec("198.18.0.0/24", hier)])
+        .unwrap();
+    // A fills its own bucket (3) and 3 of the aggregate's 5; B gets the other 2, then the
+    // aggregate refuses it although B's own bucket has room for one more.
+    assert_eq!(send(&mut h, "198.18.0.11", 10), 3);
+    assert_eq!(send(&mut h, "198.18.0.12", 10), 2);
+    let s = stats(&mut h, Some("198.18.0.0/24"));
+    assert_eq!((s.passed_packets, s.dropped_packets), (5, 15));
+    // A's 7 refusals were its own bucket's; B's 8 were the aggregate's.
+    assert_eq!(s.aggregate_refused_packets, 8);
+    // Neither cell was charged for a refused frame: lifting the aggregate, B has exactly
+    // its one frame of room left, and A none.
+    let mut no_aggregate = hier;
+    no_aggregate.aggregate_rate_bps = 0;
+    no_aggregate.aggregate_burst_bytes = 0;
+    h.policies()
+        .replace_all(&[spec("198.18.0.0/24", no_aggregate)])
+        .unwrap();
+    assert_eq!(send(&mut h, "198.18.0.12", 10), 1);
+    assert_eq!(send(&mut h, "198.18.0.11", 10), 0);
+}
+
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_rate_change_rescales_buckets_and_never_refills_them() {
+    let burst = 4 * FRAME as u64;
+    let mut h = harness(burst);
+    let prefix = "198.18.0.0/24";
+    h.policies()
+        .replace_all(&[spec(prefix, limit(SLOW, burst))])
+        .unwrap();
+    // Fill the bucket of a source under the policy, and of one under the default.
+    assert_eq!(send(&mut h, "198.18.0.11", 10), 4);
+    assert_eq!(send(&mut h, "198.18.9.11", 10), 4);
+    // Raise and lower the policy's rate and the default's. A refill would let a burst
+    // through at once; a rescaled bucket is still full, and at these rates (a frame every
+    // 0.25 to 2 s) it does not drain a frame's worth while the test runs.
+    for rate in [2 * SLOW, SLOW, SLOW / 2, 4 * SLOW] {
+        h.policies()
+            .replace_all(&[spec(prefix, limit(rate, burst))])
+            .unwrap();
+        h.configure(&Config::per_source(rate, burst).unwrap())
+            .unwrap();
+        assert_eq!(send(&mut h, "198.18.0.11", 3), 0, "policy at {rate} bit/s");
+        assert_eq!(send(&mut h, "198.18.9.11", 3), 0, "default at {rate} bit/s");
+    }
+    // The cell now records the new limit's scale.
+    let sources = h.sources().unwrap();
+    let scale = shaper_common::gcra::Limit::new(4 * SLOW, burst)
+        .unwrap()
+        .scale();
+    assert!(sources.iter().all(|(_, s)| s.cell.scale == scale));
+}
