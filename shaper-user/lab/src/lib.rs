@@ -10,9 +10,11 @@
 //! - `fuzz`: random and mutated frames through the program.
 //! - `bench`: `cargo xtask bench`.
 //! - `bins`: where the `shaper` binary under test is.
+//! - `cli`: running that binary in a lab's namespace, and a guard that detaches on drop.
 
 pub mod bench;
 pub mod bins;
+pub mod cli;
 pub mod frame;
 pub mod fuzz;
 pub mod lab;

@@ -11,8 +11,8 @@
 
 use std::{
     io::BufRead as _,
-    path::{Path, PathBuf},
-    process::{Command, ExitCode},
+    path::PathBuf,
+    process::ExitCode,
     sync::atomic::{AtomicBool, Ordering},
     thread,
     time::{Duration, Instant},
@@ -20,7 +20,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail, ensure};
 use clap::{Args, Parser, Subcommand};
-use shaper_lab::lab::{Flow, FlowResult, Lab, ns::run_command, run_udp};
+use shaper_lab::{
+    cli::AttachGuard,
+    lab::{Flow, FlowResult, Lab, run_udp},
+};
 use shaper_user::units::{Rate, Size, human_rate};
 
 #[derive(Debug, Parser)]
@@ -207,8 +210,9 @@ fn demo(args: &DemoArgs) -> Result<()> {
         lab.rx_iface()
     );
     // Declared after `lab`, so it detaches before the namespaces go away.
-    let mut attachment = Attachment::new(&shaper, &lab);
-    attachment.attach(args.rate, args.burst)?;
+    let mut attachment = AttachGuard::new(&shaper, lab.rx_ns(), lab.rx_iface());
+    let (rate, burst) = (args.rate.to_string(), args.burst.to_string());
+    attachment.attach(&["--rate", &rate, "--burst", &burst])?;
     ensure!(
         lab.xdp_attached()?,
         "`shaper attach` succeeded but no XDP program is on {}",
@@ -244,7 +248,7 @@ fn demo(args: &DemoArgs) -> Result<()> {
 
 /// The second act: prefix policies set while attached, the same traffic again.
 fn demo_policies(
-    attachment: &Attachment,
+    attachment: &AttachGuard,
     lab: &Lab,
     flows: &[Flow],
     args: &DemoArgs,
@@ -347,65 +351,6 @@ fn print_demo_table(results: &[FlowResult], rate_bps: u64, burst_bytes: u64) {
 /// The `shaper` built next to this executable (`target/<profile>/`).
 fn default_shaper() -> Result<PathBuf> {
     shaper_lab::bins::locate().context("pass --shaper PATH")
-}
-
-/// shaper on the lab's rx veth: detaches when dropped, so an error or panic after
-/// `attach` (or a half-done attach) does not leave programs or pins behind.
-struct Attachment<'a> {
-    shaper: &'a Path,
-    lab: &'a Lab,
-    /// Still to detach (cleared by an explicit [`Attachment::detach`]).
-    armed: bool,
-    /// `attach` succeeded, so a failing detach is worth a warning.
-    attached: bool,
-}
-
-impl<'a> Attachment<'a> {
-    fn new(shaper: &'a Path, lab: &'a Lab) -> Self {
-        Attachment {
-            shaper,
-            lab,
-            armed: true,
-            attached: false,
-        }
-    }
-
-    /// Runs `shaper -n RXNS ARGS...` and returns its standard output.
-    fn run(&self, args: &[&str]) -> Result<String> {
-        run_command(
-            Command::new(self.shaper)
-                .args(["-n", self.lab.rx_ns()])
-                .args(args),
-        )
-    }
-
-    fn attach(&mut self, rate: Rate, burst: Size) -> Result<()> {
-        let (rate, burst) = (rate.to_string(), burst.to_string());
-        let iface = self.lab.rx_iface();
-        self.run(&["attach", iface, "--rate", &rate, "--burst", &burst])?;
-        self.attached = true;
-        Ok(())
-    }
-
-    fn detach(mut self) -> Result<()> {
-        self.armed = false;
-        self.run(&["detach", self.lab.rx_iface()]).map(drop)
-    }
-}
-
-impl Drop for Attachment<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        // After a failed attach there may be nothing to detach, so only complain when
-        // something was attached.
-        if let Err(e) = self.run(&["detach", self.lab.rx_iface()])
-            && self.attached
-        {
-            eprintln!("shaper-lab: warning: detach failed: {e:#}");
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------

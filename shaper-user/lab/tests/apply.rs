@@ -2,12 +2,13 @@
 //! throwaway lab: the round trip, all-or-nothing on bad files and on failures part way,
 //! and `--check`, which must not touch the kernel at all.
 
+#[expect(dead_code, reason = "not every helper is used here")]
 mod common;
 
-use std::{fs, path::PathBuf, process::Command};
+use std::{fs, path::PathBuf};
 
-use common::{Detach, attach, shaper, shaper_bin, shaper_ok};
-use shaper_lab::lab::Lab;
+use common::{attach, guard, nobody_binary, shaper, shaper_ok};
+use shaper_lab::{cli::AttachGuard, lab::Lab};
 
 /// A port-less bridge in the rx namespace: no native XDP, so `xdp_mode = "native"` fails
 /// on it when it is attached, after the checks.
@@ -19,11 +20,8 @@ fn pin_dir(lab: &Lab, iface: &str) -> PathBuf {
 }
 
 /// Detaches `iface` in the lab's rx namespace when dropped.
-fn detach_on_drop(lab: &Lab, iface: &str) -> Detach {
-    Detach {
-        ns: lab.rx_ns().to_owned(),
-        iface: iface.to_owned(),
-    }
+fn detach_on_drop(lab: &Lab, iface: &str) -> AttachGuard {
+    guard(lab.rx_ns(), iface)
 }
 
 /// A file in the temporary directory, removed on drop.
@@ -44,7 +42,10 @@ impl TempFile {
 
 impl Drop for TempFile {
     fn drop(&mut self) {
-        let _ = fs::remove_file(&self.0);
+        if let Err(e) = fs::remove_file(&self.0) {
+            // A warning, not a panic: this may run while unwinding.
+            eprintln!("warning: cannot remove {}: {e}", self.0.display());
+        }
     }
 }
 
@@ -265,20 +266,14 @@ fn check_validates_without_touching_the_kernel() {
         "checkbad",
         &isp(iface).replace("192.0.2.0/28", "192.0.2.1/28"),
     );
-    // As nobody, with no capabilities: --check cannot load, attach or pin anything, and
-    // still answers.
+    // As nobody, with no capabilities, from a copy of the binary nobody can reach (as an
+    // operator's would be): --check cannot load, attach or pin anything, and still answers.
+    let binary = nobody_binary();
     let nobody = |file: &str| {
-        Command::new("setpriv")
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "--inh-caps=-all",
-            ])
-            .arg(shaper_bin())
-            .args(["-n", lab.rx_ns(), "apply", "--check", "-f", file])
+        binary
+            .command(&["-n", lab.rx_ns(), "apply", "--check", "-f", file])
             .output()
-            .unwrap()
+            .expect("run setpriv")
     };
     let out = nobody(good.path());
     assert!(

@@ -6,6 +6,7 @@
 //! written onto the veth with packet sockets ([`shaper_lab::lab::raw`]) and counted at the
 //! receiving veth the same way.
 
+#[expect(dead_code, reason = "not every helper is used here")]
 mod common;
 
 use std::{
@@ -13,13 +14,13 @@ use std::{
     time::Duration,
 };
 
-use common::{attach, attach_with, shaper};
+use common::{assert_near, attach, attach_with, stats};
 use shaper_lab::{
     frame,
     lab::{
-        Flow, FlowResult, Lab, LabOptions,
+        Flow, FlowResult, Lab, LabOptions, RunOptions,
         raw::{RawFlow, run_raw},
-        run_udp,
+        run_udp_with,
     },
 };
 
@@ -28,47 +29,29 @@ const RATE: &str = "8mbit";
 const BURST: u64 = 65_536;
 const BURST_ARG: &str = "64k";
 const SECONDS: u64 = 3;
-/// Allowed error of delivered bytes against rate × time + burst.
-const TOLERANCE: f64 = 0.03;
 
-/// Delivered against rate × time + burst for one bucket; panics beyond ±3%.
+/// Delivered against rate × time + burst for one bucket, within [`common::tolerance`].
 fn assert_within(what: &str, delivered: u64, rate_bps: u64, secs: f64) {
     let expected = rate_bps as f64 / 8.0 * secs + BURST as f64;
-    let err = (delivered as f64 - expected) / expected;
-    println!(
-        "{what}: delivered {delivered} bytes over {secs:.3} s, expected {expected:.0} ({:+.3}%)",
-        err * 100.0
-    );
-    assert!(
-        err.abs() <= TOLERANCE,
-        "{what}: error {:+.3}% beyond ±3%",
-        err * 100.0
+    assert_near(
+        &format!("{what}: delivered over {secs:.3} s"),
+        delivered as f64,
+        expected,
+        BURST as f64,
     );
 }
 
-/// shaper's per-key rows from `stats -j`: (key as printed, passed bytes).
-fn shaper_keys(lab: &Lab) -> Vec<(String, u64)> {
-    let out = shaper(
-        lab.rx_ns(),
-        &["-j", "stats", lab.rx_iface(), "--top", "100"],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    stats["top_sources"]
-        .as_array()
-        .expect("top_sources")
-        .iter()
-        .map(|r| {
-            (
-                r["source"].as_str().expect("source").to_owned(),
-                r["passed_bytes"].as_u64().expect("passed_bytes"),
-            )
-        })
-        .collect()
+/// UDP traffic through the lab, all of it counted by the receiver.
+fn run_udp(lab: &Lab, flows: &[Flow]) -> Vec<FlowResult> {
+    let report = run_udp_with(
+        lab,
+        flows,
+        Duration::from_secs(SECONDS),
+        &RunOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(report.receiver_drops, 0, "the receiver lost datagrams");
+    report.flows
 }
 
 fn overload(srcs: &[IpAddr], frame_bytes: u32) -> Vec<Flow> {
@@ -91,8 +74,8 @@ fn ipv6_sources_are_held_to_the_limit() {
     let lab = Lab::with("live6", 3, options).unwrap();
     let _attached = attach(lab.rx_ns(), lab.rx_iface(), RATE, BURST_ARG);
     let srcs: Vec<IpAddr> = lab.sources6().iter().map(|&a| a.into()).collect();
-    let results = run_udp(&lab, &overload(&srcs, 1000), Duration::from_secs(SECONDS)).unwrap();
-    let keys = shaper_keys(&lab);
+    let results = run_udp(&lab, &overload(&srcs, 1000));
+    let st = stats(lab.rx_ns(), lab.rx_iface());
     for r in &results {
         assert_within(
             &r.src.to_string(),
@@ -104,11 +87,11 @@ fn ipv6_sources_are_held_to_the_limit() {
         let IpAddr::V6(a) = r.src else { unreachable!() };
         let seg = a.segments();
         let prefix = format!("{:x}:{:x}:{:x}:{:x}::/64", seg[0], seg[1], seg[2], seg[3]);
-        let (_, passed) = keys
-            .iter()
-            .find(|(k, _)| *k == prefix)
-            .unwrap_or_else(|| panic!("{prefix} not among shaper's keys {keys:?}"));
-        assert_eq!(*passed, r.received_l2_bytes, "{prefix}");
+        assert_eq!(
+            st.key(&prefix).passed_bytes,
+            r.received_l2_bytes,
+            "{prefix}"
+        );
     }
 }
 
@@ -140,9 +123,10 @@ fn vlan_and_qinq_frames_are_held_by_inner_address() {
             }
         })
         .collect();
-    let results = run_raw(&lab, &flows, Duration::from_secs(SECONDS)).unwrap();
-    let keys = shaper_keys(&lab);
-    for (src, r) in s.iter().zip(&results) {
+    let run = run_raw(&lab, &flows, Duration::from_secs(SECONDS)).unwrap();
+    assert_eq!(run.receiver_drops, 0, "the receiver lost frames");
+    let st = stats(lab.rx_ns(), lab.rx_iface());
+    for (src, r) in s.iter().zip(&run.flows) {
         assert!(r.sent_packets > 0, "{src}: {r:?}");
         assert_within(
             &src.to_string(),
@@ -151,11 +135,7 @@ fn vlan_and_qinq_frames_are_held_by_inner_address() {
             r.offered_secs,
         );
         // Charged to the inner source address, with the tags' bytes.
-        let (_, passed) = keys
-            .iter()
-            .find(|(k, _)| *k == src.to_string())
-            .unwrap_or_else(|| panic!("{src} not among shaper's keys {keys:?}"));
-        assert_eq!(*passed, r.received_l2_bytes(), "{src}");
+        assert_eq!(st.key(src).passed_bytes, r.received_l2_bytes(), "{src}");
     }
 }
 
@@ -173,17 +153,18 @@ fn a_24_prefix_holds_four_sources_to_one_limit() {
     );
     let srcs: Vec<IpAddr> = lab.sources().iter().map(|&a| a.into()).collect();
     // Each offers 8 mbit: 32 mbit against one 10 mbit bucket.
-    let results = run_udp(&lab, &overload(&srcs, 1000), Duration::from_secs(SECONDS)).unwrap();
+    let results = run_udp(&lab, &overload(&srcs, 1000));
     let delivered: u64 = results.iter().map(|r| r.received_l2_bytes).sum();
     let secs = results
         .iter()
         .map(|r: &FlowResult| r.offered_secs)
         .fold(0.0, f64::max);
     assert_within("198.18.0.0/24", delivered, AGGREGATE_BPS, secs);
-    let keys = shaper_keys(&lab);
+    let st = stats(lab.rx_ns(), lab.rx_iface());
+    let keys: Vec<_> = st.keys().collect();
     assert_eq!(keys.len(), 1, "one key for the /24: {keys:?}");
     assert_eq!(keys[0].0, "198.18.0.0/24");
-    assert_eq!(keys[0].1, delivered);
+    assert_eq!(keys[0].1.passed_bytes, delivered);
 }
 
 #[test]
@@ -208,14 +189,9 @@ fn jumbo_frames_are_charged_their_full_length() {
             frame_bytes: JUMBO,
         },
     ];
-    let results = run_udp(&lab, &flows, Duration::from_secs(SECONDS)).unwrap();
-    let keys = shaper_keys(&lab);
-    let passed = |src: IpAddr| {
-        keys.iter()
-            .find(|(k, _)| *k == src.to_string())
-            .unwrap_or_else(|| panic!("{src} not among shaper's keys {keys:?}"))
-            .1
-    };
+    let results = run_udp(&lab, &flows);
+    let st = stats(lab.rx_ns(), lab.rx_iface());
+    let passed = |src: IpAddr| st.key(src).passed_bytes;
     let hot = &results[0];
     assert_within(
         "jumbo, overloaded",

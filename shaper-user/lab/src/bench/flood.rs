@@ -96,7 +96,7 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
             // The real sources get their cells before the flood.
             run_raw(&lab, &flows[..3], Duration::from_secs(1))?;
             let before = clock.read()?;
-            let results = run_raw(&lab, &flows, Duration::from_secs(SECONDS))?;
+            let results = run_raw(&lab, &flows, Duration::from_secs(SECONDS))?.flows;
             let net_rx = clock.read()?.since(&before).ns[NET_RX_SOFTIRQ];
             let stats: serde_json::Value =
                 serde_json::from_str(&shaper(shaper_bin, &ns, &["-j", "stats", &iface])?)?;

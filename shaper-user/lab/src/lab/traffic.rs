@@ -247,8 +247,12 @@ pub fn run_udp_with(
             if options.spread_cpus {
                 // Counting must not starve behind dozens of busy senders (the socket would
                 // overflow and the count fall short). Best effort: the thread blocks when
-                // nothing comes, and the kernel's RT throttling bounds it anyway.
-                realtime_priority();
+                // nothing comes, and the kernel's RT throttling bounds it anyway; without
+                // the privilege it counts at normal priority, and the drops it then
+                // suffers are reported (`RunReport::receiver_drops`).
+                if let Err(e) = realtime_priority() {
+                    eprintln!("the receiver counts at normal priority: {e}");
+                }
             }
             receive(&receiver, &stop, start, deadline, bin)
         });
@@ -340,12 +344,19 @@ fn allowed_cpus() -> Result<Vec<usize>> {
     Ok(cpus)
 }
 
-/// Makes the calling thread SCHED_FIFO at the lowest real-time priority, if allowed.
-fn realtime_priority() {
+/// Makes the calling thread SCHED_FIFO at the lowest real-time priority: it runs as soon
+/// as it wakes, ahead of every ordinary thread (busy senders, other processes), and is
+/// held up only by interrupts and softirq work. Only for threads that sleep most of the
+/// time: one that never sleeps would take its CPU from everything else.
+pub(crate) fn realtime_priority() -> io::Result<()> {
     let param = libc::sched_param { sched_priority: 1 };
     // SAFETY: `param` is a valid sched_param for the call; pid 0 is the calling thread.
-    // Failure (no privilege) leaves the thread as it was, which is fine.
-    let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &raw const param) };
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &raw const param) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Pins the calling thread to one CPU.
@@ -674,6 +685,11 @@ pub(crate) struct Sent {
     pub packets: u64,
     /// Pacing start to last successful send.
     pub secs: f64,
+    /// The longest time without a successful send (from the start to the first, or
+    /// between two): the sender's tick when it keeps its schedule, longer when it was held
+    /// up or its sends were refused. A policer's bucket refills to the full burst in a gap
+    /// of burst ÷ rate; a longer one costs an overloaded flow the difference.
+    pub max_gap_secs: f64,
 }
 
 /// Sends `flow` from `start` for `duration` on `socket` ([`pace`]).
@@ -709,6 +725,7 @@ pub(crate) fn pace(
     let mut attempted: u64 = 0;
     let mut sent: u64 = 0;
     let mut last_send = start;
+    let mut max_gap = Duration::ZERO;
     loop {
         let elapsed = start.elapsed().min(duration);
         let due = (frames_per_sec * elapsed.as_secs_f64()).floor() as u64;
@@ -720,7 +737,9 @@ pub(crate) fn pace(
             match send() {
                 Ok(()) => {
                     sent += 1;
-                    last_send = Instant::now();
+                    let now = Instant::now();
+                    max_gap = max_gap.max(now.saturating_duration_since(last_send));
+                    last_send = now;
                 }
                 Err(e) if is_queue_full(&e) => {}
                 Err(e) => return Err(e),
@@ -739,6 +758,7 @@ pub(crate) fn pace(
         } else {
             last_send.saturating_duration_since(start).as_secs_f64()
         },
+        max_gap_secs: max_gap.as_secs_f64(),
     })
 }
 

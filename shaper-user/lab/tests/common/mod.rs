@@ -1,14 +1,24 @@
-//! What the kernel tests that drive the `shaper` binary share.
+//! What the kernel tests that drive the `shaper` binary share: [`shaper_lab::cli`] with
+//! the panics a test wants (running it, attaching with a guard that detaches, reading
+//! `stats -j`, the binary as nobody can run it), and the tolerance of live measurements.
 
-use std::process::{Command, Output};
+//!
+//! Not every test file uses every helper: those that do not say so where they declare
+//! the module (`#[expect(dead_code, ...)]`).
 
-pub use shaper_lab::bins::shaper as shaper_bin;
+use std::process::{Command, Output, Stdio};
 
-/// Runs `shaper -n NS ARGS...`.
+use shaper_lab::{
+    bins::shaper as shaper_bin,
+    cli::{self, AttachGuard, NobodyBinary, Stats},
+};
+
+/// Runs `shaper -n NS ARGS...` (standard input closed).
 pub fn shaper(ns: &str, args: &[&str]) -> Output {
     Command::new(shaper_bin())
         .args(["-n", ns])
         .args(args)
+        .stdin(Stdio::null())
         .output()
         .expect("run shaper")
 }
@@ -19,39 +29,72 @@ pub fn shaper_ok(ns: &str, args: &[&str]) -> String {
     let out = shaper(ns, args);
     assert!(
         out.status.success(),
-        "shaper {args:?}: {}",
+        "shaper {args:?} failed ({}): {}",
+        out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).expect("shaper's output is UTF-8")
 }
 
-/// Detaches shaper from an interface on drop, so a failing assertion leaves nothing
-/// attached or pinned.
-pub struct Detach {
-    pub ns: String,
-    pub iface: String,
-}
-
-impl Drop for Detach {
-    fn drop(&mut self) {
-        let _ = shaper(&self.ns, &["detach", &self.iface]);
-    }
+/// A guard that detaches shaper from `iface` in `ns` on drop, attaching nothing: for
+/// tests that attach (or try to) through the command themselves.
+pub fn guard(ns: &str, iface: &str) -> AttachGuard {
+    AttachGuard::new(shaper_bin(), ns, iface)
 }
 
 /// Attaches shaper (`attach IFACE --rate RATE --burst BURST`), panicking with its error
 /// line if it fails; detached again when the guard drops.
-pub fn attach(ns: &str, iface: &str, rate: &str, burst: &str) -> Detach {
+pub fn attach(ns: &str, iface: &str, rate: &str, burst: &str) -> AttachGuard {
     attach_with(ns, iface, rate, burst, &[])
 }
 
 /// [`attach`] with more options (`--prefix-v4 24`, ...).
-pub fn attach_with(ns: &str, iface: &str, rate: &str, burst: &str, more: &[&str]) -> Detach {
-    let guard = Detach {
-        ns: ns.to_owned(),
-        iface: iface.to_owned(),
-    };
-    let mut args = vec!["attach", iface, "--rate", rate, "--burst", burst];
+pub fn attach_with(ns: &str, iface: &str, rate: &str, burst: &str, more: &[&str]) -> AttachGuard {
+    let mut guard = guard(ns, iface);
+    let mut args = vec!["--rate", rate, "--burst", burst];
     args.extend_from_slice(more);
-    shaper_ok(ns, &args);
+    if let Err(e) = guard.attach(&args) {
+        panic!("{e:#}");
+    }
     guard
+}
+
+/// `stats -j` of `iface` in `ns`, every key listed; panics with the error if it fails.
+pub fn stats(ns: &str, iface: &str) -> Stats {
+    cli::stats(shaper_bin(), ns, iface).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The shaper binary where `nobody` can run it ([`NobodyBinary`]).
+pub fn nobody_binary() -> NobodyBinary {
+    NobodyBinary::new(shaper_bin()).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Tolerances
+
+/// How far a live measurement may stray from what the limit gives (rate × time + burst):
+/// ±1%, or half the burst's share of the expected bytes where that is larger. Always
+/// tighter than the burst, so a burst missing or given twice fails the check, and no
+/// tighter than the lab's timing can hold over a few seconds.
+pub fn tolerance(expected: f64, burst: f64) -> f64 {
+    (0.5 * burst / expected).max(0.01)
+}
+
+/// Asserts that `got` is within [`tolerance`] of `expected`, printing the error against
+/// it; returns the error.
+pub fn assert_near(what: &str, got: f64, expected: f64, burst: f64) -> f64 {
+    let err = (got - expected) / expected;
+    let tol = tolerance(expected, burst);
+    println!(
+        "{what}: {got:.0} against {expected:.0}: {:+.3}% (tolerance ±{:.2}%)",
+        err * 100.0,
+        tol * 100.0
+    );
+    assert!(
+        err.abs() <= tol,
+        "{what}: {got:.0} is {:+.3}% from {expected:.0}, beyond ±{:.2}%",
+        err * 100.0,
+        tol * 100.0
+    );
+    err
 }
