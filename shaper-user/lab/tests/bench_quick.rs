@@ -31,7 +31,13 @@ fn read(dir: &Path, name: &str) -> String {
 #[ignore = "needs root: loads programs into the kernel and builds the namespace lab (cargo xtask test)"]
 fn quick_bench_writes_a_well_formed_report() {
     let out = std::env::temp_dir().join(format!("shaper-bench-quick-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
+    // A directory left by an earlier run of this process id would mix old files in.
+    match std::fs::remove_dir_all(&out) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            panic!("cannot remove {}: {e}", out.display())
+        }
+        _ => {}
+    }
     let status = Command::new(env!("CARGO_BIN_EXE_shaper-lab"))
         .args(["bench", "--quick", "--out"])
         .arg(&out)

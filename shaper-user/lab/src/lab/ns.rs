@@ -84,15 +84,12 @@ pub fn batch(program: &str, ns: &str, lines: &[String]) -> Result<()> {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        // Errors are ignored: this can run while unwinding, where a second panic would abort,
-        // and there is nothing better to do than leave the namespace for `ip netns del`.
-        // Deleting the namespace also deletes the interfaces inside it (e.g. a veth end).
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        // A warning, not a panic: this can run while unwinding, where a second panic would
+        // abort, and there is nothing better to do than leave the namespace for `ip netns
+        // del`. Deleting the namespace also deletes the interfaces inside it (a veth end).
+        if let Err(e) = run_command(Command::new("ip").args(["netns", "del", &self.name])) {
+            eprintln!("warning: {e:#}");
+        }
     }
 }
 

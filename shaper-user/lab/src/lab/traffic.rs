@@ -719,7 +719,7 @@ pub(crate) fn pace(
     let frames_per_sec = offered_bps as f64 / 8.0 / f64::from(frame_bytes);
     let end = start + duration;
     let tick = tick_of(offered_bps);
-    exact_timers();
+    exact_timers()?;
     thread::sleep(start.saturating_duration_since(Instant::now()));
     // Attempts, not successes, drive the pacing: a dropped send is not retried later.
     let mut attempted: u64 = 0;
@@ -796,9 +796,14 @@ fn until_next_tick(elapsed: Duration, tick: Duration) -> Duration {
 
 /// Lets the calling thread's sleeps end on time: the default timer slack (50 µs) is as long
 /// as the shortest tick.
-fn exact_timers() {
+fn exact_timers() -> io::Result<()> {
     // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
-    let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    let rc = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 #[cfg(test)]
