@@ -3,6 +3,8 @@
 //! Every type is `#[repr(C)]` with fixed-width fields and explicit padding, and its size
 //! is asserted, because both sides read the same bytes.
 
+use core::mem::offset_of;
+
 use crate::gcra::Limit;
 
 /// Root of shaper's pins on bpffs; each attachment has a directory below it.
@@ -170,8 +172,9 @@ pub fn sum_per_cpu<'a, T: PerCpuSum + 'a>(per_cpu: impl IntoIterator<Item = &'a 
     total
 }
 
-/// What became of a set of frames, by outcome: the counters of unadmitted frames, per
-/// policy and globally.
+/// What became of a set of frames, by outcome: the first counters of a source
+/// ([`SourceState::outcomes`]), of a policy and of the interface, and those of their
+/// unadmitted frames.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Outcomes {
@@ -185,6 +188,8 @@ pub struct Outcomes {
 }
 
 const _: () = assert!(size_of::<Outcomes>() == 48);
+const _: () = assert!(offset_of!(Outcomes, passed_bytes) == 8);
+const _: () = assert!(offset_of!(Outcomes, would_drop_bytes) == 40);
 
 impl PerCpuSum for Outcomes {
     fn add(&mut self, o: &Self) {
@@ -260,13 +265,9 @@ const _: () = assert!(size_of::<Cell>() == 16);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PolicyStats {
-    pub passed_packets: u64,
-    pub passed_bytes: u64,
-    pub dropped_packets: u64,
-    pub dropped_bytes: u64,
-    /// In monitor mode: what enforcement would have dropped (and was passed).
-    pub would_drop_packets: u64,
-    pub would_drop_bytes: u64,
+    /// Frames of the policy's keys that have a cell of their own: passed, dropped, and
+    /// (monitor mode) would drop.
+    pub outcomes: Outcomes,
     /// Of the dropped or would-drop packets, those refused by the aggregate cell (the
     /// source's own cell had room).
     pub aggregate_refused_packets: u64,
@@ -279,15 +280,14 @@ pub struct PolicyStats {
 }
 
 const _: () = assert!(size_of::<PolicyStats>() == 120);
+const _: () = assert!(offset_of!(PolicyStats, outcomes) == 0);
+const _: () = assert!(offset_of!(PolicyStats, aggregate_refused_packets) == 48);
+const _: () = assert!(offset_of!(PolicyStats, unadmitted) == 64);
+const _: () = assert!(offset_of!(PolicyStats, new_sources) == 112);
 
 impl PerCpuSum for PolicyStats {
     fn add(&mut self, o: &Self) {
-        self.passed_packets += o.passed_packets;
-        self.passed_bytes += o.passed_bytes;
-        self.dropped_packets += o.dropped_packets;
-        self.dropped_bytes += o.dropped_bytes;
-        self.would_drop_packets += o.would_drop_packets;
-        self.would_drop_bytes += o.would_drop_bytes;
+        self.outcomes.add(&o.outcomes);
         self.aggregate_refused_packets += o.aggregate_refused_packets;
         self.aggregate_refused_bytes += o.aggregate_refused_bytes;
         self.unadmitted.add(&o.unadmitted);
@@ -307,16 +307,14 @@ pub struct SourceState {
     /// The policy slot this key resolved to, in the low 32 bits, and the
     /// [`Config::policy_gen`] it was resolved under, in the high 32 (0: not yet resolved).
     pub policy: u64,
-    pub passed_packets: u64,
-    pub passed_bytes: u64,
-    pub dropped_packets: u64,
-    pub dropped_bytes: u64,
-    /// In monitor mode: what enforcement would have dropped (and was passed).
-    pub would_drop_packets: u64,
-    pub would_drop_bytes: u64,
+    /// Passed, dropped, and (monitor mode) would drop.
+    pub outcomes: Outcomes,
 }
 
 const _: () = assert!(size_of::<SourceState>() == 72);
+const _: () = assert!(offset_of!(SourceState, cell) == 0);
+const _: () = assert!(offset_of!(SourceState, policy) == 16);
+const _: () = assert!(offset_of!(SourceState, outcomes) == 24);
 
 /// Key of `SHAPER_SOURCES`: the four address bytes in network order, read as a native u32
 /// (`u32::from_ne_bytes(addr)`), masked with [`Config::mask_v4`]; userspace recovers the
@@ -336,15 +334,10 @@ pub type Ipv6Key = [u8; 16];
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
-    /// IP frames (both families) within the limit.
-    pub passed_packets: u64,
-    pub passed_bytes: u64,
-    /// IP frames (both families) over the limit, or blocked.
-    pub dropped_packets: u64,
-    pub dropped_bytes: u64,
-    /// IP frames passed in monitor mode that enforcement would have dropped.
-    pub would_drop_packets: u64,
-    pub would_drop_bytes: u64,
+    /// IP frames (both families) of keys with a cell of their own, or untracked: passed
+    /// (within the limit), dropped (over it, or blocked), and would drop (passed in
+    /// monitor mode, where enforcement would have dropped them).
+    pub outcomes: Outcomes,
     /// Metered frames per family (passed, dropped or would drop, unadmitted included).
     pub ipv4_packets: u64,
     pub ipv6_packets: u64,
@@ -376,15 +369,15 @@ pub struct Counters {
 }
 
 const _: () = assert!(size_of::<Counters>() == 208);
+const _: () = assert!(offset_of!(Counters, outcomes) == 0);
+const _: () = assert!(offset_of!(Counters, ipv4_packets) == 48);
+const _: () = assert!(offset_of!(Counters, unadmitted) == 64);
+const _: () = assert!(offset_of!(Counters, not_ip_packets) == 112);
+const _: () = assert!(offset_of!(Counters, unconfigured_packets) == 200);
 
 impl PerCpuSum for Counters {
     fn add(&mut self, o: &Self) {
-        self.passed_packets += o.passed_packets;
-        self.passed_bytes += o.passed_bytes;
-        self.dropped_packets += o.dropped_packets;
-        self.dropped_bytes += o.dropped_bytes;
-        self.would_drop_packets += o.would_drop_packets;
-        self.would_drop_bytes += o.would_drop_bytes;
+        self.outcomes.add(&o.outcomes);
         self.ipv4_packets += o.ipv4_packets;
         self.ipv6_packets += o.ipv6_packets;
         self.unadmitted.add(&o.unadmitted);

@@ -144,27 +144,14 @@ pub fn meter<K>(
     }
 }
 
-/// Adds the frame to the key's own counters.
+/// Adds the frame to the key's own counters, atomically: every CPU shares them.
 ///
 /// # Safety
 /// `state` points to a live map value, or to a value of this program's own.
 #[inline(always)]
 unsafe fn count_source(state: *mut SourceState, outcome: Outcome, len: u32) {
     unsafe {
-        let (packets, bytes) = match outcome {
-            Outcome::Passed => (
-                &raw mut (*state).passed_packets,
-                &raw mut (*state).passed_bytes,
-            ),
-            Outcome::Dropped => (
-                &raw mut (*state).dropped_packets,
-                &raw mut (*state).dropped_bytes,
-            ),
-            Outcome::WouldDrop => (
-                &raw mut (*state).would_drop_packets,
-                &raw mut (*state).would_drop_bytes,
-            ),
-        };
+        let (packets, bytes) = outcome_counters(&raw mut (*state).outcomes, outcome);
         atomic::add(packets, 1);
         atomic::add(bytes, u64::from(len));
     }
@@ -403,17 +390,12 @@ fn count_policy(slot: u32, outcome: Outcome, refused: Option<Refused>, len: u32,
     // preempt each other.
     let s: &mut PolicyStats = unsafe { &mut *stats };
     let bytes = u64::from(len);
-    let (p, b) = if unadmitted {
-        outcome_fields(&mut s.unadmitted, outcome)
+    let outcomes = if unadmitted {
+        &mut s.unadmitted
     } else {
-        match outcome {
-            Outcome::Passed => (&mut s.passed_packets, &mut s.passed_bytes),
-            Outcome::Dropped => (&mut s.dropped_packets, &mut s.dropped_bytes),
-            Outcome::WouldDrop => (&mut s.would_drop_packets, &mut s.would_drop_bytes),
-        }
+        &mut s.outcomes
     };
-    *p += 1;
-    *b += bytes;
+    count_outcome(outcomes, outcome, bytes);
     if refused == Some(Refused::Aggregate) {
         s.aggregate_refused_packets += 1;
         s.aggregate_refused_bytes += bytes;
@@ -421,11 +403,31 @@ fn count_policy(slot: u32, outcome: Outcome, refused: Option<Refused>, len: u32,
 }
 
 /// The packet and byte counters of `outcome` in `o`.
+///
+/// # Safety
+/// `o` points to live counters: a map value, or a value of this program's own.
 #[inline(always)]
-pub fn outcome_fields(o: &mut Outcomes, outcome: Outcome) -> (&mut u64, &mut u64) {
-    match outcome {
-        Outcome::Passed => (&mut o.passed_packets, &mut o.passed_bytes),
-        Outcome::Dropped => (&mut o.dropped_packets, &mut o.dropped_bytes),
-        Outcome::WouldDrop => (&mut o.would_drop_packets, &mut o.would_drop_bytes),
+unsafe fn outcome_counters(o: *mut Outcomes, outcome: Outcome) -> (*mut u64, *mut u64) {
+    unsafe {
+        match outcome {
+            Outcome::Passed => (&raw mut (*o).passed_packets, &raw mut (*o).passed_bytes),
+            Outcome::Dropped => (&raw mut (*o).dropped_packets, &raw mut (*o).dropped_bytes),
+            Outcome::WouldDrop => (
+                &raw mut (*o).would_drop_packets,
+                &raw mut (*o).would_drop_bytes,
+            ),
+        }
+    }
+}
+
+/// Adds a frame of `bytes` to the counters of `outcome` in `o`, which only this CPU
+/// updates (a per-CPU map entry).
+#[inline(always)]
+pub fn count_outcome(o: &mut Outcomes, outcome: Outcome, bytes: u64) {
+    // SAFETY: `o` is a live, exclusive reference.
+    unsafe {
+        let (packets, total) = outcome_counters(o, outcome);
+        *packets += 1;
+        *total += bytes;
     }
 }

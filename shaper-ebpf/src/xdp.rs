@@ -12,7 +12,7 @@ use aya_ebpf::{
 use shaper_common::gcra::ticks_from_ns;
 
 use crate::{
-    cell::{Metered, Outcome, Verdict, meter, outcome_fields},
+    cell::{Metered, Verdict, count_outcome, meter},
     counters::bump,
     key,
     maps::{CONFIG, SOURCES, SOURCES6},
@@ -79,17 +79,12 @@ fn try_shaper_xdp(ctx: &XdpContext) -> Verdict {
     bump(|c| {
         c.ipv4_packets += v4;
         c.ipv6_packets += 1 - v4;
-        let (packets, bytes) = if unadmitted {
-            outcome_fields(&mut c.unadmitted, outcome)
+        let outcomes = if unadmitted {
+            &mut c.unadmitted
         } else {
-            match outcome {
-                Outcome::Passed => (&mut c.passed_packets, &mut c.passed_bytes),
-                Outcome::WouldDrop => (&mut c.would_drop_packets, &mut c.would_drop_bytes),
-                Outcome::Dropped => (&mut c.dropped_packets, &mut c.dropped_bytes),
-            }
+            &mut c.outcomes
         };
-        *packets += 1;
-        *bytes += len64;
+        count_outcome(outcomes, outcome, len64);
     });
     outcome.verdict()
 }

@@ -68,10 +68,10 @@ impl Report {
             ),
             format!(
                 "  metered: passed {} ({} bytes), dropped {} ({} bytes); IPv4 {}, IPv6 {}; new keys {}, untracked {}, cas exhausted {}",
-                c.passed_packets,
-                c.passed_bytes,
-                c.dropped_packets,
-                c.dropped_bytes,
+                c.outcomes.passed_packets,
+                c.outcomes.passed_bytes,
+                c.outcomes.dropped_packets,
+                c.outcomes.dropped_bytes,
                 c.ipv4_packets,
                 c.ipv6_packets,
                 c.new_sources,
@@ -138,14 +138,14 @@ pub fn run(frames: u64, seed: u64, mut progress: impl FnMut(u64)) -> Result<Repo
 /// The invariants over the whole run.
 fn check(r: &Report) -> Result<()> {
     let c = &r.counters;
-    let packets = c.passed_packets
-        + c.dropped_packets
+    let packets = c.outcomes.passed_packets
+        + c.outcomes.dropped_packets
         + c.not_ip_packets
         + c.pppoe_other_packets
         + c.vlan_too_deep_packets
         + c.malformed_packets;
-    let bytes = c.passed_bytes
-        + c.dropped_bytes
+    let bytes = c.outcomes.passed_bytes
+        + c.outcomes.dropped_bytes
         + c.not_ip_bytes
         + c.pppoe_other_bytes
         + c.vlan_too_deep_bytes
@@ -161,18 +161,18 @@ fn check(r: &Report) -> Result<()> {
         r.bytes
     );
     ensure!(
-        c.dropped_packets == r.dropped,
+        c.outcomes.dropped_packets == r.dropped,
         "counted {} drops, saw {}",
-        c.dropped_packets,
+        c.outcomes.dropped_packets,
         r.dropped
     );
     ensure!(
-        c.ipv4_packets + c.ipv6_packets == c.passed_packets + c.dropped_packets,
+        c.ipv4_packets + c.ipv6_packets == c.outcomes.passed_packets + c.outcomes.dropped_packets,
         "IPv4 {} + IPv6 {} metered != passed {} + dropped {}",
         c.ipv4_packets,
         c.ipv6_packets,
-        c.passed_packets,
-        c.dropped_packets
+        c.outcomes.passed_packets,
+        c.outcomes.dropped_packets
     );
     ensure!(
         c.unconfigured_packets == 0,

@@ -90,12 +90,18 @@ fn flood(h: &mut Harness, known: Ipv4Addr, every: u32) -> Flood {
 fn assert_balanced(c: &Counters, frames: u64) {
     let u = &c.unadmitted;
     assert_eq!(
-        c.passed_packets + c.dropped_packets + c.would_drop_packets + u.packets(),
+        c.outcomes.passed_packets
+            + c.outcomes.dropped_packets
+            + c.outcomes.would_drop_packets
+            + u.packets(),
         frames,
         "packets"
     );
     assert_eq!(
-        c.passed_bytes + c.dropped_bytes + c.would_drop_bytes + u.bytes(),
+        c.outcomes.passed_bytes
+            + c.outcomes.dropped_bytes
+            + c.outcomes.would_drop_bytes
+            + u.bytes(),
         frames * FRAME,
         "bytes"
     );
@@ -153,7 +159,10 @@ fn a_flood_of_new_sources_gets_one_cell_and_leaves_known_sources_alone() {
     assert_eq!(h.sources().unwrap().len() as u64, created);
     // Each admitted flood key passes its one frame (a new cell holds a whole burst).
     let admitted_flood = created - 1;
-    assert_eq!(c.passed_packets, admitted_flood + 1 + BURST / FRAME - 1);
+    assert_eq!(
+        c.outcomes.passed_packets,
+        admitted_flood + 1 + BURST / FRAME - 1
+    );
     // All unadmitted frames share one cell at the per-source limit: its burst passes, and
     // at one byte a second nothing more refills while the test runs.
     let refill = (MIN_RATE_BPS / 8) as f64 * elapsed.as_secs_f64();

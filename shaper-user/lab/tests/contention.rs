@@ -88,7 +88,10 @@ fn one_key_from_every_cpu_gets_one_bucket() {
         "only {passed_bytes} bytes passed"
     );
     // Every verdict counted once; a CAS lost on every retry is a drop, and counted.
-    assert_eq!((c.passed_packets, c.dropped_packets), (passed, dropped));
+    assert_eq!(
+        (c.outcomes.passed_packets, c.outcomes.dropped_packets),
+        (passed, dropped)
+    );
     assert!(c.cas_exhausted <= dropped);
     // The cell is whole: one source, its TAT within one burst (τ) of now.
     let sources = h.sources().unwrap();

@@ -31,8 +31,8 @@ fn fuzzed_frames_pass_or_drop_and_are_all_counted() {
     let c = &report.counters;
     // The mix reached every kind, so the invariants were tested on each.
     for (kind, n) in [
-        ("passed", c.passed_packets),
-        ("dropped", c.dropped_packets),
+        ("passed", c.outcomes.passed_packets),
+        ("dropped", c.outcomes.dropped_packets),
         ("IPv4", c.ipv4_packets),
         ("IPv6", c.ipv6_packets),
         ("not IP", c.not_ip_packets),

@@ -95,6 +95,16 @@ fn real_sources_hold_their_cells_and_rates_through_a_spoofed_flood() {
     assert_eq!(alone.receiver_drops, 0, "the receiver lost frames");
     assert_eq!(run.receiver_drops, 0, "the receiver lost frames");
     let refill_secs = BURST as f64 / RATE_BYTES;
+    let gaps: Vec<String> = run
+        .flows
+        .iter()
+        .map(|r| format!("{:.1}", r.max_gap_secs * 1e3))
+        .collect();
+    println!(
+        "longest gaps in ms (the real sources', the flood's): {}; the bucket refills in {:.1}",
+        gaps.join(", "),
+        refill_secs * 1e3
+    );
     for r in alone.flows.iter().chain(&run.flows) {
         assert!(
             r.max_gap_secs < refill_secs,

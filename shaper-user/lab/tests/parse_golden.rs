@@ -302,8 +302,8 @@ fn assert_counted_once(c: &Counters, kind: Kind, len: u64, name: &str) {
     let mut want = Counters::default();
     match kind {
         Kind::Metered(key) => {
-            want.passed_packets = 1;
-            want.passed_bytes = len;
+            want.outcomes.passed_packets = 1;
+            want.outcomes.passed_bytes = len;
             want.new_sources = 1;
             match key {
                 Key::V4(_) => want.ipv4_packets = 1,
@@ -329,7 +329,11 @@ fn golden_frames_are_classified_keyed_and_charged_in_full() {
             Kind::Metered(key) => {
                 let s = only_cell(&h, key);
                 assert_eq!(
-                    (s.passed_packets, s.passed_bytes, s.dropped_packets),
+                    (
+                        s.outcomes.passed_packets,
+                        s.outcomes.passed_bytes,
+                        s.outcomes.dropped_packets
+                    ),
                     (1, len, 0),
                     "{}: cell",
                     g.name
@@ -439,12 +443,12 @@ fn fragments_of_a_datagram_share_one_cell() {
     }
     let s = cell(&h, Key::V4(SRC4)).expect("v4 cell");
     assert_eq!(
-        (s.passed_packets, s.passed_bytes),
+        (s.outcomes.passed_packets, s.outcomes.passed_bytes),
         (2, (first.len() + later.len()) as u64)
     );
     let s = cell(&h, Key::V6(SRC6_64)).expect("v6 cell");
     assert_eq!(
-        (s.passed_packets, s.passed_bytes),
+        (s.outcomes.passed_packets, s.outcomes.passed_bytes),
         (2, (first6.len() + later6.len()) as u64)
     );
     assert_eq!(h.sources().unwrap().len() + h.sources6().unwrap().len(), 2);
@@ -468,12 +472,23 @@ fn encapsulated_frames_are_dropped_over_the_limit() {
         assert_eq!(verdicts, [XDP_PASS, XDP_PASS, XDP_DROP], "{key:?}");
         let s = cell(&h, key).expect("cell");
         let len = f.len() as u64;
-        assert_eq!((s.passed_packets, s.passed_bytes), (2, 2 * len), "{key:?}");
-        assert_eq!((s.dropped_packets, s.dropped_bytes), (1, len), "{key:?}");
+        assert_eq!(
+            (s.outcomes.passed_packets, s.outcomes.passed_bytes),
+            (2, 2 * len),
+            "{key:?}"
+        );
+        assert_eq!(
+            (s.outcomes.dropped_packets, s.outcomes.dropped_bytes),
+            (1, len),
+            "{key:?}"
+        );
     }
     let c = counters(&h);
     assert_eq!((c.ipv4_packets, c.ipv6_packets), (3, 3));
-    assert_eq!((c.passed_packets, c.dropped_packets), (4, 2));
+    assert_eq!(
+        (c.outcomes.passed_packets, c.outcomes.dropped_packets),
+        (4, 2)
+    );
 }
 
 #[test]
@@ -511,7 +526,7 @@ fn prefixes_aggregate_addresses_into_one_cell() {
     for (key, packets, bytes) in expect {
         let s = cell(&h, key).unwrap_or_else(|| panic!("no cell {key:?}"));
         assert_eq!(
-            (s.passed_packets, s.passed_bytes),
+            (s.outcomes.passed_packets, s.outcomes.passed_bytes),
             (packets, bytes),
             "{key:?}"
         );
@@ -529,7 +544,7 @@ fn prefixes_aggregate_addresses_into_one_cell() {
         assert_eq!(run(&mut h, &v6(a)), XDP_PASS);
     }
     let s = cell(&h, Key::V6(SRC6_64)).expect("the /64 cell");
-    assert_eq!(s.passed_packets, 2);
+    assert_eq!(s.outcomes.passed_packets, 2);
     assert!(cell(&h, Key::V6(Ipv6Addr::new(0x2001, 0xdb8, 1, 3, 0, 0, 0, 0))).is_some());
     assert_eq!(h.sources6().unwrap().len(), 2);
 
@@ -542,7 +557,7 @@ fn prefixes_aggregate_addresses_into_one_cell() {
         assert_eq!(run(&mut h, &v6(a)), XDP_PASS);
     }
     let s = cell(&h, Key::V4(Ipv4Addr::UNSPECIFIED)).expect("the /0 cell");
-    assert_eq!(s.passed_packets, 2);
+    assert_eq!(s.outcomes.passed_packets, 2);
     assert!(cell(&h, Key::V6(SRC6)).is_some() && cell(&h, Key::V6(SRC6_64)).is_some());
 }
 
@@ -560,10 +575,13 @@ fn key_by_destination() {
         assert_eq!(run(&mut h, &f), XDP_PASS);
     }
     let s = cell(&h, Key::V4(DST4)).expect("v4 destination cell");
-    assert_eq!((s.passed_packets, s.passed_bytes), (2, 200));
+    assert_eq!(
+        (s.outcomes.passed_packets, s.outcomes.passed_bytes),
+        (2, 200)
+    );
     let dst6_64 = Ipv6Addr::new(0x2001, 0xdb8, 9, 9, 0, 0, 0, 0);
     let s = cell(&h, Key::V6(dst6_64)).expect("v6 destination cell");
-    assert_eq!(s.passed_packets, 2);
+    assert_eq!(s.outcomes.passed_packets, 2);
     assert_eq!(h.sources().unwrap().len(), 1);
     assert_eq!(h.sources6().unwrap().len(), 1);
 }
@@ -580,14 +598,23 @@ fn jumbo_frames_are_charged_in_full() {
     for (f, key) in [(&jumbo4, Key::V4(SRC4)), (&jumbo6, Key::V6(SRC6_64))] {
         assert_eq!(run(&mut h, f), XDP_PASS);
         let s = cell(&h, key).expect("cell");
-        assert_eq!((s.passed_packets, s.passed_bytes), (1, f.len() as u64));
+        assert_eq!(
+            (s.outcomes.passed_packets, s.outcomes.passed_bytes),
+            (1, f.len() as u64)
+        );
     }
     let c = counters(&h);
-    assert_eq!(c.passed_bytes, (jumbo4.len() + jumbo6.len()) as u64);
+    assert_eq!(
+        c.outcomes.passed_bytes,
+        (jumbo4.len() + jumbo6.len()) as u64
+    );
 
     // A burst of 8000 bytes cannot hold a 9000-byte frame, whatever its linear part.
     let mut h = harness_with(KEY_BY_SRC, 32, 64, 8_000);
     assert_eq!(run(&mut h, &jumbo4), XDP_DROP);
     let s = cell(&h, Key::V4(SRC4)).expect("cell");
-    assert_eq!((s.dropped_packets, s.dropped_bytes), (1, 9000));
+    assert_eq!(
+        (s.outcomes.dropped_packets, s.outcomes.dropped_bytes),
+        (1, 9000)
+    );
 }

@@ -128,8 +128,8 @@ fn longest_prefix_wins_across_nested_prefixes() {
         let after = stats(&mut h, policy);
         assert_eq!(
             (
-                after.passed_packets - before.passed_packets,
-                after.dropped_packets - before.dropped_packets
+                after.outcomes.passed_packets - before.outcomes.passed_packets,
+                after.outcomes.dropped_packets - before.outcomes.dropped_packets
             ),
             (passed as u64, 20 - passed as u64),
             "{src}: counted under {policy:?}"
@@ -178,23 +178,26 @@ fn exempt_sources_are_never_dropped_and_blocked_ones_get_nothing() {
     let exempt = stats(&mut h, Some("198.18.1.0/24"));
     assert_eq!(
         (
-            exempt.passed_packets,
-            exempt.passed_bytes,
-            exempt.dropped_packets
+            exempt.outcomes.passed_packets,
+            exempt.outcomes.passed_bytes,
+            exempt.outcomes.dropped_packets
         ),
         (n as u64, (n * FRAME) as u64, 0)
     );
     let blocked = stats(&mut h, Some("198.18.2.0/24"));
     assert_eq!(
-        (blocked.passed_packets, blocked.dropped_packets),
+        (
+            blocked.outcomes.passed_packets,
+            blocked.outcomes.dropped_packets
+        ),
         (0, n as u64)
     );
     // Both are still tracked and counted per source.
     let sources = h.sources().unwrap();
     assert_eq!(sources.len(), 3);
     let c = h.counters().unwrap();
-    assert_eq!(c.passed_packets, 2 + n as u64);
-    assert_eq!(c.dropped_packets, (n - 2 + n) as u64);
+    assert_eq!(c.outcomes.passed_packets, 2 + n as u64);
+    assert_eq!(c.outcomes.dropped_packets, (n - 2 + n) as u64);
 }
 
 #[test]
@@ -218,11 +221,23 @@ fn monitor_mode_drops_nothing_and_counts_what_enforcement_would() {
     assert_eq!(send(&mut h, "198.18.3.1", 50), 3);
     let limited = stats(&mut h, Some("198.18.1.0/24"));
     let enforced = stats(&mut h, Some("198.18.3.0/24"));
-    assert_eq!(limited.would_drop_packets, enforced.dropped_packets);
-    assert_eq!((limited.passed_packets, limited.dropped_packets), (3, 0));
+    assert_eq!(
+        limited.outcomes.would_drop_packets,
+        enforced.outcomes.dropped_packets
+    );
+    assert_eq!(
+        (
+            limited.outcomes.passed_packets,
+            limited.outcomes.dropped_packets
+        ),
+        (3, 0)
+    );
     let blocked = stats(&mut h, Some("198.18.2.0/24"));
     assert_eq!(
-        (blocked.would_drop_packets, blocked.dropped_packets),
+        (
+            blocked.outcomes.would_drop_packets,
+            blocked.outcomes.dropped_packets
+        ),
         (50, 0)
     );
     // Per source too, and globally (would-drop frames count as passed).
@@ -232,12 +247,12 @@ fn monitor_mode_drops_nothing_and_counts_what_enforcement_would() {
         .find(|(k, _)| Ipv4Addr::from(k.to_ne_bytes()) == Ipv4Addr::new(198, 18, 1, 1))
         .unwrap()
         .1;
-    assert_eq!(monitored_source.would_drop_packets, 47);
-    assert_eq!(monitored_source.dropped_packets, 0);
+    assert_eq!(monitored_source.outcomes.would_drop_packets, 47);
+    assert_eq!(monitored_source.outcomes.dropped_packets, 0);
     let c = h.counters().unwrap();
-    assert_eq!(c.would_drop_packets, 47 + 50);
-    assert_eq!(c.dropped_packets, 47);
-    assert_eq!(c.passed_packets, 3 + 3);
+    assert_eq!(c.outcomes.would_drop_packets, 47 + 50);
+    assert_eq!(c.outcomes.dropped_packets, 47);
+    assert_eq!(c.outcomes.passed_packets, 3 + 3);
 
     // The whole interface in monitor mode: even the default drops nothing.
     let config = Config {
@@ -264,7 +279,10 @@ fn a_packet_refused_by_the_aggregate_is_charged_to_neither_cell() {
     assert_eq!(send(&mut h, "198.18.0.11", 10), 3);
     assert_eq!(send(&mut h, "198.18.0.12", 10), 2);
     let s = stats(&mut h, Some("198.18.0.0/24"));
-    assert_eq!((s.passed_packets, s.dropped_packets), (5, 15));
+    assert_eq!(
+        (s.outcomes.passed_packets, s.outcomes.dropped_packets),
+        (5, 15)
+    );
     // A's 7 refusals were its own bucket's; B's 8 were the aggregate's.
     assert_eq!(s.aggregate_refused_packets, 8);
     // Neither cell was charged for a refused frame: lifting the aggregate, B has exactly

@@ -52,8 +52,8 @@ fn non_ip_frames_pass_and_are_counted() {
     assert_eq!(c.not_ip_bytes, (arp.len() + lldp.len() + mpls.len()) as u64);
     assert_eq!(
         (
-            c.passed_packets,
-            c.dropped_packets,
+            c.outcomes.passed_packets,
+            c.outcomes.dropped_packets,
             c.malformed_packets,
             c.new_sources
         ),
@@ -88,7 +88,11 @@ fn truncated_and_malformed_ipv4_frames_pass_untouched() {
     let c = h.counters();
     assert_eq!((c.malformed_packets, c.malformed_bytes), (sent, bytes));
     assert_eq!(
-        (c.passed_packets, c.dropped_packets, c.new_sources),
+        (
+            c.outcomes.passed_packets,
+            c.outcomes.dropped_packets,
+            c.new_sources
+        ),
         (0, 0, 0)
     );
     assert!(h.source(Ipv4Addr::new(198, 18, 0, 11)).is_none());
@@ -112,17 +116,33 @@ fn ipv4_frames_are_metered_per_source() {
     assert_eq!(h.run(&fb), XDP_PASS);
 
     let sa = h.source(a).expect("cell for a");
-    assert_eq!((sa.passed_packets, sa.passed_bytes), (3, 3000));
-    assert_eq!((sa.dropped_packets, sa.dropped_bytes), (2, 2000));
+    assert_eq!(
+        (sa.outcomes.passed_packets, sa.outcomes.passed_bytes),
+        (3, 3000)
+    );
+    assert_eq!(
+        (sa.outcomes.dropped_packets, sa.outcomes.dropped_bytes),
+        (2, 2000)
+    );
     let sb = h.source(b).expect("cell for b");
     assert_eq!(
-        (sb.passed_packets, sb.passed_bytes, sb.dropped_packets),
+        (
+            sb.outcomes.passed_packets,
+            sb.outcomes.passed_bytes,
+            sb.outcomes.dropped_packets
+        ),
         (1, 1000, 0)
     );
 
     let c = h.counters();
-    assert_eq!((c.passed_packets, c.passed_bytes), (4, 4000));
-    assert_eq!((c.dropped_packets, c.dropped_bytes), (2, 2000));
+    assert_eq!(
+        (c.outcomes.passed_packets, c.outcomes.passed_bytes),
+        (4, 4000)
+    );
+    assert_eq!(
+        (c.outcomes.dropped_packets, c.outcomes.dropped_bytes),
+        (2, 2000)
+    );
     assert_eq!(c.new_sources, 2);
     assert_eq!(
         (c.not_ip_packets, c.malformed_packets, c.cas_exhausted),
@@ -139,8 +159,14 @@ fn frame_larger_than_burst_is_dropped_even_from_idle() {
     assert_eq!(h.run(&frame::ipv4_udp(src, 2_001)), XDP_DROP);
     assert_eq!(h.run(&frame::ipv4_udp(src, 2_000)), XDP_PASS);
     let s = h.source(src).unwrap();
-    assert_eq!((s.dropped_packets, s.dropped_bytes), (1, 2_001));
-    assert_eq!((s.passed_packets, s.passed_bytes), (1, 2_000));
+    assert_eq!(
+        (s.outcomes.dropped_packets, s.outcomes.dropped_bytes),
+        (1, 2_001)
+    );
+    assert_eq!(
+        (s.outcomes.passed_packets, s.outcomes.passed_bytes),
+        (1, 2_000)
+    );
 }
 
 #[test]
@@ -154,7 +180,11 @@ fn without_a_policy_everything_passes_unmetered() {
     let c = h.counters();
     assert_eq!(c.unconfigured_packets, 3);
     assert_eq!(
-        (c.passed_packets, c.dropped_packets, c.new_sources),
+        (
+            c.outcomes.passed_packets,
+            c.outcomes.dropped_packets,
+            c.new_sources
+        ),
         (0, 0, 0)
     );
 }

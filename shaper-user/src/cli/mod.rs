@@ -6,10 +6,10 @@ pub mod config;
 pub mod detach;
 pub mod explain;
 pub mod new_sources;
+pub mod outcomes;
 pub mod policy;
 pub mod stats;
 pub mod status;
-pub mod unadmitted;
 pub mod values;
 
 use clap::{Parser, Subcommand};

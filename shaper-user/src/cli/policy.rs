@@ -13,7 +13,7 @@ use shaper_user::{
 use super::{
     attach::check_burst_fits,
     new_sources,
-    unadmitted::Unadmitted,
+    outcomes::{OutcomeFields, Unadmitted},
     values::{ActionArg, ModeArg},
 };
 
@@ -201,12 +201,8 @@ struct Row {
     /// Zero: no aggregate.
     aggregate_rate_bps: u64,
     aggregate_burst_bytes: u64,
-    passed_packets: u64,
-    passed_bytes: u64,
-    dropped_packets: u64,
-    dropped_bytes: u64,
-    would_drop_packets: u64,
-    would_drop_bytes: u64,
+    #[serde(flatten)]
+    outcomes: OutcomeFields,
     aggregate_refused_packets: u64,
     aggregate_refused_bytes: u64,
     /// Whose new-source admission meters this policy's newcomers: `own`, `interface`
@@ -238,12 +234,7 @@ fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Res
         burst_bytes: l.burst_bytes,
         aggregate_rate_bps: l.aggregate_rate_bps,
         aggregate_burst_bytes: l.aggregate_burst_bytes,
-        passed_packets: s.passed_packets,
-        passed_bytes: s.passed_bytes,
-        dropped_packets: s.dropped_packets,
-        dropped_bytes: s.dropped_bytes,
-        would_drop_packets: s.would_drop_packets,
-        would_drop_bytes: s.would_drop_bytes,
+        outcomes: OutcomeFields::new(s.outcomes),
         aggregate_refused_packets: s.aggregate_refused_packets,
         aggregate_refused_bytes: s.aggregate_refused_bytes,
         new_sources_per_sec: l.new_sources,
@@ -312,9 +303,9 @@ fn list(args: &ListArgs, netns: Option<&str>, json: bool) -> Result<()> {
                 "own" => r.new_sources_per_sec.to_string(),
                 other => other.to_owned(),
             },
-            r.passed_packets,
-            r.dropped_packets,
-            r.would_drop_packets,
+            r.outcomes.counts.passed_packets,
+            r.outcomes.counts.dropped_packets,
+            r.outcomes.counts.would_drop_packets,
             r.new_sources,
             r.unadmitted.unadmitted_packets
         );

@@ -1,6 +1,6 @@
 //! `shaper stats IFACE [--top N]`: global counters and the sources dropped most.
 
-use super::unadmitted::Unadmitted;
+use super::outcomes::{OutcomeFields, Unadmitted};
 use anyhow::{Result, bail};
 use serde::Serialize;
 use shaper_common::maps::{Counters, SourceState};
@@ -21,12 +21,8 @@ pub struct Args {
 
 #[derive(Debug, Serialize)]
 struct Totals {
-    passed_packets: u64,
-    passed_bytes: u64,
-    dropped_packets: u64,
-    dropped_bytes: u64,
-    would_drop_packets: u64,
-    would_drop_bytes: u64,
+    #[serde(flatten)]
+    outcomes: OutcomeFields,
     ipv4_packets: u64,
     ipv6_packets: u64,
     not_ip_packets: u64,
@@ -49,12 +45,7 @@ struct Totals {
 impl From<Counters> for Totals {
     fn from(c: Counters) -> Self {
         Self {
-            passed_packets: c.passed_packets,
-            passed_bytes: c.passed_bytes,
-            dropped_packets: c.dropped_packets,
-            dropped_bytes: c.dropped_bytes,
-            would_drop_packets: c.would_drop_packets,
-            would_drop_bytes: c.would_drop_bytes,
+            outcomes: OutcomeFields::new(c.outcomes),
             ipv4_packets: c.ipv4_packets,
             ipv6_packets: c.ipv6_packets,
             not_ip_packets: c.not_ip_packets,
@@ -79,13 +70,8 @@ struct Source {
     /// The address, or `network/prefix` when keys are aggregated; a destination when
     /// keyed by destination.
     source: String,
-    passed_packets: u64,
-    passed_bytes: u64,
-    dropped_packets: u64,
-    dropped_bytes: u64,
-    /// Monitor mode: passed, but enforcement would have dropped them.
-    would_drop_packets: u64,
-    would_drop_bytes: u64,
+    #[serde(flatten)]
+    outcomes: OutcomeFields,
 }
 
 #[derive(Debug, Serialize)]
@@ -101,21 +87,17 @@ struct Stats {
 
 fn top(mut sources: Vec<(KeyNet, SourceState)>, n: usize) -> Vec<Source> {
     // Dropped or would-drop bytes first, whichever mode the source is in.
-    let refused = |s: &SourceState| s.dropped_bytes + s.would_drop_bytes;
+    let refused = |s: &SourceState| s.outcomes.dropped_bytes + s.outcomes.would_drop_bytes;
+    let passed = |s: &SourceState| s.outcomes.passed_bytes;
     sources.sort_by(|a, b| {
-        (refused(&b.1), b.1.passed_bytes, a.0).cmp(&(refused(&a.1), a.1.passed_bytes, b.0))
+        (refused(&b.1), passed(&b.1), a.0).cmp(&(refused(&a.1), passed(&a.1), b.0))
     });
     sources
         .into_iter()
         .take(n)
         .map(|(source, s)| Source {
             source: source.to_string(),
-            passed_packets: s.passed_packets,
-            passed_bytes: s.passed_bytes,
-            dropped_packets: s.dropped_packets,
-            dropped_bytes: s.dropped_bytes,
-            would_drop_packets: s.would_drop_packets,
-            would_drop_bytes: s.would_drop_bytes,
+            outcomes: OutcomeFields::new(s.outcomes),
         })
         .collect()
 }
@@ -140,19 +122,20 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
         return Ok(());
     }
     let t = &stats.totals;
+    let o = &t.outcomes.counts;
     println!("{}:", at.label());
     println!(
         "  passed     {:>12} pkts {:>16} bytes",
-        t.passed_packets, t.passed_bytes
+        o.passed_packets, o.passed_bytes
     );
     println!(
         "  dropped    {:>12} pkts {:>16} bytes",
-        t.dropped_packets, t.dropped_bytes
+        o.dropped_packets, o.dropped_bytes
     );
-    if t.would_drop_packets != 0 {
+    if o.would_drop_packets != 0 {
         println!(
             "  would drop {:>12} pkts {:>16} bytes (monitor: passed)",
-            t.would_drop_packets, t.would_drop_bytes
+            o.would_drop_packets, o.would_drop_bytes
         );
     }
     if t.unadmitted.unadmitted_packets != 0 {
@@ -160,12 +143,12 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
             "  unadmitted {:>12} pkts {:>16} bytes: passed {} pkts, dropped {} pkts{}",
             t.unadmitted.unadmitted_packets,
             t.unadmitted.unadmitted_bytes,
-            t.unadmitted.unadmitted_passed_packets,
-            t.unadmitted.unadmitted_dropped_packets,
-            if t.unadmitted.unadmitted_would_drop_packets != 0 {
+            t.unadmitted.outcomes.counts.passed_packets,
+            t.unadmitted.outcomes.counts.dropped_packets,
+            if t.unadmitted.outcomes.counts.would_drop_packets != 0 {
                 format!(
                     ", would drop {} pkts",
-                    t.unadmitted.unadmitted_would_drop_packets
+                    t.unadmitted.outcomes.counts.would_drop_packets
                 )
             } else {
                 String::new()
@@ -208,14 +191,15 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
         );
     }
     for s in &stats.top_sources {
+        let o = &s.outcomes.counts;
         println!(
             "  {:<24} {:>12} {:>16} {:>12} {:>16} {:>12}",
             s.source,
-            s.passed_packets,
-            s.passed_bytes,
-            s.dropped_packets,
-            s.dropped_bytes,
-            s.would_drop_packets
+            o.passed_packets,
+            o.passed_bytes,
+            o.dropped_packets,
+            o.dropped_bytes,
+            o.would_drop_packets
         );
     }
     Ok(())

@@ -370,7 +370,7 @@ fn measure(entries: u32, map_flags: u32, every: usize, flood_tables: usize) -> R
     let (mut evicted, mut missing) = (0, 0);
     for (addr, sent) in results.iter().flat_map(|r| &r.sent) {
         match map.get(&key(*addr), 0) {
-            Ok(state) if state.passed_packets >= *sent => {}
+            Ok(state) if state.outcomes.passed_packets >= *sent => {}
             Ok(_) => evicted += 1,
             Err(MapError::KeyNotFound) => {
                 evicted += 1;

@@ -763,7 +763,7 @@ pub(crate) fn pace(
 }
 
 /// Full socket or device queues: the packet is lost, the flow goes on.
-fn is_queue_full(e: &io::Error) -> bool {
+pub(crate) fn is_queue_full(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ENOBUFS)
 }
 
