@@ -83,6 +83,10 @@ pub struct RawResult {
     /// two of its frames, or its sender's tick (a millisecond at most), and a little more
     /// when it kept its schedule (see [`REALTIME_MAX_FPS`]).
     pub max_gap_secs: f64,
+    /// Frames sent in each millisecond from the start: when a flow that could stall
+    /// (a flood, at normal priority) offered what, for a model of what a limiter should
+    /// make of it.
+    pub per_ms: Vec<u32>,
 }
 
 impl RawResult {
@@ -203,6 +207,7 @@ pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<RawRu
                 frame_bytes: u32::try_from(frame.len())?,
                 offered_secs: sent.secs,
                 max_gap_secs: sent.max_gap_secs,
+                per_ms: sent.per_ms,
             })
         })
         .collect::<Result<_>>()?;

@@ -679,17 +679,20 @@ fn source_of(addr: &libc::sockaddr_storage) -> Option<IpAddr> {
 }
 
 /// What one sender managed to send.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Sent {
     pub attempted: u64,
     pub packets: u64,
-    /// Pacing start to last successful send.
+    /// Pacing start to the start of the last successful send.
     pub secs: f64,
     /// The longest time without a successful send (from the start to the first, or
     /// between two): the sender's tick when it keeps its schedule, longer when it was held
     /// up or its sends were refused. A policer's bucket refills to the full burst in a gap
     /// of burst ÷ rate; a longer one costs an overloaded flow the difference.
     pub max_gap_secs: f64,
+    /// Successful sends in each millisecond from the start (the last millisecond with
+    /// one ends the list).
+    pub per_ms: Vec<u32>,
 }
 
 /// Sends `flow` from `start` for `duration` on `socket` ([`pace`]).
@@ -726,6 +729,7 @@ pub(crate) fn pace(
     let mut sent: u64 = 0;
     let mut last_send = start;
     let mut max_gap = Duration::ZERO;
+    let mut per_ms: Vec<u32> = Vec::new();
     loop {
         let elapsed = start.elapsed().min(duration);
         let due = (frames_per_sec * elapsed.as_secs_f64()).floor() as u64;
@@ -734,12 +738,20 @@ pub(crate) fn pace(
                 break;
             }
             attempted += 1;
+            // When the frame is handed over: the call may return much later, after the
+            // softirq work it set off (other frames' included) or a preemption.
+            let at = Instant::now();
             match send() {
                 Ok(()) => {
                     sent += 1;
-                    let now = Instant::now();
-                    max_gap = max_gap.max(now.saturating_duration_since(last_send));
-                    last_send = now;
+                    max_gap = max_gap.max(at.saturating_duration_since(last_send));
+                    let ms = usize::try_from(at.saturating_duration_since(start).as_millis())
+                        .unwrap_or(usize::MAX);
+                    if per_ms.len() <= ms {
+                        per_ms.resize(ms + 1, 0);
+                    }
+                    per_ms[ms] += 1;
+                    last_send = at;
                 }
                 Err(e) if is_queue_full(&e) => {}
                 Err(e) => return Err(e),
@@ -759,6 +771,7 @@ pub(crate) fn pace(
             last_send.saturating_duration_since(start).as_secs_f64()
         },
         max_gap_secs: max_gap.as_secs_f64(),
+        per_ms,
     })
 }
 
