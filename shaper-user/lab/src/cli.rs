@@ -232,8 +232,10 @@ impl NobodyBinary {
         &self.path
     }
 
-    /// `setpriv` running the binary as nobody, with no groups and no capabilities, with
-    /// `ARGS...` for shaper.
+    /// The binary run as nobody, with no groups and no capabilities, with `ARGS...` for
+    /// shaper. A shell started by `setpriv` runs it, so that nobody finds it as nobody
+    /// would: `setpriv` itself may still hold root's capabilities when it starts its
+    /// command, and would reach a binary nobody cannot.
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("setpriv");
         cmd.args([
@@ -242,6 +244,9 @@ impl NobodyBinary {
             "--clear-groups".to_owned(),
             "--inh-caps=-all".to_owned(),
             "--".to_owned(),
+            "sh".to_owned(),
+            "-c".to_owned(),
+            r#"exec "$0" "$@""#.to_owned(),
         ])
         .arg(&self.path)
         .args(args)
