@@ -220,16 +220,10 @@ fn demo(args: &DemoArgs) -> Result<()> {
     );
     println!("shaper attached to {}: XDP program present", lab.rx_iface());
 
-    let flows: Vec<Flow> = lab
-        .sources()
-        .iter()
-        .zip(DEMO_LOADS)
-        .map(|(&src, load)| Flow {
-            src: src.into(),
-            offered_bps: (rate_bps as f64 * load).round() as u64,
-            frame_bytes: DEMO_FRAME_BYTES,
-        })
-        .collect();
+    let flows = lab.flows(
+        &DEMO_LOADS.map(|load| (rate_bps as f64 * load).round() as u64),
+        DEMO_FRAME_BYTES,
+    );
     println!("sending for {} s ...\n", args.seconds);
     let results = run_udp(&lab, &flows, duration)?;
     if stop_requested() {

@@ -76,15 +76,7 @@ fn a_prefix_aggregate_holds_the_prefix_and_each_source_to_its_cap() {
     // The default would let everything through: the policy is what limits.
     let _attached = attach(lab.rx_ns(), lab.rx_iface(), "1gbit", "64k");
     set_policy(&lab, &HIERARCHY);
-    let flows: Vec<Flow> = lab
-        .sources()
-        .iter()
-        .map(|&src| Flow {
-            src: src.into(),
-            offered_bps: 2 * PER_SOURCE_BPS,
-            frame_bytes: FRAME,
-        })
-        .collect();
+    let flows = lab.flows(&[2 * PER_SOURCE_BPS; 4], FRAME);
     let results = run_udp(&lab, &flows, Duration::from_secs(SECONDS));
 
     let secs = results.iter().map(|r| r.offered_secs).fold(0.0, f64::max);
@@ -128,16 +120,7 @@ fn the_per_source_cap_binds_under_an_aggregate_with_room() {
     let _attached = attach(lab.rx_ns(), lab.rx_iface(), "1gbit", "64k");
     set_policy(&lab, &HIERARCHY);
     let offered = [2 * PER_SOURCE_BPS, PER_SOURCE_BPS / 2, PER_SOURCE_BPS / 2];
-    let flows: Vec<Flow> = lab
-        .sources()
-        .iter()
-        .zip(offered)
-        .map(|(&src, offered_bps)| Flow {
-            src: src.into(),
-            offered_bps,
-            frame_bytes: FRAME,
-        })
-        .collect();
+    let flows = lab.flows(&offered, FRAME);
     let results = run_udp(&lab, &flows, Duration::from_secs(SECONDS));
     let st = stats(lab.rx_ns(), lab.rx_iface());
 

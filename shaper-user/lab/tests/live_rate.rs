@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{assert_near, attach, stats};
-use shaper_lab::lab::{Flow, Lab, RunOptions, run_udp_with};
+use shaper_lab::lab::{Lab, RunOptions, run_udp_with};
 
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
@@ -21,16 +21,7 @@ fn overloaded_sources_get_rate_times_time_plus_burst() {
 
     // Three sources at 5× the limit, and one below it that must lose nothing.
     let offered = [5 * RATE_BPS, 5 * RATE_BPS, 5 * RATE_BPS, RATE_BPS / 2];
-    let flows: Vec<Flow> = lab
-        .sources()
-        .iter()
-        .zip(offered)
-        .map(|(&src, offered_bps)| Flow {
-            src: src.into(),
-            offered_bps,
-            frame_bytes: FRAME,
-        })
-        .collect();
+    let flows = lab.flows(&offered, FRAME);
     let report =
         run_udp_with(&lab, &flows, Duration::from_secs(5), &RunOptions::default()).unwrap();
     assert_eq!(report.receiver_drops, 0, "the receiver lost datagrams");

@@ -440,6 +440,20 @@ impl Lab {
         &self.sources
     }
 
+    /// A UDP flow of `frame_bytes`-byte frames from each of the first IPv4 sources, offered
+    /// `offered` bits per second each, in order.
+    pub fn flows(&self, offered: &[u64], frame_bytes: u32) -> Vec<Flow> {
+        self.sources
+            .iter()
+            .zip(offered)
+            .map(|(&src, &offered_bps)| Flow {
+                src: src.into(),
+                offered_bps,
+                frame_bytes,
+            })
+            .collect()
+    }
+
     /// Sets the MTU of every veth end (needed for frames above 1514 bytes).
     pub fn set_mtu(&self, mtu: u32) -> Result<()> {
         let mtu = mtu.to_string();
