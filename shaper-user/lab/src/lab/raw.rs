@@ -71,7 +71,7 @@ pub struct RawFlow {
 const IPV4_SRC_AT: usize = 14 + 12;
 
 /// What one raw flow sent and what of it the rx veth's packet socket saw.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct RawResult {
     pub attempted_packets: u64,
     pub sent_packets: u64,
@@ -87,6 +87,28 @@ pub struct RawResult {
     /// (a flood, at normal priority) offered what, for a model of what a limiter should
     /// make of it.
     pub per_ms: Vec<u32>,
+}
+
+impl std::fmt::Debug for RawResult {
+    /// Every field but the thousands of [`RawResult::per_ms`], which it sums up.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawResult")
+            .field("attempted_packets", &self.attempted_packets)
+            .field("sent_packets", &self.sent_packets)
+            .field("received_packets", &self.received_packets)
+            .field("frame_bytes", &self.frame_bytes)
+            .field("offered_secs", &self.offered_secs)
+            .field("max_gap_secs", &self.max_gap_secs)
+            .field(
+                "per_ms",
+                &format_args!(
+                    "[{} ms, {} sent]",
+                    self.per_ms.len(),
+                    self.per_ms.iter().sum::<u32>()
+                ),
+            )
+            .finish()
+    }
 }
 
 impl RawResult {
