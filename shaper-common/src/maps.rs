@@ -21,6 +21,13 @@ pub const PIN_PREFIXES_V6: &str = "prefixes_v6";
 pub const PIN_AGGREGATES: &str = "aggregates";
 pub const PIN_POLICY_STATS: &str = "policy_stats";
 pub const PIN_ADMISSION: &str = "admission";
+/// The layout version of the pins beside it ([`crate::layout`]).
+pub const PIN_LAYOUT: &str = "layout";
+/// Counts carried over from the counters of an earlier program by an upgrade.
+pub const PIN_COUNTERS_CARRIED: &str = "counters_carried";
+pub const PIN_POLICY_STATS_CARRIED: &str = "policy_stats_carried";
+/// While an upgrade is under way: the program the link is being switched to.
+pub const PIN_UPGRADE_PROG: &str = "upgrade_prog";
 
 /// Map names in the object file (at most 15 bytes: the kernel's name limit).
 pub const MAP_CONFIG: &str = "SHAPER_CONFIG";
@@ -33,6 +40,9 @@ pub const MAP_PREFIXES_V6: &str = "SHAPER_PREFIX6";
 pub const MAP_AGGREGATES: &str = "SHAPER_AGGS";
 pub const MAP_POLICY_STATS: &str = "SHAPER_PSTATS";
 pub const MAP_ADMISSION: &str = "SHAPER_ADMIT";
+pub const MAP_LAYOUT: &str = "SHAPER_LAYOUT";
+pub const MAP_COUNTERS_CARRIED: &str = "SHAPER_CARRIED";
+pub const MAP_POLICY_STATS_CARRIED: &str = "SHAPER_PCARRIED";
 
 /// Program names in the object file.
 pub const PROG_XDP: &str = "shaper_xdp";

@@ -1,8 +1,9 @@
 //! The maps, named as userspace finds and pins them (`shaper_common::maps`).
 
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use shaper_common::maps::{
     AdmissionCells, Cell, Config, Counters, DEFAULT_MAX_SOURCES, Ipv4Key, Ipv6Key, MAX_POLICIES,
@@ -52,3 +53,19 @@ pub static POLICY_STATS: PerCpuArray<PolicyStats> = PerCpuArray::with_max_entrie
 /// Global counters, one entry per CPU.
 #[map(name = "SHAPER_COUNTERS")]
 pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
+
+/// The layout version of these maps (`shaper_common::layout`), written by userspace and
+/// pinned with them, so a later build knows how to read them. The program never reads it.
+#[map(name = "SHAPER_LAYOUT")]
+pub static LAYOUT: Array<u32> = Array::with_max_entries(1, 0);
+
+/// What the counters of the programs this one replaced had counted (written once by the
+/// upgrade that carried them over; userspace adds it to `COUNTERS`). Never read here.
+#[map(name = "SHAPER_CARRIED")]
+pub static COUNTERS_CARRIED: Array<Counters> = Array::with_max_entries(1, 0);
+
+/// The same per policy slot, only for slots that carried something (userspace adds it to
+/// `POLICY_STATS`). Never read here.
+#[map(name = "SHAPER_PCARRIED")]
+pub static POLICY_STATS_CARRIED: HashMap<u32, PolicyStats> =
+    HashMap::with_max_entries(MAX_POLICIES, BPF_F_NO_PREALLOC);

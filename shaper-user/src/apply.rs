@@ -12,6 +12,7 @@ use crate::{
     pins::Attachment,
     policy::{PolicySpec, PolicyTable},
     system::{self, SystemError},
+    upgrade,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +111,11 @@ pub fn apply(
     let mut applied = Vec::new();
     for (index, d) in desired.iter().enumerate() {
         let at = Attachment::new(&d.name, netns);
+        // A killed upgrade is finished before its settings are read.
+        if let Err(e) = upgrade::recover(&at) {
+            roll_back(done);
+            return Err(attach_err(index, d, e.into()));
+        }
         let previous = if loader::is_live(&at) {
             Some(snapshot(&at).map_err(|e| attach_err(index, d, e))?)
         } else {

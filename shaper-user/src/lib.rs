@@ -2,6 +2,7 @@
 //! maps, and the pieces the `shaper` command is made of.
 
 pub mod apply;
+pub mod bpf;
 pub mod config_file;
 pub mod explain;
 pub mod link;
@@ -13,3 +14,4 @@ pub mod policy;
 pub mod setting;
 pub mod system;
 pub mod units;
+pub mod upgrade;

@@ -19,11 +19,11 @@ use aya::{
 };
 use shaper_common::{
     config::{ConfigError, RateLimit},
+    layout::{self, LAYOUT_VERSION},
     maps::{
         Admission, Config, DEFAULT_MAX_SOURCES, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST,
-        KEY_BY_SRC, MAP_ADMISSION, MAP_AGGREGATES, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES,
-        MAP_POLICY_STATS, MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6,
-        MODE_ENFORCE, PROG_XDP, XDP_MODE_NATIVE, XDP_MODE_SKB,
+        KEY_BY_SRC, MAP_CONFIG, MAP_LAYOUT, MAP_SOURCES, MAP_SOURCES6, MODE_ENFORCE, PROG_XDP,
+        XDP_MODE_NATIVE, XDP_MODE_SKB,
     },
 };
 
@@ -33,6 +33,7 @@ use crate::{
     pins::Attachment,
     policy::{Mode, PolicyError, PolicySpec, PolicyTable},
     setting::Setting,
+    upgrade::{self, UpgradeError},
 };
 
 /// The kernel programs, built by build.rs.
@@ -135,6 +136,9 @@ pub enum Attached {
     New { xdp_mode: u32 },
     /// Shaper was already attached; its policy was updated in place.
     Updated { xdp_mode: u32 },
+    /// An older shaper had attached it, with pins of layout `from`: its program was
+    /// replaced in place, every cell and counter kept ([`crate::upgrade`]).
+    Upgraded { xdp_mode: u32, from: u32 },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -167,6 +171,8 @@ pub enum AttachError {
     Pinned(#[from] PinnedMapError),
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Upgrade(#[from] UpgradeError),
 }
 
 pub fn mode_name(xdp_mode: u32) -> &'static str {
@@ -187,7 +193,7 @@ fn setting(setting: Setting, problem: impl Into<String>) -> AttachError {
 /// The settings entry for `req`: on a new attachment (`current` none) keyed as `req`
 /// asks or by default, on an existing one keyed as it is, with what `req` leaves out as
 /// it is. Every settings entry is made here.
-fn config_for(
+pub(crate) fn config_for(
     req: &AttachRequest,
     current: Option<&Config>,
     max_sources: u32,
@@ -253,9 +259,17 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
     if req.max_sources == Some(0) {
         return Err(setting(Setting::MaxSources, "0: must be at least 1"));
     }
+    // A killed upgrade is finished first; what it was asked is then asked again.
+    upgrade::recover(&req.at)?;
     if req.at.exists() {
         if is_live(&req.at) {
-            return update(req);
+            let l =
+                upgrade::identify(&req.at.dir(), &req.at.label()).map_err(UpgradeError::from)?;
+            return if l.version == LAYOUT_VERSION {
+                update(req)
+            } else {
+                upgrade::upgrade(req, l)
+            };
         }
         // The interface these pins were made for is gone (the kernel detached the link
         // when it was unregistered): they hold nothing, so start afresh.
@@ -282,9 +296,13 @@ pub fn is_live(at: &Attachment) -> bool {
     link::xdp_link_ifindex(&at.link()).is_ok_and(|ifindex| ifindex != 0)
 }
 
-fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
-    let current = maps::read_config(&req.at)?;
-    let cap = maps::sources_capacity(&req.at)?;
+/// Refuses a request to change what cannot change on an attachment (`current`, with
+/// per-source maps of `cap` keys): the map size, the XDP mode and the keys.
+pub(crate) fn check_unchangeable(
+    req: &AttachRequest,
+    current: &Config,
+    cap: u32,
+) -> Result<(), AttachError> {
     if let Some(asked) = req.max_sources.filter(|&asked| asked != cap) {
         return Err(setting(
             Setting::MaxSources,
@@ -308,7 +326,13 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
             ),
         ));
     }
-    check_same_keys(req, &current)?;
+    check_same_keys(req, current)
+}
+
+fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
+    let current = maps::read_config(&req.at)?;
+    let cap = maps::sources_capacity(&req.at)?;
+    check_unchangeable(req, &current, cap)?;
     // The limit, mode and admission change: the keys stay as attached.
     let config = config_for(req, Some(&current), cap, current.xdp_mode)?;
     let mut table = PolicyTable::open(&req.at)?;
@@ -373,29 +397,33 @@ pub fn configure(ebpf: &mut Ebpf, config: &Config) -> Result<(), AttachError> {
         .map_err(|e| AttachError::Load(Box::new(e)))
 }
 
+/// Records this build's layout version in a freshly loaded object's version map.
+fn write_layout_version(ebpf: &mut Ebpf) -> Result<(), AttachError> {
+    let map = ebpf
+        .map_mut(MAP_LAYOUT)
+        .ok_or_else(|| AttachError::Load(format!("map {MAP_LAYOUT} missing").into()))?;
+    let mut array: Array<&mut MapData, u32> =
+        Array::try_from(map).map_err(|e| AttachError::Load(Box::new(e)))?;
+    array
+        .set(0, LAYOUT_VERSION, 0)
+        .map_err(|e| AttachError::Load(Box::new(e)))
+}
+
 /// Loads, configures with `config` (its mode recorded once known), pins and attaches.
 fn attach_new(req: &AttachRequest, config: &Config) -> Result<Attached, AttachError> {
     let at = &req.at;
     let mut ebpf = load(req.max_sources.unwrap_or(DEFAULT_MAX_SOURCES))?;
 
     std::fs::create_dir_all(at.dir()).map_err(pin_err("the pin directory", &at.dir()))?;
-    for (name, path) in [
-        (MAP_CONFIG, at.config()),
-        (MAP_SOURCES, at.sources()),
-        (MAP_SOURCES6, at.sources6()),
-        (MAP_COUNTERS, at.counters()),
-        (MAP_POLICIES, at.policies()),
-        (MAP_PREFIXES_V4, at.prefixes_v4()),
-        (MAP_PREFIXES_V6, at.prefixes_v6()),
-        (MAP_AGGREGATES, at.aggregates()),
-        (MAP_POLICY_STATS, at.policy_stats()),
-        (MAP_ADMISSION, at.admission()),
-    ] {
+    for m in layout::current().maps {
+        let path = at.dir().join(m.pin);
         let map = ebpf
-            .map(name)
-            .ok_or_else(|| AttachError::Load(format!("map {name} missing").into()))?;
+            .map(m.name)
+            .ok_or_else(|| AttachError::Load(format!("map {} missing", m.name).into()))?;
         map.pin(&path).map_err(pin_err("a map", &path))?;
     }
+    // Before anything opens the pins, which checks their layout.
+    write_layout_version(&mut ebpf)?;
 
     // The policy is in place before the program can see a packet. The mode is known only
     // after attaching (auto may fall back to skb); it is recorded below, for `status`.

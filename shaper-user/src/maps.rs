@@ -8,9 +8,14 @@ use std::{
 };
 
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
-use shaper_common::maps::{Config, Counters, Ipv4Key, Ipv6Key, SourceState, sum_per_cpu};
+use shaper_common::maps::{
+    Config, Counters, Ipv4Key, Ipv6Key, PerCpuSum as _, SourceState, sum_per_cpu,
+};
 
-use crate::pins::Attachment;
+use crate::{
+    pins::Attachment,
+    upgrade::{self, UpgradeError},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PinnedMapError {
@@ -18,6 +23,8 @@ pub enum PinnedMapError {
     Open { path: String, source: MapError },
     #[error("cannot read pinned map {path}")]
     Read { path: String, source: MapError },
+    #[error(transparent)]
+    Layout(#[from] UpgradeError),
 }
 
 fn open(path: &Path) -> Result<Map, PinnedMapError> {
@@ -38,20 +45,27 @@ fn read_err(path: &Path) -> impl FnOnce(MapError) -> PinnedMapError + '_ {
     }
 }
 
-/// The attachment's policy entry.
+/// The attachment's policy entry; refused unless its pins have this shaper's layout.
 pub fn read_config(at: &Attachment) -> Result<Config, PinnedMapError> {
+    upgrade::require_current(at)?;
     let path = at.config();
     let array: Array<MapData, Config> = Array::try_from(open(&path)?).map_err(read_err(&path))?;
     array.get(&0, 0).map_err(read_err(&path))
 }
 
-/// The global counters, summed over CPUs.
+/// The global counters, summed over CPUs, with what upgrades carried over from earlier
+/// programs added.
 pub fn read_counters(at: &Attachment) -> Result<Counters, PinnedMapError> {
     let path = at.counters();
     let array: PerCpuArray<MapData, Counters> =
         PerCpuArray::try_from(open(&path)?).map_err(read_err(&path))?;
     let per_cpu = array.get(&0, 0).map_err(read_err(&path))?;
-    Ok(sum_per_cpu(per_cpu.iter()))
+    let mut counters: Counters = sum_per_cpu(per_cpu.iter());
+    let path = at.counters_carried();
+    let carried: Array<MapData, Counters> =
+        Array::try_from(open(&path)?).map_err(read_err(&path))?;
+    counters.add(&carried.get(&0, 0).map_err(read_err(&path))?);
+    Ok(counters)
 }
 
 /// The size of the per-source map (`--max-sources` at attach time).

@@ -2,7 +2,9 @@
 //!
 //! `/sys/fs/bpf/shaper/IFACE/` for an interface of the initial network namespace, and
 //! `/sys/fs/bpf/shaper/netns/NETNS/IFACE/` for one in a named namespace (`shaper -n`).
-//! Each directory holds the XDP link and the maps (`shaper_common::maps::PIN_*`).
+//! Each directory holds the XDP link and the maps (`shaper_common::maps::PIN_*`, as the
+//! layout table `shaper_common::layout` lists them). Beside it, `IFACE:new` holds the
+//! pins of an upgrade under way (`crate::upgrade`); no interface name has a colon.
 
 use std::{
     fs, io,
@@ -10,11 +12,15 @@ use std::{
 };
 
 use shaper_common::maps::{
-    PIN_ADMISSION, PIN_AGGREGATES, PIN_CONFIG, PIN_COUNTERS, PIN_LINK, PIN_POLICIES,
-    PIN_POLICY_STATS, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_ROOT, PIN_SOURCES, PIN_SOURCES6,
+    PIN_ADMISSION, PIN_AGGREGATES, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LAYOUT,
+    PIN_LINK, PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4,
+    PIN_PREFIXES_V6, PIN_ROOT, PIN_SOURCES, PIN_SOURCES6, PIN_UPGRADE_PROG,
 };
 
 const NETNS_DIR: &str = "netns";
+/// Appended to an interface's name for the directory an upgrade stages its pins in. The
+/// kernel refuses a colon in interface names, so it can never be an attachment's.
+const STAGING_SUFFIX: &str = ":new";
 
 /// An interface shaper is (or is to be) attached to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +44,14 @@ impl Attachment {
             None => root.join(&self.iface),
             Some(ns) => root.join(NETNS_DIR).join(ns).join(&self.iface),
         }
+    }
+
+    /// Where an upgrade stages the new pins, and where the old ones go once it has swapped
+    /// them in.
+    pub fn staging(&self) -> PathBuf {
+        let mut name = self.iface.clone();
+        name.push_str(STAGING_SUFFIX);
+        self.dir().with_file_name(name)
     }
 
     pub fn link(&self) -> PathBuf {
@@ -73,6 +87,18 @@ impl Attachment {
     pub fn admission(&self) -> PathBuf {
         self.dir().join(PIN_ADMISSION)
     }
+    pub fn layout(&self) -> PathBuf {
+        self.dir().join(PIN_LAYOUT)
+    }
+    pub fn counters_carried(&self) -> PathBuf {
+        self.dir().join(PIN_COUNTERS_CARRIED)
+    }
+    pub fn policy_stats_carried(&self) -> PathBuf {
+        self.dir().join(PIN_POLICY_STATS_CARRIED)
+    }
+    pub fn upgrade_prog(&self) -> PathBuf {
+        self.dir().join(PIN_UPGRADE_PROG)
+    }
 
     /// Whether shaper is attached here (its link is pinned).
     pub fn exists(&self) -> bool {
@@ -87,21 +113,13 @@ impl Attachment {
         }
     }
 
-    /// Removes every pin of this attachment and the directories left empty, up to and
-    /// including the root. Missing pins are not an error: this also cleans up after a
-    /// failed attach.
+    /// Removes every pin of this attachment (and of an upgrade of it under way) and the
+    /// directories left empty, up to and including the root. Missing pins are not an
+    /// error: this also cleans up after a failed attach.
     pub fn remove_pins(&self) -> io::Result<()> {
+        remove_dir_of_pins(&self.staging())?;
         let dir = self.dir();
-        match fs::read_dir(&dir) {
-            Ok(entries) => {
-                for entry in entries {
-                    fs::remove_file(entry?.path())?;
-                }
-                fs::remove_dir(&dir)?;
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
+        remove_dir_of_pins(&dir)?;
         // Parents go only when empty; another attachment's pins keep them.
         let mut parent = dir.parent();
         while let Some(p) = parent {
@@ -114,18 +132,34 @@ impl Attachment {
     }
 }
 
+/// Removes the pins in `dir`, and `dir`; nothing if it does not exist.
+pub fn remove_dir_of_pins(dir: &Path) -> io::Result<()> {
+    match fs::read_dir(dir) {
+        Ok(entries) => {
+            for entry in entries {
+                fs::remove_file(entry?.path())?;
+            }
+            fs::remove_dir(dir)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Every attachment with pins on this host, in all namespaces, sorted.
 pub fn list_all() -> io::Result<Vec<Attachment>> {
     let mut found = Vec::new();
     for iface in subdirs(Path::new(PIN_ROOT))? {
-        if iface == NETNS_DIR {
+        if iface == NETNS_DIR || iface.ends_with(STAGING_SUFFIX) {
             continue;
         }
         found.push(Attachment::new(&iface, None));
     }
     for ns in subdirs(&Path::new(PIN_ROOT).join(NETNS_DIR))? {
         for iface in subdirs(&Path::new(PIN_ROOT).join(NETNS_DIR).join(&ns))? {
-            found.push(Attachment::new(&iface, Some(&ns)));
+            if !iface.ends_with(STAGING_SUFFIX) {
+                found.push(Attachment::new(&iface, Some(&ns)));
+            }
         }
     }
     found.sort_by(|a, b| (&a.netns, &a.iface).cmp(&(&b.netns, &b.iface)));

@@ -59,6 +59,7 @@ pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
             Attached::New { .. } => "attached",
             Attached::Updated { .. } if changed => "updated",
             Attached::Updated { .. } => "unchanged",
+            Attached::Upgraded { .. } => "upgraded",
         };
         println!(
             "{iface}: {what}, {policies} polic{}",

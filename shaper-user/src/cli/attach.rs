@@ -3,6 +3,7 @@
 use anyhow::{Result, anyhow};
 use shaper_common::{
     config::RateLimit,
+    layout,
     maps::{Admission, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
 };
 use shaper_user::{
@@ -121,6 +122,11 @@ pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
             },
             req.prefix_v4.unwrap_or(DEFAULT_PREFIX_V4),
             req.prefix_v6.unwrap_or(DEFAULT_PREFIX_V6),
+        ),
+        Attached::Upgraded { from, .. } => println!(
+            "upgraded {} in place from pin layout {from} to {}: new program, every source's bucket and the counters kept",
+            req.at.label(),
+            layout::LAYOUT_VERSION
         ),
         Attached::Updated { .. } => println!(
             "updated {}: rate {} burst {} per source{admitted}",

@@ -8,6 +8,7 @@ use shaper_user::{
     policy::{Action, Installed, Mode, PolicySpec, PolicyTable, parse_prefix},
     system,
     units::{Rate, Size},
+    upgrade,
 };
 
 use super::{
@@ -139,6 +140,7 @@ fn set(args: &SetArgs, netns: Option<&str>) -> Result<()> {
         check_burst_fits("--aggregate-burst", burst, &args.iface)?;
     }
     let _lock = system::lock()?;
+    upgrade::recover(&Attachment::new(&args.iface, netns))?;
     let (at, mut table) = open(&args.iface, netns)?;
     let changes = table.set(spec)?;
     let what = if !changes.added.is_empty() {
@@ -155,6 +157,7 @@ fn set(args: &SetArgs, netns: Option<&str>) -> Result<()> {
 fn del(args: &DelArgs, netns: Option<&str>) -> Result<()> {
     let prefix = parse_prefix(&args.prefix)?;
     let _lock = system::lock()?;
+    upgrade::recover(&Attachment::new(&args.iface, netns))?;
     let (at, mut table) = open(&args.iface, netns)?;
     table.del(prefix)?;
     println!("removed {prefix} from {}", at.label());

@@ -4,10 +4,12 @@ use anyhow::Result;
 
 use super::new_sources;
 use serde::Serialize;
+use shaper_common::layout::LAYOUT_VERSION;
 use shaper_user::{
     loader, maps,
     pins::{self, Attachment},
     units::{Rate, Size},
+    upgrade,
 };
 
 /// Show where shaper is attached, its mode, rate, burst and map fill.
@@ -39,10 +41,17 @@ struct Row {
     new_sources_per_sec: u64,
     new_sources_burst: u64,
     pin_dir: String,
+    /// The layout of the pins (`shaper_common::layout`); below this shaper's, an older
+    /// shaper attached it and `attach` with the same settings upgrades it in place.
+    layout_version: u32,
+    /// An upgrade was killed after swapping the pins: `attach` finishes it.
+    upgrade_interrupted: bool,
 }
 
 fn row(at: &Attachment) -> Result<Row> {
-    let config = maps::read_config(at)?;
+    // Read as today's types, whatever layout the pins have.
+    let (layout, settings) = upgrade::settings_of(at)?;
+    let config = settings.config;
     let v4 = maps::read_sources(at)?.len();
     let v6 = maps::read_sources6(at)?.len();
     Ok(Row {
@@ -62,6 +71,8 @@ fn row(at: &Attachment) -> Result<Row> {
         new_sources_per_sec: config.admission.new_sources,
         new_sources_burst: config.admission.new_sources_burst,
         pin_dir: at.dir().display().to_string(),
+        layout_version: layout.version,
+        upgrade_interrupted: upgrade::interrupted(at),
     })
 }
 
@@ -94,8 +105,15 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
         } else {
             " [interface gone: detach to remove its pins]"
         };
+        let older = if r.upgrade_interrupted {
+            " [upgrade interrupted: attach with the same settings finishes it]"
+        } else if r.layout_version < LAYOUT_VERSION {
+            " [attached by an older shaper: attach with the same settings upgrades it in place]"
+        } else {
+            ""
+        };
         println!(
-            "{}: xdp {} rate {} burst {} per {} /{} (IPv6 /{}), sources {}/{} IPv4 {}/{} IPv6, new sources {}{gone}",
+            "{}: xdp {} rate {} burst {} per {} /{} (IPv6 /{}), sources {}/{} IPv4 {}/{} IPv6, new sources {}, pin layout {}{gone}{older}",
             at.label(),
             r.xdp_mode,
             Rate::from_bps(r.rate_bits_per_sec),
@@ -107,7 +125,8 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
             r.max_sources,
             r.ipv6_sources_tracked,
             r.max_sources,
-            new_sources::describe(r.new_sources_per_sec, r.new_sources_burst)
+            new_sources::describe(r.new_sources_per_sec, r.new_sources_burst),
+            r.layout_version,
         );
     }
     Ok(())

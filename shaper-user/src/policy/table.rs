@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use aya::{
     Ebpf,
     maps::{
-        Array, Map, MapData, MapError, PerCpuArray, PerCpuValues,
+        Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues,
         lpm_trie::{Key, LpmTrie},
     },
 };
@@ -23,13 +23,16 @@ use shaper_common::{
     config::ConfigError,
     maps::{
         AdmissionCells, Cell, Config, Ipv4Key, Ipv6Key, MAP_ADMISSION, MAP_AGGREGATES, MAP_CONFIG,
-        MAP_POLICIES, MAP_POLICY_STATS, MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAX_POLICIES, Policy,
-        PolicyStats, sum_per_cpu,
+        MAP_POLICIES, MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6,
+        MAX_POLICIES, PerCpuSum as _, Policy, PolicyStats, sum_per_cpu,
     },
 };
 
 use super::spec::{PolicySpec, family_and_bytes};
-use crate::pins::Attachment;
+use crate::{
+    pins::Attachment,
+    upgrade::{self, UpgradeError},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
@@ -49,6 +52,8 @@ pub enum PolicyError {
     Open { what: String, source: MapError },
     #[error("cannot {what}")]
     Map { what: String, source: MapError },
+    #[error(transparent)]
+    Layout(#[from] UpgradeError),
 }
 
 fn map_err(what: impl Into<String>) -> impl FnOnce(MapError) -> PolicyError {
@@ -86,6 +91,8 @@ pub struct PolicyTable {
     aggregates: Array<MapData, Cell>,
     admission: Array<MapData, AdmissionCells>,
     stats: PerCpuArray<MapData, PolicyStats>,
+    /// What upgrades carried over from the counters of earlier programs, by slot.
+    carried: HashMap<MapData, u32, PolicyStats>,
 }
 
 /// The map entry of a spec, or why it cannot be one.
@@ -143,8 +150,9 @@ fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &str) -> Resul
 }
 
 impl PolicyTable {
-    /// The pinned maps of an attachment.
+    /// The pinned maps of an attachment; refused unless they have this shaper's layout.
     pub fn open(at: &Attachment) -> Result<Self, PolicyError> {
+        upgrade::require_current(at)?;
         Ok(Self {
             config: open_pin(at.config())?,
             policies: open_pin(at.policies())?,
@@ -153,6 +161,7 @@ impl PolicyTable {
             aggregates: open_pin(at.aggregates())?,
             admission: open_pin(at.admission())?,
             stats: open_pin(at.policy_stats())?,
+            carried: open_pin(at.policy_stats_carried())?,
         })
     }
 
@@ -166,6 +175,7 @@ impl PolicyTable {
             aggregates: take(ebpf, MAP_AGGREGATES)?,
             admission: take(ebpf, MAP_ADMISSION)?,
             stats: take(ebpf, MAP_POLICY_STATS)?,
+            carried: take(ebpf, MAP_POLICY_STATS_CARRIED)?,
         })
     }
 
@@ -209,13 +219,20 @@ impl PolicyTable {
         Ok(found)
     }
 
-    /// A slot's counters, summed over CPUs ([`DEFAULT_SLOT`]: the default policy's).
+    /// A slot's counters, summed over CPUs, with what upgrades carried over added
+    /// ([`DEFAULT_SLOT`]: the default policy's).
     pub fn stats(&self, slot: u32) -> Result<PolicyStats, PolicyError> {
         let per_cpu = self
             .stats
             .get(&slot, 0)
             .map_err(map_err("read the policy counters"))?;
-        Ok(sum_per_cpu(per_cpu.iter()))
+        let mut stats: PolicyStats = sum_per_cpu(per_cpu.iter());
+        match self.carried.get(&slot, 0) {
+            Ok(carried) => stats.add(&carried),
+            Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(map_err("read the carried policy counters")(e)),
+        }
+        Ok(stats)
     }
 
     /// Adds `spec`, or replaces the policy of its prefix.
@@ -375,8 +392,8 @@ impl PolicyTable {
             .map_err(map_err(format!("write policy slot {slot}")))
     }
 
-    /// Zeroes a slot's aggregate cell, admission cells and counters, for a policy new to
-    /// it.
+    /// Zeroes a slot's aggregate cell, admission cells and counters (carried ones too),
+    /// for a policy new to it.
     fn reset_slot(&mut self, slot: u32) -> Result<(), PolicyError> {
         self.aggregates
             .set(slot, Cell::default(), 0)
@@ -389,7 +406,15 @@ impl PolicyTable {
             .map_err(PolicyError::Cpus)?;
         self.stats
             .set(slot, zeros, 0)
-            .map_err(map_err(format!("reset policy counters {slot}")))
+            .map_err(map_err(format!("reset policy counters {slot}")))?;
+        match self.carried.remove(&slot) {
+            Ok(()) => Ok(()),
+            // Nothing was carried for it (aya reports the kernel's ENOENT as it is).
+            Err(MapError::SyscallError(e)) if e.io_error.kind() == std::io::ErrorKind::NotFound => {
+                Ok(())
+            }
+            Err(e) => Err(map_err(format!("reset carried policy counters {slot}"))(e)),
+        }
     }
 
     /// Points `prefix` at `slot` in its family's trie.

@@ -1,0 +1,459 @@
+//! What an attachment's pins hold, layout by layout: the table an upgrade reads older pins
+//! with and checks them against.
+//!
+//! A *layout* is the set of maps pinned in an attachment's directory, each with its type,
+//! key and value sizes, size and flags, and the meaning of its bytes. Layouts 1 and 2 were
+//! pinned before pins carried a version and are recognised by their maps; from layout 3
+//! on, the map pinned as [`PIN_LAYOUT`] holds the version (one `u32` at index 0; that map
+//! is the same in every layout and must never change).
+//!
+//! Changing what a map holds (a field of a value type, a map added or removed, a size, a
+//! flag, or the meaning of bytes that keep their size) makes a new layout:
+//! 1. bump [`LAYOUT_VERSION`] and append the new layout to [`LAYOUTS`]. Never edit an
+//!    entry already released: pins made by builds of that layout are read with it.
+//! 2. In shaper-user's `upgrade`, decode the changed maps of every older layout into the new
+//!    types: freeze the old value types in a module of the old layout, as `layout1.rs`
+//!    does. A changed [`Holds::Settings`] or [`Holds::Counters`] map is then migrated; a
+//!    changed [`Holds::Cells`] map refuses the upgrade until the kernel program can carry
+//!    its cells (see `upgrade`).
+//! 3. Add the last commit of the old layout to the lab's old builds
+//!    (`shaper-user/lab/src/old_builds.rs`), so the upgrade test attaches with it.
+//!
+//! The tests below (value sizes against the types) and in shaper-user (every map of the
+//! object file against the newest layout) fail until step 1 is done.
+
+use crate::maps::{
+    MAP_ADMISSION, MAP_AGGREGATES, MAP_CONFIG, MAP_COUNTERS, MAP_COUNTERS_CARRIED, MAP_LAYOUT,
+    MAP_POLICIES, MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6,
+    MAP_SOURCES, MAP_SOURCES6, MAX_POLICIES, PIN_ADMISSION, PIN_AGGREGATES, PIN_CONFIG,
+    PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LAYOUT, PIN_POLICIES, PIN_POLICY_STATS,
+    PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES, PIN_SOURCES6,
+};
+
+/// The layout this build pins.
+pub const LAYOUT_VERSION: u32 = 3;
+
+/// The first layout whose pins record their version in [`PIN_LAYOUT`].
+pub const FIRST_VERSIONED: u32 = 3;
+
+/// `enum bpf_map_type` values (uapi/linux/bpf.h).
+pub const BPF_MAP_TYPE_HASH: u32 = 1;
+pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
+pub const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+pub const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
+pub const BPF_MAP_TYPE_LPM_TRIE: u32 = 11;
+/// `BPF_F_NO_PREALLOC`: entries allocated as they are inserted (LPM tries require it).
+pub const BPF_F_NO_PREALLOC: u32 = 1;
+
+/// [`MapLayout::max_entries`] of the per-source maps: chosen at attach (`--max-sources`).
+pub const SIZED_AT_ATTACH: u32 = 0;
+
+/// Who writes a map, which decides how an upgrade carries it over when it changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holds {
+    /// The layout version.
+    Version,
+    /// Written by userspace only, under the host lock (settings, policies, prefix tries):
+    /// a changed one is decoded and written into its new map before the new program runs.
+    Settings,
+    /// GCRA cells and per-key counters the program updates (sources, aggregates,
+    /// admission): only ever carried over by reusing the map itself.
+    Cells,
+    /// Per-CPU counters the program adds to: a changed one starts from zero in the new
+    /// program, and what the old one counted goes to its [`Holds::Carried`] map.
+    Counters,
+    /// What counters of earlier programs counted (written once by an upgrade, read-only
+    /// after): readers add it to the live counters.
+    Carried,
+}
+
+/// One pinned map, as the kernel describes it (`bpf_map_info`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapLayout {
+    /// Its pin in the attachment's directory.
+    pub pin: &'static str,
+    /// Its name in the object file.
+    pub name: &'static str,
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    /// [`SIZED_AT_ATTACH`] for the per-source maps.
+    pub max_entries: u32,
+    pub flags: u32,
+    pub holds: Holds,
+}
+
+impl MapLayout {
+    /// Whether a pinned map described by the rest of the arguments is this map, as libbpf
+    /// checks before it reuses a pinned map: type, key and value size, size and flags.
+    pub fn matches(
+        &self,
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        flags: u32,
+    ) -> bool {
+        self.map_type == map_type
+            && self.key_size == key_size
+            && self.value_size == value_size
+            && match self.max_entries {
+                SIZED_AT_ATTACH => max_entries != 0,
+                n => n == max_entries,
+            }
+            && self.flags == flags
+    }
+}
+
+/// The maps of one layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub version: u32,
+    /// Which build pinned it, for the operator.
+    pub made_by: &'static str,
+    pub maps: &'static [MapLayout],
+}
+
+impl Layout {
+    /// The map pinned as `pin`, if this layout has one.
+    pub fn map(&self, pin: &str) -> Option<&'static MapLayout> {
+        self.maps.iter().find(|m| m.pin == pin)
+    }
+
+    /// Whether its pins record the version ([`PIN_LAYOUT`]).
+    pub fn versioned(&self) -> bool {
+        self.version >= FIRST_VERSIONED
+    }
+}
+
+/// The layout of `version`, if there is one.
+pub fn layout(version: u32) -> Option<&'static Layout> {
+    LAYOUTS.iter().find(|l| l.version == version)
+}
+
+/// The layout this build pins.
+pub fn current() -> &'static Layout {
+    &LAYOUTS[LAYOUTS.len() - 1]
+}
+
+const fn map(
+    pin: &'static str,
+    name: &'static str,
+    (map_type, key_size, value_size, max_entries, flags): (u32, u32, u32, u32, u32),
+    holds: Holds,
+) -> MapLayout {
+    MapLayout {
+        pin,
+        name,
+        map_type,
+        key_size,
+        value_size,
+        max_entries,
+        flags,
+        holds,
+    }
+}
+
+const ARRAY: u32 = BPF_MAP_TYPE_ARRAY;
+const PERCPU: u32 = BPF_MAP_TYPE_PERCPU_ARRAY;
+const LRU: u32 = BPF_MAP_TYPE_LRU_HASH;
+const LPM: u32 = BPF_MAP_TYPE_LPM_TRIE;
+const HASH: u32 = BPF_MAP_TYPE_HASH;
+const SLOTS: u32 = MAX_POLICIES;
+const ANY: u32 = SIZED_AT_ATTACH;
+
+// Every number below is frozen: these are the maps as released builds pinned them.
+
+const CONFIG_88: MapLayout = map(
+    PIN_CONFIG,
+    MAP_CONFIG,
+    (ARRAY, 4, 88, 1, 0),
+    Holds::Settings,
+);
+const CONFIG_136: MapLayout = map(
+    PIN_CONFIG,
+    MAP_CONFIG,
+    (ARRAY, 4, 136, 1, 0),
+    Holds::Settings,
+);
+const SOURCES: MapLayout = map(PIN_SOURCES, MAP_SOURCES, (LRU, 4, 72, ANY, 0), Holds::Cells);
+const SOURCES6: MapLayout = map(
+    PIN_SOURCES6,
+    MAP_SOURCES6,
+    (LRU, 16, 72, ANY, 0),
+    Holds::Cells,
+);
+const COUNTERS_160: MapLayout = map(
+    PIN_COUNTERS,
+    MAP_COUNTERS,
+    (PERCPU, 4, 160, 1, 0),
+    Holds::Counters,
+);
+const COUNTERS_208: MapLayout = map(
+    PIN_COUNTERS,
+    MAP_COUNTERS,
+    (PERCPU, 4, 208, 1, 0),
+    Holds::Counters,
+);
+const POLICIES_120: MapLayout = map(
+    PIN_POLICIES,
+    MAP_POLICIES,
+    (ARRAY, 4, 120, SLOTS, 0),
+    Holds::Settings,
+);
+const POLICIES_160: MapLayout = map(
+    PIN_POLICIES,
+    MAP_POLICIES,
+    (ARRAY, 4, 160, SLOTS, 0),
+    Holds::Settings,
+);
+const PREFIXES_V4: MapLayout = map(
+    PIN_PREFIXES_V4,
+    MAP_PREFIXES_V4,
+    (LPM, 8, 4, SLOTS, BPF_F_NO_PREALLOC),
+    Holds::Settings,
+);
+const PREFIXES_V6: MapLayout = map(
+    PIN_PREFIXES_V6,
+    MAP_PREFIXES_V6,
+    (LPM, 20, 4, SLOTS, BPF_F_NO_PREALLOC),
+    Holds::Settings,
+);
+const AGGREGATES: MapLayout = map(
+    PIN_AGGREGATES,
+    MAP_AGGREGATES,
+    (ARRAY, 4, 16, SLOTS, 0),
+    Holds::Cells,
+);
+const POLICY_STATS_64: MapLayout = map(
+    PIN_POLICY_STATS,
+    MAP_POLICY_STATS,
+    (PERCPU, 4, 64, SLOTS, 0),
+    Holds::Counters,
+);
+const POLICY_STATS_120: MapLayout = map(
+    PIN_POLICY_STATS,
+    MAP_POLICY_STATS,
+    (PERCPU, 4, 120, SLOTS, 0),
+    Holds::Counters,
+);
+const ADMISSION: MapLayout = map(
+    PIN_ADMISSION,
+    MAP_ADMISSION,
+    (ARRAY, 4, 32, SLOTS, 0),
+    Holds::Cells,
+);
+const VERSION: MapLayout = map(PIN_LAYOUT, MAP_LAYOUT, (ARRAY, 4, 4, 1, 0), Holds::Version);
+const COUNTERS_CARRIED_208: MapLayout = map(
+    PIN_COUNTERS_CARRIED,
+    MAP_COUNTERS_CARRIED,
+    (ARRAY, 4, 208, 1, 0),
+    Holds::Carried,
+);
+const POLICY_STATS_CARRIED_120: MapLayout = map(
+    PIN_POLICY_STATS_CARRIED,
+    MAP_POLICY_STATS_CARRIED,
+    (HASH, 4, 120, SLOTS, BPF_F_NO_PREALLOC),
+    Holds::Carried,
+);
+
+/// Every layout shaper has pinned since prefix policies, oldest first; the last is
+/// [`LAYOUT_VERSION`].
+pub const LAYOUTS: &[Layout] = &[
+    Layout {
+        version: 1,
+        made_by: "shaper as of commit ddbba43 (prefix policies, before new-source admission)",
+        maps: &[
+            CONFIG_88,
+            SOURCES,
+            SOURCES6,
+            COUNTERS_160,
+            POLICIES_120,
+            PREFIXES_V4,
+            PREFIXES_V6,
+            AGGREGATES,
+            POLICY_STATS_64,
+        ],
+    },
+    Layout {
+        version: 2,
+        made_by: "shaper with new-source admission, before pins carried a layout version",
+        maps: &[
+            CONFIG_136,
+            SOURCES,
+            SOURCES6,
+            COUNTERS_208,
+            POLICIES_160,
+            PREFIXES_V4,
+            PREFIXES_V6,
+            AGGREGATES,
+            POLICY_STATS_120,
+            ADMISSION,
+        ],
+    },
+    Layout {
+        version: 3,
+        made_by: "shaper with layout versions and upgrades in place",
+        maps: &[
+            VERSION,
+            CONFIG_136,
+            SOURCES,
+            SOURCES6,
+            COUNTERS_208,
+            COUNTERS_CARRIED_208,
+            POLICIES_160,
+            PREFIXES_V4,
+            PREFIXES_V6,
+            AGGREGATES,
+            POLICY_STATS_120,
+            POLICY_STATS_CARRIED_120,
+            ADMISSION,
+        ],
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::maps::{
+        AdmissionCells, Cell, Config, Counters, Ipv4Key, Ipv6Key, Policy, PolicyStats, SourceState,
+    };
+
+    /// An LPM trie's key: the prefix length, then the address.
+    const fn trie_key(addr: usize) -> usize {
+        4 + addr
+    }
+
+    /// The current types: a change to any of them fails here until the newest layout
+    /// says so, and a new layout means an upgrade (see the module docs).
+    #[test]
+    fn the_newest_layout_is_the_one_the_types_make() {
+        let u32_size = size_of::<u32>();
+        let expected: &[(&str, usize, usize, u32)] = &[
+            (PIN_LAYOUT, u32_size, u32_size, 1),
+            (PIN_CONFIG, u32_size, size_of::<Config>(), 1),
+            (
+                PIN_SOURCES,
+                size_of::<Ipv4Key>(),
+                size_of::<SourceState>(),
+                SIZED_AT_ATTACH,
+            ),
+            (
+                PIN_SOURCES6,
+                size_of::<Ipv6Key>(),
+                size_of::<SourceState>(),
+                SIZED_AT_ATTACH,
+            ),
+            (PIN_COUNTERS, u32_size, size_of::<Counters>(), 1),
+            (PIN_COUNTERS_CARRIED, u32_size, size_of::<Counters>(), 1),
+            (PIN_POLICIES, u32_size, size_of::<Policy>(), MAX_POLICIES),
+            (
+                PIN_PREFIXES_V4,
+                trie_key(size_of::<Ipv4Key>()),
+                u32_size,
+                MAX_POLICIES,
+            ),
+            (
+                PIN_PREFIXES_V6,
+                trie_key(size_of::<Ipv6Key>()),
+                u32_size,
+                MAX_POLICIES,
+            ),
+            (PIN_AGGREGATES, u32_size, size_of::<Cell>(), MAX_POLICIES),
+            (
+                PIN_POLICY_STATS,
+                u32_size,
+                size_of::<PolicyStats>(),
+                MAX_POLICIES,
+            ),
+            (
+                PIN_POLICY_STATS_CARRIED,
+                u32_size,
+                size_of::<PolicyStats>(),
+                MAX_POLICIES,
+            ),
+            (
+                PIN_ADMISSION,
+                u32_size,
+                size_of::<AdmissionCells>(),
+                MAX_POLICIES,
+            ),
+        ];
+        let newest = current();
+        assert_eq!(newest.version, LAYOUT_VERSION);
+        assert_eq!(
+            newest.maps.len(),
+            expected.len(),
+            "the newest layout has other maps than the types"
+        );
+        for &(pin, key, value, entries) in expected {
+            let m = newest
+                .map(pin)
+                .unwrap_or_else(|| panic!("the newest layout has no map {pin}"));
+            assert_eq!(
+                (m.key_size as usize, m.value_size as usize, m.max_entries),
+                (key, value, entries),
+                "{pin}: the types say key {key}, value {value}, {entries} entries; \
+                 the layout {} says otherwise: a layout change needs a new layout (see \
+                 shaper_common::layout)",
+                newest.version,
+            );
+        }
+    }
+
+    #[test]
+    fn layouts_are_numbered_in_order_and_each_differs_from_the_last() {
+        for (i, l) in LAYOUTS.iter().enumerate() {
+            assert_eq!(l.version as usize, i + 1);
+            for (j, m) in l.maps.iter().enumerate() {
+                assert!(
+                    l.maps[..j]
+                        .iter()
+                        .all(|o| o.pin != m.pin && o.name != m.name),
+                    "layout {}: {} twice",
+                    l.version,
+                    m.pin
+                );
+            }
+            assert_eq!(l.versioned(), l.map(PIN_LAYOUT).is_some());
+            if let Some(v) = l.map(PIN_LAYOUT) {
+                assert_eq!(*v, VERSION, "the version map never changes");
+            }
+        }
+        for pair in LAYOUTS.windows(2) {
+            assert_ne!(pair[0].maps, pair[1].maps, "layout {}", pair[1].version);
+        }
+        assert!(layout(FIRST_VERSIONED).is_some_and(Layout::versioned));
+        assert!(!layout(FIRST_VERSIONED - 1).is_some_and(Layout::versioned));
+    }
+
+    /// Unversioned layouts are told apart by their maps alone: no two may look alike.
+    #[test]
+    fn unversioned_layouts_are_told_apart_by_their_maps() {
+        let unversioned = || LAYOUTS.iter().filter(|l| !l.versioned());
+        for (i, a) in unversioned().enumerate() {
+            for b in unversioned().skip(i + 1) {
+                assert!(
+                    a.maps.iter().any(|m| b.map(m.pin) != Some(m)),
+                    "layouts {} and {} have the same maps",
+                    a.version,
+                    b.version
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_pinned_map_matches_as_libbpf_checks() {
+        let m = PREFIXES_V4;
+        assert!(m.matches(LPM, 8, 4, SLOTS, BPF_F_NO_PREALLOC));
+        assert!(!m.matches(HASH, 8, 4, SLOTS, BPF_F_NO_PREALLOC));
+        assert!(!m.matches(LPM, 20, 4, SLOTS, BPF_F_NO_PREALLOC));
+        assert!(!m.matches(LPM, 8, 8, SLOTS, BPF_F_NO_PREALLOC));
+        assert!(!m.matches(LPM, 8, 4, SLOTS + 1, BPF_F_NO_PREALLOC));
+        assert!(!m.matches(LPM, 8, 4, SLOTS, 0));
+        // The per-source maps take whatever size they were given at attach.
+        assert!(SOURCES.matches(LRU, 4, 72, 1024, 0));
+        assert!(!SOURCES.matches(LRU, 4, 72, 0, 0));
+    }
+}

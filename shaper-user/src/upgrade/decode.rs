@@ -1,0 +1,201 @@
+//! Reading the settings and counters of pins of any known layout as today's types.
+//!
+//! A map whose layout is today's is read as it is; one that changed since is read with the
+//! frozen types of its layout (`layout1`) and carried into today's. A layout with no
+//! decoder for a changed map cannot be upgraded from, and says so.
+
+use std::{collections::BTreeMap, path::Path};
+
+use aya::{
+    Pod,
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray},
+};
+use shaper_common::{
+    layout::{self, Layout},
+    maps::{
+        Config, Counters, DEFAULT_SLOT, MAX_POLICIES, PIN_CONFIG, PIN_COUNTERS,
+        PIN_COUNTERS_CARRIED, PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PerCpuSum,
+        Policy, PolicyStats, sum_per_cpu,
+    },
+};
+
+use super::layout1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("cannot read {path}")]
+    Read { path: String, source: MapError },
+    #[error("this shaper cannot read map '{pin}' of pin layout {version}")]
+    NoDecoder { pin: &'static str, version: u32 },
+}
+
+/// What userspace writes: the interface's settings and its prefix policies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub config: Config,
+    /// The slots in use.
+    pub policies: Vec<(u32, Policy)>,
+}
+
+/// What the program counted: the global counters and those of the default policy and each
+/// policy in force that counted anything, summed over CPUs, with what earlier upgrades
+/// carried added in. (A slot's counters are zeroed when a policy takes it, so those of
+/// unused slots mean nothing.)
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub counters: Counters,
+    pub policy_stats: BTreeMap<u32, PolicyStats>,
+}
+
+fn open(path: &Path) -> Result<Map, DecodeError> {
+    let err = |source| DecodeError::Read {
+        path: path.display().to_string(),
+        source,
+    };
+    Map::from_map_data(MapData::from_pin(path).map_err(err)?).map_err(err)
+}
+
+fn read_err(path: &Path) -> impl FnOnce(MapError) -> DecodeError + '_ {
+    move |source| DecodeError::Read {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn array<T: Pod>(path: &Path) -> Result<Array<MapData, T>, DecodeError> {
+    Array::try_from(open(path)?).map_err(read_err(path))
+}
+
+/// Every entry of the array pinned at `path`, in index order.
+fn array_entries<T: Pod>(path: &Path) -> Result<Vec<T>, DecodeError> {
+    let map = array::<T>(path)?;
+    map.iter()
+        .collect::<Result<Vec<T>, _>>()
+        .map_err(read_err(path))
+}
+
+/// Entries `indices` of the per-CPU array pinned at `path` as today's type (`now`), each
+/// summed over CPUs.
+fn per_cpu_sums<T: Pod, U: PerCpuSum>(
+    path: &Path,
+    indices: &[u32],
+    now: impl Fn(&T) -> U,
+) -> Result<Vec<(u32, U)>, DecodeError> {
+    let map: PerCpuArray<MapData, T> =
+        PerCpuArray::try_from(open(path)?).map_err(read_err(path))?;
+    indices
+        .iter()
+        .map(|&i| {
+            let values = map.get(&i, 0).map_err(read_err(path))?;
+            Ok((i, sum_per_cpu(&values.iter().map(&now).collect::<Vec<U>>())))
+        })
+        .collect()
+}
+
+/// Whether `pin` is the same map in `l` as in today's layout.
+fn as_today(l: &Layout, pin: &str) -> bool {
+    l.map(pin).is_some() && l.map(pin) == layout::current().map(pin)
+}
+
+fn no_decoder(pin: &'static str, l: &Layout) -> DecodeError {
+    DecodeError::NoDecoder {
+        pin,
+        version: l.version,
+    }
+}
+
+/// The settings in `dir`, whose pins have layout `l`.
+pub fn read_settings(dir: &Path, l: &Layout) -> Result<Settings, DecodeError> {
+    let path = dir.join(PIN_POLICIES);
+    let all: Vec<Policy> = if as_today(l, PIN_POLICIES) {
+        array_entries(&path)?
+    } else if l.version == 1 {
+        array_entries::<layout1::Policy1>(&path)?
+            .iter()
+            .map(layout1::Policy1::current)
+            .collect()
+    } else {
+        return Err(no_decoder(PIN_POLICIES, l));
+    };
+    // Slot 0 is the default policy's, which lives in the config.
+    let policies: Vec<(u32, Policy)> = (0..MAX_POLICIES)
+        .zip(all)
+        .filter(|(slot, p)| *slot != DEFAULT_SLOT && p.in_use != 0)
+        .collect();
+    let path = dir.join(PIN_CONFIG);
+    let config = if as_today(l, PIN_CONFIG) {
+        array::<Config>(&path)?
+            .get(&0, 0)
+            .map_err(read_err(&path))?
+    } else if l.version == 1 {
+        let v4 = policies.iter().filter(|(_, p)| p.family == 4).count();
+        let prefixes = (v4 as u32, (policies.len() - v4) as u32);
+        array::<layout1::Config1>(&path)?
+            .get(&0, 0)
+            .map_err(read_err(&path))?
+            .current(prefixes)
+    } else {
+        return Err(no_decoder(PIN_CONFIG, l));
+    };
+    Ok(Settings { config, policies })
+}
+
+/// The counts in `dir`, whose pins have layout `l` and hold `settings`.
+pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts, DecodeError> {
+    let path = dir.join(PIN_COUNTERS);
+    let global = [0];
+    let mut counters: Counters = if as_today(l, PIN_COUNTERS) {
+        per_cpu_sums(&path, &global, |c: &Counters| *c)?
+    } else if l.version == 1 {
+        per_cpu_sums(&path, &global, layout1::Counters1::current)?
+    } else {
+        return Err(no_decoder(PIN_COUNTERS, l));
+    }
+    .remove(0)
+    .1;
+    let path = dir.join(PIN_POLICY_STATS);
+    let slots: Vec<u32> = std::iter::once(DEFAULT_SLOT)
+        .chain(settings.policies.iter().map(|(slot, _)| *slot))
+        .collect();
+    let live = if as_today(l, PIN_POLICY_STATS) {
+        per_cpu_sums(&path, &slots, |s: &PolicyStats| *s)?
+    } else if l.version == 1 {
+        per_cpu_sums(&path, &slots, layout1::PolicyStats1::current)?
+    } else {
+        return Err(no_decoder(PIN_POLICY_STATS, l));
+    };
+    let mut policy_stats: BTreeMap<u32, PolicyStats> = live
+        .into_iter()
+        .filter(|(_, s)| *s != PolicyStats::default())
+        .collect();
+    // What upgrades before carried, in the layouts that have it.
+    if l.map(PIN_COUNTERS_CARRIED).is_some() {
+        if !as_today(l, PIN_COUNTERS_CARRIED) {
+            return Err(no_decoder(PIN_COUNTERS_CARRIED, l));
+        }
+        let path = dir.join(PIN_COUNTERS_CARRIED);
+        counters.add(
+            &array::<Counters>(&path)?
+                .get(&0, 0)
+                .map_err(read_err(&path))?,
+        );
+    }
+    if l.map(PIN_POLICY_STATS_CARRIED).is_some() {
+        if !as_today(l, PIN_POLICY_STATS_CARRIED) {
+            return Err(no_decoder(PIN_POLICY_STATS_CARRIED, l));
+        }
+        let path = dir.join(PIN_POLICY_STATS_CARRIED);
+        let carried: HashMap<MapData, u32, PolicyStats> =
+            HashMap::try_from(open(&path)?).map_err(read_err(&path))?;
+        for entry in carried.iter() {
+            let (slot, stats) = entry.map_err(read_err(&path))?;
+            if slots.contains(&slot) {
+                policy_stats.entry(slot).or_default().add(&stats);
+            }
+        }
+    }
+    Ok(Counts {
+        counters,
+        policy_stats,
+    })
+}

@@ -1,0 +1,649 @@
+//! Upgrading in place an attachment that an older shaper made.
+//!
+//! `shaper attach` on an interface whose pins have an older layout
+//! (`shaper_common::layout`), asking for no change of settings, replaces the program
+//! without detaching and carries everything over:
+//!
+//! 1. **Plan.** Each map of today's layout is *reused* when the old pins have it with the
+//!    same layout (checked as libbpf checks a pinned map), or made anew. A new map of
+//!    settings (config, policies, tries) is written from the old one, decoded into
+//!    today's types; new counters start at zero and what the old ones counted is
+//!    *carried* (below); a map new in this layout starts empty. Cells (sources,
+//!    aggregates, admission) are only ever reused: if their layout changed, the upgrade
+//!    is refused in one line, since a copy made while the old program still meters would
+//!    lose what it charged meanwhile.
+//! 2. **Stage.** The object is loaded on the reused maps and the new ones, and everything
+//!    is pinned in `IFACE:new` (`pins::Attachment::staging`): the maps, the link (a second
+//!    pin of the same link) and the new program (`upgrade_prog`). The old attachment is
+//!    untouched: nothing it uses is written.
+//! 3. **Swap the pins.** `renameat2(RENAME_EXCHANGE)` swaps the two directories in one
+//!    step: `IFACE` now holds the new pins, `IFACE:new` the old ones.
+//! 4. **Swap the program.** `BPF_LINK_UPDATE` (with `BPF_F_REPLACE`: only if the link
+//!    still runs the old program) makes the link run the new program, in one step: every
+//!    frame is metered by one program or the other, and a reused cell is the same memory
+//!    for both, so no source is refilled.
+//! 5. **Carry the counts.** Once no CPU still runs the old program (an RCU grace period,
+//!    [`bpf::wait_for_running_programs`]), its counters are final; what they counted, with
+//!    what earlier upgrades carried, is written to the carried maps, which readers add to
+//!    the live counters. (A per-CPU counter cannot be added to from userspace while the
+//!    program increments it; a map of its own can be written once.) A snapshot was written
+//!    there in step 2, so the counters never read low meanwhile.
+//! 6. **Clean up.** `upgrade_prog` is unpinned, then the old pins are removed.
+//!
+//! Killed at any point, the host holds the old attachment whole (before step 3: the next
+//! command removes `IFACE:new`) or the new one whole (after it: `upgrade_prog` in `IFACE`
+//! says so, and the next `attach`, `policy set|del` or `apply` finishes steps 4 to 6 from
+//! what is pinned; until then the old program, on the old maps, still meters every
+//! frame).
+
+mod decode;
+mod layout1;
+mod pinned;
+
+use std::{
+    error::Error,
+    ffi::CString,
+    io,
+    os::fd::AsFd as _,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{
+        Array, HashMap, MapData,
+        lpm_trie::{Key, LpmTrie},
+    },
+};
+use shaper_common::{
+    layout::{self, Holds, LAYOUT_VERSION, Layout, MapLayout},
+    maps::{
+        Config, Counters, Ipv4Key, Ipv6Key, MAP_CONFIG, MAP_COUNTERS_CARRIED, MAP_LAYOUT,
+        MAP_POLICIES, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SOURCES,
+        MAP_SOURCES6, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LINK, PIN_POLICIES,
+        PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6,
+        PIN_UPGRADE_PROG, PROG_XDP, Policy, PolicyStats,
+    },
+};
+
+pub use decode::{Counts, DecodeError, Settings, read_counts, read_settings};
+pub use pinned::{LayoutError, identify};
+
+use crate::{
+    bpf,
+    loader::{self, AttachError, AttachRequest, Attached},
+    pins::{self, Attachment},
+    units::{Rate, Size},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    #[error(
+        "{label} was attached by an older shaper (pin layout {from}; this one writes {LAYOUT_VERSION}): upgrade it in place with `{command}`, which keeps every source's bucket and the counters"
+    )]
+    Older {
+        label: String,
+        from: u32,
+        command: String,
+    },
+    #[error(
+        "{label} was attached by an older shaper (pin layout {from}): upgrade it first with its settings as they are (`{command}`), then change them"
+    )]
+    SettingsDiffer {
+        label: String,
+        from: u32,
+        command: String,
+    },
+    #[error(
+        "cannot upgrade {label} from pin layout {from}: the cells in its map '{pin}' changed layout and cannot be carried over; detach and attach again (which refills every source's bucket)"
+    )]
+    Cells {
+        label: String,
+        from: u32,
+        pin: &'static str,
+    },
+    #[error("an upgrade of {label} was interrupted: `{command}` finishes it")]
+    Interrupted { label: String, command: String },
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error("cannot upgrade {label}")]
+    Decode {
+        label: String,
+        source: Box<DecodeError>,
+    },
+    #[error("cannot upgrade {label}: cannot {what}")]
+    Step {
+        label: String,
+        what: String,
+        source: Box<dyn Error + Send + Sync>,
+    },
+}
+
+/// Each counters map, and the map that carries what it counted across upgrades.
+const CARRIED_FOR: [(&str, &str); 2] = [
+    (PIN_COUNTERS, PIN_COUNTERS_CARRIED),
+    (PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED),
+];
+
+fn step<E: Error + Send + Sync + 'static>(
+    at: &Attachment,
+    what: impl Into<String>,
+) -> impl FnOnce(E) -> UpgradeError {
+    let label = at.label();
+    let what = what.into();
+    move |e| UpgradeError::Step {
+        label,
+        what,
+        source: Box::new(e),
+    }
+}
+
+fn decode_err(at: &Attachment) -> impl FnOnce(DecodeError) -> UpgradeError {
+    let label = at.label();
+    move |source| UpgradeError::Decode {
+        label,
+        source: Box::new(source),
+    }
+}
+
+/// The command that attaches `at` as `config` says: with no other flag, what upgrades an
+/// older attachment in place.
+fn attach_command(at: &Attachment, config: &Config) -> String {
+    let netns = at
+        .netns
+        .as_ref()
+        .map_or(String::new(), |ns| format!("-n {ns} "));
+    format!(
+        "shaper {netns}attach {} --rate {} --burst {}",
+        at.iface,
+        Rate::from_bps(config.rate_bps),
+        Size::from_bytes(config.burst_bytes)
+    )
+}
+
+/// Succeeds if `at`'s pins have this shaper's layout; otherwise says what to run.
+pub fn require_current(at: &Attachment) -> Result<(), UpgradeError> {
+    let dir = at.dir();
+    let l = identify(&dir, &at.label())?;
+    let settings = || read_settings(&dir, l).map_err(decode_err(at));
+    if at.upgrade_prog().exists() {
+        return Err(UpgradeError::Interrupted {
+            label: at.label(),
+            command: attach_command(at, &settings()?.config),
+        });
+    }
+    if l.version == LAYOUT_VERSION {
+        return Ok(());
+    }
+    Err(UpgradeError::Older {
+        label: at.label(),
+        from: l.version,
+        command: attach_command(at, &settings()?.config),
+    })
+}
+
+/// Whether an upgrade of `at` stopped after swapping the pins (see the module docs).
+pub fn interrupted(at: &Attachment) -> bool {
+    at.upgrade_prog().exists()
+}
+
+/// Finishes an upgrade of `at` that was killed after it swapped the pins, or removes what
+/// one killed before left. The caller holds the host lock.
+pub fn recover(at: &Attachment) -> Result<(), UpgradeError> {
+    if interrupted(at) {
+        return finish(at);
+    }
+    if at.dir().exists() && at.staging().exists() {
+        pins::remove_dir_of_pins(&at.staging()).map_err(step(at, "remove old staged pins"))?;
+    }
+    Ok(())
+}
+
+/// What becomes of each map of today's layout: reused (`true`) or made anew.
+fn plan(at: &Attachment, from: &Layout) -> Result<Vec<(&'static MapLayout, bool)>, UpgradeError> {
+    let mut plan = Vec::new();
+    for m in layout::current().maps {
+        let reuse = match (m.holds, from.map(m.pin)) {
+            // The old pins keep their version until the swap.
+            (Holds::Version, _) => false,
+            (_, Some(old)) if old == m => true,
+            (Holds::Cells, Some(_)) => {
+                return Err(UpgradeError::Cells {
+                    label: at.label(),
+                    from: from.version,
+                    pin: m.pin,
+                });
+            }
+            _ => false,
+        };
+        plan.push((m, reuse));
+    }
+    // New counters need new carried maps: writing the old ones would change the old
+    // attachment's counts before the swap.
+    for (live, carried) in CARRIED_FOR {
+        if plan.iter().any(|&(m, reuse)| m.pin == live && !reuse) {
+            for entry in plan.iter_mut().filter(|(m, _)| m.pin == carried) {
+                entry.1 = false;
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// Upgrades `req.at`, whose pins have the older layout `from`, in place (see the module
+/// docs). The caller holds the host lock and has found the link live.
+pub fn upgrade(req: &AttachRequest, from: &'static Layout) -> Result<Attached, AttachError> {
+    let at = &req.at;
+    let dir = at.dir();
+    let settings = read_settings(&dir, from).map_err(decode_err(at))?;
+    let current = &settings.config;
+    let cap = bpf::map_info(&at.sources())
+        .map_err(step(at, "read the size of the sources map"))?
+        .max_entries;
+    loader::check_unchangeable(req, current, cap)?;
+    let asked = loader::config_for(req, Some(current), cap, current.xdp_mode)?;
+    let as_is = Config {
+        policy_gen: asked.policy_gen,
+        prefixes_v4: asked.prefixes_v4,
+        prefixes_v6: asked.prefixes_v6,
+        ..*current
+    };
+    if asked != as_is || req.policies.is_some() {
+        return Err(UpgradeError::SettingsDiffer {
+            label: at.label(),
+            from: from.version,
+            command: attach_command(at, current),
+        }
+        .into());
+    }
+    let plan = plan(at, from)?;
+    let staging = at.staging();
+    if let Err(e) = stage(at, from, &settings, &plan, cap) {
+        // Best effort: the old attachment was never touched.
+        let _ = pins::remove_dir_of_pins(&staging);
+        return Err(e.into());
+    }
+    exchange(&staging, &dir).map_err(step(at, "swap the pins"))?;
+    finish(at)?;
+    Ok(Attached::Upgraded {
+        xdp_mode: current.xdp_mode,
+        from: from.version,
+    })
+}
+
+/// Loads the object on the reused and new maps and pins all of it, the link and the new
+/// program in the staging directory.
+fn stage(
+    at: &Attachment,
+    from: &Layout,
+    settings: &Settings,
+    plan: &[(&'static MapLayout, bool)],
+    cap: u32,
+) -> Result<(), UpgradeError> {
+    let dir = at.dir();
+    let staging = at.staging();
+    pins::remove_dir_of_pins(&staging).map_err(step(at, "remove old staged pins"))?;
+    std::fs::create_dir_all(&staging).map_err(step(at, "make the staging directory"))?;
+    let mut load = EbpfLoader::new();
+    load.map_max_entries(MAP_SOURCES, cap)
+        .map_max_entries(MAP_SOURCES6, cap);
+    for &(m, reuse) in plan {
+        // aya reuses the map pinned there, or creates the map and pins it there.
+        let path = if reuse { &dir } else { &staging }.join(m.pin);
+        load.map_pin_path(m.name, path);
+    }
+    let mut ebpf = load
+        .load(loader::EBPF_OBJECT)
+        .map_err(step(at, "load the new program's maps"))?;
+    let fresh = |pin: &str| plan.iter().any(|&(m, reuse)| m.pin == pin && !reuse);
+    for &(m, _) in plan.iter().filter(|(_, reuse)| *reuse) {
+        map_of(at, &ebpf, m.name)?
+            .pin(staging.join(m.pin))
+            .map_err(step(at, format!("pin map '{}' again", m.pin)))?;
+    }
+    write_settings(at, &mut ebpf, settings, &fresh)?;
+    array::<u32>(at, &mut ebpf, MAP_LAYOUT)?
+        .set(0, LAYOUT_VERSION, 0)
+        .map_err(step(at, "write the layout version"))?;
+    if fresh(PIN_COUNTERS) || fresh(PIN_POLICY_STATS) {
+        // What the old counters have counted so far; exact once the old program is gone.
+        let counts = read_counts(&dir, from, settings).map_err(decode_err(at))?;
+        write_carried(at, &mut ebpf, &counts, &fresh)?;
+    }
+    let prog =
+        loader::xdp_program(&mut ebpf, PROG_XDP).map_err(step(at, "load the new program"))?;
+    prog.pin(staging.join(PIN_UPGRADE_PROG))
+        .map_err(step(at, "pin the new program"))?;
+    let link = bpf::obj_get(&at.link()).map_err(step(at, "open the pinned link"))?;
+    bpf::obj_pin(link.as_fd(), &staging.join(PIN_LINK)).map_err(step(at, "pin the link again"))
+}
+
+fn map_of<'a>(
+    at: &Attachment,
+    ebpf: &'a Ebpf,
+    name: &str,
+) -> Result<&'a aya::maps::Map, UpgradeError> {
+    ebpf.map(name).ok_or_else(|| UpgradeError::Step {
+        label: at.label(),
+        what: format!("find map {name} in the object"),
+        source: "missing".into(),
+    })
+}
+
+fn typed<'a, T>(at: &Attachment, ebpf: &'a mut Ebpf, name: &str) -> Result<T, UpgradeError>
+where
+    T: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.map_mut(name).ok_or_else(|| UpgradeError::Step {
+        label: at.label(),
+        what: format!("find map {name} in the object"),
+        source: "missing".into(),
+    })?;
+    T::try_from(map).map_err(step(at, format!("open map {name}")))
+}
+
+fn array<'a, T: aya::Pod>(
+    at: &Attachment,
+    ebpf: &'a mut Ebpf,
+    name: &str,
+) -> Result<Array<&'a mut MapData, T>, UpgradeError> {
+    typed(at, ebpf, name)
+}
+
+/// Writes the settings into those of their maps that are new (`fresh`).
+fn write_settings(
+    at: &Attachment,
+    ebpf: &mut Ebpf,
+    settings: &Settings,
+    fresh: &dyn Fn(&str) -> bool,
+) -> Result<(), UpgradeError> {
+    if fresh(PIN_CONFIG) {
+        array::<Config>(at, ebpf, MAP_CONFIG)?
+            .set(0, settings.config, 0)
+            .map_err(step(at, "write the config"))?;
+    }
+    if fresh(PIN_POLICIES) {
+        let mut policies = array::<Policy>(at, ebpf, MAP_POLICIES)?;
+        for (slot, p) in &settings.policies {
+            policies
+                .set(*slot, p, 0)
+                .map_err(step(at, format!("write policy slot {slot}")))?;
+        }
+    }
+    if fresh(PIN_PREFIXES_V4) {
+        let mut trie: LpmTrie<&mut MapData, Ipv4Key, u32> = typed(at, ebpf, MAP_PREFIXES_V4)?;
+        for (slot, p) in settings.policies.iter().filter(|(_, p)| p.family == 4) {
+            let addr = u32::from_ne_bytes([p.addr[0], p.addr[1], p.addr[2], p.addr[3]]);
+            trie.insert(&Key::new(p.prefix_len, addr), slot, 0)
+                .map_err(step(at, "write the IPv4 prefixes"))?;
+        }
+    }
+    if fresh(PIN_PREFIXES_V6) {
+        let mut trie: LpmTrie<&mut MapData, Ipv6Key, u32> = typed(at, ebpf, MAP_PREFIXES_V6)?;
+        for (slot, p) in settings.policies.iter().filter(|(_, p)| p.family == 6) {
+            trie.insert(&Key::new(p.prefix_len, p.addr), slot, 0)
+                .map_err(step(at, "write the IPv6 prefixes"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes `counts` into the carried maps of the counters that are new (`fresh`).
+fn write_carried(
+    at: &Attachment,
+    ebpf: &mut Ebpf,
+    counts: &Counts,
+    fresh: &dyn Fn(&str) -> bool,
+) -> Result<(), UpgradeError> {
+    if fresh(PIN_COUNTERS) {
+        array::<Counters>(at, ebpf, MAP_COUNTERS_CARRIED)?
+            .set(0, counts.counters, 0)
+            .map_err(step(at, "write the carried counters"))?;
+    }
+    if fresh(PIN_POLICY_STATS) {
+        let mut carried: HashMap<&mut MapData, u32, PolicyStats> =
+            typed(at, ebpf, MAP_POLICY_STATS_CARRIED)?;
+        for (slot, stats) in &counts.policy_stats {
+            carried
+                .insert(slot, stats, 0)
+                .map_err(step(at, "write the carried policy counters"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Swaps two directories in one step.
+fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_encoded_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+    };
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: two NUL-terminated paths.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Steps 4 to 6 (see the module docs), from what is pinned: `at` holds the new pins and
+/// `upgrade_prog`, its staging directory the old pins.
+fn finish(at: &Attachment) -> Result<(), UpgradeError> {
+    let link = bpf::obj_get(&at.link()).map_err(step(at, "open the pinned link"))?;
+    let new_prog =
+        bpf::obj_get(&at.upgrade_prog()).map_err(step(at, "open the new program's pin"))?;
+    let running = bpf::xdp_link_info(link.as_fd())
+        .map_err(step(at, "read what the link runs"))?
+        .prog_id;
+    let new_id = bpf::prog_id(new_prog.as_fd()).map_err(step(at, "read the new program"))?;
+    if running != new_id {
+        let old_prog = bpf::prog_by_id(running).map_err(step(at, "open the old program"))?;
+        bpf::replace_link_prog(link.as_fd(), new_prog.as_fd(), old_prog.as_fd())
+            .map_err(step(at, "switch the link to the new program"))?;
+    }
+    bpf::wait_for_running_programs();
+    carry(at)?;
+    std::fs::remove_file(at.upgrade_prog()).map_err(step(at, "unpin the new program"))?;
+    pins::remove_dir_of_pins(&at.staging()).map_err(step(at, "remove the old pins"))
+}
+
+/// Step 5: what the old counters counted, into the carried maps of those that were made
+/// anew. An assignment, so doing it twice (after a kill) changes nothing.
+fn carry(at: &Attachment) -> Result<(), UpgradeError> {
+    let staging = at.staging();
+    let id = |dir: &Path, pin: &str| -> Result<u32, UpgradeError> {
+        Ok(bpf::map_info(&dir.join(pin))
+            .map_err(step(at, format!("read map '{pin}'")))?
+            .id)
+    };
+    let mut fresh = Vec::new();
+    for (live, _) in CARRIED_FOR {
+        if id(&staging, live)? != id(&at.dir(), live)? {
+            fresh.push(live);
+        }
+    }
+    if fresh.is_empty() {
+        return Ok(());
+    }
+    let old = identify(&staging, &at.label())?;
+    let settings = read_settings(&staging, old).map_err(decode_err(at))?;
+    let counts = read_counts(&staging, old, &settings).map_err(decode_err(at))?;
+    if fresh.contains(&PIN_COUNTERS) {
+        let mut carried: Array<MapData, Counters> = open_pin(at, &at.counters_carried())?;
+        carried
+            .set(0, counts.counters, 0)
+            .map_err(step(at, "write the carried counters"))?;
+    }
+    if fresh.contains(&PIN_POLICY_STATS) {
+        let mut carried: HashMap<MapData, u32, PolicyStats> =
+            open_pin(at, &at.policy_stats_carried())?;
+        for (slot, stats) in &counts.policy_stats {
+            carried
+                .insert(slot, stats, 0)
+                .map_err(step(at, "write the carried policy counters"))?;
+        }
+    }
+    Ok(())
+}
+
+fn open_pin<T>(at: &Attachment, path: &PathBuf) -> Result<T, UpgradeError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let what = format!("open {}", path.display());
+    let data = MapData::from_pin(path).map_err(step(at, what.clone()))?;
+    let map = aya::maps::Map::from_map_data(data).map_err(step(at, what.clone()))?;
+    T::try_from(map).map_err(step(at, what))
+}
+
+/// The layout of `at`'s pins, and its settings read as today's types: for `status`,
+/// which shows older attachments too.
+pub fn settings_of(at: &Attachment) -> Result<(&'static Layout, Settings), UpgradeError> {
+    let l = identify(&at.dir(), &at.label())?;
+    let settings = read_settings(&at.dir(), l).map_err(decode_err(at))?;
+    Ok((l, settings))
+}
+
+#[cfg(test)]
+mod tests {
+    use shaper_common::{
+        layout::{LAYOUTS, SIZED_AT_ATTACH},
+        maps::{PIN_ADMISSION, PIN_AGGREGATES, PIN_LAYOUT, PIN_SOURCES, PIN_SOURCES6},
+    };
+
+    use super::*;
+
+    /// The object file `attach` loads against the newest layout: a map added, resized or
+    /// retyped in the kernel program fails here until `shaper_common::layout` has a new
+    /// layout (and with it, an upgrade path).
+    #[test]
+    fn the_object_file_has_the_newest_layout() {
+        let object = aya_obj::Object::parse(loader::EBPF_OBJECT).expect("the object parses");
+        let newest = layout::current();
+        let mut names: Vec<&String> = object.maps.keys().collect();
+        names.sort();
+        assert_eq!(
+            names.len(),
+            newest.maps.len(),
+            "the object's maps {names:?} are not those of layout {}",
+            newest.version
+        );
+        for (name, map) in &object.maps {
+            let m = newest
+                .maps
+                .iter()
+                .find(|m| m.name == name)
+                .unwrap_or_else(|| panic!("map {name} is in no layout: add a layout"));
+            let entries = if m.max_entries == SIZED_AT_ATTACH {
+                SIZED_AT_ATTACH
+            } else {
+                map.max_entries()
+            };
+            assert_eq!(
+                (
+                    map.map_type(),
+                    map.key_size(),
+                    map.value_size(),
+                    entries,
+                    map.map_flags()
+                ),
+                (m.map_type, m.key_size, m.value_size, m.max_entries, m.flags),
+                "map {name} differs from layout {}: a changed map needs a new layout",
+                newest.version
+            );
+        }
+    }
+
+    fn reused(from: u32) -> Vec<&'static str> {
+        let at = Attachment::new("eth0", None);
+        let from = layout::layout(from).unwrap();
+        let mut pins: Vec<&str> = plan(&at, from)
+            .unwrap()
+            .into_iter()
+            .filter(|(_, reuse)| *reuse)
+            .map(|(m, _)| m.pin)
+            .collect();
+        pins.sort_unstable();
+        pins
+    }
+
+    #[test]
+    fn an_upgrade_reuses_every_map_whose_layout_is_unchanged() {
+        // Layout 1's config, policies and counters changed; admission is new.
+        assert_eq!(
+            reused(1),
+            [
+                PIN_AGGREGATES,
+                PIN_PREFIXES_V4,
+                PIN_PREFIXES_V6,
+                PIN_SOURCES,
+                PIN_SOURCES6
+            ]
+        );
+        // Layout 2 lacks only the version and the carried counts.
+        let mut all_but: Vec<&str> = layout::current()
+            .maps
+            .iter()
+            .map(|m| m.pin)
+            .filter(|p| ![PIN_LAYOUT, PIN_COUNTERS_CARRIED, PIN_POLICY_STATS_CARRIED].contains(p))
+            .collect();
+        all_but.sort_unstable();
+        assert_eq!(reused(2), all_but);
+        assert!(reused(2).contains(&PIN_ADMISSION));
+        // The version is always written anew.
+        assert!(!reused(LAYOUT_VERSION).contains(&PIN_LAYOUT));
+    }
+
+    #[test]
+    fn an_upgrade_that_cannot_carry_cells_is_refused() {
+        let sources = layout::current().map(PIN_SOURCES).unwrap();
+        let other = MapLayout {
+            value_size: sources.value_size - 8,
+            ..*sources
+        };
+        let maps: Vec<MapLayout> = layout::current()
+            .maps
+            .iter()
+            .map(|m| if m.pin == PIN_SOURCES { other } else { *m })
+            .collect();
+        let older = Layout {
+            version: LAYOUTS.len() as u32,
+            made_by: "a test",
+            maps: maps.leak(),
+        };
+        let e = plan(&Attachment::new("eth0", None), &older).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                UpgradeError::Cells {
+                    pin: PIN_SOURCES,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("detach and attach again"), "{e}");
+    }
+
+    #[test]
+    fn the_upgrade_command_spells_the_settings() {
+        let config = Config::per_source(8_000_000, 65_536).unwrap();
+        assert_eq!(
+            attach_command(&Attachment::new("eth0", None), &config),
+            "shaper attach eth0 --rate 8mbit --burst 64k"
+        );
+        assert_eq!(
+            attach_command(&Attachment::new("veth1", Some("lab")), &config),
+            "shaper -n lab attach veth1 --rate 8mbit --burst 64k"
+        );
+    }
+}
