@@ -7,6 +7,7 @@
 mod cmd;
 mod host;
 mod lab;
+mod old_shaper;
 mod setup;
 mod test;
 mod vm;

@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd, host, setup, vm, workspace};
+use crate::{cmd, host, old_shaper, setup, vm, workspace};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -69,6 +69,7 @@ fn run_all(args: &Args, tally: &mut Tally) -> Result<ExitCode> {
     if let Kernels::Guests(series) = &args.kernel {
         // Formatting, lints and host tests are the same whatever the kernel: the host run
         // (`cargo xtask test`) has them.
+        old_shaper::build_all()?;
         let (counted, code) = vm::run(series, &args.kernel_test_args)?;
         tally.passed += counted.passed;
         tally.failed += counted.failed;
@@ -105,6 +106,8 @@ fn run_all(args: &Args, tally: &mut Tally) -> Result<ExitCode> {
         println!("skipped: kernel tests (--host-only)");
         return Ok(ExitCode::SUCCESS);
     }
+    // The upgrade tests attach with earlier builds.
+    old_shaper::build_all()?;
     // One thread: the tests share the kernel (namespaces, interfaces, qdiscs).
     tally.run(
         workspace::cargo()

@@ -132,6 +132,23 @@ const SUITES: &[Suite] = &[
         why: "attach over pins left by a deleted interface: no traffic",
     },
     Suite {
+        file: "tests/upgrade.rs",
+        place: Place::Guest {
+            skip: &[
+                (
+                    "traffic_through_an_upgrade_from_layout_1_is_all_metered_and_never_refilled",
+                    "holds passed bytes to rate x measured time + one burst within 4%",
+                ),
+                (
+                    "traffic_through_an_upgrade_from_layout_2_is_all_metered_and_never_refilled",
+                    "holds passed bytes to rate x measured time + one burst within 4%",
+                ),
+            ],
+        },
+        why: "upgrades in place from earlier builds (BPF_LINK_UPDATE, RENAME_EXCHANGE on \
+              bpffs), refusals and kills: the cells and counters compared, no rates",
+    },
+    Suite {
         file: "tests/live_rate.rs",
         place: Place::Host,
         why: "rate accuracy of live traffic",

@@ -3,7 +3,8 @@
 //! It belongs to another package (`shaper-user`), so cargo gives this one no
 //! `CARGO_BIN_EXE_shaper`: it is found beside the running executable, as cargo lays out its
 //! target directory (`target/<profile>/shaper`, with test binaries in
-//! `target/<profile>/deps/`), or at `$SHAPER_BIN`. `cargo xtask test` builds it first.
+//! `target/<profile>/deps/`), or at `$SHAPER_BIN`. `cargo xtask test` builds it first,
+//! and the earlier builds the upgrade tests attach with ([`crate::old_builds`]).
 
 use std::{
     env,
@@ -13,23 +14,28 @@ use std::{
 
 use anyhow::{Context as _, Result, ensure};
 
+use crate::old_builds;
+
 /// The environment variable that names the `shaper` binary explicitly.
 pub const SHAPER_BIN_VAR: &str = "SHAPER_BIN";
+
+/// The directory of the running executable's profile (`target/<profile>`).
+fn profile_dir() -> Result<PathBuf> {
+    let exe = env::current_exe().context("cannot find this executable's path")?;
+    let dir = exe.parent().context("an executable has a directory")?;
+    Ok(if dir.ends_with("deps") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    }
+    .to_path_buf())
+}
 
 /// Where the `shaper` binary is, checked to exist.
 pub fn locate() -> Result<PathBuf> {
     let path = match env::var_os(SHAPER_BIN_VAR) {
         Some(path) => PathBuf::from(path),
-        None => {
-            let exe = env::current_exe().context("cannot find this executable's path")?;
-            let dir = exe.parent().context("an executable has a directory")?;
-            let profile_dir = if dir.ends_with("deps") {
-                dir.parent().unwrap_or(dir)
-            } else {
-                dir
-            };
-            profile_dir.join("shaper")
-        }
+        None => profile_dir()?.join("shaper"),
     };
     ensure!(
         path.is_file(),
@@ -49,4 +55,25 @@ pub fn shaper() -> &'static Path {
         Ok(path) => path,
         Err(e) => panic!("{e}"),
     }
+}
+
+/// The `shaper` built from an earlier commit that writes pin `layout`, as `cargo xtask
+/// test` builds it ([`crate::old_builds`]); panics with what to do if it is missing.
+pub fn old_shaper(layout: u32) -> PathBuf {
+    let build = old_builds::OLD_BUILDS
+        .iter()
+        .find(|b| b.layout == layout)
+        .unwrap_or_else(|| panic!("no old build writes pin layout {layout}"));
+    let target = profile_dir()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .expect("the test runs from the target directory");
+    let bin = old_builds::binary(&target, build.commit);
+    assert!(
+        bin.is_file(),
+        "no shaper of commit {} at {}: `cargo xtask test` builds it",
+        build.commit,
+        bin.display()
+    );
+    bin
 }

@@ -9,7 +9,8 @@
 //!   bench object's no-op.
 //! - `fuzz`: random and mutated frames through the program.
 //! - `bench`: `cargo xtask bench`.
-//! - `bins`: where the `shaper` binary under test is.
+//! - `bins`: where the `shaper` binary under test is, and `old_builds`: the earlier
+//!   builds the upgrade tests start from.
 //! - `cli`: running that binary in a lab's namespace, and a guard that detaches on drop.
 
 pub mod bench;
@@ -18,5 +19,6 @@ pub mod cli;
 pub mod frame;
 pub mod fuzz;
 pub mod lab;
+pub mod old_builds;
 pub mod rng;
 pub mod testrun;

@@ -1,0 +1,40 @@
+//! Earlier builds of `shaper`, one for each pin layout an upgrade starts from
+//! (`shaper_common::layout`): the upgrade tests attach with them, then upgrade with the
+//! build under test. `cargo xtask test` builds each from its commit once (`git archive`,
+//! then `cargo build`, in a target directory of their own) into
+//! `target/old-shaper/COMMIT/shaper`.
+//!
+//! xtask includes this file too (`#[path]`), so it uses nothing but std. A new layout adds
+//! the last commit of the layout it replaces here.
+
+use std::path::{Path, PathBuf};
+
+/// A released build and the pin layout it writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OldBuild {
+    pub layout: u32,
+    pub commit: &'static str,
+}
+
+pub const OLD_BUILDS: &[OldBuild] = &[
+    // Prefix policies, before new-source admission.
+    OldBuild {
+        layout: 1,
+        commit: "ddbba43730674b83ff15793cf1518f9ac15d8646",
+    },
+    // New-source admission, the last before pins carried a layout version.
+    OldBuild {
+        layout: 2,
+        commit: "300e48ebab6e6a0dc55a24962452209639743a6f",
+    },
+];
+
+/// Where the old builds live under a target directory.
+pub fn dir(target_dir: &Path) -> PathBuf {
+    target_dir.join("old-shaper")
+}
+
+/// The `shaper` binary built from `commit`.
+pub fn binary(target_dir: &Path, commit: &str) -> PathBuf {
+    dir(target_dir).join(commit).join("shaper")
+}

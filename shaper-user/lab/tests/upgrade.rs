@@ -1,0 +1,717 @@
+//! Upgrades in place, with two real builds: an earlier `shaper` (built from its commit by
+//! `cargo xtask test`, see `shaper_lab::old_builds`) attaches, and the `shaper` under test
+//! upgrades the attachment with `attach` and the same settings.
+//!
+//! What must hold: the link is the same link and now runs the new program; every
+//! source's state (its cell's TAT and scale, its cached policy, its counters) is the same
+//! bytes after as before; the global and per-policy counters read by the new build are
+//! what the old build read; traffic running through the upgrade is metered frame for
+//! frame (counters balance against what was sent) and no source gets its burst again;
+//! an upgrade that cannot be done is refused in one line and changes nothing; and one
+//! killed at any point leaves the old or the new attachment whole.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr},
+    os::fd::AsFd as _,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use shaper_common::{layout::LAYOUT_VERSION, maps::SourceState};
+use shaper_lab::{
+    bins::old_shaper,
+    lab::{Flow, Lab, RunOptions, run_udp_with},
+};
+use shaper_user::{bpf, maps, pins::Attachment};
+
+/// The settings every test attaches with, and a policy the old build sets.
+const RATE: &str = "2mbit";
+const RATE_BPS: u64 = 2_000_000;
+const BURST: &str = "128k";
+const BURST_BYTES: u64 = 131_072;
+const POLICY_RATE: &str = "1mbit";
+const POLICY_RATE_BPS: u64 = 1_000_000;
+const FRAME: u32 = 1_000;
+
+/// `BIN -n NS ARGS...`.
+fn run(bin: &Path, ns: &str, args: &[&str]) -> Output {
+    Command::new(bin)
+        .args(["-n", ns])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()))
+}
+
+/// `BIN -n NS ARGS...`, which must succeed; its standard output.
+fn run_ok(bin: &Path, ns: &str, args: &[&str]) -> String {
+    let out = run(bin, ns, args);
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {}",
+        bin.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `BIN -n NS -j ARGS...` as JSON.
+fn json(bin: &Path, ns: &str, args: &[&str]) -> Value {
+    let mut all = vec!["-j"];
+    all.extend_from_slice(args);
+    serde_json::from_str(&run_ok(bin, ns, &all)).unwrap()
+}
+
+/// The one line a refused command printed (it must have failed with exactly one).
+fn refusal(out: &Output, what: &str) -> String {
+    assert!(!out.status.success(), "{what}: should have been refused");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{what}: one line expected: {stderr}");
+    println!("{what}: {}", lines[0]);
+    lines[0].to_owned()
+}
+
+fn new_shaper() -> PathBuf {
+    shaper_lab::bins::shaper().to_path_buf()
+}
+
+/// An interface attached by an old build, with a prefix policy (its own rate and an
+/// aggregate) set by that build for the third source; detached (by the new build, which
+/// detaches any layout) when dropped.
+struct OldAttachment<'a> {
+    lab: &'a Lab,
+    at: Attachment,
+    layout: u32,
+}
+
+impl<'a> OldAttachment<'a> {
+    fn new(lab: &'a Lab, layout: u32) -> Self {
+        let old = old_shaper(layout);
+        let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
+        let this = OldAttachment {
+            lab,
+            at: Attachment::new(iface, Some(ns)),
+            layout,
+        };
+        run_ok(
+            &old,
+            ns,
+            &["attach", iface, "--rate", RATE, "--burst", BURST],
+        );
+        let prefix = format!("{}/32", lab.sources()[2]);
+        run_ok(
+            &old,
+            ns,
+            &[
+                "policy",
+                "set",
+                iface,
+                &prefix,
+                "--rate",
+                POLICY_RATE,
+                "--burst",
+                BURST,
+                "--aggregate-rate",
+                POLICY_RATE,
+                "--aggregate-burst",
+                BURST,
+            ],
+        );
+        this
+    }
+
+    fn old(&self) -> PathBuf {
+        old_shaper(self.layout)
+    }
+
+    /// `attach` with the settings it has, by the build under test.
+    fn upgrade(&self) -> Output {
+        run(
+            &new_shaper(),
+            self.lab.rx_ns(),
+            &[
+                "attach",
+                self.lab.rx_iface(),
+                "--rate",
+                RATE,
+                "--burst",
+                BURST,
+            ],
+        )
+    }
+}
+
+impl Drop for OldAttachment<'_> {
+    fn drop(&mut self) {
+        let _ = run(
+            &new_shaper(),
+            self.lab.rx_ns(),
+            &["detach", self.lab.rx_iface()],
+        );
+    }
+}
+
+/// Every IPv4 source's state, read from the pinned map (the same type in every layout).
+fn cells(at: &Attachment) -> BTreeMap<Ipv4Addr, SourceState> {
+    maps::read_sources(at).unwrap().into_iter().collect()
+}
+
+/// The id of the pinned link and of the program it runs.
+fn link(at: &Attachment) -> (u32, u32) {
+    let fd = bpf::obj_get(&at.link()).unwrap();
+    let info = bpf::xdp_link_info(fd.as_fd()).unwrap();
+    (info.id, info.prog_id)
+}
+
+/// What a build says of the interface: its `stats` totals and its `policy list` rows.
+fn counters(bin: &Path, lab: &Lab) -> (Value, Value) {
+    let stats = json(
+        bin,
+        lab.rx_ns(),
+        &["stats", lab.rx_iface(), "--top", "1000"],
+    );
+    let policies = json(bin, lab.rx_ns(), &["policy", "list", lab.rx_iface()]);
+    (stats["totals"].clone(), policies)
+}
+
+/// Asserts that every number the old build reported is the same in the new build's
+/// report (the new one has more: counters the old layout did not keep), and that at least
+/// `at_least` were compared.
+fn same_numbers(what: &str, old: &Value, new: &Value, at_least: usize) {
+    let old = old.as_object().unwrap();
+    let mut compared = 0;
+    for (key, value) in old.iter().filter(|(_, v)| v.is_u64()) {
+        let Some(now) = new.get(key) else { continue };
+        assert_eq!(value, now, "{what}: {key} was {value}, is {now}");
+        compared += 1;
+    }
+    assert!(
+        compared >= at_least,
+        "{what}: only {compared} numbers in common: {old:?} / {new:?}"
+    );
+}
+
+/// Traffic from the lab's sources: the first two and the third (under the policy) at four
+/// times their limit, the fourth at half the rate.
+fn flows(lab: &Lab) -> Vec<Flow> {
+    let s = lab.sources();
+    [
+        (s[0], 4 * RATE_BPS),
+        (s[1], 4 * RATE_BPS),
+        (s[2], 4 * POLICY_RATE_BPS),
+        (s[3], RATE_BPS / 2),
+    ]
+    .into_iter()
+    .map(|(src, offered_bps)| Flow {
+        src: IpAddr::V4(src),
+        offered_bps,
+        frame_bytes: FRAME,
+    })
+    .collect()
+}
+
+/// Upgrades an attachment of pin layout `layout` with no traffic running, and checks that
+/// everything is the same bytes after.
+fn upgrade_keeps_every_cell_and_counter(layout: u32) {
+    let lab = Lab::new("upgr", 4).unwrap();
+    let old = OldAttachment::new(&lab, layout);
+    // Some traffic first, so cells are charged and counters count.
+    let report = run_udp_with(
+        &lab,
+        &flows(&lab),
+        Duration::from_millis(500),
+        &RunOptions::default(),
+    )
+    .unwrap();
+    assert!(report.flows.iter().all(|f| f.received_packets > 0));
+
+    let status = &json(&new_shaper(), lab.rx_ns(), &["status", lab.rx_iface()])[0];
+    assert_eq!(status["layout_version"], layout, "{status}");
+    assert_eq!(status["rate_bits_per_sec"], RATE_BPS);
+    let cells_before = cells(&old.at);
+    let (old_totals, old_policies) = counters(&old.old(), &lab);
+    let (link_id, old_prog) = link(&old.at);
+
+    let out = old.upgrade();
+    assert!(
+        out.status.success(),
+        "upgrade: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    println!("{}", said.trim());
+    assert!(said.starts_with("upgraded"), "{said}");
+
+    let (link_after, new_prog) = link(&old.at);
+    assert_eq!(link_after, link_id, "the same link, never detached");
+    assert_ne!(new_prog, old_prog, "the link runs the new program");
+    assert!(lab.xdp_attached().unwrap());
+    let cells_after = cells(&old.at);
+    assert_eq!(cells_after.len(), 4);
+    for (src, before) in &cells_before {
+        let after = &cells_after[src];
+        assert_eq!(
+            (after.cell.tat, after.cell.scale),
+            (before.cell.tat, before.cell.scale),
+            "{src}: the cell changed"
+        );
+        assert_eq!(after, before, "{src}: its state changed");
+    }
+    let status = &json(&new_shaper(), lab.rx_ns(), &["status", lab.rx_iface()])[0];
+    assert_eq!(status["layout_version"], LAYOUT_VERSION);
+    assert_eq!(status["upgrade_interrupted"], false);
+    assert_eq!(
+        (&status["rate_bits_per_sec"], &status["burst_bytes"]),
+        (&RATE_BPS.into(), &BURST_BYTES.into())
+    );
+    let (new_totals, new_policies) = counters(&new_shaper(), &lab);
+    same_numbers("stats totals", &old_totals, &new_totals, 16);
+    assert_eq!(new_policies.as_array().unwrap().len(), 2);
+    for (old_row, new_row) in old_policies
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(new_policies.as_array().unwrap())
+    {
+        assert_eq!(old_row["prefix"], new_row["prefix"]);
+        same_numbers("policy list", old_row, new_row, 12);
+    }
+    // Nothing of the old pins or of the staging is left.
+    assert!(!old.at.staging().exists());
+    assert!(!old.at.upgrade_prog().exists());
+    // Policies work as ever; a policy set again in the freed slot starts from zero, not
+    // from what was carried for the slot's last policy.
+    let prefix = format!("{}/32", lab.sources()[2]);
+    run_ok(
+        &new_shaper(),
+        lab.rx_ns(),
+        &["policy", "del", lab.rx_iface(), &prefix],
+    );
+    run_ok(
+        &new_shaper(),
+        lab.rx_ns(),
+        &[
+            "policy",
+            "set",
+            lab.rx_iface(),
+            &prefix,
+            "--rate",
+            POLICY_RATE,
+            "--burst",
+            BURST,
+        ],
+    );
+    let (_, policies) = counters(&new_shaper(), &lab);
+    assert_eq!(policies[1]["passed_packets"], 0, "{policies}");
+    assert_eq!(policies[1]["dropped_packets"], 0, "{policies}");
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_upgrade_from_layout_1_keeps_every_cell_and_counter() {
+    upgrade_keeps_every_cell_and_counter(1);
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_upgrade_from_layout_2_keeps_every_cell_and_counter() {
+    upgrade_keeps_every_cell_and_counter(2);
+}
+
+/// Upgrades an attachment of pin layout `layout` in the middle of live traffic.
+fn traffic_through_an_upgrade(layout: u32) {
+    const SECS: f64 = 3.0;
+    let lab = Lab::new("upgt", 4).unwrap();
+    let old = OldAttachment::new(&lab, layout);
+    let flows = flows(&lab);
+    let (report, upgraded_after) = thread::scope(|s| {
+        let traffic = s.spawn(|| {
+            run_udp_with(
+                &lab,
+                &flows,
+                Duration::from_secs_f64(SECS),
+                &RunOptions::default(),
+            )
+        });
+        let start = Instant::now();
+        thread::sleep(Duration::from_secs_f64(SECS / 3.0));
+        let out = old.upgrade();
+        let upgraded_after = start.elapsed();
+        assert!(
+            out.status.success(),
+            "upgrade: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (traffic.join().unwrap().unwrap(), upgraded_after)
+    });
+    println!(
+        "upgraded {:.3} s into {SECS} s of traffic",
+        upgraded_after.as_secs_f64()
+    );
+    assert!(
+        upgraded_after.as_secs_f64() < SECS,
+        "the upgrade ended after the traffic"
+    );
+    assert_eq!(
+        (report.path_drops, report.receiver_drops),
+        (0, 0),
+        "frames were lost outside shaper: nothing can balance"
+    );
+
+    let stats = json(
+        &new_shaper(),
+        lab.rx_ns(),
+        &["stats", lab.rx_iface(), "--top", "1000"],
+    );
+    let rows = stats["top_sources"].as_array().unwrap();
+    let row = |src: IpAddr| {
+        rows.iter()
+            .find(|r| r["source"] == src.to_string())
+            .unwrap_or_else(|| panic!("{src} not in stats"))
+    };
+    let n = |v: &Value, key: &str| v[key].as_u64().unwrap();
+    for (flow, result) in flows.iter().zip(&report.flows) {
+        let r = row(flow.src);
+        // Every frame sent was metered once, by one program or the other.
+        assert_eq!(
+            n(r, "passed_packets") + n(r, "dropped_packets"),
+            result.sent_packets,
+            "{}: frames sent and frames metered differ",
+            flow.src
+        );
+        assert_eq!(
+            (n(r, "passed_packets"), n(r, "passed_bytes")),
+            (result.received_packets, result.received_l2_bytes),
+            "{}: what shaper passed is not what arrived",
+            flow.src
+        );
+    }
+    // No bucket was refilled: an overloaded source got its rate over the run plus one
+    // burst (from idle at the start), not two.
+    for (flow, result, rate) in [
+        (&flows[0], &report.flows[0], RATE_BPS),
+        (&flows[1], &report.flows[1], RATE_BPS),
+        (&flows[2], &report.flows[2], POLICY_RATE_BPS),
+    ] {
+        let expected = rate as f64 / 8.0 * result.offered_secs + BURST_BYTES as f64;
+        let got = result.received_l2_bytes as f64;
+        let err = (got - expected) / expected;
+        println!(
+            "{}: received {got} bytes, rate x time + one burst is {expected:.0} ({:+.2}%; a refill would add {:+.1}%)",
+            flow.src,
+            err * 100.0,
+            BURST_BYTES as f64 / expected * 100.0
+        );
+        // A second burst is 14% to 26% here; timing noise is well under 2%.
+        assert!(err.abs() < 0.04, "{}: {:+.2}%", flow.src, err * 100.0);
+    }
+    let quiet = &report.flows[3];
+    assert_eq!(quiet.received_packets, quiet.sent_packets);
+
+    // The global counters (carried over for layout 1, kept in place for layout 2) balance
+    // against every source's.
+    let totals = &stats["totals"];
+    let sum = |key: &str| rows.iter().map(|r| n(r, key)).sum::<u64>();
+    for key in [
+        "passed_packets",
+        "passed_bytes",
+        "dropped_packets",
+        "dropped_bytes",
+    ] {
+        assert_eq!(
+            n(totals, key),
+            sum(key),
+            "totals {key} against the sources'"
+        );
+    }
+    assert_eq!(n(totals, "unconfigured_packets"), 0);
+    assert_eq!(n(totals, "untracked_packets"), 0);
+    // The policy's counters too: its one source's.
+    let policies = json(
+        &new_shaper(),
+        lab.rx_ns(),
+        &["policy", "list", lab.rx_iface()],
+    );
+    let policy = &policies[1];
+    let limited = row(flows[2].src);
+    for key in ["passed_packets", "dropped_packets", "passed_bytes"] {
+        assert_eq!(n(policy, key), n(limited, key), "policy {key}");
+    }
+    assert!(n(policy, "aggregate_refused_packets") == 0 || n(policy, "dropped_packets") > 0);
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn traffic_through_an_upgrade_from_layout_1_is_all_metered_and_never_refilled() {
+    traffic_through_an_upgrade(1);
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn traffic_through_an_upgrade_from_layout_2_is_all_metered_and_never_refilled() {
+    traffic_through_an_upgrade(2);
+}
+
+/// The version recorded in an attachment's `layout` map, overwritten.
+fn set_layout_version(at: &Attachment, version: u32) {
+    use aya::maps::{Array, Map, MapData};
+    let map = Map::from_map_data(MapData::from_pin(at.layout()).unwrap()).unwrap();
+    let mut array: Array<MapData, u32> = Array::try_from(map).unwrap();
+    array.set(0, version, 0).unwrap();
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn upgrades_that_cannot_be_done_are_refused_in_one_line_and_change_nothing() {
+    let lab = Lab::new("upgn", 4).unwrap();
+    let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
+    let new = new_shaper();
+    let old = OldAttachment::new(&lab, 1);
+    let command = format!("shaper -n {ns} attach {iface} --rate {RATE} --burst {BURST}");
+
+    // What needs today's layout says how to get it.
+    let needs_today: [&[&str]; 5] = [
+        &["stats", iface],
+        &["policy", "list", iface],
+        &["config", "show", iface],
+        &["policy", "set", iface, "10.0.0.0/8", "--action", "pass"],
+        &["policy", "del", iface, &format!("{}/32", lab.sources()[2])],
+    ];
+    for args in needs_today {
+        let line = refusal(&run(&new, ns, args), &args.join(" "));
+        assert!(
+            line.contains("attached by an older shaper (pin layout 1") && line.contains(&command),
+            "{line}"
+        );
+    }
+    // An upgrade that would also change something.
+    for (args, says) in [
+        (
+            vec!["attach", iface, "--rate", "4mbit", "--burst", BURST],
+            "its settings as they are",
+        ),
+        (
+            vec![
+                "attach", iface, "--rate", RATE, "--burst", BURST, "--mode", "monitor",
+            ],
+            "its settings as they are",
+        ),
+        (
+            vec![
+                "attach",
+                iface,
+                "--rate",
+                RATE,
+                "--burst",
+                BURST,
+                "--max-sources",
+                "1024",
+            ],
+            "detach first to resize it",
+        ),
+    ] {
+        let line = refusal(&run(&new, ns, &args), &args.join(" "));
+        assert!(line.contains(says), "{line}");
+    }
+    let file = std::env::temp_dir().join(format!("shaper-upgrade-{}.toml", std::process::id()));
+    std::fs::write(
+        &file,
+        format!("[[interface]]\nname = \"{iface}\"\nrate = \"{RATE}\"\nburst = \"{BURST}\"\n"),
+    )
+    .unwrap();
+    let line = refusal(
+        &run(&new, ns, &["apply", "-f", file.to_str().unwrap()]),
+        "apply",
+    );
+    std::fs::remove_file(&file).unwrap();
+    assert!(line.contains(&command), "{line}");
+    // Nothing changed: the old build still reads its attachment, as it was.
+    let status = &json(&new, ns, &["status", iface])[0];
+    assert_eq!(status["layout_version"], 1);
+    assert_eq!(status["rate_bits_per_sec"], RATE_BPS);
+    assert!(!old.at.staging().exists());
+    let policies = json(&old.old(), ns, &["policy", "list", iface]);
+    assert_eq!(policies.as_array().unwrap().len(), 2);
+
+    // Pins that match no layout: one map of layout 1 missing.
+    std::fs::remove_file(old.at.policy_stats()).unwrap();
+    let line = refusal(
+        &run(
+            &new,
+            ns,
+            &["attach", iface, "--rate", RATE, "--burst", BURST],
+        ),
+        "pins of no known layout",
+    );
+    assert!(
+        line.contains("match no layout") && line.contains("layout 1: no map 'policy_stats'"),
+        "{line}"
+    );
+    run_ok(&new, ns, &["detach", iface]);
+
+    // Pins of a newer layout than this build's.
+    run_ok(
+        &new,
+        ns,
+        &["attach", iface, "--rate", RATE, "--burst", BURST],
+    );
+    let at = Attachment::new(iface, Some(ns));
+    set_layout_version(&at, LAYOUT_VERSION + 1);
+    for args in [
+        vec!["attach", iface, "--rate", RATE, "--burst", BURST],
+        vec!["stats", iface],
+        vec!["status", iface],
+    ] {
+        let line = refusal(&run(&new, ns, &args), &args.join(" "));
+        assert!(
+            line.contains(&format!("newer shaper (pin layout {}", LAYOUT_VERSION + 1)),
+            "{line}"
+        );
+    }
+    run_ok(&new, ns, &["detach", iface]);
+    assert!(!at.dir().exists());
+}
+
+/// What a killed upgrade left, as `status` tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Left {
+    /// The old attachment, untouched.
+    Old,
+    /// The new pins, the upgrade to be finished by the next attach.
+    Interrupted,
+    /// The upgrade had finished.
+    New,
+}
+
+/// Starts an upgrade of `old` and kills it when `when` (polled every 100 µs) first holds,
+/// or after `deadline`.
+fn kill_upgrade(old: &OldAttachment, when: &dyn Fn(&Attachment) -> bool, deadline: Duration) {
+    let mut child = Command::new(new_shaper())
+        .args(["-n", old.lab.rx_ns(), "attach", old.lab.rx_iface()])
+        .args(["--rate", RATE, "--burst", BURST])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !when(&old.at) && start.elapsed() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        thread::sleep(Duration::from_micros(100));
+    }
+    let _ = child.kill();
+    child.wait().unwrap();
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_killed_upgrade_leaves_the_old_or_the_new_attachment_whole() {
+    let lab = Lab::new("upgk", 4).unwrap();
+    let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
+    let new = new_shaper();
+    // How long an upgrade takes here, to spread kills over it.
+    let took = {
+        let old = OldAttachment::new(&lab, 1);
+        let start = Instant::now();
+        assert!(old.upgrade().status.success());
+        start.elapsed()
+    };
+    println!("an upgrade takes {:.0} ms here", took.as_secs_f64() * 1e3);
+    let staged = |at: &Attachment| at.staging().join("upgrade_prog").exists();
+    let swapped = |at: &Attachment| at.upgrade_prog().exists();
+    let never = |_: &Attachment| false;
+    type When<'a> = (&'a str, &'a dyn Fn(&Attachment) -> bool, Duration);
+    let mut kills: Vec<When> = vec![
+        ("at once", &never, Duration::ZERO),
+        ("once staged", &staged, took * 2),
+        ("once the pins are swapped", &swapped, took * 2),
+    ];
+    for i in 1..=6 {
+        kills.push(("after a delay", &never, took * i / 5));
+    }
+    let mut left = BTreeMap::new();
+    for (what, when, deadline) in kills {
+        let old = OldAttachment::new(&lab, 1);
+        run_udp_with(
+            &lab,
+            &flows(&lab),
+            Duration::from_millis(200),
+            &RunOptions::default(),
+        )
+        .unwrap();
+        let cells_before = cells(&old.at);
+        let (totals_before, policies_before) = counters(&old.old(), &lab);
+        let (link_id, old_prog) = link(&old.at);
+
+        kill_upgrade(&old, when, deadline);
+
+        let status = &json(&new, ns, &["status", iface])[0];
+        let (link_after, prog) = link(&old.at);
+        assert_eq!(link_after, link_id, "{what}: the link was replaced");
+        assert!(lab.xdp_attached().unwrap(), "{what}: nothing attached");
+        let state = match (&status["layout_version"], &status["upgrade_interrupted"]) {
+            (v, Value::Bool(false)) if *v == 1 => {
+                // The old attachment whole: the old program, and the old build reads it
+                // all as before.
+                assert_eq!(prog, old_prog, "{what}");
+                let (totals, policies) = counters(&old.old(), &lab);
+                same_numbers(what, &totals_before, &totals, 16);
+                assert_eq!(policies, policies_before, "{what}");
+                Left::Old
+            }
+            (v, Value::Bool(true)) if *v == LAYOUT_VERSION => {
+                // The new pins whole; reading waits for the upgrade to finish.
+                let line = refusal(&run(&new, ns, &["stats", iface]), what);
+                assert!(line.contains("interrupted"), "{line}");
+                Left::Interrupted
+            }
+            (v, Value::Bool(false)) if *v == LAYOUT_VERSION => {
+                assert_ne!(prog, old_prog, "{what}");
+                Left::New
+            }
+            _ => panic!("{what}: status says {status}"),
+        };
+        println!("killed {what}: {state:?}");
+        *left.entry(state).or_insert(0) += 1;
+
+        // Attach finishes the upgrade (or does it), keeping everything.
+        let out = old.upgrade();
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(cells(&old.at), cells_before, "{what}: cells changed");
+        let (totals, policies) = counters(&new, &lab);
+        same_numbers(what, &totals_before, &totals, 16);
+        for (a, b) in policies_before
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(policies.as_array().unwrap())
+        {
+            same_numbers(what, a, b, 12);
+        }
+        let status = &json(&new, ns, &["status", iface])[0];
+        assert_eq!(
+            (&status["layout_version"], &status["upgrade_interrupted"]),
+            (&LAYOUT_VERSION.into(), &false.into()),
+            "{what}"
+        );
+        assert!(!old.at.staging().exists(), "{what}: staging left behind");
+    }
+    println!("left: {left:?}");
+    assert!(
+        left.contains_key(&Left::Old),
+        "no kill left the old attachment"
+    );
+    assert!(
+        left.contains_key(&Left::Interrupted),
+        "no kill landed between the swap of the pins and the end"
+    );
+}
