@@ -109,8 +109,6 @@ impl MapLayout {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub version: u32,
-    /// Which build pinned it, for the operator.
-    pub made_by: &'static str,
     pub maps: &'static [MapLayout],
 }
 
@@ -260,9 +258,9 @@ const POLICY_STATS_CARRIED_120: MapLayout = map(
 /// Every layout shaper has pinned since prefix policies, oldest first; the last is
 /// [`LAYOUT_VERSION`].
 pub const LAYOUTS: &[Layout] = &[
+    // Prefix policies, before new-source admission: shaper as of commit ddbba43.
     Layout {
         version: 1,
-        made_by: "shaper as of commit ddbba43 (prefix policies, before new-source admission)",
         maps: &[
             CONFIG_88,
             SOURCES,
@@ -275,9 +273,9 @@ pub const LAYOUTS: &[Layout] = &[
             POLICY_STATS_64,
         ],
     },
+    // New-source admission, the last before pins recorded their layout.
     Layout {
         version: 2,
-        made_by: "shaper with new-source admission, before pins carried a layout version",
         maps: &[
             CONFIG_136,
             SOURCES,
@@ -291,9 +289,9 @@ pub const LAYOUTS: &[Layout] = &[
             ADMISSION,
         ],
     },
+    // Pins record their layout; counts carried over by upgrades.
     Layout {
         version: 3,
-        made_by: "shaper with layout versions and upgrades in place",
         maps: &[
             VERSION,
             CONFIG_136,

@@ -7,7 +7,8 @@
 //! packet goes unmetered, and every source keeps its cell (carried over to a new rate by
 //! the kernel, never refilled). With `policies`, the prefix policies are set in the same
 //! change: on a new attachment before the program is attached, on an existing one right
-//! after the settings, which are put back if the policies cannot be written.
+//! after the settings, which are put back if the policies cannot be written. On an
+//! interface an older shaper attached, attach upgrades it in place ([`crate::upgrade`]).
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -398,7 +399,7 @@ pub fn configure(ebpf: &mut Ebpf, config: &Config) -> Result<(), AttachError> {
 }
 
 /// Records this build's layout version in a freshly loaded object's version map.
-fn write_layout_version(ebpf: &mut Ebpf) -> Result<(), AttachError> {
+pub(crate) fn write_layout_version(ebpf: &mut Ebpf) -> Result<(), AttachError> {
     let map = ebpf
         .map_mut(MAP_LAYOUT)
         .ok_or_else(|| AttachError::Load(format!("map {MAP_LAYOUT} missing").into()))?;

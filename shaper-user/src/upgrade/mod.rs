@@ -58,11 +58,11 @@ use aya::{
 use shaper_common::{
     layout::{self, Holds, LAYOUT_VERSION, Layout, MapLayout},
     maps::{
-        Config, Counters, Ipv4Key, Ipv6Key, MAP_CONFIG, MAP_COUNTERS_CARRIED, MAP_LAYOUT,
-        MAP_POLICIES, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SOURCES,
-        MAP_SOURCES6, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LINK, PIN_POLICIES,
-        PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6,
-        PIN_UPGRADE_PROG, PROG_XDP, Policy, PolicyStats,
+        Config, Counters, Ipv4Key, Ipv6Key, MAP_CONFIG, MAP_COUNTERS_CARRIED, MAP_POLICIES,
+        MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6,
+        PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LINK, PIN_POLICIES, PIN_POLICY_STATS,
+        PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_UPGRADE_PROG, PROG_XDP,
+        Policy, PolicyStats,
     },
 };
 
@@ -263,7 +263,10 @@ pub fn upgrade(req: &AttachRequest, from: &'static Layout) -> Result<Attached, A
         let _ = pins::remove_dir_of_pins(&staging);
         return Err(e.into());
     }
-    exchange(&staging, &dir).map_err(step(at, "swap the pins"))?;
+    if let Err(e) = exchange(&staging, &dir) {
+        let _ = pins::remove_dir_of_pins(&staging);
+        return Err(step(at, "swap the pins")(e).into());
+    }
     finish(at)?;
     Ok(Attached::Upgraded {
         xdp_mode: current.xdp_mode,
@@ -302,9 +305,7 @@ fn stage(
             .map_err(step(at, format!("pin map '{}' again", m.pin)))?;
     }
     write_settings(at, &mut ebpf, settings, &fresh)?;
-    array::<u32>(at, &mut ebpf, MAP_LAYOUT)?
-        .set(0, LAYOUT_VERSION, 0)
-        .map_err(step(at, "write the layout version"))?;
+    loader::write_layout_version(&mut ebpf).map_err(step(at, "write the layout version"))?;
     if fresh(PIN_COUNTERS) || fresh(PIN_POLICY_STATS) {
         // What the old counters have counted so far; exact once the old program is gone.
         let counts = read_counts(&dir, from, settings).map_err(decode_err(at))?;
@@ -617,7 +618,6 @@ mod tests {
             .collect();
         let older = Layout {
             version: LAYOUTS.len() as u32,
-            made_by: "a test",
             maps: maps.leak(),
         };
         let e = plan(&Attachment::new("eth0", None), &older).unwrap_err();
