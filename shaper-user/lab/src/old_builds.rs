@@ -25,7 +25,7 @@ pub const OLD_BUILDS: &[OldBuild] = &[
     // New-source admission, the last before pins carried a layout version.
     OldBuild {
         layout: 2,
-        commit: "300e48ebab6e6a0dc55a24962452209639743a6f",
+        commit: "8260bcafe0dcf273a5eb7c69ce5064c3e01335d4",
     },
 ];
 

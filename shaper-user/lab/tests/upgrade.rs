@@ -24,6 +24,7 @@ use serde_json::Value;
 use shaper_common::{layout::LAYOUT_VERSION, maps::SourceState};
 use shaper_lab::{
     bins::old_shaper,
+    cli::{self, AttachGuard},
     lab::{Flow, Lab, RunOptions, run_udp_with},
 };
 use shaper_user::{bpf, maps, pins::Attachment};
@@ -48,14 +49,7 @@ fn run(bin: &Path, ns: &str, args: &[&str]) -> Output {
 
 /// `BIN -n NS ARGS...`, which must succeed; its standard output.
 fn run_ok(bin: &Path, ns: &str, args: &[&str]) -> String {
-    let out = run(bin, ns, args);
-    assert!(
-        out.status.success(),
-        "{} {args:?}: {}",
-        bin.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    cli::run(bin, ns, args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// `BIN -n NS -j ARGS...` as JSON.
@@ -86,6 +80,7 @@ struct OldAttachment<'a> {
     lab: &'a Lab,
     at: Attachment,
     layout: u32,
+    _detach: AttachGuard,
 }
 
 impl<'a> OldAttachment<'a> {
@@ -96,6 +91,7 @@ impl<'a> OldAttachment<'a> {
             lab,
             at: Attachment::new(iface, Some(ns)),
             layout,
+            _detach: AttachGuard::new(&new_shaper(), ns, iface),
         };
         run_ok(
             &old,
@@ -145,16 +141,6 @@ impl<'a> OldAttachment<'a> {
     }
 }
 
-impl Drop for OldAttachment<'_> {
-    fn drop(&mut self) {
-        let _ = run(
-            &new_shaper(),
-            self.lab.rx_ns(),
-            &["detach", self.lab.rx_iface()],
-        );
-    }
-}
-
 /// Every IPv4 source's state, read from the pinned map (the same type in every layout).
 fn cells(at: &Attachment) -> BTreeMap<Ipv4Addr, SourceState> {
     maps::read_sources(at).unwrap().into_iter().collect()
@@ -198,20 +184,13 @@ fn same_numbers(what: &str, old: &Value, new: &Value, at_least: usize) {
 /// Traffic from the lab's sources: the first two and the third (under the policy) at four
 /// times their limit, the fourth at half the rate.
 fn flows(lab: &Lab) -> Vec<Flow> {
-    let s = lab.sources();
-    [
-        (s[0], 4 * RATE_BPS),
-        (s[1], 4 * RATE_BPS),
-        (s[2], 4 * POLICY_RATE_BPS),
-        (s[3], RATE_BPS / 2),
-    ]
-    .into_iter()
-    .map(|(src, offered_bps)| Flow {
-        src: IpAddr::V4(src),
-        offered_bps,
-        frame_bytes: FRAME,
-    })
-    .collect()
+    let offered = [
+        4 * RATE_BPS,
+        4 * RATE_BPS,
+        4 * POLICY_RATE_BPS,
+        RATE_BPS / 2,
+    ];
+    lab.flows(&offered, FRAME)
 }
 
 /// Upgrades an attachment of pin layout `layout` with no traffic running, and checks that
