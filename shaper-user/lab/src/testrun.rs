@@ -8,7 +8,7 @@ use std::net::Ipv4Addr;
 use anyhow::{Context as _, Result, ensure};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray},
+    maps::{HashMap, MapData, PerCpuArray, PerCpuValues},
     programs::{TestRun as _, TestRunOptions, Xdp},
 };
 use shaper_common::{
@@ -120,6 +120,38 @@ impl Harness {
     /// Every IPv6 key tracked, with its cell.
     pub fn sources6(&self) -> Result<Vec<(Ipv6Key, SourceState)>> {
         self.entries(MAP_SOURCES6)
+    }
+
+    /// Forgets every tracked source and zeroes the global counters, so one loaded program
+    /// serves many independent cases: a load costs a verification, which takes seconds in
+    /// an emulated guest.
+    pub fn reset(&mut self) -> Result<()> {
+        self.clear::<Ipv4Key>(MAP_SOURCES)?;
+        self.clear::<Ipv6Key>(MAP_SOURCES6)?;
+        let cpus = aya::util::nr_cpus()
+            .map_err(|(_, e)| e)
+            .context("counting CPUs")?;
+        let mut map: PerCpuArray<&mut MapData, Counters> = PerCpuArray::try_from(
+            self.ebpf
+                .map_mut(MAP_COUNTERS)
+                .context("counters map missing")?,
+        )?;
+        map.set(
+            0,
+            PerCpuValues::try_from(vec![Counters::default(); cpus])?,
+            0,
+        )?;
+        Ok(())
+    }
+
+    fn clear<K: aya::Pod>(&mut self, name: &str) -> Result<()> {
+        let mut map: HashMap<&mut MapData, K, SourceState> =
+            HashMap::try_from(self.ebpf.map_mut(name).context("sources map missing")?)?;
+        let keys = map.keys().collect::<Result<Vec<_>, _>>()?;
+        for key in keys {
+            map.remove(&key)?;
+        }
+        Ok(())
     }
 
     fn entries<K: aya::Pod>(&self, name: &str) -> Result<Vec<(K, SourceState)>> {

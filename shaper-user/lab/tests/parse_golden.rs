@@ -320,8 +320,10 @@ fn assert_counted_once(c: &Counters, kind: Kind, len: u64, name: &str) {
 #[test]
 #[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
 fn golden_frames_are_classified_keyed_and_charged_in_full() {
+    // One load for every frame (a verification takes seconds in an emulated guest).
+    let mut h = harness();
     for g in golden_frames() {
-        let mut h = harness();
+        h.reset().unwrap();
         let len = g.frame.len() as u64;
         assert_eq!(run(&mut h, &g.frame), XDP_PASS, "{}", g.name);
         assert_counted_once(&counters(&h), g.kind, len, g.name);
@@ -379,8 +381,9 @@ fn every_cut_inside_the_headers_is_malformed_and_passes() {
 #[test]
 #[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
 fn a_frame_cut_right_after_its_headers_is_still_whole() {
+    let mut h = harness();
     for g in golden_frames() {
-        let mut h = harness();
+        h.reset().unwrap();
         let cut = &g.frame[..g.headers];
         assert_eq!(run(&mut h, cut), XDP_PASS, "{}", g.name);
         assert_counted_once(&counters(&h), g.kind, cut.len() as u64, g.name);
