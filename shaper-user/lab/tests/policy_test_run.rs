@@ -18,7 +18,9 @@ use shaper_lab::{
 };
 use shaper_user::policy::{PolicySpec, parse_prefix};
 
-const SLOW: u64 = 8_000;
+// 10 B/s: a frame refills every 100 s, so no bucket drains a frame while a test runs,
+// even in an emulated guest where one test takes seconds.
+const SLOW: u64 = 80;
 const FRAME: usize = 1_000;
 
 fn limit(rate_bps: u64, burst_bytes: u64) -> PolicyLimits {
@@ -311,7 +313,7 @@ fn a_rate_change_rescales_buckets_and_never_refills_them() {
     assert_eq!(send(&mut h, "198.18.9.11", 10), 4);
     // Raise and lower the policy's rate and the default's. A refill would let a burst
     // through at once; a rescaled bucket is still full, and at these rates (a frame every
-    // 0.25 to 2 s) it does not drain a frame's worth while the test runs.
+    // 25 to 200 s) it does not drain a frame's worth while the test runs.
     for rate in [2 * SLOW, SLOW, SLOW / 2, 4 * SLOW] {
         h.policies()
             .replace_all(&[spec(prefix, limit(rate, burst))])
