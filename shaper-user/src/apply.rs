@@ -1,13 +1,15 @@
 //! `shaper apply`: bring every interface a configuration file names to what it says, as
 //! one change. Everything is checked first (the file, then each interface and its MTU);
-//! then the interfaces are changed one by one, and if one fails, those already changed
-//! are put back: a new attachment is detached, an updated one gets its previous settings
-//! and policies again.
+//! then the interfaces are changed one by one, journaled ([`crate::journal`]), and if one
+//! fails (or the command is killed), every interface is put back: a new attachment is
+//! detached, an updated one gets its previous settings and policies again, an upgraded
+//! one stays upgraded (with the settings it had).
 
 use shaper_common::maps::Config;
 
 use crate::{
     config_file::DesiredInterface,
+    journal::{self, Undo},
     loader::{self, AdmissionRequest, AttachError, AttachRequest, Attached},
     pins::Attachment,
     policy::{PolicySpec, PolicyTable},
@@ -34,6 +36,11 @@ pub enum ApplyError {
         iface: String,
         error: Box<AttachError>,
     },
+    #[error("{}{error}", if iface.is_empty() { String::new() } else { format!("interface {iface}: ") })]
+    Journal {
+        iface: String,
+        error: Box<journal::JournalError>,
+    },
 }
 
 /// The attach error with its whole chain, a setting named as in the file.
@@ -58,16 +65,6 @@ pub struct Applied {
     pub policies: usize,
     /// False when an existing attachment already was as the file says.
     pub changed: bool,
-}
-
-/// How to put an interface back.
-enum Undo {
-    Detach(Attachment),
-    Restore {
-        at: Attachment,
-        config: Config,
-        policies: Vec<PolicySpec>,
-    },
 }
 
 /// Checks what needs the interfaces themselves: that they exist, and that every burst
@@ -107,15 +104,24 @@ pub fn apply(
     netns: Option<&str>,
 ) -> Result<Vec<Applied>, ApplyError> {
     check_interfaces(desired)?;
-    let mut done: Vec<Undo> = Vec::new();
+    let mut undo = Vec::new();
+    for d in desired {
+        let at = Attachment::new(&d.name, netns);
+        undo.extend(Undo::of(&at).map_err(|error| ApplyError::Journal {
+            iface: d.name.clone(),
+            error: Box::new(error),
+        })?);
+    }
+    let change = journal::begin("apply", undo).map_err(|error| ApplyError::Journal {
+        iface: String::new(),
+        error: Box::new(error),
+    })?;
     let mut applied = Vec::new();
     for (index, d) in desired.iter().enumerate() {
         let at = Attachment::new(&d.name, netns);
-        // A killed upgrade is finished before its settings are read.
-        if let Err(e) = upgrade::recover(&at) {
-            roll_back(done);
-            return Err(attach_err(index, d, e.into()));
-        }
+        // A killed upgrade is finished before its settings are read (an error here drops
+        // `change`, which puts back what was changed).
+        upgrade::recover(&at).map_err(|e| attach_err(index, d, e.into()))?;
         let previous = if loader::is_live(&at) {
             Some(snapshot(&at).map_err(|e| attach_err(index, d, e))?)
         } else {
@@ -135,33 +141,23 @@ pub fn apply(
                 .map_or(AdmissionRequest::Default, AdmissionRequest::Exactly),
             policies: Some(d.policies.clone()),
         };
-        match loader::attach(&req) {
-            Ok(outcome) => {
-                let changed = match &previous {
-                    Some(before) => !snapshot(&at).is_ok_and(|after| same(before, &after)),
-                    None => true,
-                };
-                done.push(match (outcome, previous) {
-                    (Attached::Updated { .. }, Some((config, policies))) => Undo::Restore {
-                        at,
-                        config,
-                        policies,
-                    },
-                    _ => Undo::Detach(at),
-                });
-                applied.push(Applied {
-                    iface: d.name.clone(),
-                    outcome,
-                    policies: d.policies.len(),
-                    changed,
-                });
-            }
-            Err(e) => {
-                roll_back(done);
-                return Err(attach_err(index, d, e));
-            }
-        }
+        let outcome = loader::attach(&req).map_err(|e| attach_err(index, d, e))?;
+        let changed = match &previous {
+            Some(before) => !snapshot(&at).is_ok_and(|after| same(before, &after)),
+            None => true,
+        };
+        applied.push(Applied {
+            iface: d.name.clone(),
+            outcome,
+            policies: d.policies.len(),
+            changed,
+        });
+        crate::crash::point("apply-interface");
     }
+    change.commit().map_err(|error| ApplyError::Journal {
+        iface: String::new(),
+        error: Box::new(error),
+    })?;
     Ok(applied)
 }
 
@@ -188,26 +184,5 @@ fn attach_err(index: usize, d: &DesiredInterface, source: AttachError) -> ApplyE
         index,
         iface: d.name.clone(),
         error: Box::new(source),
-    }
-}
-
-/// Best effort, newest first: the error that caused it is the one worth reporting.
-fn roll_back(done: Vec<Undo>) {
-    for undo in done.into_iter().rev() {
-        match undo {
-            Undo::Detach(at) => {
-                let _ = loader::detach(&at);
-            }
-            Undo::Restore {
-                at,
-                config,
-                policies,
-            } => {
-                if let Ok(mut table) = PolicyTable::open(&at) {
-                    let _ = table.set_config(&config);
-                    let _ = table.replace_all(&policies);
-                }
-            }
-        }
     }
 }

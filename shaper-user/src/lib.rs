@@ -4,7 +4,9 @@
 pub mod apply;
 pub mod bpf;
 pub mod config_file;
+pub mod crash;
 pub mod explain;
+pub mod journal;
 pub mod link;
 pub mod loader;
 pub mod maps;

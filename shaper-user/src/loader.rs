@@ -297,6 +297,19 @@ pub fn is_live(at: &Attachment) -> bool {
     link::xdp_link_ifindex(&at.link()).is_ok_and(|ifindex| ifindex != 0)
 }
 
+/// What to say of an attachment whose interface is gone (see [`is_live`]).
+pub fn gone(at: &Attachment) -> String {
+    format!(
+        "the interface of {} is gone (the kernel detached shaper when it was deleted): `shaper{} detach {}` removes its pins",
+        at.label(),
+        at.netns
+            .as_deref()
+            .map(|ns| format!(" -n {ns}"))
+            .unwrap_or_default(),
+        at.iface
+    )
+}
+
 /// Refuses a request to change what cannot change on an attachment (`current`, with
 /// per-source maps of `cap` keys): the map size, the XDP mode and the keys.
 pub(crate) fn check_unchangeable(
@@ -341,6 +354,7 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
         PolicyTable::validate(policies, (config.prefix_v4, config.prefix_v6))?;
     }
     table.set_config(&config)?;
+    crate::crash::point("update-config");
     if let Some(policies) = &req.policies
         && let Err(e) = table.replace_all(policies)
     {
@@ -423,6 +437,7 @@ fn attach_new(req: &AttachRequest, config: &Config) -> Result<Attached, AttachEr
             .ok_or_else(|| AttachError::Load(format!("map {} missing", m.name).into()))?;
         map.pin(&path).map_err(pin_err("a map", &path))?;
     }
+    crate::crash::point("attach-pinned");
     // Before anything opens the pins, which checks their layout.
     write_layout_version(&mut ebpf)?;
 
@@ -461,6 +476,7 @@ fn attach_new(req: &AttachRequest, config: &Config) -> Result<Attached, AttachEr
                 })?,
         },
     };
+    crate::crash::point("attach-attached");
     let link = prog
         .take_link(link_id)
         .map_err(|e| AttachError::Load(Box::new(e)))?;
@@ -474,6 +490,7 @@ fn attach_new(req: &AttachRequest, config: &Config) -> Result<Attached, AttachEr
     })?;
     link.pin(at.link())
         .map_err(pin_err("the link", &at.link()))?;
+    crate::crash::point("attach-linked");
     Ok(Attached::New { xdp_mode })
 }
 

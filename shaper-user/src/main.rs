@@ -7,7 +7,7 @@ use std::{path::Path, process::ExitCode};
 use clap::{Parser as _, error::ErrorKind};
 use cli::{Cli, Command};
 use shaper_common::maps::PIN_ROOT;
-use shaper_user::{netns, system};
+use shaper_user::{journal, netns, pins, system};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
@@ -60,6 +60,19 @@ fn one_line(text: &str) -> String {
     parts.join(" ")
 }
 
+/// Whether `command` works on the pins alone (and so does not need the interface's
+/// namespace to exist).
+fn pins_only(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Detach(_)
+            | Command::Status(_)
+            | Command::Stats(_)
+            | Command::Policy(cli::policy::Command::List(_))
+            | Command::Config(_)
+    )
+}
+
 fn run(cli: &Cli) -> anyhow::Result<()> {
     // Arithmetic only: no privileges, no bpffs, no namespace.
     match &cli.command {
@@ -70,11 +83,40 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
     // Checked before anything else so that nothing is half done for want of them.
     system::check_privileges()?;
     system::check_bpffs(Path::new(PIN_ROOT).parent().unwrap_or(Path::new("/")))?;
+    // A change killed half way is rolled back before anything reads or writes the pins
+    // (it needs the pins only: no namespace, no interface). Without a journal nothing is
+    // under way or interrupted, and a command that only reads need not wait for the lock.
+    if journal::pending() {
+        let _lock = system::lock()?;
+        if let Some(line) = journal::recover()? {
+            eprintln!("shaper: {line}");
+        }
+    }
     // The current-thread runtime runs everything on this thread, so entering the
     // namespace here covers all that follows.
     let ns = cli.netns.as_deref();
     if let Some(ns) = ns {
-        netns::enter(ns)?;
+        match netns::enter(ns) {
+            Ok(()) => {}
+            // The pins of a deleted namespace's interfaces stay until detached: what reads
+            // or removes only pins goes on without it.
+            Err(e) if e.is_missing() && pins_only(&cli.command) => {}
+            Err(e) => {
+                let left = pins::list_all()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|at| at.netns.as_deref() == Some(ns))
+                    .map(|at| at.iface)
+                    .collect::<Vec<_>>();
+                if left.is_empty() {
+                    return Err(e.into());
+                }
+                anyhow::bail!(
+                    "{e}; shaper's pins for {} are left there: `shaper -n {ns} detach IFACE` removes them",
+                    left.join(", ")
+                );
+            }
+        }
     }
     match &cli.command {
         Command::Attach(args) => cli::attach::run(args, ns),

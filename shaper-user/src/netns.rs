@@ -24,6 +24,13 @@ pub enum NetnsError {
     },
 }
 
+impl NetnsError {
+    /// Whether the namespace does not exist (rather than could not be entered).
+    pub fn is_missing(&self) -> bool {
+        matches!(self, Self::Open { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
 /// Moves the calling thread into the named network namespace.
 ///
 /// Call it before spawning threads that must live in the namespace (a thread inherits its

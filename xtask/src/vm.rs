@@ -132,6 +132,13 @@ const SUITES: &[Suite] = &[
         why: "attach over pins left by a deleted interface: no traffic",
     },
     Suite {
+        file: "tests/faults.rs",
+        place: Place::Host,
+        why: "faults (deleted interface or namespace, full map, no bpffs, the lock, kills, \
+              no privileges) are handled by userspace on the pins; the kills are timed \
+              against the command and repeated dozens of times, minutes under emulation",
+    },
+    Suite {
         file: "tests/upgrade.rs",
         place: Place::Guest {
             skip: &[

@@ -7,6 +7,7 @@ use shaper_common::{
     maps::{Admission, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
 };
 use shaper_user::{
+    journal,
     loader::{self, AdmissionRequest, AttachError, AttachRequest, Attached, KeyBy},
     pins::Attachment,
     policy::Mode,
@@ -104,7 +105,10 @@ pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
         ),
         None => String::new(),
     };
-    match loader::attach(&req).map_err(flagged)? {
+    let change = journal::begin("attach", journal::Undo::of(&req.at)?.into_iter().collect())?;
+    let attached = loader::attach(&req).map_err(flagged)?;
+    change.commit()?;
+    match attached {
         Attached::New { xdp_mode } => println!(
             "attached to {} ({} XDP{}): rate {} burst {} per {} /{} (IPv6 /{}){admitted}",
             req.at.label(),

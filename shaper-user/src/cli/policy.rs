@@ -4,6 +4,7 @@ use anyhow::{Result, bail};
 use serde::Serialize;
 use shaper_common::{config::PolicyLimits, maps::DEFAULT_SLOT};
 use shaper_user::{
+    journal, loader,
     pins::Attachment,
     policy::{Action, Installed, Mode, PolicySpec, PolicyTable, parse_prefix},
     system,
@@ -86,6 +87,16 @@ fn open(iface: &str, netns: Option<&str>) -> Result<(Attachment, PolicyTable)> {
     Ok((at, table))
 }
 
+/// The table of an attached interface that is still there: a policy written into the
+/// pins of a deleted interface would be in force nowhere.
+fn open_live(iface: &str, netns: Option<&str>) -> Result<(Attachment, PolicyTable)> {
+    let (at, table) = open(iface, netns)?;
+    if !loader::is_live(&at) {
+        bail!("{}", loader::gone(&at));
+    }
+    Ok((at, table))
+}
+
 /// The limits `set` asks for, checked against the action.
 fn limits(args: &SetArgs) -> Result<PolicyLimits> {
     let action = Action::from(args.action);
@@ -141,8 +152,10 @@ fn set(args: &SetArgs, netns: Option<&str>) -> Result<()> {
     }
     let _lock = system::lock()?;
     upgrade::recover(&Attachment::new(&args.iface, netns))?;
-    let (at, mut table) = open(&args.iface, netns)?;
+    let (at, mut table) = open_live(&args.iface, netns)?;
+    let change = journal::begin("policy set", journal::Undo::of(&at)?.into_iter().collect())?;
     let changes = table.set(spec)?;
+    change.commit()?;
     let what = if !changes.added.is_empty() {
         "added"
     } else if !changes.changed.is_empty() {
@@ -158,8 +171,10 @@ fn del(args: &DelArgs, netns: Option<&str>) -> Result<()> {
     let prefix = parse_prefix(&args.prefix)?;
     let _lock = system::lock()?;
     upgrade::recover(&Attachment::new(&args.iface, netns))?;
-    let (at, mut table) = open(&args.iface, netns)?;
+    let (at, mut table) = open_live(&args.iface, netns)?;
+    let change = journal::begin("policy del", journal::Undo::of(&at)?.into_iter().collect())?;
     table.del(prefix)?;
+    change.commit()?;
     println!("removed {prefix} from {}", at.label());
     Ok(())
 }

@@ -357,6 +357,7 @@ impl PolicyTable {
             undo.push(Undo::Slot(*slot, Policy::default()));
             self.reset_slot(*slot)?;
             self.write_slot(*slot, &map_entry(spec)?)?;
+            crate::crash::point("policy-step");
         }
         // Changed policies in place: their sources keep their cells.
         for (prefix, installed) in current {
@@ -367,23 +368,109 @@ impl PolicyTable {
                     .map_err(map_err("read the policies"))?;
                 undo.push(Undo::Slot(installed.slot, old));
                 self.write_slot(installed.slot, &map_entry(spec)?)?;
+                crate::crash::point("policy-step");
             }
         }
         for (slot, spec) in added {
             undo.push(Undo::Unroute(spec.prefix));
             self.route(spec.prefix, *slot)?;
+            crate::crash::point("policy-step");
         }
         for gone in removed {
             undo.push(Undo::Route(gone.spec.prefix, gone.slot));
             self.unroute(gone.spec.prefix)?;
+            crate::crash::point("policy-step");
         }
         self.bump_generation(wanted.keys())?;
+        crate::crash::point("policy-step");
         // Sources still caching a removed slot resolve again on their next packet; one
         // reading the slot meanwhile finds it unused and takes the default.
         for gone in removed {
             self.write_slot(gone.slot, &Policy::default())?;
         }
         Ok(())
+    }
+
+    /// Every slot in use, with its entry as written (for [`PolicyTable::restore`]).
+    pub fn slots(&self) -> Result<Vec<(u32, Policy)>, PolicyError> {
+        let mut found = Vec::new();
+        for slot in 1..MAX_POLICIES {
+            let p = self
+                .policies
+                .get(&slot, 0)
+                .map_err(map_err("read the policies"))?;
+            if p.in_use != 0 {
+                found.push((slot, p));
+            }
+        }
+        Ok(found)
+    }
+
+    /// Puts back the settings `config` and exactly the policies `slots` (as
+    /// [`PolicyTable::slots`] read them before a change), whatever a change interrupted at
+    /// any step left: each slot gets its entry again (a policy kept in its slot keeps its
+    /// sources' cells, its aggregate and counters), each prefix its route, routes and slots
+    /// the change added go, and the generation moves on so every source resolves again.
+    pub fn restore(&mut self, config: &Config, slots: &[(u32, Policy)]) -> Result<(), PolicyError> {
+        let wanted: BTreeMap<u32, PolicySpec> = slots
+            .iter()
+            .filter_map(|(slot, p)| PolicySpec::from_policy(p).map(|s| (*slot, s)))
+            .collect();
+        for (slot, p) in slots {
+            self.write_slot(*slot, p)?;
+        }
+        for (slot, spec) in &wanted {
+            self.route(spec.prefix, *slot)?;
+        }
+        // The routes to keep: (family, length, key bits).
+        let routes: BTreeSet<(u8, u32, u128)> = wanted
+            .values()
+            .map(|s| match trie_key(&s.prefix) {
+                TrieKey::V4(k) => (4, k.prefix_len(), u128::from(k.data())),
+                TrieKey::V6(k) => (6, k.prefix_len(), u128::from_ne_bytes(k.data())),
+            })
+            .collect();
+        let v4: Vec<Key<Ipv4Key>> = self
+            .v4
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(map_err("read the IPv4 prefix trie"))?;
+        for key in v4 {
+            if !routes.contains(&(4, key.prefix_len(), u128::from(key.data()))) {
+                self.v4
+                    .remove(&key)
+                    .map_err(map_err("remove a route from the IPv4 prefix trie"))?;
+            }
+        }
+        let v6: Vec<Key<Ipv6Key>> = self
+            .v6
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(map_err("read the IPv6 prefix trie"))?;
+        for key in v6 {
+            if !routes.contains(&(6, key.prefix_len(), u128::from_ne_bytes(key.data()))) {
+                self.v6
+                    .remove(&key)
+                    .map_err(map_err("remove a route from the IPv6 prefix trie"))?;
+            }
+        }
+        for (slot, _) in self.slots()? {
+            if !wanted.contains_key(&slot) {
+                self.write_slot(slot, &Policy::default())?;
+            }
+        }
+        let generation = self.config()?.policy_gen;
+        self.config
+            .set(
+                0,
+                Config {
+                    policy_gen: generation,
+                    ..*config
+                },
+                0,
+            )
+            .map_err(map_err("write the config"))?;
+        self.bump_generation(wanted.values().map(|s| &s.prefix))
     }
 
     fn write_slot(&mut self, slot: u32, p: &Policy) -> Result<(), PolicyError> {

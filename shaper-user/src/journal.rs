@@ -1,0 +1,234 @@
+//! The journal of a change under way, so that a change killed half way is rolled back
+//! whole by the next command rather than left half made.
+//!
+//! Before `attach`, `policy set|del` or `apply` writes anything, it records under the host
+//! lock, in [`JOURNAL_PATH`], how to put back every attachment it may touch: the settings
+//! and every policy slot as they are ([`Undo::Restore`]), or, where nothing is attached,
+//! that it is to be detached ([`Undo::Detach`]). The file is replaced whole (written
+//! beside it, then renamed), and removed once the change is complete. A failed change
+//! runs its journal before it returns; a killed one leaves the journal, and the next
+//! shaper command (any command that needs privileges) runs it before anything else, under
+//! the lock, and says so. (Commands that only read take the lock only when a journal is
+//! there: then a change is under way, and they wait for it, or it was interrupted.) Undoing needs the pins only, not the interface or its namespace.
+//!
+//! An upgrade in place has its own staging and recovery (`crate::upgrade`) and keeps the
+//! settings as they were, so the journal records nothing for it.
+
+use std::{fs, io};
+
+use serde::{Deserialize, Serialize};
+use shaper_common::maps::{Config, Policy};
+
+use crate::{
+    loader::{self, DetachError},
+    pins::Attachment,
+    policy::{PolicyError, PolicyTable},
+    upgrade,
+};
+
+/// Where the journal of the change under way lives: beside the lock, on tmpfs (like the
+/// pins, it does not outlive a reboot).
+pub const JOURNAL_PATH: &str = "/run/shaper.journal";
+
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    // The causes are in the messages, so that a change's own error can carry this one
+    // as its message on one line.
+    #[error("cannot write the journal {JOURNAL_PATH}: {0}")]
+    Write(io::Error),
+    #[error("cannot read the journal {JOURNAL_PATH} (remove it to go on): {0}")]
+    Read(Box<dyn std::error::Error + Send + Sync>),
+    #[error("cannot read what to put back on {label}: {error}")]
+    Snapshot {
+        label: String,
+        error: Box<PolicyError>,
+    },
+}
+
+/// How to put one attachment back as it was before the change.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Undo {
+    /// Nothing (or only the pins of a deleted interface) was there: detach.
+    Detach {
+        iface: String,
+        netns: Option<String>,
+    },
+    /// Attached with these settings and policy slots (the maps' entries, as bytes).
+    Restore {
+        iface: String,
+        netns: Option<String>,
+        config: Vec<u8>,
+        slots: Vec<(u32, Vec<u8>)>,
+    },
+}
+
+fn bytes<T: aya::Pod>(v: &T) -> Vec<u8> {
+    // SAFETY: a Pod value is plain bytes.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+}
+
+fn value<T: aya::Pod>(b: &[u8]) -> Option<T> {
+    // SAFETY: any bytes of the right length are a Pod value.
+    (b.len() == size_of::<T>()).then(|| unsafe { b.as_ptr().cast::<T>().read_unaligned() })
+}
+
+impl Undo {
+    /// What puts `at` back as it is now; `None` where an upgrade is due (it keeps the
+    /// settings, and recovers itself). The caller holds the lock.
+    pub fn of(at: &Attachment) -> Result<Option<Self>, JournalError> {
+        let (iface, netns) = (at.iface.clone(), at.netns.clone());
+        if !at.exists() || !loader::is_live(at) {
+            return Ok(Some(Self::Detach { iface, netns }));
+        }
+        if upgrade::require_current(at).is_err() {
+            return Ok(None);
+        }
+        let snapshot = || -> Result<_, PolicyError> {
+            let table = PolicyTable::open(at)?;
+            Ok((table.config()?, table.slots()?))
+        };
+        let (config, slots) = snapshot().map_err(|error| JournalError::Snapshot {
+            label: at.label(),
+            error: Box::new(error),
+        })?;
+        Ok(Some(Self::Restore {
+            iface,
+            netns,
+            config: bytes(&config),
+            slots: slots.iter().map(|(s, p)| (*s, bytes(p))).collect(),
+        }))
+    }
+
+    pub fn attachment(&self) -> Attachment {
+        match self {
+            Self::Detach { iface, netns } | Self::Restore { iface, netns, .. } => {
+                Attachment::new(iface, netns.as_deref())
+            }
+        }
+    }
+
+    /// Puts the attachment back.
+    fn run(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let at = self.attachment();
+        match self {
+            Self::Detach { .. } => match loader::detach(&at) {
+                Ok(()) | Err(DetachError::NotAttached(_)) => Ok(()),
+                Err(e) => Err(e.into()),
+            },
+            Self::Restore { config, slots, .. } => {
+                let config: Config = value(config).ok_or("a settings entry of another size")?;
+                let slots = slots
+                    .iter()
+                    .map(|(s, b)| value::<Policy>(b).map(|p| (*s, p)))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or("a policy entry of another size")?;
+                PolicyTable::open(&at)?.restore(&config, &slots)?;
+                Ok(())
+            }
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Record {
+    /// `policy set`, `apply`, ...: for the operator.
+    command: String,
+    undo: Vec<Undo>,
+}
+
+/// A change under way, journaled. Dropped without [`Change::commit`] (an error returned
+/// half way), it rolls back.
+pub struct Change {
+    record: Option<Record>,
+}
+
+/// Journals `command` about to change the attachments `undo` puts back. The caller
+/// holds the lock.
+pub fn begin(command: &str, undo: Vec<Undo>) -> Result<Change, JournalError> {
+    // One left by a command that died after this one checked (the binary's entry point
+    // rolls back and reports what it finds before this; this closes the gap between).
+    recover()?;
+    let record = Record {
+        command: command.to_owned(),
+        undo,
+    };
+    write(&record)?;
+    crate::crash::point("journal-written");
+    Ok(Change {
+        record: Some(record),
+    })
+}
+
+fn write(record: &Record) -> Result<(), JournalError> {
+    let text = serde_json::to_vec(record).map_err(|e| JournalError::Write(e.into()))?;
+    let tmp = format!("{JOURNAL_PATH}.tmp");
+    fs::write(&tmp, text).map_err(JournalError::Write)?;
+    fs::rename(&tmp, JOURNAL_PATH).map_err(JournalError::Write)
+}
+
+impl Change {
+    /// The change is complete: forget how to undo it.
+    pub fn commit(mut self) -> Result<(), JournalError> {
+        self.record = None;
+        crate::crash::point("journal-commit");
+        remove()
+    }
+}
+
+impl Drop for Change {
+    fn drop(&mut self) {
+        if let Some(record) = self.record.take() {
+            // Best effort: the error that caused it is the one worth reporting; what
+            // cannot be put back now is left in the journal for the next command.
+            if roll_back(&record).is_empty() {
+                let _ = remove();
+            }
+        }
+    }
+}
+
+fn remove() -> Result<(), JournalError> {
+    match fs::remove_file(JOURNAL_PATH) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(JournalError::Write(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Runs every undo step, newest first; returns the failures, by attachment.
+fn roll_back(record: &Record) -> Vec<String> {
+    let mut failed = Vec::new();
+    for undo in record.undo.iter().rev() {
+        if let Err(e) = undo.run() {
+            failed.push(format!("{}: {e}", undo.attachment().label()));
+        }
+    }
+    failed
+}
+
+/// Whether a journal is there: a change under way, or one killed half way.
+pub fn pending() -> bool {
+    std::path::Path::new(JOURNAL_PATH).exists()
+}
+
+/// Rolls back a change that was killed half way, if the journal holds one, and says what
+/// was put back (one line). The caller holds the lock.
+pub fn recover() -> Result<Option<String>, JournalError> {
+    let text = match fs::read(JOURNAL_PATH) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(JournalError::Read(e.into())),
+    };
+    let record: Record = serde_json::from_slice(&text).map_err(|e| JournalError::Read(e.into()))?;
+    let failed = roll_back(&record);
+    remove()?;
+    let labels: Vec<String> = record.undo.iter().map(|u| u.attachment().label()).collect();
+    let mut line = format!(
+        "`{}` was interrupted; rolled back: {} as before it",
+        record.command,
+        labels.join(", ")
+    );
+    if !failed.is_empty() {
+        line += &format!(" (could not put back {})", failed.join("; "));
+    }
+    Ok(Some(line))
+}
