@@ -47,6 +47,10 @@ pub const MAP_POLICY_STATS_CARRIED: &str = "SHAPER_PCARRIED";
 /// Program names in the object file.
 pub const PROG_XDP: &str = "shaper_xdp";
 
+/// How many times the kernel program tries a compare-and-swap on a cell before it gives
+/// up on the frame ([`Counters::cas_exhausted`]); [`Counters::cas_won`] counts by try.
+pub const CAS_TRIES: usize = 4;
+
 /// Default size of each per-source map (`--max-sources`).
 pub const DEFAULT_MAX_SOURCES: u32 = 262_144;
 
@@ -372,18 +376,25 @@ pub struct Counters {
     /// Decisions lost because the compare-and-swap lost every retry to other CPUs: the
     /// packet was refused (dropped, or unadmitted when it was asking for a new cell).
     pub cas_exhausted: u64,
+    /// Charges published by the compare-and-swap, by the try that won: `[0]` on the
+    /// first, `[n]` after `n` retries (source, aggregate, unadmitted and admission cells
+    /// alike). A new key's first frame is charged in its fresh cell before the entry is
+    /// inserted, on the first try; if another CPU inserted the key meanwhile, the frame is
+    /// metered again in that entry and counted twice here.
+    pub cas_won: [u64; CAS_TRIES],
     /// Packets passed unmetered because no cell could be created for their key.
     pub untracked_packets: u64,
     /// Packets passed untouched because no policy was configured yet.
     pub unconfigured_packets: u64,
 }
 
-const _: () = assert!(size_of::<Counters>() == 208);
+const _: () = assert!(size_of::<Counters>() == 240);
 const _: () = assert!(offset_of!(Counters, outcomes) == 0);
 const _: () = assert!(offset_of!(Counters, ipv4_packets) == 48);
 const _: () = assert!(offset_of!(Counters, unadmitted) == 64);
 const _: () = assert!(offset_of!(Counters, not_ip_packets) == 112);
-const _: () = assert!(offset_of!(Counters, unconfigured_packets) == 200);
+const _: () = assert!(offset_of!(Counters, cas_won) == 192);
+const _: () = assert!(offset_of!(Counters, unconfigured_packets) == 232);
 
 impl PerCpuSum for Counters {
     fn add(&mut self, o: &Self) {
@@ -401,6 +412,9 @@ impl PerCpuSum for Counters {
         self.malformed_bytes += o.malformed_bytes;
         self.new_sources += o.new_sources;
         self.cas_exhausted += o.cas_exhausted;
+        for (won, o) in self.cas_won.iter_mut().zip(o.cas_won) {
+            *won += o;
+        }
         self.untracked_packets += o.untracked_packets;
         self.unconfigured_packets += o.unconfigured_packets;
     }

@@ -38,6 +38,7 @@
 
 mod decode;
 mod layout1;
+mod layout3;
 mod pinned;
 
 use std::{
@@ -590,16 +591,32 @@ mod tests {
                 PIN_SOURCES6
             ]
         );
-        // Layout 2 lacks only the version and the carried counts.
-        let mut all_but: Vec<&str> = layout::current()
-            .maps
-            .iter()
-            .map(|m| m.pin)
-            .filter(|p| ![PIN_LAYOUT, PIN_COUNTERS_CARRIED, PIN_POLICY_STATS_CARRIED].contains(p))
-            .collect();
-        all_but.sort_unstable();
-        assert_eq!(reused(2), all_but);
+        let all_but = |not: &[&str]| {
+            let mut pins: Vec<&str> = layout::current()
+                .maps
+                .iter()
+                .map(|m| m.pin)
+                .filter(|p| !not.contains(p))
+                .collect();
+            pins.sort_unstable();
+            pins
+        };
+        // Layout 2 lacks the version and the carried counts; its counters changed since.
+        assert_eq!(
+            reused(2),
+            all_but(&[
+                PIN_LAYOUT,
+                PIN_COUNTERS,
+                PIN_COUNTERS_CARRIED,
+                PIN_POLICY_STATS_CARRIED
+            ])
+        );
         assert!(reused(2).contains(&PIN_ADMISSION));
+        // Layout 3's counters (and so what carries them) changed; the policies' did not.
+        assert_eq!(
+            reused(3),
+            all_but(&[PIN_LAYOUT, PIN_COUNTERS, PIN_COUNTERS_CARRIED])
+        );
         // The version is always written anew.
         assert!(!reused(LAYOUT_VERSION).contains(&PIN_LAYOUT));
     }
