@@ -172,7 +172,8 @@ const SUITES: &[Suite] = &[
     Suite {
         file: "tests/contention.rs",
         place: Place::Host,
-        why: "one key from every CPU; its bound is rate x elapsed, so it needs a real clock",
+        why: "one key from every CPU, through test_run and live over a veth with a queue \
+              per CPU; its bound is rate x elapsed, so it needs a real clock",
     },
     Suite {
         file: "tests/live_flood.rs",
