@@ -16,7 +16,7 @@ pub struct Args {
     #[arg(long)]
     pub host_only: bool,
     /// Where the kernel tests run: `host` (this machine's kernel, after fmt, clippy and the
-    /// host tests), or Debian 12's `6.1`, `6.12` (comma-separated) or `all`, each under QEMU
+    /// host tests), or Debian 11's `5.10` or Debian 12's `6.1`, `6.12` (comma-separated) or `all`, each under QEMU
     /// (only the kernel tests that do not depend on timing; nothing else)
     #[arg(long, default_value = "host", value_parser = kernels, conflicts_with = "host_only")]
     pub kernel: Kernels,
