@@ -79,6 +79,9 @@ enum Place {
     },
     /// Only on the host (`cargo xtask test`).
     Host,
+    /// Only in the guests: it needs what the host kernel lacks. The host run skips its
+    /// `tests` (every test of the file, by name).
+    GuestOnly { tests: &'static [&'static str] },
 }
 
 /// One test target of the lab package, by its source file.
@@ -148,6 +151,14 @@ const SUITES: &[Suite] = &[
         why: "what the program needs of the kernel: attach works where it is there, and is \
               refused in one line naming what is missing where it is not (the only suite \
               the 5.10 guest runs)",
+    },
+    Suite {
+        file: "tests/live_vlan.rs",
+        place: Place::GuestOnly {
+            tests: &["tagged_frames_on_vlan_devices_are_metered_by_source"],
+        },
+        why: "real 802.1Q and 802.1ad devices (the host kernel has no 8021q): tagged frames \
+              metered by source, checked against rate x time + burst as a bound only",
     },
     Suite {
         file: "tests/stale_pins.rs",
@@ -242,8 +253,9 @@ const SUITES: &[Suite] = &[
 
 /// Modules the guest loads before the tests (from the kernel's own package, with modprobe):
 /// veth for the namespace lab, dummy and bridge for the interfaces without native XDP that
-/// cli.rs and apply.rs attach to. (The kernel would also load them on demand.)
-const TEST_MODULES: &[&str] = &["veth", "dummy", "bridge"];
+/// cli.rs and apply.rs attach to, 8021q for live_vlan.rs's VLAN devices. (The kernel would
+/// also load them on demand.)
+const TEST_MODULES: &[&str] = &["veth", "dummy", "bridge", "8021q"];
 
 /// Modules the initramfs loads to reach the guest's files (with what they depend on).
 const BOOT_MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "overlay"];
@@ -379,8 +391,10 @@ fn build_suites() -> Result<Vec<GuestSuite>> {
         let Some(suite) = SUITES.iter().find(|s| Path::new(s.file) == file) else {
             continue;
         };
-        let Place::Guest { skip } = suite.place else {
-            continue;
+        let skip = match suite.place {
+            Place::Guest { skip } => skip,
+            Place::GuestOnly { .. } => &[],
+            Place::Host => continue,
         };
         let name = file
             .file_stem()
@@ -402,7 +416,7 @@ fn build_suites() -> Result<Vec<GuestSuite>> {
     found.sort_by_key(order);
     let expected = SUITES
         .iter()
-        .filter(|s| matches!(s.place, Place::Guest { .. }))
+        .filter(|s| !matches!(s.place, Place::Host))
         .count();
     if found.len() != expected {
         let names: Vec<&str> = found.iter().map(|s| s.name.as_str()).collect();
@@ -1117,11 +1131,15 @@ fn strip_ansi(line: &str) -> String {
 fn print_plan() {
     println!("kernel tests in the guests ({}):", workspace::LAB_DIR);
     for suite in SUITES {
-        if let Place::Guest { skip } = suite.place {
-            println!("  {}: {}", suite.file, suite.why);
-            for (test, why) in skip {
-                println!("    except {test}: {why}");
+        match suite.place {
+            Place::Guest { skip } => {
+                println!("  {}: {}", suite.file, suite.why);
+                for (test, why) in skip {
+                    println!("    except {test}: {why}");
+                }
             }
+            Place::GuestOnly { .. } => println!("  {} (guests only): {}", suite.file, suite.why),
+            Place::Host => {}
         }
     }
     println!("left to the host (timing means nothing under emulation, or no kernel tests):");
@@ -1136,6 +1154,17 @@ fn print_plan() {
 fn minutes(d: Duration) -> String {
     let secs = d.as_secs();
     format!("{}m{:02}s", secs / 60, secs % 60)
+}
+
+/// The tests only the guests run ([`Place::GuestOnly`]), for the host run to skip.
+pub fn guest_only_tests() -> impl Iterator<Item = &'static str> {
+    SUITES
+        .iter()
+        .flat_map(|s| match s.place {
+            Place::GuestOnly { tests } => tests,
+            _ => &[],
+        })
+        .copied()
 }
 
 /// The series `--kernel` names.
@@ -1173,6 +1202,31 @@ mod tests {
                 suite.file
             );
         }
+    }
+
+    #[test]
+    fn guest_only_files_list_every_test() {
+        for suite in SUITES {
+            let Place::GuestOnly { tests } = suite.place else {
+                continue;
+            };
+            let path = workspace::root().join(workspace::LAB_DIR).join(suite.file);
+            let text = fs::read_to_string(path).unwrap();
+            assert_eq!(
+                text.matches("#[test]").count(),
+                tests.len(),
+                "{}",
+                suite.file
+            );
+            for test in tests {
+                assert!(
+                    text.contains(&format!("fn {test}(")),
+                    "{}: {test}",
+                    suite.file
+                );
+            }
+        }
+        assert!(guest_only_tests().count() > 0);
     }
 
     #[test]
