@@ -101,12 +101,13 @@ pub fn check_privileges() -> Result<(), SystemError> {
 fn missing_privileges(eff: u64) -> Option<String> {
     let has = |cap: u32| eff & (1 << cap) != 0;
     let mut missing = Vec::new();
-    for (cap, name) in [
-        (CAP_BPF, "CAP_BPF"),
-        (CAP_PERFMON, "CAP_PERFMON"),
-        (CAP_NET_ADMIN, "CAP_NET_ADMIN"),
+    let sys_admin = has(CAP_SYS_ADMIN);
+    for (granted, name) in [
+        (has(CAP_BPF) || sys_admin, "CAP_BPF"),
+        (has(CAP_PERFMON) || sys_admin, "CAP_PERFMON"),
+        (has(CAP_NET_ADMIN), "CAP_NET_ADMIN"),
     ] {
-        if !has(cap) && !(cap != CAP_NET_ADMIN && has(CAP_SYS_ADMIN)) {
+        if !granted {
             missing.push(name);
         }
     }
