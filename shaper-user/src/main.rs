@@ -77,6 +77,8 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
     // Arithmetic only: no privileges, no bpffs, no namespace.
     match &cli.command {
         Command::Explain(args) => return cli::explain::run(args, cli.json),
+        Command::Completions(args) => return cli::completions::run(args),
+        Command::Man(args) => return cli::man::run(args),
         Command::Apply(args) if args.check => return cli::apply::check(args),
         _ => {}
     }
@@ -127,5 +129,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Apply(args) => cli::apply::run(args, ns),
         Command::Config(command) => cli::config::run(command, ns),
         Command::Explain(args) => cli::explain::run(args, cli.json),
+        Command::Completions(args) => cli::completions::run(args),
+        Command::Man(args) => cli::man::run(args),
     }
 }

@@ -2,9 +2,11 @@
 
 pub mod apply;
 pub mod attach;
+pub mod completions;
 pub mod config;
 pub mod detach;
 pub mod explain;
+pub mod man;
 pub mod new_sources;
 pub mod outcomes;
 pub mod policy;
@@ -16,7 +18,7 @@ use clap::{Parser, Subcommand};
 
 /// Per-source byte-rate limiting in the kernel (XDP), held with GCRA.
 #[derive(Debug, Parser)]
-#[command(name = "shaper", version, about, long_about = None)]
+#[command(name = "shaper", version)]
 pub struct Cli {
     /// Run in the named network namespace, as `ip -n NETNS` does.
     #[arg(short = 'n', long, global = true, value_name = "NETNS")]
@@ -42,6 +44,10 @@ pub enum Command {
     /// What a rate and burst mean: bytes/s, time per byte and per frame, the burst in
     /// milliseconds, and warnings (needs no privileges, touches nothing)
     Explain(explain::Args),
+    #[command(hide = true)]
+    Completions(completions::Args),
+    #[command(hide = true)]
+    Man(man::Args),
 }
 
 #[cfg(test)]
