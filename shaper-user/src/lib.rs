@@ -7,6 +7,7 @@ pub mod config_file;
 pub mod crash;
 pub mod explain;
 pub mod journal;
+pub mod kernel;
 pub mod link;
 pub mod loader;
 pub mod maps;

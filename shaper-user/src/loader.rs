@@ -29,6 +29,7 @@ use shaper_common::{
 };
 
 use crate::{
+    kernel::{self, KernelError},
     link,
     maps::{self, PinnedMapError},
     pins::Attachment,
@@ -174,6 +175,8 @@ pub enum AttachError {
     Policy(#[from] PolicyError),
     #[error(transparent)]
     Upgrade(#[from] UpgradeError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
 }
 
 pub fn mode_name(xdp_mode: u32) -> &'static str {
@@ -379,8 +382,10 @@ fn pin_err<E: std::error::Error + Send + Sync + 'static>(
     }
 }
 
-/// Loads the object with each per-source map (IPv4, IPv6) sized as asked.
+/// Loads the object with each per-source map (IPv4, IPv6) sized as asked, on a kernel
+/// that has what the program needs.
 pub fn load(max_sources: u32) -> Result<Ebpf, AttachError> {
+    kernel::check()?;
     EbpfLoader::new()
         .map_max_entries(MAP_SOURCES, max_sources)
         .map_max_entries(MAP_SOURCES6, max_sources)
@@ -396,7 +401,7 @@ pub fn xdp_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp, At
         .ok_or_else(|| load_err(format!("program {name} missing from the object").into()))?
         .try_into()
         .map_err(|e| load_err(Box::new(e)))?;
-    prog.load().map_err(|e| load_err(Box::new(e)))?;
+    prog.load().map_err(|e| load_err(kernel::load_error(e)))?;
     Ok(prog)
 }
 

@@ -40,6 +40,11 @@ const ITEMS: &[Item] = &[
         package: "iperf3",
         present: Present::Programs(&["iperf3"]),
     },
+    // live_vlan.rs turns the veth's VLAN offload off, so the tags are in the frames.
+    Item::Apt {
+        package: "ethtool",
+        present: Present::Programs(&["ethtool"]),
+    },
     // The kernel matrix (`cargo xtask test --kernel`): Debian's kernels boot under QEMU with
     // a busybox initramfs; modprobe and depmod resolve their modules, and load them in the
     // guest (which runs on this machine's files).

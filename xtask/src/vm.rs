@@ -27,31 +27,47 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd, host, test::Tally, workspace};
+use crate::{apt, cmd, host, test::Tally, workspace};
 
 /// A guest that has not powered off after this long is killed, and its kernel fails.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
-/// A Debian 12 kernel series: its packages are `<prefix><N><suffix>[-unsigned]`.
+/// A Debian kernel series: its packages are `<prefix><N><suffix>[-unsigned]`.
 pub struct Series {
     /// What `--kernel` calls it.
     pub name: &'static str,
     prefix: &'static str,
     suffix: &'static str,
+    /// The Debian release whose apt has it, if not this machine's (Debian 12).
+    release: Option<&'static apt::Release>,
+    /// The only test files it runs, if not every guest suite.
+    only: Option<&'static [&'static str]>,
 }
 
-/// The kernels `--kernel all` runs, oldest first. 6.1 is Debian 12's own kernel; 6.12 is
-/// the newer one Debian 12 carries (the next stable's).
+/// The kernels `--kernel all` runs, oldest first. 5.10 is Debian 11's, older than shaper
+/// supports: it runs only the test that attach refuses it in one line. 6.1 is Debian 12's
+/// own kernel; 6.12 is the newer one Debian 12 carries (the next stable's).
 pub const SERIES: &[Series] = &[
+    Series {
+        name: "5.10",
+        prefix: "linux-image-5.10.0-",
+        suffix: "-amd64",
+        release: Some(&apt::BULLSEYE),
+        only: Some(&["tests/kernel_support.rs"]),
+    },
     Series {
         name: "6.1",
         prefix: "linux-image-6.1.0-",
         suffix: "-amd64",
+        release: None,
+        only: None,
     },
     Series {
         name: "6.12",
         prefix: "linux-image-6.12.",
         suffix: "+deb12-amd64",
+        release: None,
+        only: None,
     },
 ];
 
@@ -63,6 +79,9 @@ enum Place {
     },
     /// Only on the host (`cargo xtask test`).
     Host,
+    /// Only in the guests: it needs what the host kernel lacks. The host run skips its
+    /// `tests` (every test of the file, by name).
+    GuestOnly { tests: &'static [&'static str] },
 }
 
 /// One test target of the lab package, by its source file.
@@ -125,6 +144,21 @@ const SUITES: &[Suite] = &[
         file: "tests/apply.rs",
         place: Place::Guest { skip: &[] },
         why: "apply and config show round trips and all-or-nothing refusals: no traffic",
+    },
+    Suite {
+        file: "tests/kernel_support.rs",
+        place: Place::Guest { skip: &[] },
+        why: "what the program needs of the kernel: attach works where it is there, and is \
+              refused in one line naming what is missing where it is not (the only suite \
+              the 5.10 guest runs)",
+    },
+    Suite {
+        file: "tests/live_vlan.rs",
+        place: Place::GuestOnly {
+            tests: &["tagged_frames_on_vlan_devices_are_metered_by_source"],
+        },
+        why: "real 802.1Q and 802.1ad devices (the host kernel has no 8021q): tagged frames \
+              metered by source, checked against rate x time + burst as a bound only",
     },
     Suite {
         file: "tests/stale_pins.rs",
@@ -219,8 +253,9 @@ const SUITES: &[Suite] = &[
 
 /// Modules the guest loads before the tests (from the kernel's own package, with modprobe):
 /// veth for the namespace lab, dummy and bridge for the interfaces without native XDP that
-/// cli.rs and apply.rs attach to. (The kernel would also load them on demand.)
-const TEST_MODULES: &[&str] = &["veth", "dummy", "bridge"];
+/// cli.rs and apply.rs attach to, 8021q for live_vlan.rs's VLAN devices. (The kernel would
+/// also load them on demand.)
+const TEST_MODULES: &[&str] = &["veth", "dummy", "bridge", "8021q"];
 
 /// Modules the initramfs loads to reach the guest's files (with what they depend on).
 const BOOT_MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "overlay"];
@@ -356,8 +391,10 @@ fn build_suites() -> Result<Vec<GuestSuite>> {
         let Some(suite) = SUITES.iter().find(|s| Path::new(s.file) == file) else {
             continue;
         };
-        let Place::Guest { skip } = suite.place else {
-            continue;
+        let skip = match suite.place {
+            Place::Guest { skip } => skip,
+            Place::GuestOnly { .. } => &[],
+            Place::Host => continue,
         };
         let name = file
             .file_stem()
@@ -379,7 +416,7 @@ fn build_suites() -> Result<Vec<GuestSuite>> {
     found.sort_by_key(order);
     let expected = SUITES
         .iter()
-        .filter(|s| matches!(s.place, Place::Guest { .. }))
+        .filter(|s| !matches!(s.place, Place::Host))
         .count();
     if found.len() != expected {
         let names: Vec<&str> = found.iter().map(|s| s.name.as_str()).collect();
@@ -445,11 +482,20 @@ fn run_kernel(
     println!();
     println!("=== kernel {} ===", series.name);
     let kernel = fetch(series)?;
+    let suites: Vec<&GuestSuite> = suites
+        .iter()
+        .filter(|s| {
+            series.only.is_none_or(|only| {
+                only.iter()
+                    .any(|f| Path::new(f).file_stem() == Some(s.name.as_ref()))
+            })
+        })
+        .collect();
     let dir = workspace::target_dir().join("vm").join(series.name);
     fs::create_dir_all(&dir).with_context(|| format!("could not create {}", dir.display()))?;
     let initramfs = dir.join("initramfs.cpio");
     let busybox = busybox()?;
-    let stage2 = stage2_script(&kernel, &busybox, suites, extra);
+    let stage2 = stage2_script(&kernel, &busybox, &suites, extra);
     write_initramfs(&kernel, &busybox, &stage2, &initramfs)?;
 
     let log_path = dir.join("console.log");
@@ -478,11 +524,12 @@ fn run_kernel(
 /// Finds the newest package of `series` apt knows, downloads and unpacks it (once: both stay
 /// in `target/kernels/`), and indexes its modules with depmod.
 fn fetch(series: &Series) -> Result<Kernel> {
-    let mut package = newest_package(series)?;
+    let apt = apt::options(series.release)?;
+    let mut package = newest_package(series, &apt)?;
     if package.is_none() {
         // apt's lists may be missing or old (a fresh container has none).
-        cmd::run(Command::new("apt-get").arg("update"))?;
-        package = newest_package(series)?;
+        cmd::run(Command::new("apt-get").args(&apt).arg("update"))?;
+        package = newest_package(series, &apt)?;
     }
     let Some(package) = package else {
         bail!(
@@ -499,13 +546,11 @@ fn fetch(series: &Series) -> Result<Kernel> {
         let deb = match find_deb(&cache, &package)? {
             Some(deb) => deb,
             None => {
-                let mut apt = Command::new("apt-get");
-                apt.args(["download", &package]).current_dir(&cache);
-                if host::is_root()? {
-                    // apt's download user (_apt) cannot write to a root-owned target/.
-                    apt.args(["-o", "APT::Sandbox::User=root"]);
-                }
-                cmd::run(&mut apt)?;
+                let mut get = Command::new("apt-get");
+                get.args(&apt)
+                    .args(["download", &package])
+                    .current_dir(&cache);
+                cmd::run(&mut get)?;
                 find_deb(&cache, &package)?
                     .with_context(|| format!("apt-get download left no {package}_*.deb"))?
             }
@@ -533,8 +578,12 @@ fn fetch(series: &Series) -> Result<Kernel> {
 }
 
 /// The newest `<prefix>N<suffix>` package in apt's lists (the unsigned one if both are).
-fn newest_package(series: &Series) -> Result<Option<String>> {
-    let names = cmd::stdout(Command::new("apt-cache").args(["pkgnames", series.prefix]))?;
+fn newest_package(series: &Series, apt: &[String]) -> Result<Option<String>> {
+    let names = cmd::stdout(
+        Command::new("apt-cache")
+            .args(apt)
+            .args(["pkgnames", series.prefix]),
+    )?;
     Ok(names
         .lines()
         .filter_map(|name| package_rank(series, name).map(|rank| (rank, name)))
@@ -699,7 +748,7 @@ exec switch_root /newroot /bin/sh /run/shaper-vm.sh
 fn stage2_script(
     kernel: &Kernel,
     busybox: &Path,
-    suites: &[GuestSuite],
+    suites: &[&GuestSuite],
     extra: &[String],
 ) -> String {
     let mut script = format!(
@@ -1082,11 +1131,15 @@ fn strip_ansi(line: &str) -> String {
 fn print_plan() {
     println!("kernel tests in the guests ({}):", workspace::LAB_DIR);
     for suite in SUITES {
-        if let Place::Guest { skip } = suite.place {
-            println!("  {}: {}", suite.file, suite.why);
-            for (test, why) in skip {
-                println!("    except {test}: {why}");
+        match suite.place {
+            Place::Guest { skip } => {
+                println!("  {}: {}", suite.file, suite.why);
+                for (test, why) in skip {
+                    println!("    except {test}: {why}");
+                }
             }
+            Place::GuestOnly { .. } => println!("  {} (guests only): {}", suite.file, suite.why),
+            Place::Host => {}
         }
     }
     println!("left to the host (timing means nothing under emulation, or no kernel tests):");
@@ -1101,6 +1154,17 @@ fn print_plan() {
 fn minutes(d: Duration) -> String {
     let secs = d.as_secs();
     format!("{}m{:02}s", secs / 60, secs % 60)
+}
+
+/// The tests only the guests run ([`Place::GuestOnly`]), for the host run to skip.
+pub fn guest_only_tests() -> impl Iterator<Item = &'static str> {
+    SUITES
+        .iter()
+        .flat_map(|s| match s.place {
+            Place::GuestOnly { tests } => tests,
+            _ => &[],
+        })
+        .copied()
 }
 
 /// The series `--kernel` names.
@@ -1141,8 +1205,33 @@ mod tests {
     }
 
     #[test]
+    fn guest_only_files_list_every_test() {
+        for suite in SUITES {
+            let Place::GuestOnly { tests } = suite.place else {
+                continue;
+            };
+            let path = workspace::root().join(workspace::LAB_DIR).join(suite.file);
+            let text = fs::read_to_string(path).unwrap();
+            assert_eq!(
+                text.matches("#[test]").count(),
+                tests.len(),
+                "{}",
+                suite.file
+            );
+            for test in tests {
+                assert!(
+                    text.contains(&format!("fn {test}(")),
+                    "{}: {test}",
+                    suite.file
+                );
+            }
+        }
+        assert!(guest_only_tests().count() > 0);
+    }
+
+    #[test]
     fn package_names() {
-        let (old, new) = (&SERIES[0], &SERIES[1]);
+        let (old, new) = (series_named("6.1").unwrap(), series_named("6.12").unwrap());
         assert_eq!(
             package_rank(old, "linux-image-6.1.0-56-amd64-unsigned"),
             Some((56, true))
@@ -1159,6 +1248,15 @@ mod tests {
             Some((117, true))
         );
         assert_eq!(package_rank(new, "linux-image-6.12-amd64"), None);
+        let bullseye = series_named("5.10").unwrap();
+        assert_eq!(
+            package_rank(bullseye, "linux-image-5.10.0-46-amd64"),
+            Some((46, false))
+        );
+        assert_eq!(
+            package_rank(bullseye, "linux-image-5.10.0-46-cloud-amd64"),
+            None
+        );
         assert_eq!(
             package_rank(new, "linux-image-6.12.117+deb12-cloud-amd64"),
             None
