@@ -46,6 +46,7 @@ pub const MAP_POLICY_STATS_CARRIED: &str = "SHAPER_PCARRIED";
 
 /// Program names in the object file.
 pub const PROG_XDP: &str = "shaper_xdp";
+pub const PROG_TC: &str = "shaper_tc";
 
 /// Default size of each per-source map (`--max-sources`).
 pub const DEFAULT_MAX_SOURCES: u32 = 262_144;

@@ -14,7 +14,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, MapData},
     programs::{
-        Xdp, XdpMode,
+        SchedClassifier, Xdp, XdpMode,
         links::{FdLink, LinkError, PinnedLink},
     },
 };
@@ -23,8 +23,8 @@ use shaper_common::{
     layout::{self, LAYOUT_VERSION},
     maps::{
         Admission, Config, DEFAULT_MAX_SOURCES, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST,
-        KEY_BY_SRC, MAP_CONFIG, MAP_LAYOUT, MAP_SOURCES, MAP_SOURCES6, MODE_ENFORCE, PROG_XDP,
-        XDP_MODE_NATIVE, XDP_MODE_SKB,
+        KEY_BY_SRC, MAP_CONFIG, MAP_LAYOUT, MAP_SOURCES, MAP_SOURCES6, MODE_ENFORCE, PROG_TC,
+        PROG_XDP, XDP_MODE_NATIVE, XDP_MODE_SKB,
     },
 };
 
@@ -394,6 +394,18 @@ pub fn xdp_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp, At
     let prog: &mut Xdp = ebpf
         .program_mut(name)
         .ok_or_else(|| load_err(format!("program {name} missing from the object").into()))?
+        .try_into()
+        .map_err(|e| load_err(Box::new(e)))?;
+    prog.load().map_err(|e| load_err(Box::new(e)))?;
+    Ok(prog)
+}
+
+/// The tc classifier of a loaded object, loaded into the kernel.
+pub fn tc_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, AttachError> {
+    let load_err = |e: Box<dyn std::error::Error + Send + Sync>| AttachError::Load(e);
+    let prog: &mut SchedClassifier = ebpf
+        .program_mut(PROG_TC)
+        .ok_or_else(|| load_err(format!("program {PROG_TC} missing from the object").into()))?
         .try_into()
         .map_err(|e| load_err(Box::new(e)))?;
     prog.load().map_err(|e| load_err(Box::new(e)))?;
