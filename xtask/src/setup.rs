@@ -59,6 +59,15 @@ const ITEMS: &[Item] = &[
         package: "dpkg-dev",
         present: Present::Programs(&["dpkg-deb", "dpkg-shlibdeps"]),
     },
+    // The bench's per-source peers: an nft meter in netdev ingress, iptables hashlimit.
+    Item::Apt {
+        package: "nftables",
+        present: Present::Programs(&["nft"]),
+    },
+    Item::Apt {
+        package: "iptables",
+        present: Present::Programs(&["iptables"]),
+    },
     // The kernel matrix (`cargo xtask test --kernel`): Debian's kernels boot under QEMU with
     // a busybox initramfs; modprobe and depmod resolve their modules, and load them in the
     // guest (which runs on this machine's files).
