@@ -28,6 +28,9 @@ pub const PIN_COUNTERS_CARRIED: &str = "counters_carried";
 pub const PIN_POLICY_STATS_CARRIED: &str = "policy_stats_carried";
 /// While an upgrade is under way: the program the link is being switched to.
 pub const PIN_UPGRADE_PROG: &str = "upgrade_prog";
+/// A tc program attached with clsact and `cls_bpf`, which has no bpf_link to pin: the
+/// program itself is pinned in the link's stead.
+pub const PIN_TC_PROG: &str = "tc_prog";
 
 /// Map names in the object file (at most 15 bytes: the kernel's name limit).
 pub const MAP_CONFIG: &str = "SHAPER_CONFIG";
@@ -46,6 +49,7 @@ pub const MAP_POLICY_STATS_CARRIED: &str = "SHAPER_PCARRIED";
 
 /// Program names in the object file.
 pub const PROG_XDP: &str = "shaper_xdp";
+pub const PROG_TC: &str = "shaper_tc";
 
 /// How many times the kernel program tries a compare-and-swap on a cell before it gives
 /// up on the frame ([`Counters::cas_exhausted`]); [`Counters::cas_won`] counts by try.
@@ -54,9 +58,22 @@ pub const CAS_TRIES: usize = 4;
 /// Default size of each per-source map (`--max-sources`).
 pub const DEFAULT_MAX_SOURCES: u32 = 262_144;
 
-/// XDP attach modes as recorded in [`Config::xdp_mode`].
+/// How the program is attached, as recorded in [`Config::xdp_mode`]: native or generic
+/// XDP, or tc through TCX or clsact (one field for both hooks, so the layout of the
+/// settings entry is the same whatever the hook).
 pub const XDP_MODE_NATIVE: u32 = 1;
 pub const XDP_MODE_SKB: u32 = 2;
+pub const TC_MODE_TCX: u32 = 3;
+/// clsact with a `cls_bpf` filter, on a clsact qdisc that was there before shaper.
+pub const TC_MODE_CLSACT: u32 = 4;
+/// The same on a clsact qdisc shaper added, which it removes when the last of the
+/// interface's clsact attachments is detached.
+pub const TC_MODE_CLSACT_OWN: u32 = 5;
+
+/// Whether an attach mode ([`Config::xdp_mode`]) is a tc one.
+pub const fn is_tc_mode(mode: u32) -> bool {
+    matches!(mode, TC_MODE_TCX | TC_MODE_CLSACT | TC_MODE_CLSACT_OWN)
+}
 
 /// What a frame is keyed by, as recorded in [`Config::key_by`].
 pub const KEY_BY_SRC: u32 = 0;
@@ -98,7 +115,7 @@ pub struct Config {
     /// What the operator asked for, kept for `status` (bits per second, bytes).
     pub rate_bps: u64,
     pub burst_bytes: u64,
-    /// `XDP_MODE_*`: how the program is attached.
+    /// `XDP_MODE_*` or `TC_MODE_*`: how the program is attached.
     pub xdp_mode: u32,
     /// Non-zero once userspace has written this entry; the program passes traffic
     /// untouched while it is zero (an all-zero limit would drop everything).

@@ -292,11 +292,12 @@ unsafe fn charge(
     now: u64,
 ) -> Result<Option<Charged>, Refused> {
     unsafe {
-        let Some((aggregate, limit)) = rule.aggregate else {
+        let (aggregate, limit) = (rule.aggregate_cell, rule.aggregate_limit);
+        if aggregate.is_null() {
             return take(cell, rule.limit, len, now)
                 .then_some(None)
                 .ok_or(Refused::Source);
-        };
+        }
         carry_over(cell, rule.limit, now);
         let tat = &raw mut (*cell).tat;
         let old = atomic::load(tat);

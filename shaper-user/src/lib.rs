@@ -16,5 +16,6 @@ pub mod pins;
 pub mod policy;
 pub mod setting;
 pub mod system;
+pub mod tc;
 pub mod units;
 pub mod upgrade;

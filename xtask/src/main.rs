@@ -6,6 +6,7 @@
 
 mod apt;
 mod cmd;
+mod dist;
 mod host;
 mod lab;
 mod old_shaper;
@@ -36,6 +37,9 @@ enum Command {
     Setup,
     /// Run setup, cargo fmt --check, clippy, host tests, then kernel tests (root only)
     Test(test::Args),
+    /// Build target/dist/shaper_<version>_<arch>.deb: the binary, systemd unit, manual pages,
+    /// shell completions and an example /etc/shaper/shaper.toml
+    Dist,
     /// Build release binaries and run `shaper-lab demo` (needs root)
     Demo(LabArgs),
     /// Build release binaries and run `shaper-lab bench` (needs root), e.g. `bench --quick`
@@ -59,6 +63,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Setup => setup::run().map(|()| ExitCode::SUCCESS),
         Command::Test(args) => test::run(&args),
+        Command::Dist => setup::run()
+            .and_then(|()| dist::run())
+            .map(|_| ExitCode::SUCCESS),
         Command::Demo(LabArgs { args }) => lab::run("demo", &args),
         Command::Bench(LabArgs { args }) => lab::run("bench", &args),
         Command::Lab(LabArgs { args }) => lab::run("lab", &args),

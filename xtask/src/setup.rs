@@ -45,6 +45,29 @@ const ITEMS: &[Item] = &[
         package: "ethtool",
         present: Present::Programs(&["ethtool"]),
     },
+    // The service's files: its unit is checked with systemd-analyze (verify looks the
+    // unit's man pages up with man), and `cargo xtask dist` packs a .deb with dpkg-deb.
+    Item::Apt {
+        package: "systemd",
+        present: Present::Programs(&["systemd-analyze"]),
+    },
+    Item::Apt {
+        package: "man-db",
+        present: Present::Programs(&["man"]),
+    },
+    Item::Apt {
+        package: "dpkg-dev",
+        present: Present::Programs(&["dpkg-deb", "dpkg-shlibdeps"]),
+    },
+    // The bench's per-source peers: an nft meter in netdev ingress, iptables hashlimit.
+    Item::Apt {
+        package: "nftables",
+        present: Present::Programs(&["nft"]),
+    },
+    Item::Apt {
+        package: "iptables",
+        present: Present::Programs(&["iptables"]),
+    },
     // The kernel matrix (`cargo xtask test --kernel`): Debian's kernels boot under QEMU with
     // a busybox initramfs; modprobe and depmod resolve their modules, and load them in the
     // guest (which runs on this machine's files).

@@ -538,7 +538,7 @@ fn unprivileged_commands_touch_nothing() {
         assert_refused(
             &out,
             &format!("{args:?} as nobody"),
-            &["root", "CAP_BPF", "CAP_NET_ADMIN"],
+            &["root", "CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN"],
         );
     }
     assert_eq!(state(lab.rx_netns(), &iface), before);

@@ -2,11 +2,13 @@
 
 use std::path::PathBuf;
 
+use super::Scope;
 use anyhow::{Context as _, Result};
 use shaper_user::{
     apply::{self, Applied},
     config_file::{self, DesiredInterface},
     loader::Attached,
+    pins::Direction,
     system,
 };
 
@@ -23,16 +25,16 @@ pub struct Args {
 }
 
 /// Reads and checks the file; the error names its line and field.
-pub fn read(args: &Args) -> Result<Vec<DesiredInterface>> {
+pub fn read(args: &Args, direction: Direction) -> Result<Vec<DesiredInterface>> {
     let name = args.file.display().to_string();
     let text =
         std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {name}"))?;
-    Ok(config_file::parse(&name, &text)?)
+    Ok(config_file::parse(&name, &text, direction)?)
 }
 
 /// `--check`: the file alone, before any privilege or namespace is needed.
-pub fn check(args: &Args) -> Result<()> {
-    let desired = read(args)?;
+pub fn check(args: &Args, direction: Direction) -> Result<()> {
+    let desired = read(args, direction)?;
     let policies: usize = desired.iter().map(|d| d.policies.len()).sum();
     println!(
         "{}: valid: {} interface{}, {policies} polic{}",
@@ -44,10 +46,10 @@ pub fn check(args: &Args) -> Result<()> {
     Ok(())
 }
 
-pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
-    let desired = read(args)?;
+pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
+    let desired = read(args, scope.direction)?;
     let _lock = system::lock()?;
-    let applied = apply::apply(&desired, netns)?;
+    let applied = apply::apply(&desired, scope.netns)?;
     for Applied {
         iface,
         outcome,

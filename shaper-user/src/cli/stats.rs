@@ -1,5 +1,6 @@
 //! `shaper stats IFACE [--top N]`: global counters and the sources dropped most.
 
+use super::Scope;
 use super::outcomes::{OutcomeFields, Unadmitted};
 use anyhow::{Result, bail};
 use serde::Serialize;
@@ -7,7 +8,6 @@ use shaper_common::maps::{CAS_TRIES, Counters, SourceState};
 use shaper_user::{
     loader,
     maps::{self, KeyNet},
-    pins::Attachment,
 };
 
 /// Show counters for IFACE and its top sources by dropped bytes.
@@ -125,8 +125,8 @@ fn top(mut sources: Vec<(KeyNet, SourceState)>, n: usize) -> Vec<Source> {
         .collect()
 }
 
-pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
-    let at = Attachment::new(&args.iface, netns);
+pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
+    let at = scope.at(&args.iface);
     if !at.exists() {
         bail!("shaper is not attached to {}", at.label());
     }

@@ -37,7 +37,7 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 
 pub use ns::Netns;
-pub use traffic::{Flow, FlowResult, RunOptions, RunReport, run_udp, run_udp_with};
+pub use traffic::{Flow, FlowResult, Late, RunOptions, RunReport, run_udp, run_udp_with};
 
 /// The receiver's address, on the rx veth.
 pub const RX_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
