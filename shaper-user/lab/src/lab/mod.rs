@@ -26,6 +26,7 @@
 
 pub mod ns;
 pub mod raw;
+pub mod tcp;
 pub mod traffic;
 
 use std::{
