@@ -27,6 +27,7 @@
 pub mod ns;
 mod queues;
 pub mod raw;
+pub mod tcp;
 pub mod traffic;
 
 use std::{
