@@ -10,6 +10,7 @@ pub mod journal;
 pub mod link;
 pub mod loader;
 pub mod maps;
+pub mod metrics;
 pub mod netns;
 pub mod pins;
 pub mod policy;

@@ -1,0 +1,130 @@
+//! `shaper run -f FILE [--detach-on-exit] [--metrics ADDR:PORT]`: the daemon. It applies
+//! the file as `apply` does (all or nothing), tells systemd it is ready (sd_notify),
+//! applies the file again on SIGHUP (a file it refuses leaves the running configuration
+//! as it was, and says why in one line), and on SIGTERM or SIGINT exits, leaving the
+//! limits in force through their pins, or detaching what the file names with
+//! `--detach-on-exit`. One runs per host ([`system::daemon_lock`]); each change takes
+//! the same lock as every other command. It logs one line per event on stderr (the
+//! journal, under systemd).
+
+mod http;
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use anyhow::{Context as _, Result};
+use sd_notify::NotifyState;
+use shaper_user::{apply, config_file::DesiredInterface, loader, pins::Attachment, system};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Run as a daemon: apply a configuration file, re-apply it on SIGHUP, and leave the
+/// limits in force on exit
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The configuration file (`shaper config show` prints the format)
+    #[arg(short = 'f', long = "file", value_name = "FILE.toml")]
+    pub file: PathBuf,
+    /// On exit, detach every interface the file names instead of leaving them attached
+    #[arg(long)]
+    pub detach_on_exit: bool,
+    /// Serve /metrics (Prometheus) and /top (JSON) over HTTP on this address, in the
+    /// daemon's namespace
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9753")]
+    pub metrics: SocketAddr,
+    /// Serve no metrics
+    #[arg(long, conflicts_with = "metrics")]
+    pub no_metrics: bool,
+}
+
+/// Reads and applies the file under the lock; returns what it applied and a line saying
+/// what changed.
+fn apply_file(
+    file: &std::path::Path,
+    netns: Option<&str>,
+) -> Result<(Vec<DesiredInterface>, String)> {
+    let desired = super::apply::read(file)?;
+    let applied = {
+        let _lock = system::lock()?;
+        apply::apply(&desired, netns)?
+    };
+    let what = applied
+        .iter()
+        .map(|one| {
+            format!(
+                "{} {} ({})",
+                one.iface,
+                super::apply::outcome(one),
+                super::apply::policies(one.policies)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok((desired, format!("applied {}: {what}", file.display())))
+}
+
+/// Tells systemd, when it supervises us; elsewhere NOTIFY_SOCKET is unset and this does
+/// nothing.
+fn notify(states: &[NotifyState]) {
+    if let Err(e) = sd_notify::notify(false, states) {
+        eprintln!("shaper: cannot notify systemd: {e}");
+    }
+}
+
+pub async fn run(args: &Args, netns: Option<&str>) -> Result<()> {
+    let _daemon = system::daemon_lock()?;
+    // Signals are caught from here on, so one sent as soon as we are ready is never lost.
+    let mut hup = signal(SignalKind::hangup()).context("cannot catch SIGHUP")?;
+    let mut term = signal(SignalKind::terminate()).context("cannot catch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot catch SIGINT")?;
+    let listener = match args.no_metrics {
+        true => None,
+        false => Some(http::bind(args.metrics).await?),
+    };
+    let (mut running, line) = apply_file(&args.file, netns)?;
+    eprintln!("shaper: {line}");
+    // The server runs on this thread, between signals.
+    let local = tokio::task::LocalSet::new();
+    if let Some(listener) = listener {
+        eprintln!(
+            "shaper: serving /metrics and /top on http://{}",
+            args.metrics
+        );
+        local.spawn_local(http::serve(listener, netns.map(str::to_owned)));
+    }
+    local
+        .run_until(async {
+            notify(&[NotifyState::Ready, NotifyState::Status(&line)]);
+            loop {
+                tokio::select! {
+                    _ = hup.recv() => {
+                        notify(&[NotifyState::Reloading]);
+                        let status = match apply_file(&args.file, netns) {
+                            Ok((desired, line)) => {
+                                running = desired;
+                                line
+                            }
+                            Err(e) => format!(
+                                "reload refused, the running configuration stays: {e:#}"
+                            ),
+                        };
+                        eprintln!("shaper: {status}");
+                        notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+                    }
+                    _ = term.recv() => break,
+                    _ = int.recv() => break,
+                }
+            }
+        })
+        .await;
+    notify(&[NotifyState::Stopping]);
+    if !args.detach_on_exit {
+        eprintln!("shaper: exiting; the limits stay in force (shaper detach IFACE removes them)");
+        return Ok(());
+    }
+    let _lock = system::lock()?;
+    for d in &running {
+        let at = Attachment::new(&d.name, netns);
+        loader::detach(&at)?;
+        eprintln!("shaper: detached from {}", at.label());
+    }
+    Ok(())
+}
