@@ -3,7 +3,8 @@
 //! changed file updates the attachment in place (same program, every source's bucket and
 //! counters kept) and the new rate holds; a SIGHUP with a broken file logs one line
 //! naming file:line and field and changes nothing; SIGTERM leaves enforcement in place,
-//! `--detach-on-exit` removes it; a second daemon is refused.
+//! `--detach-on-exit` removes it; a second daemon is refused; a file replaced as an
+//! editor saves it is applied without a signal.
 
 #[expect(dead_code, reason = "not every helper is used here")]
 mod common;
@@ -174,7 +175,7 @@ fn sighup_applies_a_changed_file_in_place() {
     let dir = scratch("dm-hup");
     let file = dir.join("shaper.toml");
     fs::write(&file, config(&iface, "8mbit")).unwrap();
-    let mut daemon = Daemon::start(lab.rx_ns(), &file, &[]);
+    let mut daemon = Daemon::start(lab.rx_ns(), &file, &["--no-watch"]);
     assert_eq!(rate(&lab, &iface), 8_000_000);
     let src = lab.sources()[0];
     let flow = Flow {
@@ -222,7 +223,7 @@ fn sighup_with_a_broken_file_keeps_the_running_configuration() {
     let dir = scratch("dm-bad");
     let file = dir.join("shaper.toml");
     fs::write(&file, config(&iface, "8mbit")).unwrap();
-    let mut daemon = Daemon::start(lab.rx_ns(), &file, &[]);
+    let mut daemon = Daemon::start(lab.rx_ns(), &file, &["--no-watch"]);
     let before = status(&lab, &iface);
     let program = prog_id(&lab);
 
@@ -269,7 +270,7 @@ fn sigterm_leaves_enforcement_in_place() {
     let dir = scratch("dm-term");
     let file = dir.join("shaper.toml");
     fs::write(&file, config(&iface, "8mbit")).unwrap();
-    let daemon = Daemon::start(lab.rx_ns(), &file, &[]);
+    let daemon = Daemon::start(lab.rx_ns(), &file, &["--no-watch"]);
 
     let second = shaper(lab.rx_ns(), &["run", "-f", file.to_str().unwrap()]);
     let said = String::from_utf8_lossy(&second.stderr);
@@ -299,7 +300,7 @@ fn sigterm_leaves_enforcement_in_place() {
         "{counts:?}"
     );
 
-    let daemon = Daemon::start(lab.rx_ns(), &file, &["--detach-on-exit"]);
+    let daemon = Daemon::start(lab.rx_ns(), &file, &["--no-watch", "--detach-on-exit"]);
     let (exit, log) = daemon.stop();
     assert!(exit.success(), "{exit}: {log}");
     assert!(!lab.xdp_attached().unwrap(), "still attached: {log}");
@@ -406,7 +407,7 @@ fn metrics_match_stats_and_parse() {
             ),
     )
     .unwrap();
-    let daemon = Daemon::start(lab.rx_ns(), &file, &[]);
+    let daemon = Daemon::start(lab.rx_ns(), &file, &["--no-watch"]);
     let labels = format!("direction=\"ingress\",interface=\"{iface}\"");
     let before = parse(&scrape(&lab, "/metrics"));
     assert_eq!(
@@ -462,5 +463,41 @@ fn metrics_match_stats_and_parse() {
     assert_eq!(rows[0]["source"], src.to_string(), "{top}");
     let (exit, log) = daemon.stop();
     assert!(exit.success(), "{exit}: {log}");
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// Without --no-watch, a file replaced as editors save it (written beside, renamed over)
+/// is applied without a signal, once; a broken one is refused the same way.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_changed_file_is_applied_without_a_signal() {
+    let lab = new_lab("dm-watch");
+    let iface = lab.rx_iface().to_owned();
+    let _guard = guard(lab.rx_ns(), &iface);
+    let dir = scratch("dm-watch");
+    let file = dir.join("shaper.toml");
+    fs::write(&file, config(&iface, "8mbit")).unwrap();
+    let mut daemon = Daemon::start(lab.rx_ns(), &file, &["--no-metrics"]);
+    let save = |text: String| {
+        let beside = dir.join(".shaper.toml.swp");
+        fs::write(&beside, text).unwrap();
+        fs::rename(&beside, &file).unwrap();
+    };
+    save(config(&iface, "4mbit"));
+    daemon.wait_for("RELOADING=1");
+    let said = daemon.wait_for("READY=1");
+    assert!(said.contains(&format!("{iface} updated")), "{said}");
+    assert_eq!(rate(&lab, &iface), 4_000_000);
+    save(config(&iface, "2mbit").replace("64k", "lots"));
+    daemon.wait_for("RELOADING=1");
+    assert!(daemon.wait_for("READY=1").contains("refused"));
+    assert_eq!(rate(&lab, &iface), 4_000_000);
+    let (exit, log) = daemon.stop();
+    assert!(exit.success(), "{exit}: {log}");
+    let reloads = log
+        .lines()
+        .filter(|l| l.contains("the file changed"))
+        .count();
+    assert_eq!(reloads, 2, "one reload per save: {log}");
     let _ = fs::remove_dir_all(&dir);
 }
