@@ -258,6 +258,12 @@ const SUITES: &[Suite] = &[
         why: "the lab's own kernel tests check that traffic arrives at the offered rate",
     },
     Suite {
+        file: "tests/daemon.rs",
+        place: Place::Host,
+        why: "shaper run: reloads checked with live rates, and signals and readiness with \
+              deadlines",
+    },
+    Suite {
         file: "tests/explain.rs",
         place: Place::Host,
         why: "no kernel tests (host tests only)",
