@@ -20,7 +20,7 @@ pub enum KernelError {
     #[error("kernel {release} lacks {missing}; shaper needs {MINIMUM} or later")]
     Lacks { release: String, missing: String },
     #[error(
-        "the kernel's verifier refused the XDP program ({reason}); its log is in {}",
+        "the kernel's verifier refused the program ({reason}); its log is in {}",
         log.display()
     )]
     Verifier { reason: String, log: PathBuf },
@@ -151,7 +151,7 @@ pub fn load_error(e: ProgramError) -> Box<dyn std::error::Error + Send + Sync> {
     match std::fs::write(&path, &log) {
         Ok(()) => Box::new(KernelError::Verifier { reason, log: path }),
         Err(e) => format!(
-            "the kernel's verifier refused the XDP program ({reason}); cannot write its log to {}: {e}",
+            "the kernel's verifier refused the program ({reason}); cannot write its log to {}: {e}",
             path.display()
         )
         .into(),

@@ -516,7 +516,7 @@ pub fn tc_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, AttachError> 
         .ok_or_else(|| load_err(format!("program {PROG_TC} missing from the object").into()))?
         .try_into()
         .map_err(|e| load_err(Box::new(e)))?;
-    prog.load().map_err(|e| load_err(Box::new(e)))?;
+    prog.load().map_err(|e| load_err(kernel::load_error(e)))?;
     Ok(prog)
 }
 
