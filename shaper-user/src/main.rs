@@ -79,7 +79,9 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Explain(args) => return cli::explain::run(args, cli.json),
         Command::Completions(args) => return cli::completions::run(args),
         Command::Man(args) => return cli::man::run(args),
-        Command::Apply(args) if args.check => return cli::apply::check(args),
+        Command::Apply(args) if args.check => {
+            return cli::apply::check(args, cli.direction.into());
+        }
         _ => {}
     }
     // Checked before anything else so that nothing is half done for want of them.
@@ -120,17 +122,21 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
             }
         }
     }
+    let scope = cli::Scope {
+        netns: ns,
+        direction: cli.direction.into(),
+    };
     match &cli.command {
-        Command::Attach(args) => cli::attach::run(args, ns),
-        Command::Detach(args) => cli::detach::run(args, ns),
-        Command::Status(args) => cli::status::run(args, ns, cli.json),
-        Command::Stats(args) => cli::stats::run(args, ns, cli.json),
-        Command::Policy(command) => cli::policy::run(command, ns, cli.json),
-        Command::Apply(args) => cli::apply::run(args, ns),
-        Command::Config(command) => cli::config::run(command, ns),
+        Command::Attach(args) => cli::attach::run(args, scope),
+        Command::Detach(args) => cli::detach::run(args, scope),
+        Command::Status(args) => cli::status::run(args, scope, cli.json),
+        Command::Stats(args) => cli::stats::run(args, scope, cli.json),
+        Command::Policy(command) => cli::policy::run(command, scope, cli.json),
+        Command::Apply(args) => cli::apply::run(args, scope),
+        Command::Config(command) => cli::config::run(command, scope),
         Command::Explain(args) => cli::explain::run(args, cli.json),
         Command::Completions(args) => cli::completions::run(args),
         Command::Man(args) => cli::man::run(args),
-        Command::Run(args) => cli::run::run(args, ns).await,
+        Command::Run(args) => cli::run::run(args, scope).await,
     }
 }

@@ -174,7 +174,7 @@ fn collect(f: &mut Families, at: &Attachment) -> Result<(), MetricsError> {
         iface: at.iface.clone(),
         error: Box::new(error),
     };
-    let base = labels(&[("interface", &at.iface), ("direction", "ingress")]);
+    let base = labels(&[("interface", &at.iface), ("direction", at.direction.name())]);
     let c = maps::read_counters(at).map_err(map_err)?;
     f.outcomes(&INTERFACE, &base, &c.outcomes);
     f.outcomes(&UNADMITTED, &base, &c.unadmitted);

@@ -110,6 +110,11 @@ fn the_example_configuration_is_valid() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    let interfaces = shaper_user::config_file::parse("shaper.toml", CONFIG).unwrap();
+    let interfaces = shaper_user::config_file::parse(
+        "shaper.toml",
+        CONFIG,
+        shaper_user::pins::Direction::Ingress,
+    )
+    .unwrap();
     assert_eq!(interfaces.len(), 1);
 }

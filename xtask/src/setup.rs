@@ -40,6 +40,11 @@ const ITEMS: &[Item] = &[
         package: "iperf3",
         present: Present::Programs(&["iperf3"]),
     },
+    // live_vlan.rs turns the veth's VLAN offload off, so the tags are in the frames.
+    Item::Apt {
+        package: "ethtool",
+        present: Present::Programs(&["ethtool"]),
+    },
     // The service's files: its unit is checked with systemd-analyze (verify looks the
     // unit's man pages up with man), and `cargo xtask dist` packs a .deb with dpkg-deb.
     Item::Apt {
@@ -53,6 +58,15 @@ const ITEMS: &[Item] = &[
     Item::Apt {
         package: "dpkg-dev",
         present: Present::Programs(&["dpkg-deb", "dpkg-shlibdeps"]),
+    },
+    // The bench's per-source peers: an nft meter in netdev ingress, iptables hashlimit.
+    Item::Apt {
+        package: "nftables",
+        present: Present::Programs(&["nft"]),
+    },
+    Item::Apt {
+        package: "iptables",
+        present: Present::Programs(&["iptables"]),
     },
     // The daemon's tests scrape /metrics with curl and check it with the Prometheus
     // project's own OpenMetrics parser.

@@ -2,11 +2,13 @@
 
 use std::path::{Path, PathBuf};
 
+use super::Scope;
 use anyhow::{Context as _, Result};
 use shaper_user::{
     apply::{self, Applied},
     config_file::{self, DesiredInterface},
     loader::Attached,
+    pins::Direction,
     system,
 };
 
@@ -23,10 +25,10 @@ pub struct Args {
 }
 
 /// Reads and checks the file; the error names its line and field.
-pub fn read(file: &Path) -> Result<Vec<DesiredInterface>> {
+pub fn read(file: &Path, direction: Direction) -> Result<Vec<DesiredInterface>> {
     let name = file.display().to_string();
     let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {name}"))?;
-    Ok(config_file::parse(&name, &text)?)
+    Ok(config_file::parse(&name, &text, direction)?)
 }
 
 /// What was done to one interface, in a word: attached, updated, unchanged, upgraded.
@@ -45,8 +47,8 @@ pub fn policies(n: usize) -> String {
 }
 
 /// `--check`: the file alone, before any privilege or namespace is needed.
-pub fn check(args: &Args) -> Result<()> {
-    let desired = read(&args.file)?;
+pub fn check(args: &Args, direction: Direction) -> Result<()> {
+    let desired = read(&args.file, direction)?;
     let policies: usize = desired.iter().map(|d| d.policies.len()).sum();
     println!(
         "{}: valid: {} interface{}, {policies} polic{}",
@@ -58,10 +60,10 @@ pub fn check(args: &Args) -> Result<()> {
     Ok(())
 }
 
-pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
-    let desired = read(&args.file)?;
+pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
+    let desired = read(&args.file, scope.direction)?;
     let _lock = system::lock()?;
-    let applied = apply::apply(&desired, netns)?;
+    let applied = apply::apply(&desired, scope.netns)?;
     for one in &applied {
         println!(
             "{}: {}, {}",

@@ -16,6 +16,8 @@ use std::{net::SocketAddr, path::PathBuf};
 use anyhow::{Context as _, Result};
 use sd_notify::NotifyState;
 use shaper_user::{apply, config_file::DesiredInterface, loader, pins::Attachment, system};
+
+use super::Scope;
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::mpsc::UnboundedReceiver,
@@ -45,14 +47,11 @@ pub struct Args {
 
 /// Reads and applies the file under the lock; returns what it applied and a line saying
 /// what changed.
-fn apply_file(
-    file: &std::path::Path,
-    netns: Option<&str>,
-) -> Result<(Vec<DesiredInterface>, String)> {
-    let desired = super::apply::read(file)?;
+fn apply_file(file: &std::path::Path, scope: Scope<'_>) -> Result<(Vec<DesiredInterface>, String)> {
+    let desired = super::apply::read(file, scope.direction)?;
     let applied = {
         let _lock = system::lock()?;
-        apply::apply(&desired, netns)?
+        apply::apply(&desired, scope.netns)?
     };
     let what = applied
         .iter()
@@ -141,7 +140,8 @@ fn link_events() -> Result<(
 /// save is several events (write, rename, attributes).
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(300);
 
-pub async fn run(args: &Args, netns: Option<&str>) -> Result<()> {
+pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
+    let netns = scope.netns;
     let _daemon = system::daemon_lock()?;
     // Signals are caught from here on, so one sent as soon as we are ready is never lost.
     let mut hup = signal(SignalKind::hangup()).context("cannot catch SIGHUP")?;
@@ -164,7 +164,7 @@ pub async fn run(args: &Args, netns: Option<&str>) -> Result<()> {
     };
     let (links_conn, links) = link_events()?;
     let mut links = std::pin::pin!(links);
-    let (mut running, line) = apply_file(&args.file, netns)?;
+    let (mut running, line) = apply_file(&args.file, scope)?;
     eprintln!("shaper: {line}");
     // The server runs on this thread, between signals.
     let local = tokio::task::LocalSet::new();
@@ -173,7 +173,11 @@ pub async fn run(args: &Args, netns: Option<&str>) -> Result<()> {
             "shaper: serving /metrics and /top on http://{}",
             args.metrics
         );
-        local.spawn_local(http::serve(listener, netns.map(str::to_owned)));
+        local.spawn_local(http::serve(
+            listener,
+            netns.map(str::to_owned),
+            scope.direction,
+        ));
     }
     local.spawn_local(links_conn);
     local
@@ -198,7 +202,7 @@ pub async fn run(args: &Args, netns: Option<&str>) -> Result<()> {
                         // one that exists and has lost its program is attached.
                         if !running.iter().any(|d| d.name == name)
                             || system::ifindex(&name).is_err()
-                            || loader::is_live(&Attachment::new(&name, netns))
+                            || loader::is_live(&Attachment::toward(&name, netns, scope.direction))
                         {
                             continue;
                         }
@@ -216,7 +220,7 @@ pub async fn run(args: &Args, netns: Option<&str>) -> Result<()> {
                     _ = int.recv() => break,
                 };
                 notify(&[NotifyState::Reloading]);
-                let status = match apply_file(&args.file, netns) {
+                let status = match apply_file(&args.file, scope) {
                     Ok((desired, line)) => {
                         running = desired;
                         line
@@ -235,7 +239,7 @@ pub async fn run(args: &Args, netns: Option<&str>) -> Result<()> {
     }
     let _lock = system::lock()?;
     for d in &running {
-        let at = Attachment::new(&d.name, netns);
+        let at = Attachment::toward(&d.name, netns, d.direction);
         loader::detach(&at)?;
         eprintln!("shaper: detached from {}", at.label());
     }

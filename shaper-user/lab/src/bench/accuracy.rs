@@ -429,6 +429,7 @@ fn run_options(bin: Option<Duration>) -> RunOptions {
         bin,
         drain: DRAIN,
         spread_cpus: true,
+        ..RunOptions::default()
     }
 }
 

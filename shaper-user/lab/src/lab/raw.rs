@@ -35,8 +35,8 @@ use anyhow::{Context as _, Result, ensure};
 use super::{
     Lab,
     traffic::{
-        DRAIN, MAX_FRAME_BYTES, RCVBUF_BYTES, RECEIVER_SLACK, RECV_TIMEOUT, START_DELAY,
-        StopOnDrop, is_queue_full, join, pace, realtime_priority,
+        DRAIN, Late, MAX_FRAME_BYTES, Pacing, RCVBUF_BYTES, RECEIVER_SLACK, RECV_TIMEOUT,
+        START_DELAY, StopOnDrop, is_queue_full, join, pace, realtime_priority,
     },
 };
 use shaper_user::netns;
@@ -185,7 +185,15 @@ pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<RawRu
                             .expect("4 bytes"),
                     );
                     let mut n: u32 = 0;
-                    pace(flow.offered_bps, frame_bytes, start, duration, || {
+                    let pacing = Pacing {
+                        offered_bps: flow.offered_bps,
+                        frame_bytes,
+                        start,
+                        duration,
+                        late: Late::CatchUp,
+                        record: false,
+                    };
+                    pace(&pacing, || {
                         if flow.spoofed {
                             let src = first.wrapping_add(n).to_be_bytes();
                             frame[IPV4_SRC_AT..IPV4_SRC_AT + 4].copy_from_slice(&src);

@@ -74,6 +74,22 @@ const RECV_BUF_BYTES: usize = (MAX_FRAME_BYTES - L2_OVERHEAD) as usize;
 /// Hard stop for the receiver beyond duration + DRAIN, should the stop flag never come.
 pub(crate) const RECEIVER_SLACK: Duration = Duration::from_secs(10);
 
+/// What a sender does when it wakes late (held up by the scheduler, by softirq work, or
+/// behind other senders on its CPU) and frames are overdue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Late {
+    /// Sends every overdue frame at once, back to back: the average rate is kept, but a
+    /// late wake-up becomes a clump as long as the delay (at 100 Mbit/s, 10 ms late is
+    /// 125 kB at once, twice a 64 KiB burst).
+    #[default]
+    CatchUp,
+    /// Skips the overdue frames (counted in [`FlowResult::skipped_packets`], never sent) and
+    /// sends only one tick's worth: the offered rate falls short when the sender is held
+    /// up, but no clump is larger than a tick's frames.
+    Skip,
+}
+
 /// One source's offered load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flow {
@@ -94,6 +110,9 @@ pub struct FlowResult {
     /// when the sender could not keep up (it then sends as fast as it can until the
     /// duration is over).
     pub attempted_packets: u64,
+    /// Frames the pacing skipped because the sender woke late ([`Late::Skip`]): never
+    /// tried, not in `attempted_packets`.
+    pub skipped_packets: u64,
     /// Sends that succeeded. A frame a qdisc drops still counts as sent (Linux UDP reports
     /// ENOBUFS from the device layer as success unless IP_RECVERR is set); a send refused
     /// because the socket's send buffer is full (EAGAIN: qdisc backpressure) does not.
@@ -113,6 +132,10 @@ pub struct FlowResult {
     /// L2 bytes received per time bin from the common start, when [`RunOptions::bin`] is set
     /// (empty otherwise). Bins run to the end of the drain; trailing empty bins are kept.
     pub received_bins: Vec<u64>,
+    /// When each successful send was handed to the kernel, nanoseconds from the common
+    /// start, in order, when [`RunOptions::record_sends`] is set (empty otherwise).
+    #[serde(skip)]
+    pub send_offsets_ns: Vec<u64>,
 }
 
 impl FlowResult {
@@ -148,15 +171,22 @@ pub struct RunOptions {
     /// each flow over several sockets (same source address, other ports, the rate shared
     /// out) so that one source can use every CPU.
     pub spread_cpus: bool,
+    /// What a late sender does with overdue frames.
+    pub late: Late,
+    /// Keep the time of every successful send ([`FlowResult::send_offsets_ns`]).
+    pub record_sends: bool,
 }
 
 impl Default for RunOptions {
-    /// No bins, a 300 ms drain, senders where the scheduler puts them (as [`run_udp`]).
+    /// No bins, a 300 ms drain, senders where the scheduler puts them (as [`run_udp`]),
+    /// late frames caught up, no send record.
     fn default() -> Self {
         RunOptions {
             bin: None,
             drain: DRAIN,
             spread_cpus: false,
+            late: Late::CatchUp,
+            record_sends: false,
         }
     }
 }
@@ -262,11 +292,12 @@ pub fn run_udp_with(
             .enumerate()
             .map(|(n, (socket, part))| {
                 let cpu = (!cpus.is_empty()).then(|| cpus[n % cpus.len()]);
+                let (late, record) = (options.late, options.record_sends);
                 scope.spawn(move || {
                     if let Some(cpu) = cpu {
                         pin_to_cpu(cpu)?;
                     }
-                    send_paced(socket, part, start, duration)
+                    send_paced(socket, part, start, duration, late, record)
                 })
             })
             .collect();
@@ -284,6 +315,7 @@ pub fn run_udp_with(
         .map(|flow| FlowResult {
             src: flow.src,
             attempted_packets: 0,
+            skipped_packets: 0,
             sent_packets: 0,
             sent_l2_bytes: 0,
             received_packets: 0,
@@ -291,17 +323,22 @@ pub fn run_udp_with(
             offered_secs: 0.0,
             last_arrival_secs: 0.0,
             received_bins: Vec::new(),
+            send_offsets_ns: Vec::new(),
         })
         .collect();
     for (&(i, part), sent) in plan.iter().zip(sent) {
         let sent = sent.with_context(|| format!("sender {} failed", part.src))?;
         let r = &mut results[i];
         r.attempted_packets += sent.attempted;
+        r.skipped_packets += sent.skipped;
         r.sent_packets += sent.packets;
+        r.send_offsets_ns.extend_from_slice(&sent.send_offsets_ns);
         r.sent_l2_bytes += sent.packets * u64::from(part.frame_bytes);
         r.offered_secs = r.offered_secs.max(sent.secs);
     }
     for r in &mut results {
+        // A flow split over several sockets: its parts' sends in one order.
+        r.send_offsets_ns.sort_unstable();
         if let Some(got) = received.get(&r.src) {
             r.received_packets = got.packets;
             r.received_l2_bytes = got.l2_bytes;
@@ -682,6 +719,8 @@ fn source_of(addr: &libc::sockaddr_storage) -> Option<IpAddr> {
 #[derive(Debug, Clone)]
 pub(crate) struct Sent {
     pub attempted: u64,
+    /// Overdue frames skipped ([`Late::Skip`]).
+    pub skipped: u64,
     pub packets: u64,
     /// Pacing start to the start of the last successful send.
     pub secs: f64,
@@ -693,35 +732,69 @@ pub(crate) struct Sent {
     /// Successful sends in each millisecond from the start (the last millisecond with
     /// one ends the list).
     pub per_ms: Vec<u32>,
+    /// Nanoseconds from the start of each successful send, if asked for.
+    pub send_offsets_ns: Vec<u64>,
 }
 
 /// Sends `flow` from `start` for `duration` on `socket` ([`pace`]).
-fn send_paced(socket: &UdpSocket, flow: &Flow, start: Instant, duration: Duration) -> Result<Sent> {
+fn send_paced(
+    socket: &UdpSocket,
+    flow: &Flow,
+    start: Instant,
+    duration: Duration,
+    late: Late,
+    record: bool,
+) -> Result<Sent> {
     let payload = vec![0u8; (flow.frame_bytes - l2_overhead(flow.src)) as usize];
-    pace(flow.offered_bps, flow.frame_bytes, start, duration, || {
-        socket.send(&payload).map(drop)
-    })
-    .map_err(|e| send_error(e, flow))
+    let pacing = Pacing {
+        offered_bps: flow.offered_bps,
+        frame_bytes: flow.frame_bytes,
+        start,
+        duration,
+        late,
+        record,
+    };
+    pace(&pacing, || socket.send(&payload).map(drop)).map_err(|e| send_error(e, flow))
+}
+
+/// How [`pace`] sends: `frame_bytes`-byte frames at `offered_bps` (layer 2) from `start`
+/// for `duration`, what it does when late, and whether it records each send's time.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pacing {
+    pub offered_bps: u64,
+    pub frame_bytes: u32,
+    pub start: Instant,
+    pub duration: Duration,
+    pub late: Late,
+    pub record: bool,
 }
 
 /// Calls `send` for `frame_bytes`-byte frames at `offered_bps` (layer 2) from `start` for
-/// `duration`: each tick sends the packets
-/// that became due since the start, so after a stall it catches up by at most what the
-/// stall delayed. A sender that cannot keep up sends flat out, and still stops at
-/// `start + duration`. Full queues ([`is_queue_full`]) count as attempted, not sent; any
-/// other error ends the flow.
-pub(crate) fn pace(
-    offered_bps: u64,
-    frame_bytes: u32,
-    start: Instant,
-    duration: Duration,
-    mut send: impl FnMut() -> io::Result<()>,
-) -> io::Result<Sent> {
+/// `duration`: each tick sends the packets that became due since the start
+/// ([`Late::CatchUp`]: after a stall it catches up by what the stall delayed, in one
+/// clump), or only one tick's worth of them ([`Late::Skip`]: the rest are skipped). A
+/// sender that cannot keep up sends flat out, and still stops at `start + duration`. Full
+/// queues ([`is_queue_full`]) count as attempted, not sent; any other error ends the flow.
+pub(crate) fn pace(p: &Pacing, mut send: impl FnMut() -> io::Result<()>) -> io::Result<Sent> {
     /// How many sends between looks at the clock when behind.
     const CLOCK_EVERY: u64 = 32;
+    let Pacing {
+        offered_bps,
+        frame_bytes,
+        start,
+        duration,
+        late,
+        record,
+    } = *p;
     let frames_per_sec = offered_bps as f64 / 8.0 / f64::from(frame_bytes);
     let end = start + duration;
     let tick = tick_of(offered_bps);
+    // Frames one tick carries: what a late sender under Late::Skip still sends at once.
+    let per_tick = ((frames_per_sec * tick.as_secs_f64()).ceil() as u64).max(1);
+    let mut skipped: u64 = 0;
+    // Schedule position: frames attempted plus frames skipped.
+    let mut next: u64 = 0;
+    let mut offsets = Vec::new();
     exact_timers()?;
     thread::sleep(start.saturating_duration_since(Instant::now()));
     // Attempts, not successes, drive the pacing: a dropped send is not retried later.
@@ -733,10 +806,15 @@ pub(crate) fn pace(
     loop {
         let elapsed = start.elapsed().min(duration);
         let due = (frames_per_sec * elapsed.as_secs_f64()).floor() as u64;
-        while attempted < due {
-            if attempted % CLOCK_EVERY == CLOCK_EVERY - 1 && Instant::now() >= end {
+        if late == Late::Skip && due > next + per_tick {
+            skipped += due - per_tick - next;
+            next = due - per_tick;
+        }
+        while next < due {
+            if next % CLOCK_EVERY == CLOCK_EVERY - 1 && Instant::now() >= end {
                 break;
             }
+            next += 1;
             attempted += 1;
             // When the frame is handed over: the call may return much later, after the
             // softirq work it set off (other frames' included) or a preemption.
@@ -751,6 +829,10 @@ pub(crate) fn pace(
                         per_ms.resize(ms + 1, 0);
                     }
                     per_ms[ms] += 1;
+                    if record {
+                        let ns = at.saturating_duration_since(start).as_nanos();
+                        offsets.push(u64::try_from(ns).unwrap_or(u64::MAX));
+                    }
                     last_send = at;
                 }
                 Err(e) if is_queue_full(&e) => {}
@@ -764,6 +846,7 @@ pub(crate) fn pace(
     }
     Ok(Sent {
         attempted,
+        skipped,
         packets: sent,
         secs: if sent == 0 {
             0.0
@@ -772,6 +855,7 @@ pub(crate) fn pace(
         },
         max_gap_secs: max_gap.as_secs_f64(),
         per_ms,
+        send_offsets_ns: offsets,
     })
 }
 

@@ -15,7 +15,10 @@ use hyper::{
     service::service_fn,
 };
 use hyper_util::rt::TokioIo;
+use shaper_user::pins::Direction;
 use tokio::net::TcpListener;
+
+use crate::cli::Scope;
 
 /// The most keys `/top` lists.
 pub const TOP_MAX: usize = 1000;
@@ -31,7 +34,7 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
 }
 
 /// Serves connections until the task is dropped.
-pub async fn serve(listener: TcpListener, netns: Option<String>) {
+pub async fn serve(listener: TcpListener, netns: Option<String>, direction: Direction) {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(conn) => conn,
@@ -44,7 +47,13 @@ pub async fn serve(listener: TcpListener, netns: Option<String>) {
         tokio::task::spawn_local(async move {
             let service = service_fn(move |req| {
                 let netns = netns.clone();
-                async move { Ok::<_, Infallible>(answer(&req, netns.as_deref())) }
+                async move {
+                    let scope = Scope {
+                        netns: netns.as_deref(),
+                        direction,
+                    };
+                    Ok::<_, Infallible>(answer(&req, scope))
+                }
             });
             if let Err(e) = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -69,18 +78,18 @@ fn text(status: StatusCode, line: String) -> Response<Full<Bytes>> {
     reply(status, "text/plain; charset=utf-8", line + "\n")
 }
 
-fn answer(req: &Request<Incoming>, netns: Option<&str>) -> Response<Full<Bytes>> {
+fn answer(req: &Request<Incoming>, scope: Scope<'_>) -> Response<Full<Bytes>> {
     if req.method() != hyper::Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET".to_owned());
     }
     match req.uri().path() {
-        "/metrics" => match shaper_user::metrics::render(netns) {
+        "/metrics" => match shaper_user::metrics::render(scope.netns) {
             Ok(body) => reply(StatusCode::OK, OPENMETRICS, body),
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         },
         "/top" => match top_query(req.uri().query().unwrap_or("")) {
             Err(e) => text(StatusCode::BAD_REQUEST, e),
-            Ok((iface, n)) => match super::super::stats::top_json(&iface, netns, n) {
+            Ok((iface, n)) => match super::super::stats::top_json(&iface, scope, n) {
                 Ok(body) => reply(StatusCode::OK, "application/json", body + "\n"),
                 Err(e) => text(StatusCode::NOT_FOUND, format!("{e:#}")),
             },
