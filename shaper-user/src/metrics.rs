@@ -1,6 +1,6 @@
 //! The counters and gauges of every attachment in a network namespace, in the
 //! Prometheus/OpenMetrics text format (the prometheus-client crate's encoder), read from
-//! the pins at each scrape. Labels name the interface, the direction (`ingress`: XDP)
+//! the pins at each scrape. Labels name the interface, the direction (`ingress` or `egress`)
 //! and, for per-policy counters, the policy (`default` or its prefix): never an address,
 //! so the series are bounded by the interfaces and their policies.
 
