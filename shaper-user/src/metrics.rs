@@ -1,6 +1,6 @@
 //! The counters and gauges of every attachment in a network namespace, in the
 //! Prometheus/OpenMetrics text format (the prometheus-client crate's encoder), read from
-//! the pins at each scrape. Labels name the interface, the direction (`ingress`: XDP)
+//! the pins at each scrape. Labels name the interface, the direction (`ingress` or `egress`)
 //! and, for per-policy counters, the policy (`default` or its prefix): never an address,
 //! so the series are bounded by the interfaces and their policies.
 
@@ -96,11 +96,11 @@ const INTERFACE: OutcomeNames = (
     ],
     [
         "IP frames of keys with a cell of their own (or untracked) passed within the limit",
-        "Bytes of those frames",
+        "Bytes of IP frames of keys with a cell of their own (or untracked) passed within the limit",
         "IP frames dropped: over the limit, or blocked",
-        "Bytes of those frames",
+        "Bytes of IP frames dropped: over the limit, or blocked",
         "IP frames passed in monitor mode that enforcement would have dropped",
-        "Bytes of those frames",
+        "Bytes of IP frames passed in monitor mode that enforcement would have dropped",
     ],
 );
 
@@ -115,11 +115,11 @@ const UNADMITTED: OutcomeNames = (
     ],
     [
         "Frames of keys refused a cell (new-source admission) that their shared bucket passed",
-        "Bytes of those frames",
+        "Bytes of frames of keys refused a cell (new-source admission) that their shared bucket passed",
         "Frames of keys refused a cell that their shared bucket dropped",
-        "Bytes of those frames",
+        "Bytes of frames of keys refused a cell that their shared bucket dropped",
         "Frames of keys refused a cell that their shared bucket would drop (monitor mode)",
-        "Bytes of those frames",
+        "Bytes of frames of keys refused a cell that their shared bucket would drop (monitor mode)",
     ],
 );
 
@@ -134,11 +134,11 @@ const POLICY: OutcomeNames = (
     ],
     [
         "Frames of a policy's keys with a cell of their own, passed",
-        "Bytes of those frames",
+        "Bytes of frames of a policy's keys with a cell of their own, passed",
         "Frames of a policy's keys with a cell of their own, dropped",
-        "Bytes of those frames",
+        "Bytes of frames of a policy's keys with a cell of their own, dropped",
         "Frames of a policy's keys with a cell of their own that would drop (monitor mode)",
-        "Bytes of those frames",
+        "Bytes of frames of a policy's keys with a cell of their own that would drop (monitor mode)",
     ],
 );
 
@@ -153,11 +153,11 @@ const POLICY_UNADMITTED: OutcomeNames = (
     ],
     [
         "Frames of a policy's keys refused a cell, passed by their shared bucket",
-        "Bytes of those frames",
+        "Bytes of frames of a policy's keys refused a cell, passed by their shared bucket",
         "Frames of a policy's keys refused a cell, dropped by their shared bucket",
-        "Bytes of those frames",
+        "Bytes of frames of a policy's keys refused a cell, dropped by their shared bucket",
         "Frames of a policy's keys refused a cell that would drop (monitor mode)",
-        "Bytes of those frames",
+        "Bytes of frames of a policy's keys refused a cell that would drop (monitor mode)",
     ],
 );
 
@@ -196,7 +196,12 @@ fn collect(f: &mut Families, at: &Attachment) -> Result<(), MetricsError> {
             l.clone(),
             packets,
         );
-        f.counter("shaper_unmetered_bytes", "Bytes of those frames", l, bytes);
+        f.counter(
+            "shaper_unmetered_bytes",
+            "Bytes of frames passed untouched, not metered, by kind",
+            l,
+            bytes,
+        );
     }
     for (family, packets) in [("ipv4", c.ipv4_packets), ("ipv6", c.ipv6_packets)] {
         let mut l = base.clone();
@@ -286,7 +291,7 @@ fn collect(f: &mut Families, at: &Attachment) -> Result<(), MetricsError> {
         );
         f.counter(
             "shaper_policy_aggregate_refused_bytes",
-            "Bytes of those frames",
+            "Bytes of a policy's dropped or would-drop frames that its aggregate refused",
             l.clone(),
             s.aggregate_refused_bytes,
         );

@@ -501,3 +501,64 @@ fn a_changed_file_is_applied_without_a_signal() {
     assert_eq!(reloads, 2, "one reload per save: {log}");
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// An interface the file names (a dummy or a bridge), deleted and made again, is attached
+/// again within 5 s (see below), with the file's settings, from the link event alone (no
+/// signal, no file change).
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_recreated_interface_is_attached_again() {
+    const DUMMY: &str = "shdmn0";
+    let lab = new_lab("dm-link");
+    let ns = lab.rx_netns();
+    // A dummy interface, or where the kernel has no dummy driver, a bridge without ports.
+    let add = || {
+        ["dummy", "bridge"]
+            .into_iter()
+            .find(|kind| ns.ip(&["link", "add", DUMMY, "type", kind]).is_ok())
+            .expect("the kernel has neither a dummy nor a bridge driver");
+        ns.ip(&["link", "set", "dev", DUMMY, "up"]).unwrap();
+    };
+    add();
+    let _guard = guard(lab.rx_ns(), DUMMY);
+    let dir = scratch("dm-link");
+    let file = dir.join("shaper.toml");
+    fs::write(&file, config(DUMMY, "8mbit")).unwrap();
+    let daemon = Daemon::start(lab.rx_ns(), &file, &["--no-metrics"]);
+    let attached = || {
+        let out = Command::new("ip")
+            .args(["-n", lab.rx_ns(), "-j", "link", "show", "dev", DUMMY])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Vec<Value>>(&out.stdout)
+            .ok()
+            .and_then(|links| links.first().map(|l| l.get("xdp").is_some()))
+            .unwrap_or(false)
+    };
+    assert!(attached());
+
+    ns.ip(&["link", "del", DUMMY]).unwrap();
+    assert_eq!(status(&lab, DUMMY)["interface_present"], false);
+    let start = Instant::now();
+    add();
+    while !attached() {
+        assert!(
+            // Measured here: 2.1-2.2 s, nearly all of it the attach over the deleted
+            // interface's pins (`shaper apply` alone takes 2.08 s after a re-creation,
+            // against 0.24 s on a live attachment); the link event comes at once.
+            start.elapsed() < Duration::from_secs(5),
+            "not attached again within 5 s: {}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("attached again after {:?}", start.elapsed());
+    assert_eq!(rate(&lab, DUMMY), 8_000_000);
+    let (exit, log) = daemon.stop();
+    assert!(exit.success(), "{exit}: {log}");
+    assert!(
+        log.contains(&format!("{DUMMY} appeared: attached it again")),
+        "{log}"
+    );
+    let _ = fs::remove_dir_all(&dir);
+}

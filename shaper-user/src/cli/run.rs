@@ -1,5 +1,6 @@
 //! `shaper run -f FILE [--detach-on-exit] [--metrics ADDR:PORT] [--no-watch]`: the
-//! daemon. It applies the file as `apply` does (all or nothing), tells systemd it is
+//! daemon. It applies the file as `apply` does (all or nothing), attaches an interface of
+//! the file again when it reappears (netlink link events), tells systemd it is
 //! ready (sd_notify), applies the file again on SIGHUP and when it changes (inotify on its
 //! directory; a file it refuses leaves the running configuration as it was, and says why
 //! in one line), and on SIGTERM or SIGINT exits, leaving the
@@ -67,6 +68,13 @@ fn apply_file(file: &std::path::Path, scope: Scope<'_>) -> Result<(Vec<DesiredIn
     Ok((desired, format!("applied {}: {what}", file.display())))
 }
 
+/// Applies the configuration that is running again, under the lock.
+fn reapply(running: &[DesiredInterface], netns: Option<&str>) -> Result<()> {
+    let _lock = system::lock()?;
+    apply::apply(running, netns)?;
+    Ok(())
+}
+
 /// Tells systemd, when it supervises us; elsewhere NOTIFY_SOCKET is unset and this does
 /// nothing.
 fn notify(states: &[NotifyState]) {
@@ -101,6 +109,33 @@ fn watch(file: &std::path::Path) -> Result<(notify::RecommendedWatcher, Unbounde
     Ok((watcher, rx))
 }
 
+/// The names of links that appear or change in this namespace (RTM_NEWLINK), from a
+/// netlink socket subscribed to link events; its connection must be polled (spawned).
+fn link_events() -> Result<(
+    impl Future<Output = ()>,
+    impl futures::Stream<Item = String>,
+)> {
+    use futures::StreamExt as _;
+    use rtnetlink::{
+        MulticastGroup,
+        packet_core::NetlinkPayload,
+        packet_route::{RouteNetlinkMessage, link::LinkAttribute},
+    };
+    let (conn, _handle, messages) = rtnetlink::new_multicast_connection(&[MulticastGroup::Link])
+        .context("cannot listen to link events (netlink)")?;
+    let names = messages.filter_map(|(message, _)| async move {
+        let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) = message.payload
+        else {
+            return None;
+        };
+        link.attributes.into_iter().find_map(|a| match a {
+            LinkAttribute::IfName(name) => Some(name),
+            _ => None,
+        })
+    });
+    Ok((conn, names))
+}
+
 /// How long the file must stay quiet after a change before it is applied: an editor's
 /// save is several events (write, rename, attributes).
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(300);
@@ -127,6 +162,8 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
             (Ok(watcher), rx)
         }
     };
+    let (links_conn, links) = link_events()?;
+    let mut links = std::pin::pin!(links);
     let (mut running, line) = apply_file(&args.file, scope)?;
     eprintln!("shaper: {line}");
     // The server runs on this thread, between signals.
@@ -142,6 +179,7 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
             scope.direction,
         ));
     }
+    local.spawn_local(links_conn);
     local
         .run_until(async {
             notify(&[NotifyState::Ready, NotifyState::Status(&line)]);
@@ -158,6 +196,25 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                             while changed.try_recv().is_ok() {}
                         }
                         "the file changed"
+                    }
+                    Some(name) = futures::StreamExt::next(&mut links) => {
+                        // Deleting an interface sends a last RTM_NEWLINK too: only
+                        // one that exists and has lost its program is attached.
+                        if !running.iter().any(|d| d.name == name)
+                            || system::ifindex(&name).is_err()
+                            || loader::is_live(&Attachment::toward(&name, netns, scope.direction))
+                        {
+                            continue;
+                        }
+                        // An interface of the file is back (deleted and made again, or its
+                        // namespace's): attach it afresh, with what is running.
+                        let said = match reapply(&running, netns) {
+                            Ok(()) => format!("{name} appeared: attached it again"),
+                            Err(e) => format!("{name} appeared, but attaching it failed: {e:#}"),
+                        };
+                        eprintln!("shaper: {said}");
+                        notify(&[NotifyState::Status(&said)]);
+                        continue;
                     }
                     _ = term.recv() => break,
                     _ = int.recv() => break,
