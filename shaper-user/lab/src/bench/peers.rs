@@ -18,14 +18,18 @@
 use std::{
     io::Write as _,
     process::{Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
 };
 
 use anyhow::{Context as _, Result, bail};
 
 /// The nft table the meter lives in.
 const NFT_TABLE: &str = "shaperbench";
-/// The hashlimit table's name (`/proc/net/ipt_hashlimit/NAME`).
+/// The hashlimit tables' names (`/proc/net/ipt_hashlimit/NAME`): this and a number, new for
+/// each rule, so a table the kernel has not yet freed is never found and reused (a rule
+/// with a known name shares the table of that name, entries and all).
 const HASHLIMIT_NAME: &str = "shaperbench";
+static NEXT_HASHLIMIT: AtomicU32 = AtomicU32::new(0);
 /// Entries each peer's table may hold: shaper's default `--max-sources`.
 pub const TABLE_ENTRIES: u32 = 262_144;
 
@@ -92,6 +96,10 @@ impl Peer {
                 nft_file(ns, &ruleset).context("cannot set up the nft meter")?;
             }
             Kind::Hashlimit => {
+                let name = format!(
+                    "{HASHLIMIT_NAME}{}",
+                    NEXT_HASHLIMIT.fetch_add(1, Ordering::Relaxed)
+                );
                 let args = [
                     "-t",
                     "raw",
@@ -108,7 +116,7 @@ impl Peer {
                     "--hashlimit-mode",
                     "srcip",
                     "--hashlimit-name",
-                    HASHLIMIT_NAME,
+                    &name,
                     "--hashlimit-htable-size",
                     "65536",
                     "--hashlimit-htable-max",
