@@ -150,4 +150,6 @@ pub struct AccuracyResults {
     pub cpu: Vec<CpuCost>,
     pub late: Vec<LateRow>,
     pub duration: Vec<DurationRow>,
+    /// Cases that failed (the rest of the results stand), each with its error.
+    pub failed: Vec<String>,
 }

@@ -589,6 +589,9 @@ fn accuracy_markdown(w: &mut String, acc: &AccuracyResults, plots: &[String]) {
          longer run: it matched htb within 0.01% in every comparable configuration and cost a \
          fifth of the sweep's time, which now goes to the nft meter and hashlimit."
     );
+    for f in &acc.failed {
+        let _ = writeln!(w, "\n**Not measured**: {f}");
+    }
     if !acc.dropped.is_empty() {
         let _ = writeln!(
             w,
@@ -1164,6 +1167,7 @@ mod tests {
             dropped: vec!["1 Gbit/s with 64-byte frames: too fast".into()],
             late: Vec::new(),
             duration: Vec::new(),
+            failed: Vec::new(),
             cpu: vec![CpuCost {
                 limiter: "shaper".into(),
                 rep: 0,
