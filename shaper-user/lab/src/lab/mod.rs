@@ -432,6 +432,16 @@ impl Lab {
         }
     }
 
+    /// Where an ingress limiter goes: the router's interface from the senders in a routed
+    /// lab (shaper's XDP, an nft netdev ingress hook, hashlimit in PREROUTING all meet the
+    /// traffic there), else the rx veth.
+    pub fn ingress(&self) -> (&Netns, &str) {
+        match &self.router {
+            Some(router) => (&router.ns, &router.in_iface),
+            None => (&self.rx, &self.rx_iface),
+        }
+    }
+
     /// Every veth end with the direction whose `dropped` count means the lab's own path
     /// lost frames: what each end sends (tx) or receives (rx) on the way to the receiver.
     pub(crate) fn path_ends(&self) -> Vec<(&Netns, &str, &'static str)> {
