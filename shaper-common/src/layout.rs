@@ -31,7 +31,7 @@ use crate::maps::{
 };
 
 /// The layout this build pins.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// The first layout whose pins record their version in [`PIN_LAYOUT`].
 pub const FIRST_VERSIONED: u32 = 3;
@@ -193,6 +193,12 @@ const COUNTERS_208: MapLayout = map(
     (PERCPU, 4, 208, 1, 0),
     Holds::Counters,
 );
+const COUNTERS_240: MapLayout = map(
+    PIN_COUNTERS,
+    MAP_COUNTERS,
+    (PERCPU, 4, 240, 1, 0),
+    Holds::Counters,
+);
 const POLICIES_120: MapLayout = map(
     PIN_POLICIES,
     MAP_POLICIES,
@@ -248,6 +254,12 @@ const COUNTERS_CARRIED_208: MapLayout = map(
     (ARRAY, 4, 208, 1, 0),
     Holds::Carried,
 );
+const COUNTERS_CARRIED_240: MapLayout = map(
+    PIN_COUNTERS_CARRIED,
+    MAP_COUNTERS_CARRIED,
+    (ARRAY, 4, 240, 1, 0),
+    Holds::Carried,
+);
 const POLICY_STATS_CARRIED_120: MapLayout = map(
     PIN_POLICY_STATS_CARRIED,
     MAP_POLICY_STATS_CARRIED,
@@ -299,6 +311,25 @@ pub const LAYOUTS: &[Layout] = &[
             SOURCES6,
             COUNTERS_208,
             COUNTERS_CARRIED_208,
+            POLICIES_160,
+            PREFIXES_V4,
+            PREFIXES_V6,
+            AGGREGATES,
+            POLICY_STATS_120,
+            POLICY_STATS_CARRIED_120,
+            ADMISSION,
+        ],
+    },
+    // The counters count the compare-and-swap's wins by try (`Counters::cas_won`).
+    Layout {
+        version: 4,
+        maps: &[
+            VERSION,
+            CONFIG_136,
+            SOURCES,
+            SOURCES6,
+            COUNTERS_240,
+            COUNTERS_CARRIED_240,
             POLICIES_160,
             PREFIXES_V4,
             PREFIXES_V6,

@@ -28,6 +28,9 @@ pub const PIN_COUNTERS_CARRIED: &str = "counters_carried";
 pub const PIN_POLICY_STATS_CARRIED: &str = "policy_stats_carried";
 /// While an upgrade is under way: the program the link is being switched to.
 pub const PIN_UPGRADE_PROG: &str = "upgrade_prog";
+/// A tc program attached with clsact and `cls_bpf`, which has no bpf_link to pin: the
+/// program itself is pinned in the link's stead.
+pub const PIN_TC_PROG: &str = "tc_prog";
 
 /// Map names in the object file (at most 15 bytes: the kernel's name limit).
 pub const MAP_CONFIG: &str = "SHAPER_CONFIG";
@@ -46,13 +49,31 @@ pub const MAP_POLICY_STATS_CARRIED: &str = "SHAPER_PCARRIED";
 
 /// Program names in the object file.
 pub const PROG_XDP: &str = "shaper_xdp";
+pub const PROG_TC: &str = "shaper_tc";
+
+/// How many times the kernel program tries a compare-and-swap on a cell before it gives
+/// up on the frame ([`Counters::cas_exhausted`]); [`Counters::cas_won`] counts by try.
+pub const CAS_TRIES: usize = 4;
 
 /// Default size of each per-source map (`--max-sources`).
 pub const DEFAULT_MAX_SOURCES: u32 = 262_144;
 
-/// XDP attach modes as recorded in [`Config::xdp_mode`].
+/// How the program is attached, as recorded in [`Config::xdp_mode`]: native or generic
+/// XDP, or tc through TCX or clsact (one field for both hooks, so the layout of the
+/// settings entry is the same whatever the hook).
 pub const XDP_MODE_NATIVE: u32 = 1;
 pub const XDP_MODE_SKB: u32 = 2;
+pub const TC_MODE_TCX: u32 = 3;
+/// clsact with a `cls_bpf` filter, on a clsact qdisc that was there before shaper.
+pub const TC_MODE_CLSACT: u32 = 4;
+/// The same on a clsact qdisc shaper added, which it removes when the last of the
+/// interface's clsact attachments is detached.
+pub const TC_MODE_CLSACT_OWN: u32 = 5;
+
+/// Whether an attach mode ([`Config::xdp_mode`]) is a tc one.
+pub const fn is_tc_mode(mode: u32) -> bool {
+    matches!(mode, TC_MODE_TCX | TC_MODE_CLSACT | TC_MODE_CLSACT_OWN)
+}
 
 /// What a frame is keyed by, as recorded in [`Config::key_by`].
 pub const KEY_BY_SRC: u32 = 0;
@@ -94,7 +115,7 @@ pub struct Config {
     /// What the operator asked for, kept for `status` (bits per second, bytes).
     pub rate_bps: u64,
     pub burst_bytes: u64,
-    /// `XDP_MODE_*`: how the program is attached.
+    /// `XDP_MODE_*` or `TC_MODE_*`: how the program is attached.
     pub xdp_mode: u32,
     /// Non-zero once userspace has written this entry; the program passes traffic
     /// untouched while it is zero (an all-zero limit would drop everything).
@@ -372,18 +393,25 @@ pub struct Counters {
     /// Decisions lost because the compare-and-swap lost every retry to other CPUs: the
     /// packet was refused (dropped, or unadmitted when it was asking for a new cell).
     pub cas_exhausted: u64,
+    /// Charges published by the compare-and-swap, by the try that won: `[0]` on the
+    /// first, `[n]` after `n` retries (source, aggregate, unadmitted and admission cells
+    /// alike). A new key's first frame is charged in its fresh cell before the entry is
+    /// inserted, on the first try; if another CPU inserted the key meanwhile, the frame is
+    /// metered again in that entry and counted twice here.
+    pub cas_won: [u64; CAS_TRIES],
     /// Packets passed unmetered because no cell could be created for their key.
     pub untracked_packets: u64,
     /// Packets passed untouched because no policy was configured yet.
     pub unconfigured_packets: u64,
 }
 
-const _: () = assert!(size_of::<Counters>() == 208);
+const _: () = assert!(size_of::<Counters>() == 240);
 const _: () = assert!(offset_of!(Counters, outcomes) == 0);
 const _: () = assert!(offset_of!(Counters, ipv4_packets) == 48);
 const _: () = assert!(offset_of!(Counters, unadmitted) == 64);
 const _: () = assert!(offset_of!(Counters, not_ip_packets) == 112);
-const _: () = assert!(offset_of!(Counters, unconfigured_packets) == 200);
+const _: () = assert!(offset_of!(Counters, cas_won) == 192);
+const _: () = assert!(offset_of!(Counters, unconfigured_packets) == 232);
 
 impl PerCpuSum for Counters {
     fn add(&mut self, o: &Self) {
@@ -401,6 +429,9 @@ impl PerCpuSum for Counters {
         self.malformed_bytes += o.malformed_bytes;
         self.new_sources += o.new_sources;
         self.cas_exhausted += o.cas_exhausted;
+        for (won, o) in self.cas_won.iter_mut().zip(o.cas_won) {
+            *won += o;
+        }
         self.untracked_packets += o.untracked_packets;
         self.unconfigured_packets += o.unconfigured_packets;
     }

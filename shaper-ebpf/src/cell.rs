@@ -9,7 +9,8 @@ use aya_ebpf::maps::LruHashMap;
 use shaper_common::{
     gcra::{self, Limit},
     maps::{
-        ACTION_DROP, ACTION_PASS, AdmissionCells, Cell, Config, Outcomes, PolicyStats, SourceState,
+        ACTION_DROP, ACTION_PASS, AdmissionCells, CAS_TRIES, Cell, Config, Outcomes, PolicyStats,
+        SourceState,
     },
 };
 
@@ -20,11 +21,6 @@ use crate::{
     maps::{ADMISSION, POLICY_STATS},
     policy::{self, Rule},
 };
-
-/// How many times a CPU retries when other CPUs keep updating the same cell between its
-/// read and its swap. Each failed swap means another CPU made progress on this cell, so
-/// exhaustion is rare and only under heavy contention on a single cell.
-const CAS_RETRIES: usize = 4;
 
 /// BPF_NOEXIST: create only; a concurrent creator wins and we meter against its cell.
 const BPF_NOEXIST: u64 = 1;
@@ -296,11 +292,12 @@ unsafe fn charge(
     now: u64,
 ) -> Result<Option<Charged>, Refused> {
     unsafe {
-        let Some((aggregate, limit)) = rule.aggregate else {
+        let (aggregate, limit) = (rule.aggregate_cell, rule.aggregate_limit);
+        if aggregate.is_null() {
             return take(cell, rule.limit, len, now)
                 .then_some(None)
                 .ok_or(Refused::Source);
-        };
+        }
         carry_over(cell, rule.limit, now);
         let tat = &raw mut (*cell).tat;
         let old = atomic::load(tat);
@@ -327,7 +324,9 @@ unsafe fn charge(
 /// The bounded compare-and-swap loop: publish `new`, decided on the TAT read as `old`,
 /// only if nobody changed the TAT meanwhile; otherwise decide again on what was found.
 /// Returns what was charged (in ticks), or `None` if the frame no longer conforms (nothing
-/// is written) or every retry lost to other CPUs.
+/// is written) or every try lost to other CPUs. Each CPU tries [`CAS_TRIES`] times: a
+/// failed swap means another CPU made progress on this cell, so exhaustion is rare and
+/// only under heavy contention on a single cell. The try that won is counted.
 #[inline(always)]
 unsafe fn publish(
     tat: *mut u64,
@@ -337,10 +336,17 @@ unsafe fn publish(
     len: u32,
     now: u64,
 ) -> Option<u64> {
-    for _ in 0..CAS_RETRIES {
+    for try_ in 0..CAS_TRIES {
         match unsafe { atomic::compare_exchange(tat, old, new) } {
-            // What was charged: the new TAT less the base it was charged from.
-            Ok(()) => return Some(new.wrapping_sub(gcra::base(old, now))),
+            Ok(()) => {
+                bump(|c| {
+                    if let Some(won) = c.cas_won.get_mut(try_) {
+                        *won += 1;
+                    }
+                });
+                // What was charged: the new TAT less the base it was charged from.
+                return Some(new.wrapping_sub(gcra::base(old, now)));
+            }
             Err(found) => old = found,
         }
         new = limit.admit(old, now, len)?;
@@ -366,7 +372,7 @@ unsafe fn carry_over(cell: *mut Cell, limit: &Limit, now: u64) {
         }
         let tat = &raw mut (*cell).tat;
         let mut old = atomic::load(tat);
-        for _ in 0..CAS_RETRIES {
+        for _ in 0..CAS_TRIES {
             let new = limit.rescale(old, now, from);
             if new == old {
                 return;

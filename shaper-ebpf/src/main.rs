@@ -1,7 +1,11 @@
 //! shaper's kernel programs.
 //!
 //! # Theory of operation
-//! `shaper_xdp` runs on every frame an interface receives. It parses Ethernet, up to two
+//! `shaper_xdp` runs on every frame an interface receives; `shaper_tc` on every packet
+//! a tc hook (TCX, or clsact's `cls_bpf`) sees, on egress or ingress. Both are thin
+//! wrappers: each says what its hook saw (the linear bytes, the length from the Ethernet
+//! header, the GSO segment count) and maps the verdict to its return code, and everything
+//! else is one shared path (`entry`). It parses Ethernet, up to two
 //! VLAN tags, PPPoE sessions, and the fixed IPv4 or IPv6 header with one bounds-checked
 //! cursor (`parse`); anything else passes untouched and is counted by kind. An IP frame's
 //! key is its source (or, as configured, destination) address masked to a prefix
@@ -32,7 +36,9 @@
 //! atomic adds, per-policy and global ones per-CPU arrays (`counters`).
 //!
 //! A frame costs its whole length: Ethernet header to end of payload, every buffer of a
-//! multi-buffer (jumbo) frame included, no FCS — what tc counts.
+//! multi-buffer (jumbo) frame included, no FCS — what tc counts. A GSO packet (tc only)
+//! costs what it puts on the wire: its length plus, for each segment after the first, the
+//! Ethernet, IP and transport headers that segment repeats.
 //!
 //! This object holds only what `shaper attach` loads. The benchmark's programs (the no-op
 //! baseline, the floor, the softirq clock) are a second object, `bench/main.rs`.
@@ -41,10 +47,12 @@
 
 mod cell;
 mod counters;
+mod entry;
 mod key;
 mod maps;
 mod parse;
 mod policy;
+mod tc;
 mod xdp;
 
 #[cfg(target_arch = "bpf")]

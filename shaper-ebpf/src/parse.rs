@@ -188,3 +188,42 @@ fn pppoe_session(cur: &mut Cursor) -> Frame {
         _ => Frame::PppoeOther,
     }
 }
+
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+/// The fixed TCP header, and the offset of its data-offset byte.
+const TCP_MIN_LEN: usize = 20;
+const TCP_DOFF_AT: usize = 12;
+const UDP_LEN: usize = 8;
+
+/// Bytes from the frame's start to the end of its transport header: what each segment of
+/// a GSO packet repeats. TCP's header counts with its options; a TCP header beyond the
+/// linear part counts as the fixed 20 bytes; another protocol (or an IPv6 extension
+/// header, which GSO packets do not carry in practice) counts the IP header only.
+#[inline(always)]
+pub fn header_len(start: usize, end: usize, frame: &Frame) -> usize {
+    // SAFETY: `classify` checked that these headers lie within the frame.
+    let (l4, proto) = unsafe {
+        match *frame {
+            Frame::Ipv4(ip) => (
+                ip as usize + usize::from((*ip).vihl & 0x0f) * 4,
+                (*ip).proto,
+            ),
+            Frame::Ipv6(ip) => (ip as usize + Ipv6Hdr::LEN, (*ip).next_hdr),
+            _ => return end - start,
+        }
+    };
+    let transport = match proto {
+        IPPROTO_TCP => {
+            let mut cur = Cursor::new(l4, end);
+            match cur.take(TCP_MIN_LEN) {
+                // SAFETY: `take` checked that the fixed TCP header lies within the frame.
+                Some(tcp) => usize::from(unsafe { *((tcp + TCP_DOFF_AT) as *const u8) } >> 4) * 4,
+                None => TCP_MIN_LEN,
+            }
+        }
+        IPPROTO_UDP => UDP_LEN,
+        _ => 0,
+    };
+    l4 - start + transport
+}

@@ -25,8 +25,11 @@ pub struct Rule<'a> {
     /// Count what would be dropped, drop nothing.
     pub monitor: bool,
     pub limit: &'a Limit,
-    /// The prefix's shared cell and its limit, if the policy has one.
-    pub aggregate: Option<(*mut Cell, &'a Limit)>,
+    /// The prefix's shared cell, null if the policy has none, and its limit (the
+    /// per-source one when there is none). Not an `Option` of the pair: LLVM leaves the
+    /// pointer of a `None` undefined and may spill it, which the verifier refuses.
+    pub aggregate_cell: *mut Cell,
+    pub aggregate_limit: &'a Limit,
     /// How keys new to the table get a cell: the policy's own admission, or the
     /// interface's; and the slot whose admission cell meters it.
     pub admission: &'a Admission,
@@ -97,19 +100,20 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
         && p.in_use != 0
     {
         let own_admission = p.admission.limited();
-        let aggregate = if p.action == ACTION_LIMIT && p.aggregate_rate_bps != 0 {
+        let aggregate_cell = if p.action == ACTION_LIMIT && p.aggregate_rate_bps != 0 {
             AGGREGATES
                 .get_ptr_mut(slot)
-                .map(|cell| (cell, &p.aggregate))
+                .unwrap_or(core::ptr::null_mut())
         } else {
-            None
+            core::ptr::null_mut()
         };
         return Rule {
             slot,
             action: p.action,
             monitor: interface_monitor || p.mode == MODE_MONITOR,
             limit: &p.limit,
-            aggregate,
+            aggregate_cell,
+            aggregate_limit: &p.aggregate,
             admission: if own_admission {
                 &p.admission
             } else {
@@ -123,7 +127,8 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
         action: ACTION_LIMIT,
         monitor: interface_monitor,
         limit: &config.limit,
-        aggregate: None,
+        aggregate_cell: core::ptr::null_mut(),
+        aggregate_limit: &config.limit,
         admission: &config.admission,
         admission_slot: DEFAULT_SLOT,
     }

@@ -106,7 +106,7 @@ pub fn apply(
     check_interfaces(desired)?;
     let mut undo = Vec::new();
     for d in desired {
-        let at = Attachment::new(&d.name, netns);
+        let at = Attachment::toward(&d.name, netns, d.direction);
         undo.extend(Undo::of(&at).map_err(|error| ApplyError::Journal {
             iface: d.name.clone(),
             error: Box::new(error),
@@ -118,7 +118,7 @@ pub fn apply(
     })?;
     let mut applied = Vec::new();
     for (index, d) in desired.iter().enumerate() {
-        let at = Attachment::new(&d.name, netns);
+        let at = Attachment::toward(&d.name, netns, d.direction);
         // A killed upgrade is finished before its settings are read (an error here drops
         // `change`, which puts back what was changed).
         upgrade::recover(&at).map_err(|e| attach_err(index, d, e.into()))?;
@@ -130,7 +130,9 @@ pub fn apply(
         let req = AttachRequest {
             at: at.clone(),
             rate: d.rate,
+            hook: d.hook,
             xdp_mode: d.xdp_mode,
+            tc_mode: d.tc_mode,
             max_sources: d.max_sources,
             key: d.key,
             prefix_v4: d.prefix_v4,
@@ -147,7 +149,7 @@ pub fn apply(
             None => true,
         };
         applied.push(Applied {
-            iface: d.name.clone(),
+            iface: d.label(),
             outcome,
             policies: d.policies.len(),
             changed,

@@ -21,7 +21,7 @@ use shaper_common::maps::{Config, Policy};
 
 use crate::{
     loader::{self, DetachError},
-    pins::Attachment,
+    pins::{Attachment, Direction},
     policy::{PolicyError, PolicyTable},
     upgrade,
 };
@@ -52,11 +52,16 @@ pub enum Undo {
     Detach {
         iface: String,
         netns: Option<String>,
+        /// Absent from the journal of a shaper before directions: ingress.
+        #[serde(default)]
+        direction: Direction,
     },
     /// Attached with these settings and policy slots (the maps' entries, as bytes).
     Restore {
         iface: String,
         netns: Option<String>,
+        #[serde(default)]
+        direction: Direction,
         config: Vec<u8>,
         slots: Vec<(u32, Vec<u8>)>,
     },
@@ -76,9 +81,13 @@ impl Undo {
     /// What puts `at` back as it is now; `None` where an upgrade is due (it keeps the
     /// settings, and recovers itself). The caller holds the lock.
     pub fn of(at: &Attachment) -> Result<Option<Self>, JournalError> {
-        let (iface, netns) = (at.iface.clone(), at.netns.clone());
+        let (iface, netns, direction) = (at.iface.clone(), at.netns.clone(), at.direction);
         if !at.exists() || !loader::is_live(at) {
-            return Ok(Some(Self::Detach { iface, netns }));
+            return Ok(Some(Self::Detach {
+                iface,
+                netns,
+                direction,
+            }));
         }
         if upgrade::require_current(at).is_err() {
             return Ok(None);
@@ -94,6 +103,7 @@ impl Undo {
         Ok(Some(Self::Restore {
             iface,
             netns,
+            direction,
             config: bytes(&config),
             slots: slots.iter().map(|(s, p)| (*s, bytes(p))).collect(),
         }))
@@ -101,9 +111,17 @@ impl Undo {
 
     pub fn attachment(&self) -> Attachment {
         match self {
-            Self::Detach { iface, netns } | Self::Restore { iface, netns, .. } => {
-                Attachment::new(iface, netns.as_deref())
+            Self::Detach {
+                iface,
+                netns,
+                direction,
             }
+            | Self::Restore {
+                iface,
+                netns,
+                direction,
+                ..
+            } => Attachment::toward(iface, netns.as_deref(), *direction),
         }
     }
 

@@ -14,7 +14,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, MapData},
     programs::{
-        Xdp, XdpMode,
+        SchedClassifier, Xdp, XdpMode,
         links::{FdLink, LinkError, PinnedLink},
     },
 };
@@ -23,17 +23,21 @@ use shaper_common::{
     layout::{self, LAYOUT_VERSION},
     maps::{
         Admission, Config, DEFAULT_MAX_SOURCES, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST,
-        KEY_BY_SRC, MAP_CONFIG, MAP_LAYOUT, MAP_SOURCES, MAP_SOURCES6, MODE_ENFORCE, PROG_XDP,
-        XDP_MODE_NATIVE, XDP_MODE_SKB,
+        KEY_BY_SRC, MAP_CONFIG, MAP_LAYOUT, MAP_SOURCES, MAP_SOURCES6, MODE_ENFORCE, PROG_TC,
+        PROG_XDP, TC_MODE_CLSACT, TC_MODE_CLSACT_OWN, TC_MODE_TCX, XDP_MODE_NATIVE, XDP_MODE_SKB,
+        is_tc_mode,
     },
 };
 
 use crate::{
+    kernel::{self, KernelError},
     link,
     maps::{self, PinnedMapError},
-    pins::Attachment,
+    pins::{Attachment, Direction},
     policy::{Mode, PolicyError, PolicySpec, PolicyTable},
     setting::Setting,
+    system,
+    tc::{self, TcAttachError, TcAttachMode},
     upgrade::{self, UpgradeError},
 };
 
@@ -50,6 +54,43 @@ pub enum XdpAttachMode {
     Native,
     /// Generic XDP in the network stack; works on every interface, costs more.
     Skb,
+}
+
+/// Where the program runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// XDP: ingress only, before the stack (the default for ingress).
+    Xdp,
+    /// tc: either direction, on socket buffers (after GRO on ingress).
+    Tc,
+}
+
+impl Hook {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Xdp => "xdp",
+            Self::Tc => "tc",
+        }
+    }
+
+    /// The hook of an attachment in `mode` (`XDP_MODE_*` or `TC_MODE_*`).
+    pub fn of_mode(mode: u32) -> Self {
+        if is_tc_mode(mode) {
+            Self::Tc
+        } else {
+            Self::Xdp
+        }
+    }
+}
+
+/// The default key of a direction: the source on ingress (each sender held to a rate);
+/// the destination on egress, where the sender is this host or what it forwards, and what
+/// is held to a rate is each receiver's download.
+pub fn default_key(direction: Direction) -> KeyBy {
+    match direction {
+        Direction::Ingress => KeyBy::Src,
+        Direction::Egress => KeyBy::Dst,
+    }
 }
 
 /// Which address of a frame picks its cell.
@@ -94,7 +135,10 @@ pub struct AttachRequest {
     pub at: Attachment,
     /// Per source, the default policy's.
     pub rate: RateLimit,
+    /// `None`: XDP for a new ingress attachment, tc for egress; as it is on an existing one.
+    pub hook: Option<Hook>,
     pub xdp_mode: XdpAttachMode,
+    pub tc_mode: TcAttachMode,
     pub max_sources: Option<u32>,
     pub key: Option<KeyBy>,
     pub prefix_v4: Option<u32>,
@@ -160,6 +204,8 @@ pub enum AttachError {
         iface: String,
         source: aya::programs::ProgramError,
     },
+    #[error(transparent)]
+    Tc(#[from] TcAttachError),
     #[error("cannot load the kernel programs")]
     Load(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("cannot pin {what} at {path}")]
@@ -174,13 +220,31 @@ pub enum AttachError {
     Policy(#[from] PolicyError),
     #[error(transparent)]
     Upgrade(#[from] UpgradeError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
 }
 
+/// The name of an attach mode (`XDP_MODE_*`, `TC_MODE_*`), as `--xdp-mode` and
+/// `--tc-mode` spell it.
 pub fn mode_name(xdp_mode: u32) -> &'static str {
     match xdp_mode {
         XDP_MODE_NATIVE => "native",
         XDP_MODE_SKB => "skb",
+        TC_MODE_TCX => "tcx",
+        TC_MODE_CLSACT | TC_MODE_CLSACT_OWN => "clsact",
         _ => "unknown",
+    }
+}
+
+/// The hook of a request for a new attachment: as asked, or by direction.
+fn hook_for(req: &AttachRequest) -> Result<Hook, AttachError> {
+    match (req.at.direction, req.hook) {
+        (Direction::Egress, Some(Hook::Xdp)) => Err(setting(
+            Setting::Hook,
+            "xdp: XDP sees received frames only; egress needs tc",
+        )),
+        (Direction::Egress, _) => Ok(Hook::Tc),
+        (Direction::Ingress, hook) => Ok(hook.unwrap_or(Hook::Xdp)),
     }
 }
 
@@ -203,7 +267,7 @@ pub(crate) fn config_for(
     let (key_by, prefix_v4, prefix_v6) = match current {
         Some(c) => (c.key_by, c.prefix_v4, c.prefix_v6),
         None => (
-            req.key.unwrap_or(KeyBy::Src).value(),
+            req.key.unwrap_or(default_key(req.at.direction)).value(),
             req.prefix_v4.unwrap_or(DEFAULT_PREFIX_V4),
             req.prefix_v6.unwrap_or(DEFAULT_PREFIX_V6),
         ),
@@ -279,12 +343,25 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
             .map_err(pin_err("stale pins (removing)", &req.at.dir()))?;
     }
     // Validate everything before creating anything.
+    let hook = hook_for(req)?;
+    if hook == Hook::Xdp && req.tc_mode != TcAttachMode::Auto {
+        return Err(setting(
+            Setting::TcMode,
+            format!("{}: the attachment is XDP, not tc", req.tc_mode.name()),
+        ));
+    }
+    if hook == Hook::Tc && req.xdp_mode != XdpAttachMode::Auto {
+        return Err(setting(
+            Setting::XdpMode,
+            "is for XDP, and this attachment is tc",
+        ));
+    }
     let max_sources = req.max_sources.unwrap_or(DEFAULT_MAX_SOURCES);
     let config = config_for(req, None, max_sources, 0)?;
     if let Some(policies) = &req.policies {
         PolicyTable::validate(policies, (config.prefix_v4, config.prefix_v6))?;
     }
-    let result = attach_new(req, &config);
+    let result = attach_new(req, &config, hook);
     if result.is_err() {
         // Best effort: the original error is the one worth reporting.
         let _ = req.at.remove_pins();
@@ -292,21 +369,27 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
     result
 }
 
-/// Whether the attachment's pinned link still holds the program on an interface.
+/// Whether the attachment's pinned link still holds the program on an interface (an XDP
+/// or TCX link reports ifindex 0 once its interface is gone). A clsact filter has no
+/// link: it is live while its interface is there (the filter goes with the interface).
 pub fn is_live(at: &Attachment) -> bool {
-    link::xdp_link_ifindex(&at.link()).is_ok_and(|ifindex| ifindex != 0)
+    if at.link().exists() {
+        return link::xdp_link_ifindex(&at.link()).is_ok_and(|ifindex| ifindex != 0);
+    }
+    at.tc_prog().exists() && system::ifindex(&at.iface).is_ok()
 }
 
 /// What to say of an attachment whose interface is gone (see [`is_live`]).
 pub fn gone(at: &Attachment) -> String {
     format!(
-        "the interface of {} is gone (the kernel detached shaper when it was deleted): `shaper{} detach {}` removes its pins",
+        "the interface of {} is gone (the kernel detached shaper when it was deleted): `shaper{} detach {}{}` removes its pins",
         at.label(),
         at.netns
             .as_deref()
             .map(|ns| format!(" -n {ns}"))
             .unwrap_or_default(),
-        at.iface
+        at.iface,
+        at.direction_flag()
     )
 }
 
@@ -322,6 +405,29 @@ pub(crate) fn check_unchangeable(
             Setting::MaxSources,
             format!(
                 "{asked} differs from the {cap} of the attached map; detach first to resize it"
+            ),
+        ));
+    }
+    let hook = Hook::of_mode(current.xdp_mode);
+    if let Some(asked) = req.hook.filter(|&h| h != hook) {
+        return Err(setting(
+            Setting::Hook,
+            format!(
+                "{} differs from the attached {}; detach first to change it",
+                asked.name(),
+                hook.name()
+            ),
+        ));
+    }
+    if !req.tc_mode.accepts(current.xdp_mode)
+        || (hook == Hook::Xdp && req.tc_mode != TcAttachMode::Auto)
+    {
+        return Err(setting(
+            Setting::TcMode,
+            format!(
+                "{} differs from the attached {}; detach first to change it",
+                req.tc_mode.name(),
+                mode_name(current.xdp_mode)
             ),
         ));
     }
@@ -379,8 +485,10 @@ fn pin_err<E: std::error::Error + Send + Sync + 'static>(
     }
 }
 
-/// Loads the object with each per-source map (IPv4, IPv6) sized as asked.
+/// Loads the object with each per-source map (IPv4, IPv6) sized as asked, on a kernel
+/// that has what the program needs.
 pub fn load(max_sources: u32) -> Result<Ebpf, AttachError> {
+    kernel::check()?;
     EbpfLoader::new()
         .map_max_entries(MAP_SOURCES, max_sources)
         .map_max_entries(MAP_SOURCES6, max_sources)
@@ -396,7 +504,19 @@ pub fn xdp_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp, At
         .ok_or_else(|| load_err(format!("program {name} missing from the object").into()))?
         .try_into()
         .map_err(|e| load_err(Box::new(e)))?;
-    prog.load().map_err(|e| load_err(Box::new(e)))?;
+    prog.load().map_err(|e| load_err(kernel::load_error(e)))?;
+    Ok(prog)
+}
+
+/// The tc classifier of a loaded object, loaded into the kernel.
+pub fn tc_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, AttachError> {
+    let load_err = |e: Box<dyn std::error::Error + Send + Sync>| AttachError::Load(e);
+    let prog: &mut SchedClassifier = ebpf
+        .program_mut(PROG_TC)
+        .ok_or_else(|| load_err(format!("program {PROG_TC} missing from the object").into()))?
+        .try_into()
+        .map_err(|e| load_err(Box::new(e)))?;
+    prog.load().map_err(|e| load_err(kernel::load_error(e)))?;
     Ok(prog)
 }
 
@@ -425,7 +545,7 @@ pub(crate) fn write_layout_version(ebpf: &mut Ebpf) -> Result<(), AttachError> {
 }
 
 /// Loads, configures with `config` (its mode recorded once known), pins and attaches.
-fn attach_new(req: &AttachRequest, config: &Config) -> Result<Attached, AttachError> {
+fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attached, AttachError> {
     let at = &req.at;
     let mut ebpf = load(req.max_sources.unwrap_or(DEFAULT_MAX_SOURCES))?;
 
@@ -448,6 +568,21 @@ fn attach_new(req: &AttachRequest, config: &Config) -> Result<Attached, AttachEr
         PolicyTable::open(at)?.replace_all(policies)?;
     }
 
+    if hook == Hook::Tc {
+        tc_program(&mut ebpf)?;
+        let record = |xdp_mode| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            // Through the pin, keeping the generation the policies were written under.
+            PolicyTable::open(at)?.set_config(&Config {
+                xdp_mode,
+                ..*config
+            })?;
+            Ok(())
+        };
+        let xdp_mode = tc::attach(&mut ebpf, at, req.tc_mode, record)?;
+        crate::crash::point("attach-attached");
+        crate::crash::point("attach-linked");
+        return Ok(Attached::New { xdp_mode });
+    }
     let iface = at.iface.as_str();
     let prog = xdp_program(&mut ebpf, PROG_XDP)?;
     let (link_id, xdp_mode) = match req.xdp_mode {
@@ -498,6 +633,11 @@ fn attach_new(req: &AttachRequest, config: &Config) -> Result<Attached, AttachEr
 pub enum DetachError {
     #[error("shaper is not attached to {0}")]
     NotAttached(String),
+    #[error("cannot detach the tc filter of {label}: {source}")]
+    Tc {
+        label: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("cannot open the pinned link {path}")]
     Link { path: String, source: LinkError },
     #[error("cannot remove pins under {path}")]
@@ -511,6 +651,13 @@ pub enum DetachError {
 pub fn detach(at: &Attachment) -> Result<(), DetachError> {
     if !at.dir().exists() {
         return Err(DetachError::NotAttached(at.label()));
+    }
+    if at.tc_prog().exists() {
+        let mode = maps::read_config(at).map_or(TC_MODE_CLSACT, |c| c.xdp_mode);
+        detach_tc(at, mode).map_err(|source| DetachError::Tc {
+            label: at.label(),
+            source,
+        })?;
     }
     if at.link().exists() {
         let link = PinnedLink::from_pin(at.link()).map_err(|source| DetachError::Link {
@@ -528,4 +675,62 @@ pub fn detach(at: &Attachment) -> Result<(), DetachError> {
         path: at.dir().display().to_string(),
         source,
     })
+}
+
+/// Takes a clsact attachment's filter off its interface (if the interface is still
+/// there), and the clsact qdisc with it if shaper added it (`mode`) and no other clsact
+/// attachment of the interface is left on it; if one is, that one now owns the qdisc.
+///
+/// It works in the attachment's namespace, whichever this thread is in (a rollback runs
+/// before the command enters it); a namespace that is gone took the interface with it.
+fn detach_tc(at: &Attachment, mode: u32) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let Some(ns) = at.netns.clone() else {
+        return detach_tc_here(at, mode);
+    };
+    let here = at.clone();
+    match crate::netns::run_in(&ns, move || detach_tc_here(&here, mode)) {
+        Ok(result) => result,
+        Err(e) if e.is_missing() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn detach_tc_here(
+    at: &Attachment,
+    mode: u32,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let Ok(ifindex) = system::ifindex(&at.iface) else {
+        // The interface went, and its qdisc and filters with it.
+        return Ok(());
+    };
+    tc::detach_filter(at)?;
+    if mode != TC_MODE_CLSACT_OWN {
+        return Ok(());
+    }
+    let other = Attachment {
+        direction: match at.direction {
+            Direction::Ingress => Direction::Egress,
+            Direction::Egress => Direction::Ingress,
+        },
+        ..at.clone()
+    };
+    if other.tc_prog().exists()
+        && let Ok(mut table) = PolicyTable::open(&other)
+        && let Ok(config) = table.config()
+    {
+        table.set_config(&Config {
+            xdp_mode: TC_MODE_CLSACT_OWN,
+            ..config
+        })?;
+        return Ok(());
+    }
+    match tc::delete_clsact(ifindex) {
+        // Someone else deleted it meanwhile.
+        Err(e)
+            if e.raw_os_error() == Some(libc::ENOENT) || e.raw_os_error() == Some(libc::EINVAL) =>
+        {
+            Ok(())
+        }
+        r => Ok(r?),
+    }
 }

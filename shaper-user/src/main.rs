@@ -19,7 +19,7 @@ async fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    match run(&cli) {
+    match run(&cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("shaper: {e:#}");
@@ -73,11 +73,15 @@ fn pins_only(command: &Command) -> bool {
     )
 }
 
-fn run(cli: &Cli) -> anyhow::Result<()> {
+async fn run(cli: &Cli) -> anyhow::Result<()> {
     // Arithmetic only: no privileges, no bpffs, no namespace.
     match &cli.command {
         Command::Explain(args) => return cli::explain::run(args, cli.json),
-        Command::Apply(args) if args.check => return cli::apply::check(args),
+        Command::Completions(args) => return cli::completions::run(args),
+        Command::Man(args) => return cli::man::run(args),
+        Command::Apply(args) if args.check => {
+            return cli::apply::check(args, cli.direction.into());
+        }
         _ => {}
     }
     // Checked before anything else so that nothing is half done for want of them.
@@ -118,14 +122,21 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             }
         }
     }
+    let scope = cli::Scope {
+        netns: ns,
+        direction: cli.direction.into(),
+    };
     match &cli.command {
-        Command::Attach(args) => cli::attach::run(args, ns),
-        Command::Detach(args) => cli::detach::run(args, ns),
-        Command::Status(args) => cli::status::run(args, ns, cli.json),
-        Command::Stats(args) => cli::stats::run(args, ns, cli.json),
-        Command::Policy(command) => cli::policy::run(command, ns, cli.json),
-        Command::Apply(args) => cli::apply::run(args, ns),
-        Command::Config(command) => cli::config::run(command, ns),
+        Command::Attach(args) => cli::attach::run(args, scope),
+        Command::Detach(args) => cli::detach::run(args, scope),
+        Command::Status(args) => cli::status::run(args, scope, cli.json),
+        Command::Stats(args) => cli::stats::run(args, scope, cli.json),
+        Command::Policy(command) => cli::policy::run(command, scope, cli.json),
+        Command::Apply(args) => cli::apply::run(args, scope),
+        Command::Config(command) => cli::config::run(command, scope),
         Command::Explain(args) => cli::explain::run(args, cli.json),
+        Command::Completions(args) => cli::completions::run(args),
+        Command::Man(args) => cli::man::run(args),
+        Command::Run(args) => cli::run::run(args, scope).await,
     }
 }

@@ -2,19 +2,22 @@
 //!
 //! `/sys/fs/bpf/shaper/IFACE/` for an interface of the initial network namespace, and
 //! `/sys/fs/bpf/shaper/netns/NETNS/IFACE/` for one in a named namespace (`shaper -n`).
-//! Each directory holds the XDP link and the maps (`shaper_common::maps::PIN_*`, as the
-//! layout table `shaper_common::layout` lists them). Beside it, `IFACE:new` holds the
-//! pins of an upgrade under way (`crate::upgrade`); no interface name has a colon.
+//! Each directory holds the link and the maps (`shaper_common::maps::PIN_*`, as the
+//! layout table `shaper_common::layout` lists them) of the interface's ingress; its
+//! egress has the same pins one level down, in `IFACE/egress/`, so that ingress pins stay
+//! where earlier builds put them. Beside each, `...:new` holds the pins of an upgrade
+//! under way (`crate::upgrade`); no interface name has a colon.
 
 use std::{
     fs, io,
     path::{Path, PathBuf},
 };
 
+use serde::{Deserialize, Serialize};
 use shaper_common::maps::{
     PIN_ADMISSION, PIN_AGGREGATES, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LAYOUT,
     PIN_LINK, PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4,
-    PIN_PREFIXES_V6, PIN_ROOT, PIN_SOURCES, PIN_SOURCES6, PIN_UPGRADE_PROG,
+    PIN_PREFIXES_V6, PIN_ROOT, PIN_SOURCES, PIN_SOURCES6, PIN_TC_PROG, PIN_UPGRADE_PROG,
 };
 
 const NETNS_DIR: &str = "netns";
@@ -22,23 +25,57 @@ const NETNS_DIR: &str = "netns";
 /// kernel refuses a colon in interface names, so it can never be an attachment's.
 const STAGING_SUFFIX: &str = ":new";
 
-/// An interface shaper is (or is to be) attached to.
+/// The subdirectory of an interface's pins that holds those of its egress.
+const EGRESS_DIR: &str = "egress";
+
+/// Which traffic of an interface: each direction has its own attachment, settings,
+/// policies and sources.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// What it receives (XDP, or tc ingress).
+    #[default]
+    Ingress,
+    /// What it sends (tc egress).
+    Egress,
+}
+
+impl Direction {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ingress => "ingress",
+            Self::Egress => "egress",
+        }
+    }
+}
+
+/// One direction of an interface shaper is (or is to be) attached to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attachment {
     pub iface: String,
     /// The named network namespace, or `None` for the initial one.
     pub netns: Option<String>,
+    pub direction: Direction,
 }
 
 impl Attachment {
+    /// The interface's ingress.
     pub fn new(iface: &str, netns: Option<&str>) -> Self {
+        Self::toward(iface, netns, Direction::Ingress)
+    }
+
+    pub fn toward(iface: &str, netns: Option<&str>, direction: Direction) -> Self {
         Self {
             iface: iface.to_owned(),
             netns: netns.map(str::to_owned),
+            direction,
         }
     }
 
-    pub fn dir(&self) -> PathBuf {
+    /// The interface's pin directory: its ingress pins, and its egress directory.
+    fn iface_dir(&self) -> PathBuf {
         let root = Path::new(PIN_ROOT);
         match &self.netns {
             None => root.join(&self.iface),
@@ -46,16 +83,28 @@ impl Attachment {
         }
     }
 
+    pub fn dir(&self) -> PathBuf {
+        match self.direction {
+            Direction::Ingress => self.iface_dir(),
+            Direction::Egress => self.iface_dir().join(EGRESS_DIR),
+        }
+    }
+
     /// Where an upgrade stages the new pins, and where the old ones go once it has swapped
     /// them in.
     pub fn staging(&self) -> PathBuf {
-        let mut name = self.iface.clone();
-        name.push_str(STAGING_SUFFIX);
-        self.dir().with_file_name(name)
+        let dir = self.dir();
+        let mut name = dir.file_name().unwrap_or_default().to_os_string();
+        name.push(STAGING_SUFFIX);
+        dir.with_file_name(name)
     }
 
     pub fn link(&self) -> PathBuf {
         self.dir().join(PIN_LINK)
+    }
+    /// The tc program of a clsact attachment, which has no bpf_link to pin.
+    pub fn tc_prog(&self) -> PathBuf {
+        self.dir().join(PIN_TC_PROG)
     }
     pub fn config(&self) -> PathBuf {
         self.dir().join(PIN_CONFIG)
@@ -100,16 +149,38 @@ impl Attachment {
         self.dir().join(PIN_UPGRADE_PROG)
     }
 
-    /// Whether shaper is attached here (its link is pinned).
-    pub fn exists(&self) -> bool {
-        self.link().exists()
+    /// The interface's egress pins as an upgrade of its ingress leaves them: the ingress
+    /// directory is swapped whole with its staging directory, egress directory and all.
+    pub fn egress_in_staging(&self) -> Option<(PathBuf, PathBuf)> {
+        let ingress = Self::toward(&self.iface, self.netns.as_deref(), Direction::Ingress);
+        let moved = ingress.staging().join(EGRESS_DIR);
+        let home = ingress.dir().join(EGRESS_DIR);
+        (moved.is_dir() && !home.exists()).then_some((moved, home))
     }
 
-    /// `eth0`, or `eth0 (netns blue)`.
+    /// Whether shaper is attached here (its link, or its clsact program, is pinned).
+    pub fn exists(&self) -> bool {
+        self.link().exists() || self.tc_prog().exists()
+    }
+
+    /// `eth0`, `eth0 (netns blue)`, `eth0 egress`, `eth0 egress (netns blue)`.
     pub fn label(&self) -> String {
+        let name = match self.direction {
+            Direction::Ingress => self.iface.clone(),
+            Direction::Egress => format!("{} egress", self.iface),
+        };
         match &self.netns {
-            None => self.iface.clone(),
-            Some(ns) => format!("{} (netns {ns})", self.iface),
+            None => name,
+            Some(ns) => format!("{name} (netns {ns})"),
+        }
+    }
+
+    /// ` --direction egress` for egress, nothing for ingress: what a command printed for
+    /// the operator to run names.
+    pub fn direction_flag(&self) -> &'static str {
+        match self.direction {
+            Direction::Ingress => "",
+            Direction::Egress => " --direction egress",
         }
     }
 
@@ -132,17 +203,44 @@ impl Attachment {
     }
 }
 
-/// Removes the pins in `dir`, and `dir`; nothing if it does not exist.
+/// Removes the pins in `dir`, and `dir` unless another direction's pins are below it;
+/// nothing if it does not exist.
 pub fn remove_dir_of_pins(dir: &Path) -> io::Result<()> {
     match fs::read_dir(dir) {
         Ok(entries) => {
             for entry in entries {
-                fs::remove_file(entry?.path())?;
+                let entry = entry?;
+                if !entry.file_type()?.is_dir() {
+                    fs::remove_file(entry.path())?;
+                }
             }
-            fs::remove_dir(dir)
+            match fs::remove_dir(dir) {
+                Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => Ok(()),
+                r => r,
+            }
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
+    }
+}
+
+/// Whether `dir` holds pins of its own (not only another direction's directory).
+fn has_pins(dir: &Path) -> bool {
+    fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+    })
+}
+
+/// The attachments of the interface whose pins are at `dir`: its ingress if it has pins
+/// of its own, its egress if it has an egress directory.
+fn of_iface(iface: &str, netns: Option<&str>, dir: &Path, found: &mut Vec<Attachment>) {
+    if has_pins(dir) {
+        found.push(Attachment::toward(iface, netns, Direction::Ingress));
+    }
+    if dir.join(EGRESS_DIR).is_dir() {
+        found.push(Attachment::toward(iface, netns, Direction::Egress));
     }
 }
 
@@ -153,16 +251,17 @@ pub fn list_all() -> io::Result<Vec<Attachment>> {
         if iface == NETNS_DIR || iface.ends_with(STAGING_SUFFIX) {
             continue;
         }
-        found.push(Attachment::new(&iface, None));
+        of_iface(&iface, None, &Path::new(PIN_ROOT).join(&iface), &mut found);
     }
     for ns in subdirs(&Path::new(PIN_ROOT).join(NETNS_DIR))? {
-        for iface in subdirs(&Path::new(PIN_ROOT).join(NETNS_DIR).join(&ns))? {
+        let ns_dir = Path::new(PIN_ROOT).join(NETNS_DIR).join(&ns);
+        for iface in subdirs(&ns_dir)? {
             if !iface.ends_with(STAGING_SUFFIX) {
-                found.push(Attachment::new(&iface, Some(&ns)));
+                of_iface(&iface, Some(&ns), &ns_dir.join(&iface), &mut found);
             }
         }
     }
-    found.sort_by(|a, b| (&a.netns, &a.iface).cmp(&(&b.netns, &b.iface)));
+    found.sort_by(|a, b| (&a.netns, &a.iface, a.direction).cmp(&(&b.netns, &b.iface, b.direction)));
     Ok(found)
 }
 

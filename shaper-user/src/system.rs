@@ -5,7 +5,9 @@ use std::{ffi::CString, io, path::Path};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SystemError {
-    #[error("shaper must run as root or with CAP_BPF and CAP_NET_ADMIN (missing {missing})")]
+    #[error(
+        "shaper must run as root or with CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (missing {missing})"
+    )]
     Privileges { missing: String },
     #[error("bpffs is not mounted at {path} (mount it with: mount -t bpf bpf {path})")]
     Bpffs { path: String },
@@ -17,6 +19,8 @@ pub enum SystemError {
     Mtu { iface: String, source: io::Error },
     #[error("cannot take the lock {path}")]
     Lock { path: String, source: io::Error },
+    #[error("another `shaper run` is running on this host (it holds {path})")]
+    DaemonRunning { path: String },
     #[error(
         "{burst} bytes is smaller than one full-size frame on {iface} ({frame} bytes: MTU {mtu} + {ETH_HLEN}-byte Ethernet header), so such frames could never pass"
     )]
@@ -75,13 +79,46 @@ pub fn lock() -> Result<Lock, SystemError> {
     Ok(Lock(file))
 }
 
+/// Where [`daemon_lock`] locks: one `shaper run` per host, whatever its namespace.
+pub const DAEMON_LOCK_PATH: &str = "/run/shaper.run.lock";
+
+/// Takes the daemon's lock without waiting: held for the daemon's life, so a second
+/// daemon is refused at once. (Commands take [`lock`] for each change, daemon included.)
+pub fn daemon_lock() -> Result<Lock, SystemError> {
+    let err = |source| SystemError::Lock {
+        path: DAEMON_LOCK_PATH.to_owned(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(DAEMON_LOCK_PATH)
+        .map_err(err)?;
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock {
+            return Err(SystemError::DaemonRunning {
+                path: DAEMON_LOCK_PATH.to_owned(),
+            });
+        }
+        return Err(err(e));
+    }
+    Ok(Lock(file))
+}
+
 const CAP_NET_ADMIN: u32 = 12;
 const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
-/// Checks the effective capabilities for loading and attaching programs. CAP_SYS_ADMIN
-/// stands in for CAP_BPF, as the kernel allows.
+/// Checks the effective capabilities for loading and attaching programs: CAP_BPF, and
+/// CAP_PERFMON (the verifier refuses the program from a loader without it: it reads
+/// packet and map memory as only a perfmon-capable loader may), and CAP_NET_ADMIN.
+/// CAP_SYS_ADMIN stands in for CAP_BPF and CAP_PERFMON, as the kernel allows.
 pub fn check_privileges() -> Result<(), SystemError> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let eff = status
@@ -89,20 +126,27 @@ pub fn check_privileges() -> Result<(), SystemError> {
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
         .unwrap_or(0);
+    missing_privileges(eff).map_or(Ok(()), |missing| Err(SystemError::Privileges { missing }))
+}
+
+/// What an effective capability set `eff` lacks, in words, or `None`.
+fn missing_privileges(eff: u64) -> Option<String> {
     let has = |cap: u32| eff & (1 << cap) != 0;
     let mut missing = Vec::new();
-    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
-        missing.push("CAP_BPF");
+    let sys_admin = has(CAP_SYS_ADMIN);
+    for (granted, name) in [
+        (has(CAP_BPF) || sys_admin, "CAP_BPF"),
+        (has(CAP_PERFMON) || sys_admin, "CAP_PERFMON"),
+        (has(CAP_NET_ADMIN), "CAP_NET_ADMIN"),
+    ] {
+        if !granted {
+            missing.push(name);
+        }
     }
-    if !has(CAP_NET_ADMIN) {
-        missing.push("CAP_NET_ADMIN");
-    }
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(SystemError::Privileges {
-            missing: missing.join(" and "),
-        })
+    match missing.as_slice() {
+        [] => None,
+        [one] => Some((*one).to_owned()),
+        [first @ .., last] => Some(format!("{} and {last}", first.join(", "))),
     }
 }
 
@@ -168,4 +212,34 @@ pub fn mtu(iface: &str) -> Result<u32, SystemError> {
     }
     // SAFETY: SIOCGIFMTU fills the ifru_mtu member.
     Ok(unsafe { req.ifr_ifru.ifru_mtu } as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn privileges_are_named_when_missing() {
+        let caps = |list: &[u32]| list.iter().map(|c| 1u64 << c).sum::<u64>();
+        assert_eq!(
+            missing_privileges(caps(&[CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN])),
+            None
+        );
+        assert_eq!(
+            missing_privileges(caps(&[CAP_SYS_ADMIN, CAP_NET_ADMIN])),
+            None
+        );
+        assert_eq!(
+            missing_privileges(caps(&[CAP_BPF, CAP_NET_ADMIN])).as_deref(),
+            Some("CAP_PERFMON")
+        );
+        assert_eq!(
+            missing_privileges(caps(&[CAP_SYS_ADMIN])).as_deref(),
+            Some("CAP_NET_ADMIN")
+        );
+        assert_eq!(
+            missing_privileges(0).as_deref(),
+            Some("CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN")
+        );
+    }
 }

@@ -4,7 +4,9 @@
 //! needs the nightly toolchain and bpf-linker that `cargo xtask setup` installs, so xtask must
 //! build without them. Everything else is driven by spawning `cargo`, `rustup`, `apt-get`, ...
 
+mod apt;
 mod cmd;
+mod dist;
 mod host;
 mod lab;
 mod old_shaper;
@@ -35,6 +37,9 @@ enum Command {
     Setup,
     /// Run setup, cargo fmt --check, clippy, host tests, then kernel tests (root only)
     Test(test::Args),
+    /// Build target/dist/shaper_<version>_<arch>.deb: the binary, systemd unit, manual pages,
+    /// shell completions and an example /etc/shaper/shaper.toml
+    Dist,
     /// Build release binaries and run `shaper-lab demo` (needs root)
     Demo(LabArgs),
     /// Build release binaries and run `shaper-lab bench` (needs root), e.g. `bench --quick`
@@ -58,6 +63,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Setup => setup::run().map(|()| ExitCode::SUCCESS),
         Command::Test(args) => test::run(&args),
+        Command::Dist => setup::run()
+            .and_then(|()| dist::run())
+            .map(|_| ExitCode::SUCCESS),
         Command::Demo(LabArgs { args }) => lab::run("demo", &args),
         Command::Bench(LabArgs { args }) => lab::run("bench", &args),
         Command::Lab(LabArgs { args }) => lab::run("lab", &args),
@@ -137,13 +145,17 @@ mod tests {
         assert_eq!(kernel_names(&["xtask", "test", "--kernel", "host"]), None);
         assert_eq!(
             kernel_names(&["xtask", "test", "--kernel", "all"]),
-            Some(vec!["6.1", "6.12"])
+            Some(vec!["5.10", "6.1", "6.12"])
         );
         assert_eq!(
             kernel_names(&["xtask", "test", "--kernel", "6.12,6.1,6.12"]),
             Some(vec!["6.12", "6.1"])
         );
-        assert!(test_args(&["xtask", "test", "--kernel", "5.10"]).is_err());
+        assert_eq!(
+            kernel_names(&["xtask", "test", "--kernel", "5.10"]),
+            Some(vec!["5.10"])
+        );
+        assert!(test_args(&["xtask", "test", "--kernel", "5.4"]).is_err());
         // --host-only goes with this machine's kernel only.
         assert!(
             test_args(&["xtask", "test", "--host-only"])

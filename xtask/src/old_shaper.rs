@@ -75,8 +75,12 @@ fn export(commit: &str, dst: &Path) -> Result<()> {
         .spawn()
         .context("could not start git archive")?;
     let stdout = git.stdout.take().context("no stdout")?;
+    // `-m`: the files get the time of the export, not the commit's. The old builds share a
+    // target directory in which cargo names a workspace crate's artifacts by its path
+    // relative to the workspace, the same for every commit, and thinks them fresh if its
+    // sources are older than they are: an older commit's sources always would be.
     let tar = Command::new("tar")
-        .arg("-x")
+        .args(["-x", "-m"])
         .arg("-C")
         .arg(dst)
         .stdin(stdout)

@@ -40,6 +40,25 @@ const ITEMS: &[Item] = &[
         package: "iperf3",
         present: Present::Programs(&["iperf3"]),
     },
+    // live_vlan.rs turns the veth's VLAN offload off, so the tags are in the frames.
+    Item::Apt {
+        package: "ethtool",
+        present: Present::Programs(&["ethtool"]),
+    },
+    // The service's files: its unit is checked with systemd-analyze (verify looks the
+    // unit's man pages up with man), and `cargo xtask dist` packs a .deb with dpkg-deb.
+    Item::Apt {
+        package: "systemd",
+        present: Present::Programs(&["systemd-analyze"]),
+    },
+    Item::Apt {
+        package: "man-db",
+        present: Present::Programs(&["man"]),
+    },
+    Item::Apt {
+        package: "dpkg-dev",
+        present: Present::Programs(&["dpkg-deb", "dpkg-shlibdeps"]),
+    },
     // The bench's per-source peers: an nft meter in netdev ingress, iptables hashlimit.
     Item::Apt {
         package: "nftables",
@@ -48,6 +67,18 @@ const ITEMS: &[Item] = &[
     Item::Apt {
         package: "iptables",
         present: Present::Programs(&["iptables"]),
+    },
+    // The daemon's tests scrape /metrics with curl and check it with the Prometheus
+    // project's own OpenMetrics parser.
+    Item::Apt {
+        package: "curl",
+        present: Present::Programs(&["curl"]),
+    },
+    Item::Apt {
+        package: "python3-prometheus-client",
+        present: Present::File(
+            "/usr/lib/python3/dist-packages/prometheus_client/openmetrics/parser.py",
+        ),
     },
     // The kernel matrix (`cargo xtask test --kernel`): Debian's kernels boot under QEMU with
     // a busybox initramfs; modprobe and depmod resolve their modules, and load them in the

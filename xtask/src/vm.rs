@@ -27,31 +27,47 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd, host, test::Tally, workspace};
+use crate::{apt, cmd, host, test::Tally, workspace};
 
 /// A guest that has not powered off after this long is killed, and its kernel fails.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
-/// A Debian 12 kernel series: its packages are `<prefix><N><suffix>[-unsigned]`.
+/// A Debian kernel series: its packages are `<prefix><N><suffix>[-unsigned]`.
 pub struct Series {
     /// What `--kernel` calls it.
     pub name: &'static str,
     prefix: &'static str,
     suffix: &'static str,
+    /// The Debian release whose apt has it, if not this machine's (Debian 12).
+    release: Option<&'static apt::Release>,
+    /// The only test files it runs, if not every guest suite.
+    only: Option<&'static [&'static str]>,
 }
 
-/// The kernels `--kernel all` runs, oldest first. 6.1 is Debian 12's own kernel; 6.12 is
-/// the newer one Debian 12 carries (the next stable's).
+/// The kernels `--kernel all` runs, oldest first. 5.10 is Debian 11's, older than shaper
+/// supports: it runs only the test that attach refuses it in one line. 6.1 is Debian 12's
+/// own kernel; 6.12 is the newer one Debian 12 carries (the next stable's).
 pub const SERIES: &[Series] = &[
+    Series {
+        name: "5.10",
+        prefix: "linux-image-5.10.0-",
+        suffix: "-amd64",
+        release: Some(&apt::BULLSEYE),
+        only: Some(&["tests/kernel_support.rs"]),
+    },
     Series {
         name: "6.1",
         prefix: "linux-image-6.1.0-",
         suffix: "-amd64",
+        release: None,
+        only: None,
     },
     Series {
         name: "6.12",
         prefix: "linux-image-6.12.",
         suffix: "+deb12-amd64",
+        release: None,
+        only: None,
     },
 ];
 
@@ -63,6 +79,9 @@ enum Place {
     },
     /// Only on the host (`cargo xtask test`).
     Host,
+    /// Only in the guests: it needs what the host kernel lacks. The host run skips its
+    /// `tests` (every test of the file, by name).
+    GuestOnly { tests: &'static [&'static str] },
 }
 
 /// One test target of the lab package, by its source file.
@@ -86,6 +105,12 @@ const SUITES: &[Suite] = &[
         place: Place::Guest { skip: &[] },
         why: "verifier acceptance (every test loads the program) and verdicts and counters \
               through BPF_PROG_TEST_RUN; rates are slow enough that run time does not matter",
+    },
+    Suite {
+        file: "tests/verifier.rs",
+        place: Place::Guest { skip: &[] },
+        why: "each entry point's processed instruction count, printed and held under the \
+              verifier's limit: it differs from kernel to kernel",
     },
     Suite {
         file: "tests/parse_golden.rs",
@@ -127,6 +152,21 @@ const SUITES: &[Suite] = &[
         why: "apply and config show round trips and all-or-nothing refusals: no traffic",
     },
     Suite {
+        file: "tests/kernel_support.rs",
+        place: Place::Guest { skip: &[] },
+        why: "what the program needs of the kernel: attach works where it is there, and is \
+              refused in one line naming what is missing where it is not (the only suite \
+              the 5.10 guest runs)",
+    },
+    Suite {
+        file: "tests/live_vlan.rs",
+        place: Place::GuestOnly {
+            tests: &["tagged_frames_on_vlan_devices_are_metered_by_source"],
+        },
+        why: "real 802.1Q and 802.1ad devices (the host kernel has no 8021q): tagged frames \
+              metered by source, checked against rate x time + burst as a bound only",
+    },
+    Suite {
         file: "tests/stale_pins.rs",
         place: Place::Guest { skip: &[] },
         why: "attach over pins left by a deleted interface: no traffic",
@@ -155,10 +195,26 @@ const SUITES: &[Suite] = &[
                     "traffic_through_an_upgrade_from_layout_2_is_all_metered_and_never_refilled",
                     "holds passed bytes to rate x measured time + one burst within 4%",
                 ),
+                (
+                    "traffic_through_an_upgrade_from_layout_3_is_all_metered_and_never_refilled",
+                    "holds passed bytes to rate x measured time + one burst within 4%",
+                ),
             ],
         },
         why: "upgrades in place from earlier builds (BPF_LINK_UPDATE, RENAME_EXCHANGE on \
               bpffs) and refusals: the cells and counters compared, no rates",
+    },
+    Suite {
+        file: "tests/live_egress.rs",
+        place: Place::Guest {
+            skip: &[(
+                "egress_holds_each_destination_and_each_source_to_the_rate",
+                "holds received bytes to rate × measured time + burst within 1%",
+            )],
+        },
+        why: "the tc program: TCX (6.6 and later) and clsact, the qdiscs left as found, \
+              egress settings through apply, and a TSO send charged its wire bytes on tc \
+              egress, tc ingress and XDP (exact byte counts, no rates)",
     },
     Suite {
         file: "tests/live_rate.rs",
@@ -168,7 +224,8 @@ const SUITES: &[Suite] = &[
     Suite {
         file: "tests/contention.rs",
         place: Place::Host,
-        why: "one key from every CPU; its bound is rate x elapsed, so it needs a real clock",
+        why: "one key from every CPU, through test_run and live over a veth with a queue \
+              per CPU; its bound is rate x elapsed, so it needs a real clock",
     },
     Suite {
         file: "tests/live_flood.rs",
@@ -201,6 +258,12 @@ const SUITES: &[Suite] = &[
         why: "the lab's own kernel tests check that traffic arrives at the offered rate",
     },
     Suite {
+        file: "tests/daemon.rs",
+        place: Place::Host,
+        why: "shaper run: reloads checked with live rates, and signals and readiness with \
+              deadlines",
+    },
+    Suite {
         file: "tests/explain.rs",
         place: Place::Host,
         why: "no kernel tests (host tests only)",
@@ -214,8 +277,10 @@ const SUITES: &[Suite] = &[
 
 /// Modules the guest loads before the tests (from the kernel's own package, with modprobe):
 /// veth for the namespace lab, dummy and bridge for the interfaces without native XDP that
-/// cli.rs and apply.rs attach to. (The kernel would also load them on demand.)
-const TEST_MODULES: &[&str] = &["veth", "dummy", "bridge"];
+/// cli.rs and apply.rs attach to, 8021q for live_vlan.rs's VLAN devices, sch_ingress
+/// (clsact) and cls_bpf for the tc program's clsact mode. (The kernel would also load them
+/// on demand.)
+const TEST_MODULES: &[&str] = &["veth", "dummy", "bridge", "8021q", "sch_ingress", "cls_bpf"];
 
 /// Modules the initramfs loads to reach the guest's files (with what they depend on).
 const BOOT_MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "overlay"];
@@ -351,8 +416,10 @@ fn build_suites() -> Result<Vec<GuestSuite>> {
         let Some(suite) = SUITES.iter().find(|s| Path::new(s.file) == file) else {
             continue;
         };
-        let Place::Guest { skip } = suite.place else {
-            continue;
+        let skip = match suite.place {
+            Place::Guest { skip } => skip,
+            Place::GuestOnly { .. } => &[],
+            Place::Host => continue,
         };
         let name = file
             .file_stem()
@@ -374,7 +441,7 @@ fn build_suites() -> Result<Vec<GuestSuite>> {
     found.sort_by_key(order);
     let expected = SUITES
         .iter()
-        .filter(|s| matches!(s.place, Place::Guest { .. }))
+        .filter(|s| !matches!(s.place, Place::Host))
         .count();
     if found.len() != expected {
         let names: Vec<&str> = found.iter().map(|s| s.name.as_str()).collect();
@@ -440,11 +507,20 @@ fn run_kernel(
     println!();
     println!("=== kernel {} ===", series.name);
     let kernel = fetch(series)?;
+    let suites: Vec<&GuestSuite> = suites
+        .iter()
+        .filter(|s| {
+            series.only.is_none_or(|only| {
+                only.iter()
+                    .any(|f| Path::new(f).file_stem() == Some(s.name.as_ref()))
+            })
+        })
+        .collect();
     let dir = workspace::target_dir().join("vm").join(series.name);
     fs::create_dir_all(&dir).with_context(|| format!("could not create {}", dir.display()))?;
     let initramfs = dir.join("initramfs.cpio");
     let busybox = busybox()?;
-    let stage2 = stage2_script(&kernel, &busybox, suites, extra);
+    let stage2 = stage2_script(&kernel, &busybox, &suites, extra);
     write_initramfs(&kernel, &busybox, &stage2, &initramfs)?;
 
     let log_path = dir.join("console.log");
@@ -473,11 +549,12 @@ fn run_kernel(
 /// Finds the newest package of `series` apt knows, downloads and unpacks it (once: both stay
 /// in `target/kernels/`), and indexes its modules with depmod.
 fn fetch(series: &Series) -> Result<Kernel> {
-    let mut package = newest_package(series)?;
+    let apt = apt::options(series.release)?;
+    let mut package = newest_package(series, &apt)?;
     if package.is_none() {
         // apt's lists may be missing or old (a fresh container has none).
-        cmd::run(Command::new("apt-get").arg("update"))?;
-        package = newest_package(series)?;
+        cmd::run(Command::new("apt-get").args(&apt).arg("update"))?;
+        package = newest_package(series, &apt)?;
     }
     let Some(package) = package else {
         bail!(
@@ -494,13 +571,11 @@ fn fetch(series: &Series) -> Result<Kernel> {
         let deb = match find_deb(&cache, &package)? {
             Some(deb) => deb,
             None => {
-                let mut apt = Command::new("apt-get");
-                apt.args(["download", &package]).current_dir(&cache);
-                if host::is_root()? {
-                    // apt's download user (_apt) cannot write to a root-owned target/.
-                    apt.args(["-o", "APT::Sandbox::User=root"]);
-                }
-                cmd::run(&mut apt)?;
+                let mut get = Command::new("apt-get");
+                get.args(&apt)
+                    .args(["download", &package])
+                    .current_dir(&cache);
+                cmd::run(&mut get)?;
                 find_deb(&cache, &package)?
                     .with_context(|| format!("apt-get download left no {package}_*.deb"))?
             }
@@ -528,8 +603,12 @@ fn fetch(series: &Series) -> Result<Kernel> {
 }
 
 /// The newest `<prefix>N<suffix>` package in apt's lists (the unsigned one if both are).
-fn newest_package(series: &Series) -> Result<Option<String>> {
-    let names = cmd::stdout(Command::new("apt-cache").args(["pkgnames", series.prefix]))?;
+fn newest_package(series: &Series, apt: &[String]) -> Result<Option<String>> {
+    let names = cmd::stdout(
+        Command::new("apt-cache")
+            .args(apt)
+            .args(["pkgnames", series.prefix]),
+    )?;
     Ok(names
         .lines()
         .filter_map(|name| package_rank(series, name).map(|rank| (rank, name)))
@@ -694,7 +773,7 @@ exec switch_root /newroot /bin/sh /run/shaper-vm.sh
 fn stage2_script(
     kernel: &Kernel,
     busybox: &Path,
-    suites: &[GuestSuite],
+    suites: &[&GuestSuite],
     extra: &[String],
 ) -> String {
     let mut script = format!(
@@ -1077,11 +1156,15 @@ fn strip_ansi(line: &str) -> String {
 fn print_plan() {
     println!("kernel tests in the guests ({}):", workspace::LAB_DIR);
     for suite in SUITES {
-        if let Place::Guest { skip } = suite.place {
-            println!("  {}: {}", suite.file, suite.why);
-            for (test, why) in skip {
-                println!("    except {test}: {why}");
+        match suite.place {
+            Place::Guest { skip } => {
+                println!("  {}: {}", suite.file, suite.why);
+                for (test, why) in skip {
+                    println!("    except {test}: {why}");
+                }
             }
+            Place::GuestOnly { .. } => println!("  {} (guests only): {}", suite.file, suite.why),
+            Place::Host => {}
         }
     }
     println!("left to the host (timing means nothing under emulation, or no kernel tests):");
@@ -1096,6 +1179,17 @@ fn print_plan() {
 fn minutes(d: Duration) -> String {
     let secs = d.as_secs();
     format!("{}m{:02}s", secs / 60, secs % 60)
+}
+
+/// The tests only the guests run ([`Place::GuestOnly`]), for the host run to skip.
+pub fn guest_only_tests() -> impl Iterator<Item = &'static str> {
+    SUITES
+        .iter()
+        .flat_map(|s| match s.place {
+            Place::GuestOnly { tests } => tests,
+            _ => &[],
+        })
+        .copied()
 }
 
 /// The series `--kernel` names.
@@ -1136,8 +1230,33 @@ mod tests {
     }
 
     #[test]
+    fn guest_only_files_list_every_test() {
+        for suite in SUITES {
+            let Place::GuestOnly { tests } = suite.place else {
+                continue;
+            };
+            let path = workspace::root().join(workspace::LAB_DIR).join(suite.file);
+            let text = fs::read_to_string(path).unwrap();
+            assert_eq!(
+                text.matches("#[test]").count(),
+                tests.len(),
+                "{}",
+                suite.file
+            );
+            for test in tests {
+                assert!(
+                    text.contains(&format!("fn {test}(")),
+                    "{}: {test}",
+                    suite.file
+                );
+            }
+        }
+        assert!(guest_only_tests().count() > 0);
+    }
+
+    #[test]
     fn package_names() {
-        let (old, new) = (&SERIES[0], &SERIES[1]);
+        let (old, new) = (series_named("6.1").unwrap(), series_named("6.12").unwrap());
         assert_eq!(
             package_rank(old, "linux-image-6.1.0-56-amd64-unsigned"),
             Some((56, true))
@@ -1154,6 +1273,15 @@ mod tests {
             Some((117, true))
         );
         assert_eq!(package_rank(new, "linux-image-6.12-amd64"), None);
+        let bullseye = series_named("5.10").unwrap();
+        assert_eq!(
+            package_rank(bullseye, "linux-image-5.10.0-46-amd64"),
+            Some((46, false))
+        );
+        assert_eq!(
+            package_rank(bullseye, "linux-image-5.10.0-46-cloud-amd64"),
+            None
+        );
         assert_eq!(
             package_rank(new, "linux-image-6.12.117+deb12-cloud-amd64"),
             None

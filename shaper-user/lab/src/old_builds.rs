@@ -27,6 +27,11 @@ pub const OLD_BUILDS: &[OldBuild] = &[
         layout: 2,
         commit: "8260bcafe0dcf273a5eb7c69ce5064c3e01335d4",
     },
+    // Pins record their layout, before the counters counted the compare-and-swap's wins.
+    OldBuild {
+        layout: 3,
+        commit: "f137e58b13345ab29c6990ae9c85e02b0c419a96",
+    },
 ];
 
 /// Where the old builds live under a target directory.

@@ -1,7 +1,7 @@
 //! The README's worked example is `examples/isp.toml`, word for word, and it is a valid
 //! configuration (host only: nothing is applied).
 
-use shaper_user::{config_file, policy::Action};
+use shaper_user::{config_file, pins::Direction, policy::Action};
 
 const EXAMPLE: &str = include_str!("../../../examples/isp.toml");
 const README: &str = include_str!("../../../README.md");
@@ -16,7 +16,7 @@ fn the_readme_shows_the_example_file_verbatim() {
 
 #[test]
 fn the_example_is_valid_and_says_what_its_comments_say() {
-    let interfaces = config_file::parse("examples/isp.toml", EXAMPLE).unwrap();
+    let interfaces = config_file::parse("examples/isp.toml", EXAMPLE, Direction::Ingress).unwrap();
     assert_eq!(interfaces.len(), 1);
     let eth1 = &interfaces[0];
     assert_eq!(eth1.rate.rate_bps(), 10_000_000);

@@ -301,6 +301,12 @@ fn an_upgrade_from_layout_2_keeps_every_cell_and_counter() {
     upgrade_keeps_every_cell_and_counter(2);
 }
 
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_upgrade_from_layout_3_keeps_every_cell_and_counter() {
+    upgrade_keeps_every_cell_and_counter(3);
+}
+
 /// Upgrades an attachment of pin layout `layout` in the middle of live traffic.
 fn traffic_through_an_upgrade(layout: u32) {
     const SECS: f64 = 4.0;
@@ -393,7 +399,7 @@ fn traffic_through_an_upgrade(layout: u32) {
     let quiet = &report.flows[3];
     assert_eq!(quiet.received_packets, quiet.sent_packets);
 
-    // The global counters (carried over for layout 1, kept in place for layout 2) balance
+    // The global counters (carried over from every older layout: they changed in each) balance
     // against every source's.
     let totals = &stats["totals"];
     let sum = |key: &str| rows.iter().map(|r| n(r, key)).sum::<u64>();
@@ -435,6 +441,12 @@ fn traffic_through_an_upgrade_from_layout_1_is_all_metered_and_never_refilled() 
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn traffic_through_an_upgrade_from_layout_2_is_all_metered_and_never_refilled() {
     traffic_through_an_upgrade(2);
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn traffic_through_an_upgrade_from_layout_3_is_all_metered_and_never_refilled() {
+    traffic_through_an_upgrade(3);
 }
 
 /// The version recorded in an attachment's `layout` map, overwritten.

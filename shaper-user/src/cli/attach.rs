@@ -1,5 +1,6 @@
 //! `shaper attach IFACE --rate RATE --burst SIZE`: hold every source on IFACE to RATE.
 
+use super::Scope;
 use anyhow::{Result, anyhow};
 use shaper_common::{
     config::RateLimit,
@@ -8,8 +9,7 @@ use shaper_common::{
 };
 use shaper_user::{
     journal,
-    loader::{self, AdmissionRequest, AttachError, AttachRequest, Attached, KeyBy},
-    pins::Attachment,
+    loader::{self, AdmissionRequest, AttachError, AttachRequest, Attached, Hook, KeyBy},
     policy::Mode,
     setting::Setting,
     system,
@@ -18,13 +18,14 @@ use shaper_user::{
 
 use super::{
     new_sources,
-    values::{KeyArg, ModeArg, XdpModeArg, flag},
+    values::{HookArg, KeyArg, ModeArg, TcModeArg, XdpModeArg, flag},
 };
 
 /// Attach shaper to IFACE, or change its rate and burst in place if already attached.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Interface to police (its received traffic, per source address).
+    /// Interface to police (what it receives, per source address; with --direction
+    /// egress, what it sends, per destination address).
     pub iface: String,
     /// Rate per source, in tc units: 10mbit, 1gbit, 500kbit, 1mbps (bytes/s), ...
     #[arg(long)]
@@ -35,12 +36,19 @@ pub struct Args {
     /// How to attach the XDP program.
     #[arg(long, value_enum, default_value_t = XdpModeArg::Auto)]
     pub xdp_mode: XdpModeArg,
+    /// Where the program runs: xdp (ingress only) or tc (either direction) [default: xdp
+    /// for ingress, tc for egress]
+    #[arg(long, value_enum)]
+    pub hook: Option<HookArg>,
+    /// How to attach the tc program.
+    #[arg(long, value_enum, default_value_t = TcModeArg::Auto)]
+    pub tc_mode: TcModeArg,
     /// Sources tracked at once per address family (least recently seen are evicted beyond
     /// this) [default: 262144]
     #[arg(long)]
     pub max_sources: Option<u32>,
     /// Which address gets a bucket: the source (senders) or the destination (receivers)
-    /// [default: src]
+    /// [default: src for ingress, dst for egress]
     #[arg(long, value_enum)]
     pub key: Option<KeyArg>,
     /// IPv4 prefix length keys are masked to: 24 gives each /24 one bucket [default: 32]
@@ -74,7 +82,7 @@ fn flagged(e: AttachError) -> anyhow::Error {
     }
 }
 
-pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
+pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     // The values first (naming the argument and the value given), then the interface.
     let rate = RateLimit::new(args.rate.bits_per_sec(), args.burst.bytes()).map_err(|e| {
         let given = match Setting::of_limit(e.field()) {
@@ -86,9 +94,11 @@ pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
     let admission = args.new_sources.admission()?;
     check_burst_fits("--burst", args.burst, &args.iface)?;
     let req = AttachRequest {
-        at: Attachment::new(&args.iface, netns),
+        at: scope.at(&args.iface),
         rate,
+        hook: args.hook.map(Hook::from),
         xdp_mode: args.xdp_mode.into(),
+        tc_mode: args.tc_mode.into(),
         max_sources: args.max_sources,
         key: args.key.map(KeyBy::from),
         prefix_v4: args.prefix_v4,
@@ -110,9 +120,12 @@ pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
     change.commit()?;
     match attached {
         Attached::New { xdp_mode } => println!(
-            "attached to {} ({} XDP{}): rate {} burst {} per {} /{} (IPv6 /{}){admitted}",
+            "attached to {} ({}{}): rate {} burst {} per {} /{} (IPv6 /{}){admitted}",
             req.at.label(),
-            loader::mode_name(xdp_mode),
+            match Hook::of_mode(xdp_mode) {
+                Hook::Xdp => format!("{} XDP", loader::mode_name(xdp_mode)),
+                Hook::Tc => format!("tc {}", loader::mode_name(xdp_mode)),
+            },
             if req.mode == Some(Mode::Monitor) {
                 ", monitor only"
             } else {
@@ -120,7 +133,7 @@ pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
             },
             args.rate,
             args.burst,
-            match req.key.unwrap_or(KeyBy::Src) {
+            match req.key.unwrap_or(loader::default_key(req.at.direction)) {
                 KeyBy::Src => "source",
                 KeyBy::Dst => "destination",
             },

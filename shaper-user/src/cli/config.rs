@@ -1,7 +1,8 @@
 //! `shaper config show IFACE`: the running configuration as a file `apply` takes back.
 
+use super::Scope;
 use anyhow::Result;
-use shaper_user::{config_file, pins::Attachment};
+use shaper_user::config_file;
 
 /// The running configuration as TOML
 #[derive(Debug, clap::Subcommand)]
@@ -15,13 +16,10 @@ pub struct ShowArgs {
     pub iface: String,
 }
 
-pub fn run(command: &Command, netns: Option<&str>) -> Result<()> {
+pub fn run(command: &Command, scope: Scope<'_>) -> Result<()> {
     match command {
         Command::Show(args) => {
-            print!(
-                "{}",
-                config_file::render(&Attachment::new(&args.iface, netns))?
-            );
+            print!("{}", config_file::render(&scope.at(&args.iface))?);
             Ok(())
         }
     }

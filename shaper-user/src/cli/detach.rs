@@ -1,7 +1,8 @@
 //! `shaper detach IFACE`: remove the program and every pin.
 
+use super::Scope;
 use anyhow::Result;
-use shaper_user::{loader, pins::Attachment, system};
+use shaper_user::{loader, system};
 
 /// Detach shaper from IFACE and remove its pins.
 #[derive(Debug, clap::Args)]
@@ -9,8 +10,8 @@ pub struct Args {
     pub iface: String,
 }
 
-pub fn run(args: &Args, netns: Option<&str>) -> Result<()> {
-    let at = Attachment::new(&args.iface, netns);
+pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
+    let at = scope.at(&args.iface);
     let _lock = system::lock()?;
     loader::detach(&at)?;
     println!("detached from {}", at.label());

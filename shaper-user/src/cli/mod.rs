@@ -2,25 +2,34 @@
 
 pub mod apply;
 pub mod attach;
+pub mod completions;
 pub mod config;
 pub mod detach;
 pub mod explain;
+pub mod man;
 pub mod new_sources;
 pub mod outcomes;
 pub mod policy;
+pub mod run;
 pub mod stats;
 pub mod status;
 pub mod values;
 
 use clap::{Parser, Subcommand};
+use shaper_user::pins::{Attachment, Direction};
+use values::DirectionArg;
 
 /// Per-source byte-rate limiting in the kernel (XDP), held with GCRA.
 #[derive(Debug, Parser)]
-#[command(name = "shaper", version, about, long_about = None)]
+#[command(name = "shaper", version)]
 pub struct Cli {
     /// Run in the named network namespace, as `ip -n NETNS` does.
     #[arg(short = 'n', long, global = true, value_name = "NETNS")]
     pub netns: Option<String>,
+    /// Which traffic of the interface: ingress (what it receives) or egress (what it
+    /// sends); each is an attachment of its own
+    #[arg(long, global = true, value_enum, default_value_t = DirectionArg::Ingress)]
+    pub direction: DirectionArg,
     /// Print JSON instead of text (status, stats).
     #[arg(short = 'j', long, global = true)]
     pub json: bool,
@@ -42,6 +51,26 @@ pub enum Command {
     /// What a rate and burst mean: bytes/s, time per byte and per frame, the burst in
     /// milliseconds, and warnings (needs no privileges, touches nothing)
     Explain(explain::Args),
+    Run(run::Args),
+    #[command(hide = true)]
+    Completions(completions::Args),
+    #[command(hide = true)]
+    Man(man::Args),
+}
+
+/// Where a command acts: the namespace (`-n`) and the direction (`--direction`) it was
+/// given.
+#[derive(Clone, Copy, Debug)]
+pub struct Scope<'a> {
+    pub netns: Option<&'a str>,
+    pub direction: Direction,
+}
+
+impl Scope<'_> {
+    /// The attachment of `iface` in this scope.
+    pub fn at(&self, iface: &str) -> Attachment {
+        Attachment::toward(iface, self.netns, self.direction)
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! `shaper policy set|del|list IFACE ...`: per-prefix policies on an attached interface.
 
+use super::Scope;
 use anyhow::{Result, bail};
 use serde::Serialize;
 use shaper_common::{config::PolicyLimits, maps::DEFAULT_SLOT};
@@ -69,17 +70,17 @@ pub struct ListArgs {
     pub iface: String,
 }
 
-pub fn run(command: &Command, netns: Option<&str>, json: bool) -> Result<()> {
+pub fn run(command: &Command, scope: Scope<'_>, json: bool) -> Result<()> {
     match command {
-        Command::Set(args) => set(args, netns),
-        Command::Del(args) => del(args, netns),
-        Command::List(args) => list(args, netns, json),
+        Command::Set(args) => set(args, scope),
+        Command::Del(args) => del(args, scope),
+        Command::List(args) => list(args, scope, json),
     }
 }
 
 /// The table of an attached interface.
-fn open(iface: &str, netns: Option<&str>) -> Result<(Attachment, PolicyTable)> {
-    let at = Attachment::new(iface, netns);
+fn open(iface: &str, scope: Scope<'_>) -> Result<(Attachment, PolicyTable)> {
+    let at = scope.at(iface);
     if !at.exists() {
         bail!("shaper is not attached to {}", at.label());
     }
@@ -89,8 +90,8 @@ fn open(iface: &str, netns: Option<&str>) -> Result<(Attachment, PolicyTable)> {
 
 /// The table of an attached interface that is still there: a policy written into the
 /// pins of a deleted interface would be in force nowhere.
-fn open_live(iface: &str, netns: Option<&str>) -> Result<(Attachment, PolicyTable)> {
-    let (at, table) = open(iface, netns)?;
+fn open_live(iface: &str, scope: Scope<'_>) -> Result<(Attachment, PolicyTable)> {
+    let (at, table) = open(iface, scope)?;
     if !loader::is_live(&at) {
         bail!("{}", loader::gone(&at));
     }
@@ -135,7 +136,7 @@ fn limits(args: &SetArgs) -> Result<PolicyLimits> {
     })
 }
 
-fn set(args: &SetArgs, netns: Option<&str>) -> Result<()> {
+fn set(args: &SetArgs, scope: Scope<'_>) -> Result<()> {
     let prefix = parse_prefix(&args.prefix)?;
     let spec = PolicySpec {
         prefix,
@@ -151,8 +152,8 @@ fn set(args: &SetArgs, netns: Option<&str>) -> Result<()> {
         check_burst_fits("--aggregate-burst", burst, &args.iface)?;
     }
     let _lock = system::lock()?;
-    upgrade::recover(&Attachment::new(&args.iface, netns))?;
-    let (at, mut table) = open_live(&args.iface, netns)?;
+    upgrade::recover(&scope.at(&args.iface))?;
+    let (at, mut table) = open_live(&args.iface, scope)?;
     let change = journal::begin("policy set", journal::Undo::of(&at)?.into_iter().collect())?;
     let changes = table.set(spec)?;
     change.commit()?;
@@ -167,11 +168,11 @@ fn set(args: &SetArgs, netns: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-fn del(args: &DelArgs, netns: Option<&str>) -> Result<()> {
+fn del(args: &DelArgs, scope: Scope<'_>) -> Result<()> {
     let prefix = parse_prefix(&args.prefix)?;
     let _lock = system::lock()?;
-    upgrade::recover(&Attachment::new(&args.iface, netns))?;
-    let (at, mut table) = open_live(&args.iface, netns)?;
+    upgrade::recover(&scope.at(&args.iface))?;
+    let (at, mut table) = open_live(&args.iface, scope)?;
     let change = journal::begin("policy del", journal::Undo::of(&at)?.into_iter().collect())?;
     table.del(prefix)?;
     change.commit()?;
@@ -262,8 +263,8 @@ fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Res
     })
 }
 
-fn list(args: &ListArgs, netns: Option<&str>, json: bool) -> Result<()> {
-    let (_, table) = open(&args.iface, netns)?;
+fn list(args: &ListArgs, scope: Scope<'_>, json: bool) -> Result<()> {
+    let (_, table) = open(&args.iface, scope)?;
     let config = table.config()?;
     let default = PolicySpec {
         prefix: parse_prefix("0.0.0.0/0")?,

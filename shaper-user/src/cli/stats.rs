@@ -1,13 +1,13 @@
 //! `shaper stats IFACE [--top N]`: global counters and the sources dropped most.
 
+use super::Scope;
 use super::outcomes::{OutcomeFields, Unadmitted};
 use anyhow::{Result, bail};
 use serde::Serialize;
-use shaper_common::maps::{Counters, SourceState};
+use shaper_common::maps::{CAS_TRIES, Counters, SourceState};
 use shaper_user::{
     loader,
     maps::{self, KeyNet},
-    pins::Attachment,
 };
 
 /// Show counters for IFACE and its top sources by dropped bytes.
@@ -37,6 +37,8 @@ struct Totals {
     unadmitted: Unadmitted,
     /// Keys given a cell.
     new_sources: u64,
+    #[serde(flatten)]
+    cas_won: CasWon,
     cas_exhausted_packets: u64,
     untracked_packets: u64,
     unconfigured_packets: u64,
@@ -58,9 +60,30 @@ impl From<Counters> for Totals {
             malformed_bytes: c.malformed_bytes,
             unadmitted: (&c.unadmitted).into(),
             new_sources: c.new_sources,
+            cas_won: CasWon::from(c.cas_won),
             cas_exhausted_packets: c.cas_exhausted,
             untracked_packets: c.untracked_packets,
             unconfigured_packets: c.unconfigured_packets,
+        }
+    }
+}
+
+/// Charges the compare-and-swap published, by the try that won.
+#[derive(Debug, Serialize)]
+struct CasWon {
+    cas_won_first_try: u64,
+    cas_won_after_1_retry: u64,
+    cas_won_after_2_retries: u64,
+    cas_won_after_3_retries: u64,
+}
+
+impl From<[u64; CAS_TRIES]> for CasWon {
+    fn from([first, one, two, three]: [u64; CAS_TRIES]) -> Self {
+        Self {
+            cas_won_first_try: first,
+            cas_won_after_1_retry: one,
+            cas_won_after_2_retries: two,
+            cas_won_after_3_retries: three,
         }
     }
 }
@@ -102,8 +125,35 @@ fn top(mut sources: Vec<(KeyNet, SourceState)>, n: usize) -> Vec<Source> {
         .collect()
 }
 
-pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
-    let at = Attachment::new(&args.iface, netns);
+/// The `n` keys dropped most on `iface`, as the JSON `stats -j` shows them (`/top` of
+/// `shaper run`'s metrics server).
+pub fn top_json(iface: &str, scope: Scope<'_>, n: usize) -> Result<String> {
+    #[derive(Serialize)]
+    struct Top {
+        interface: String,
+        netns: Option<String>,
+        key: &'static str,
+        sources_tracked: usize,
+        top_sources: Vec<Source>,
+    }
+    let at = scope.at(iface);
+    if !at.exists() {
+        bail!("shaper is not attached to {}", at.label());
+    }
+    let config = maps::read_config(&at)?;
+    let sources = maps::read_all_keys(&at, &config)?;
+    let top = Top {
+        interface: at.iface.clone(),
+        netns: at.netns.clone(),
+        key: loader::key_name(config.key_by),
+        sources_tracked: sources.len(),
+        top_sources: top(sources, n),
+    };
+    Ok(serde_json::to_string_pretty(&top)?)
+}
+
+pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
+    let at = scope.at(&args.iface);
     if !at.exists() {
         bail!("shaper is not attached to {}", at.label());
     }
@@ -172,8 +222,17 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
         println!("  {what:<12} {packets:>10} pkts {bytes:>16} bytes");
     }
     println!(
-        "  sources {} tracked, {} created; cas exhausted {}, untracked {}",
-        stats.sources_tracked, t.new_sources, t.cas_exhausted_packets, t.untracked_packets
+        "  sources {} tracked, {} created; untracked {}",
+        stats.sources_tracked, t.new_sources, t.untracked_packets
+    );
+    let w = &t.cas_won;
+    println!(
+        "  cas won    {} first try, {} after 1 retry, {} after 2, {} after 3; exhausted {}",
+        w.cas_won_first_try,
+        w.cas_won_after_1_retry,
+        w.cas_won_after_2_retries,
+        w.cas_won_after_3_retries,
+        t.cas_exhausted_packets
     );
     if !stats.top_sources.is_empty() {
         println!(

@@ -1,5 +1,6 @@
 //! `shaper status [IFACE]`: what is attached where, and how.
 
+use super::Scope;
 use anyhow::Result;
 
 use super::new_sources;
@@ -23,6 +24,11 @@ pub struct Args {
 struct Row {
     interface: String,
     netns: Option<String>,
+    /// `ingress` or `egress`.
+    direction: &'static str,
+    /// `xdp` or `tc`.
+    hook: &'static str,
+    /// How it is attached: `native` or `skb` (XDP), `tcx` or `clsact` (tc).
     xdp_mode: &'static str,
     /// False once the interface is gone: the pins hold nothing until `detach` removes them.
     interface_present: bool,
@@ -57,6 +63,8 @@ fn row(at: &Attachment) -> Result<Row> {
     Ok(Row {
         interface: at.iface.clone(),
         netns: at.netns.clone(),
+        direction: at.direction.name(),
+        hook: loader::Hook::of_mode(config.xdp_mode).name(),
         xdp_mode: loader::mode_name(config.xdp_mode),
         interface_present: loader::is_live(at),
         rate_bits_per_sec: config.rate_bps,
@@ -76,10 +84,10 @@ fn row(at: &Attachment) -> Result<Row> {
     })
 }
 
-pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
+pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
     let attachments = match &args.iface {
         Some(iface) => {
-            let at = Attachment::new(iface, netns);
+            let at = scope.at(iface);
             if !at.exists() {
                 anyhow::bail!("shaper is not attached to {}", at.label());
             }
@@ -95,11 +103,7 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
     if rows.is_empty() {
         println!("shaper is not attached anywhere");
     }
-    for r in &rows {
-        let at = Attachment {
-            iface: r.interface.clone(),
-            netns: r.netns.clone(),
-        };
+    for (at, r) in attachments.iter().zip(&rows) {
         let gone = if r.interface_present {
             ""
         } else {
@@ -113,8 +117,9 @@ pub fn run(args: &Args, netns: Option<&str>, json: bool) -> Result<()> {
             ""
         };
         println!(
-            "{}: xdp {} rate {} burst {} per {} /{} (IPv6 /{}), sources {}/{} IPv4 {}/{} IPv6, new sources {}, pin layout {}{gone}{older}",
+            "{}: {} {} rate {} burst {} per {} /{} (IPv6 /{}), sources {}/{} IPv4 {}/{} IPv6, new sources {}, pin layout {}{gone}{older}",
             at.label(),
+            r.hook,
             r.xdp_mode,
             Rate::from_bps(r.rate_bits_per_sec),
             Size::from_bytes(r.burst_bytes),

@@ -2,9 +2,11 @@
 //! settings (flags).
 
 use shaper_user::{
-    loader::{KeyBy, XdpAttachMode},
+    loader::{Hook, KeyBy, XdpAttachMode},
+    pins::Direction,
     policy::{Action, Mode},
     setting::Setting,
+    tc::TcAttachMode,
 };
 
 /// How to attach the XDP program.
@@ -24,6 +26,63 @@ impl From<XdpModeArg> for XdpAttachMode {
             XdpModeArg::Auto => Self::Auto,
             XdpModeArg::Native => Self::Native,
             XdpModeArg::Skb => Self::Skb,
+        }
+    }
+}
+
+/// Which traffic of an interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DirectionArg {
+    /// What it receives.
+    Ingress,
+    /// What it sends.
+    Egress,
+}
+
+impl From<DirectionArg> for Direction {
+    fn from(d: DirectionArg) -> Self {
+        match d {
+            DirectionArg::Ingress => Self::Ingress,
+            DirectionArg::Egress => Self::Egress,
+        }
+    }
+}
+
+/// Where the program runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HookArg {
+    /// XDP, before the network stack: ingress only.
+    Xdp,
+    /// tc, on socket buffers: either direction (after GRO on ingress).
+    Tc,
+}
+
+impl From<HookArg> for Hook {
+    fn from(h: HookArg) -> Self {
+        match h {
+            HookArg::Xdp => Self::Xdp,
+            HookArg::Tc => Self::Tc,
+        }
+    }
+}
+
+/// How to attach the tc program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TcModeArg {
+    /// TCX where the kernel has it (6.6 and later), clsact otherwise.
+    Auto,
+    /// A TCX link (kernel 6.6 and later).
+    Tcx,
+    /// A cls_bpf filter on the clsact qdisc (added if absent, removed on detach if added).
+    Clsact,
+}
+
+impl From<TcModeArg> for TcAttachMode {
+    fn from(m: TcModeArg) -> Self {
+        match m {
+            TcModeArg::Auto => Self::Auto,
+            TcModeArg::Tcx => Self::Tcx,
+            TcModeArg::Clsact => Self::Clsact,
         }
     }
 }

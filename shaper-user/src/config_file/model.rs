@@ -11,8 +11,10 @@ use shaper_common::{
 use toml::Spanned;
 
 use crate::{
-    loader::{KeyBy, XdpAttachMode},
+    loader::{Hook, KeyBy, XdpAttachMode},
+    pins::Direction,
     policy::{Action, Mode, PolicyError, PolicySpec, PolicyTable, parse_prefix},
+    tc::TcAttachMode,
     units::{Rate, Size},
 };
 
@@ -31,6 +33,11 @@ pub struct FileError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredInterface {
     pub name: String,
+    /// Which of the interface's traffic: each direction is an attachment of its own.
+    pub direction: Direction,
+    /// `None`: by direction (XDP for ingress, tc for egress).
+    pub hook: Option<Hook>,
+    pub tc_mode: TcAttachMode,
     /// The default policy's rate and burst per source.
     pub rate: RateLimit,
     pub mode: Mode,
@@ -44,6 +51,16 @@ pub struct DesiredInterface {
     pub policies: Vec<PolicySpec>,
 }
 
+impl DesiredInterface {
+    /// `eth0`, or `eth0 egress`.
+    pub fn label(&self) -> String {
+        match self.direction {
+            Direction::Ingress => self.name.clone(),
+            Direction::Egress => format!("{} egress", self.name),
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileModel {
@@ -55,6 +72,12 @@ struct FileModel {
 #[serde(deny_unknown_fields)]
 struct InterfaceModel {
     name: Spanned<String>,
+    #[serde(default)]
+    direction: Option<Direction>,
+    #[serde(default)]
+    hook: Option<HookName>,
+    #[serde(default)]
+    tc_mode: Option<TcModeName>,
     rate: Spanned<String>,
     burst: Spanned<String>,
     #[serde(default)]
@@ -132,6 +155,21 @@ enum XdpModeName {
 
 #[derive(Clone, Copy, Deserialize)]
 #[serde(rename_all = "lowercase")]
+enum HookName {
+    Xdp,
+    Tc,
+}
+
+#[derive(Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum TcModeName {
+    Auto,
+    Tcx,
+    Clsact,
+}
+
+#[derive(Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
 enum ActionName {
     Limit,
     Pass,
@@ -203,8 +241,13 @@ impl Source<'_> {
     }
 }
 
-/// Reads the file text `text` (named `file` in errors) into the interfaces it wants.
-pub fn parse(file: &str, text: &str) -> Result<Vec<DesiredInterface>, FileError> {
+/// Reads the file text `text` (named `file` in errors) into the interfaces it wants; an
+/// interface that names no direction is for `direction`.
+pub fn parse(
+    file: &str,
+    text: &str,
+    direction: Direction,
+) -> Result<Vec<DesiredInterface>, FileError> {
     let src = Source { file, text };
     let model: FileModel = toml::from_str(text).map_err(|e| src.parse_error(&e))?;
     if model.interfaces.is_empty() {
@@ -214,11 +257,18 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<DesiredInterface>, FileError>
     for (i, m) in model.interfaces.into_iter().enumerate() {
         let here = format!("interface[{i}]");
         let name = m.name.get_ref().clone();
-        if out.iter().any(|d| d.name == name) {
+        let direction = m.direction.unwrap_or(direction);
+        if out
+            .iter()
+            .any(|d| d.name == name && d.direction == direction)
+        {
             return Err(src.error(
                 m.name.span(),
                 format!("{here}.name"),
-                format!("interface '{name}' is listed twice"),
+                format!(
+                    "interface '{name}' is listed twice for {}",
+                    direction.name()
+                ),
             ));
         }
         let rate = RateLimit::new(
@@ -279,6 +329,16 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<DesiredInterface>, FileError>
         })?;
         out.push(DesiredInterface {
             name,
+            direction,
+            hook: m.hook.map(|h| match h {
+                HookName::Xdp => Hook::Xdp,
+                HookName::Tc => Hook::Tc,
+            }),
+            tc_mode: match m.tc_mode {
+                None | Some(TcModeName::Auto) => TcAttachMode::Auto,
+                Some(TcModeName::Tcx) => TcAttachMode::Tcx,
+                Some(TcModeName::Clsact) => TcAttachMode::Clsact,
+            },
             rate,
             mode: m.mode.map_or(Mode::Enforce, Mode::from),
             key: m.key.map(|k| match k {
@@ -511,7 +571,7 @@ new_sources_burst = 200000
 
     #[test]
     fn a_good_file_reads_into_interfaces_and_policies() {
-        let got = parse("isp.toml", GOOD).unwrap();
+        let got = parse("isp.toml", GOOD, Direction::Ingress).unwrap();
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].name, "eth0");
         assert_eq!(got[0].rate.rate_bps(), 10_000_000);
@@ -533,7 +593,7 @@ new_sources_burst = 200000
             "new_sources = \"unlimited\"",
         );
         assert_eq!(
-            parse("isp.toml", &unlimited).unwrap()[1].admission,
+            parse("isp.toml", &unlimited, Direction::Ingress).unwrap()[1].admission,
             Some(Admission::default())
         );
         assert_eq!(got[0].policies[0].limits.aggregate_burst_bytes, 131_072);
@@ -546,7 +606,9 @@ new_sources_burst = 200000
     }
 
     fn error_of(text: &str) -> String {
-        parse("isp.toml", text).unwrap_err().to_string()
+        parse("isp.toml", text, Direction::Ingress)
+            .unwrap_err()
+            .to_string()
     }
 
     /// The line of `text` that contains `needle` (the first such), counted from 1.
@@ -619,9 +681,28 @@ new_sources_burst = 200000
         assert_eq!(
             error_of(&twice),
             format!(
-                "isp.toml:{}: interface[1].name: interface 'eth0' is listed twice",
+                "isp.toml:{}: interface[1].name: interface 'eth0' is listed twice for ingress",
                 nth_line(&twice, "name = \"eth0\"", 1)
             )
+        );
+        // Each direction is an attachment of its own: the same name once for each is fine.
+        let both = GOOD.replace(
+            "name = \"eth1\"",
+            "name = \"eth0\"\ndirection = \"egress\"\nhook = \"tc\"\ntc_mode = \"clsact\"",
+        );
+        let got = parse("isp.toml", &both, Direction::Ingress).unwrap();
+        assert_eq!(
+            got.iter()
+                .map(|d| (d.label(), d.hook, d.tc_mode))
+                .collect::<Vec<_>>(),
+            [
+                ("eth0".to_owned(), None, TcAttachMode::Auto),
+                (
+                    "eth0 egress".to_owned(),
+                    Some(Hook::Tc),
+                    TcAttachMode::Clsact
+                )
+            ]
         );
         let zero = GOOD.replace("new_sources = 200\n", "new_sources = 0\n");
         assert_eq!(

@@ -4,9 +4,9 @@ use serde::Serialize;
 
 use super::model::KeysPerSec;
 use crate::{
-    loader::{self, KeyBy},
+    loader::{self, Hook, KeyBy},
     maps,
-    pins::Attachment,
+    pins::{Attachment, Direction},
     policy::{Action, Mode, PolicyError, PolicySpec, PolicyTable},
     units::{Rate, Size},
 };
@@ -19,13 +19,21 @@ struct FileOut {
 #[derive(Serialize)]
 struct InterfaceOut {
     name: String,
+    /// Ingress, XDP: left out, as a file written before directions existed has them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    direction: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hook: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tc_mode: Option<&'static str>,
     rate: String,
     burst: String,
     mode: &'static str,
     key: &'static str,
     prefix_v4: u32,
     prefix_v6: u32,
-    xdp_mode: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    xdp_mode: Option<&'static str>,
     max_sources: u32,
     new_sources: KeysPerSec,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -95,16 +103,22 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
         KeyBy::Src
     };
     let a = config.admission;
+    let tc = Hook::of_mode(config.xdp_mode) == Hook::Tc;
+    let mode = loader::mode_name(config.xdp_mode);
     let out = FileOut {
         interface: vec![InterfaceOut {
             name: at.iface.clone(),
+            direction: (at.direction != Direction::Ingress).then_some(at.direction.name()),
+            // Egress is always tc: the hook is named only where it is a choice.
+            hook: (tc && at.direction == Direction::Ingress).then_some(Hook::Tc.name()),
+            tc_mode: tc.then_some(mode),
             rate: Rate::from_bps(config.rate_bps).to_string(),
             burst: Size::from_bytes(config.burst_bytes).to_string(),
             mode: Mode::from_value(config.mode).name(),
             key: key.name(),
             prefix_v4: config.prefix_v4,
             prefix_v6: config.prefix_v6,
-            xdp_mode: loader::mode_name(config.xdp_mode),
+            xdp_mode: (!tc).then_some(mode),
             max_sources: maps::sources_capacity(at)?,
             new_sources: if a.limited() {
                 KeysPerSec::Keys(a.new_sources)

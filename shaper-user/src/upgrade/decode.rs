@@ -1,7 +1,7 @@
 //! Reading the settings and counters of pins of any known layout as today's types.
 //!
 //! A map whose layout is today's is read as it is; one that changed since is read with the
-//! frozen types of its layout (`layout1`) and carried into today's. A layout with no
+//! frozen types of its layout (`layout1`, `layout3`) and carried into today's. A layout with no
 //! decoder for a changed map cannot be upgraded from, and says so.
 
 use std::{collections::BTreeMap, path::Path};
@@ -19,7 +19,7 @@ use shaper_common::{
     },
 };
 
-use super::layout1;
+use super::{layout1, layout3};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
@@ -148,6 +148,8 @@ pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts
         per_cpu_sums(&path, &global, |c: &Counters| *c)?
     } else if l.version == 1 {
         per_cpu_sums(&path, &global, layout1::Counters1::current)?
+    } else if matches!(l.version, 2 | 3) {
+        per_cpu_sums(&path, &global, layout3::Counters3::current)?
     } else {
         return Err(no_decoder(PIN_COUNTERS, l));
     }
@@ -170,15 +172,17 @@ pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts
         .collect();
     // What upgrades before carried, in the layouts that have it.
     if l.map(PIN_COUNTERS_CARRIED).is_some() {
-        if !as_today(l, PIN_COUNTERS_CARRIED) {
-            return Err(no_decoder(PIN_COUNTERS_CARRIED, l));
-        }
         let path = dir.join(PIN_COUNTERS_CARRIED);
-        counters.add(
-            &array::<Counters>(&path)?
+        let carried = if as_today(l, PIN_COUNTERS_CARRIED) {
+            array::<Counters>(&path)?.get(&0, 0)
+        } else if l.version == 3 {
+            array::<layout3::Counters3>(&path)?
                 .get(&0, 0)
-                .map_err(read_err(&path))?,
-        );
+                .map(|c| c.current())
+        } else {
+            return Err(no_decoder(PIN_COUNTERS_CARRIED, l));
+        };
+        counters.add(&carried.map_err(read_err(&path))?);
     }
     if l.map(PIN_POLICY_STATS_CARRIED).is_some() {
         if !as_today(l, PIN_POLICY_STATS_CARRIED) {

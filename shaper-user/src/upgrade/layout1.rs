@@ -6,7 +6,7 @@
 
 use shaper_common::{
     gcra::Limit,
-    maps::{Admission, Config, Counters, Outcomes, Policy, PolicyStats},
+    maps::{Admission, CAS_TRIES, Config, Counters, Outcomes, Policy, PolicyStats},
 };
 
 /// `SHAPER_CONFIG`'s value (88 bytes).
@@ -195,6 +195,7 @@ impl Counters1 {
             malformed_bytes: self.malformed_bytes,
             new_sources: self.new_sources,
             cas_exhausted: self.cas_exhausted,
+            cas_won: [0; CAS_TRIES],
             untracked_packets: self.untracked_packets,
             unconfigured_packets: self.unconfigured_packets,
         }

@@ -30,6 +30,13 @@
 //!    there in step 2, so the counters never read low meanwhile.
 //! 6. **Clean up.** `upgrade_prog` is unpinned, then the old pins are removed.
 //!
+//! The egress pins of an interface are a directory inside its ingress pins, so the swap
+//! of an ingress upgrade carries them to the staging directory; they are moved back
+//! first thing in step 6 (and by the recovery of either direction, if killed between).
+//!
+//! A tc attachment through TCX is upgraded the same way (its link is a bpf_link); one
+//! through clsact has no link to update and is refused in one line.
+//!
 //! Killed at any point, the host holds the old attachment whole (before step 3: the next
 //! command removes `IFACE:new`) or the new one whole (after it: `upgrade_prog` in `IFACE`
 //! says so, and the next `attach`, `policy set|del` or `apply` finishes steps 4 to 6 from
@@ -38,6 +45,7 @@
 
 mod decode;
 mod layout1;
+mod layout3;
 mod pinned;
 
 use std::{
@@ -71,7 +79,7 @@ pub use pinned::{LayoutError, identify};
 
 use crate::{
     bpf,
-    loader::{self, AttachError, AttachRequest, Attached},
+    loader::{self, AttachError, AttachRequest, Attached, Hook},
     pins::{self, Attachment},
     units::{Rate, Size},
 };
@@ -102,6 +110,10 @@ pub enum UpgradeError {
         from: u32,
         pin: &'static str,
     },
+    #[error(
+        "cannot upgrade {label} in place: it is attached with clsact, which has no link to switch to the new program; detach and attach again (which refills every source's bucket)"
+    )]
+    Clsact { label: String },
     #[error("an upgrade of {label} was interrupted: `{command}` finishes it")]
     Interrupted { label: String, command: String },
     #[error(transparent)]
@@ -154,8 +166,9 @@ fn attach_command(at: &Attachment, config: &Config) -> String {
         .as_ref()
         .map_or(String::new(), |ns| format!("-n {ns} "));
     format!(
-        "shaper {netns}attach {} --rate {} --burst {}",
+        "shaper {netns}attach {}{} --rate {} --burst {}",
         at.iface,
+        at.direction_flag(),
         Rate::from_bps(config.rate_bps),
         Size::from_bytes(config.burst_bytes)
     )
@@ -190,6 +203,7 @@ pub fn interrupted(at: &Attachment) -> bool {
 /// Finishes an upgrade of `at` that was killed after it swapped the pins, or removes what
 /// one killed before left. The caller holds the host lock.
 pub fn recover(at: &Attachment) -> Result<(), UpgradeError> {
+    egress_home(at)?;
     if interrupted(at) {
         return finish(at);
     }
@@ -256,6 +270,9 @@ pub fn upgrade(req: &AttachRequest, from: &'static Layout) -> Result<Attached, A
         }
         .into());
     }
+    if at.tc_prog().exists() {
+        return Err(UpgradeError::Clsact { label: at.label() }.into());
+    }
     let plan = plan(at, from)?;
     let staging = at.staging();
     if let Err(e) = stage(at, from, &settings, &plan, cap) {
@@ -311,10 +328,17 @@ fn stage(
         let counts = read_counts(&dir, from, settings).map_err(decode_err(at))?;
         write_carried(at, &mut ebpf, &counts, &fresh)?;
     }
-    let prog =
-        loader::xdp_program(&mut ebpf, PROG_XDP).map_err(step(at, "load the new program"))?;
-    prog.pin(staging.join(PIN_UPGRADE_PROG))
-        .map_err(step(at, "pin the new program"))?;
+    let upgrade_prog = staging.join(PIN_UPGRADE_PROG);
+    if Hook::of_mode(settings.config.xdp_mode) == Hook::Tc {
+        loader::tc_program(&mut ebpf)
+            .map_err(step(at, "load the new program"))?
+            .pin(upgrade_prog)
+    } else {
+        loader::xdp_program(&mut ebpf, PROG_XDP)
+            .map_err(step(at, "load the new program"))?
+            .pin(upgrade_prog)
+    }
+    .map_err(step(at, "pin the new program"))?;
     let link = bpf::obj_get(&at.link()).map_err(step(at, "open the pinned link"))?;
     bpf::obj_pin(link.as_fd(), &staging.join(PIN_LINK)).map_err(step(at, "pin the link again"))
 }
@@ -439,6 +463,7 @@ fn exchange(a: &Path, b: &Path) -> io::Result<()> {
 /// Steps 4 to 6 (see the module docs), from what is pinned: `at` holds the new pins and
 /// `upgrade_prog`, its staging directory the old pins.
 fn finish(at: &Attachment) -> Result<(), UpgradeError> {
+    egress_home(at)?;
     let link = bpf::obj_get(&at.link()).map_err(step(at, "open the pinned link"))?;
     let new_prog =
         bpf::obj_get(&at.upgrade_prog()).map_err(step(at, "open the new program's pin"))?;
@@ -455,6 +480,17 @@ fn finish(at: &Attachment) -> Result<(), UpgradeError> {
     carry(at)?;
     std::fs::remove_file(at.upgrade_prog()).map_err(step(at, "unpin the new program"))?;
     pins::remove_dir_of_pins(&at.staging()).map_err(step(at, "remove the old pins"))
+}
+
+/// Moves the interface's egress pins back where they belong if an ingress upgrade's
+/// swap carried them to its staging directory (see the module docs).
+fn egress_home(at: &Attachment) -> Result<(), UpgradeError> {
+    match at.egress_in_staging() {
+        Some((moved, home)) => {
+            std::fs::rename(moved, home).map_err(step(at, "move the egress pins back"))
+        }
+        None => Ok(()),
+    }
 }
 
 /// Step 5: what the old counters counted, into the carried maps of those that were made
@@ -590,16 +626,32 @@ mod tests {
                 PIN_SOURCES6
             ]
         );
-        // Layout 2 lacks only the version and the carried counts.
-        let mut all_but: Vec<&str> = layout::current()
-            .maps
-            .iter()
-            .map(|m| m.pin)
-            .filter(|p| ![PIN_LAYOUT, PIN_COUNTERS_CARRIED, PIN_POLICY_STATS_CARRIED].contains(p))
-            .collect();
-        all_but.sort_unstable();
-        assert_eq!(reused(2), all_but);
+        let all_but = |not: &[&str]| {
+            let mut pins: Vec<&str> = layout::current()
+                .maps
+                .iter()
+                .map(|m| m.pin)
+                .filter(|p| !not.contains(p))
+                .collect();
+            pins.sort_unstable();
+            pins
+        };
+        // Layout 2 lacks the version and the carried counts; its counters changed since.
+        assert_eq!(
+            reused(2),
+            all_but(&[
+                PIN_LAYOUT,
+                PIN_COUNTERS,
+                PIN_COUNTERS_CARRIED,
+                PIN_POLICY_STATS_CARRIED
+            ])
+        );
         assert!(reused(2).contains(&PIN_ADMISSION));
+        // Layout 3's counters (and so what carries them) changed; the policies' did not.
+        assert_eq!(
+            reused(3),
+            all_but(&[PIN_LAYOUT, PIN_COUNTERS, PIN_COUNTERS_CARRIED])
+        );
         // The version is always written anew.
         assert!(!reused(LAYOUT_VERSION).contains(&PIN_LAYOUT));
     }

@@ -25,7 +25,9 @@
 //! the [`Lab`] deletes the namespaces, which deletes the veth pairs with them.
 
 pub mod ns;
+mod queues;
 pub mod raw;
+pub mod tcp;
 pub mod traffic;
 
 use std::{
@@ -56,6 +58,10 @@ pub struct LabOptions {
     pub routed: bool,
     /// IPv6 addresses too: one per source ([`Lab::sources6`]) and [`RX_ADDR6`].
     pub ipv6: bool,
+    /// A veth with a queue pair per online CPU, each CPU sending on its own queue (XPS),
+    /// so that frames sent on a CPU are received, and run through XDP, on that CPU (a
+    /// veth receive queue's NAPI runs where its sender scheduled it). Not routed.
+    pub queue_per_cpu: bool,
 }
 /// Host part of the first source address; sources are .11, .12, ...
 const FIRST_SOURCE_HOST: u8 = 11;
@@ -164,8 +170,8 @@ impl Lab {
             "a lab has 1..={MAX_SOURCES} sources, not {sources}"
         );
         ensure!(
-            !(options.routed && options.ipv6),
-            "a routed lab is IPv4 only"
+            !(options.routed && (options.ipv6 || options.queue_per_cpu)),
+            "a routed lab is IPv4 only, with a queue per veth"
         );
         let names = Names::new(tag)?;
         // From here on every created namespace is owned by a Netns, so an error (or panic)
@@ -205,16 +211,24 @@ impl Lab {
                 Vec::new()
             },
         };
+        let queues = if options.queue_per_cpu {
+            crate::bench::lru::online_cpus()
+        } else {
+            1
+        };
         let set_up = match &lab.router {
-            None => lab.set_up(),
+            None => lab.set_up(queues),
             Some(router) => lab.set_up_routed(router),
         };
         set_up.with_context(|| format!("cannot set up lab {}/{}", lab.tx_ns(), lab.rx_ns()))?;
         Ok(lab)
     }
 
-    fn set_up(&self) -> Result<()> {
-        self.create_veth()?;
+    fn set_up(&self, queues: usize) -> Result<()> {
+        veth_pair(&self.tx, &self.tx_iface, &self.rx, &self.rx_iface, queues)?;
+        if queues > 1 {
+            queues::send_on_own_queue(&self.tx, &self.tx_iface, queues)?;
+        }
         self.add_addresses()?;
         for (ns, iface) in [(&self.tx, &self.tx_iface), (&self.rx, &self.rx_iface)] {
             ns.ip(&["link", "set", "dev", "lo", "up"])?;
@@ -259,8 +273,8 @@ impl Lab {
     fn set_up_routed(&self, router: &Router) -> Result<()> {
         let rt = &router.ns;
         let (rin, rout) = (router.in_iface.as_str(), router.out_iface.as_str());
-        veth_pair(&self.tx, &self.tx_iface, rt, rin)?;
-        veth_pair(rt, rout, &self.rx, &self.rx_iface)?;
+        veth_pair(&self.tx, &self.tx_iface, rt, rin, 1)?;
+        veth_pair(rt, rout, &self.rx, &self.rx_iface, 1)?;
         self.add_source_addresses()?;
         rt.ip(&[
             "addr",
@@ -327,11 +341,6 @@ impl Lab {
             self.rx_addr
         ));
         rt.ip_batch(&lines)
-    }
-
-    /// Creates the pair in tx and moves its peer straight into rx.
-    fn create_veth(&self) -> Result<()> {
-        veth_pair(&self.tx, &self.tx_iface, &self.rx, &self.rx_iface)
     }
 
     fn add_addresses(&self) -> Result<()> {
@@ -480,20 +489,17 @@ impl Lab {
     }
 }
 
-/// A veth pair: `a_iface` in `a`, its peer `b_iface` moved straight into `b`.
-fn veth_pair(a: &Netns, a_iface: &str, b: &Netns, b_iface: &str) -> Result<()> {
-    a.ip(&[
-        "link",
-        "add",
-        a_iface,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        b_iface,
-        "netns",
-        b.name(),
-    ])?;
+/// A veth pair: `a_iface` in `a`, its peer `b_iface` moved straight into `b`, each end
+/// with `queues` transmit and receive queues.
+fn veth_pair(a: &Netns, a_iface: &str, b: &Netns, b_iface: &str, queues: usize) -> Result<()> {
+    let q = queues.to_string();
+    let q = ["numtxqueues", &q, "numrxqueues", &q];
+    let mut args = vec!["link", "add", a_iface];
+    args.extend(q);
+    args.extend(["type", "veth", "peer", "name", b_iface]);
+    args.extend(q);
+    args.extend(["netns", b.name()]);
+    a.ip(&args)?;
     for (ns, iface) in [(a, a_iface), (b, b_iface)] {
         // No IPv6 link-local address means no DAD, router or MLD packets to confuse the
         // counts. Best effort: it fails only where IPv6 is off, which is just as quiet.

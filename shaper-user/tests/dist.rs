@@ -1,0 +1,120 @@
+//! The files the package installs beside the binary (`dist/`): the systemd unit passes
+//! `systemd-analyze verify` and holds a low exposure in `systemd-analyze security`, and
+//! the example configuration is valid. Host only: nothing is started.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+const UNIT: &str = include_str!("../dist/shaper.service");
+const CONFIG: &str = include_str!("../dist/shaper.toml");
+/// Where the package puts the binary; the tests point the unit at the one just built.
+const INSTALLED_BIN: &str = "/usr/sbin/shaper";
+
+/// A scratch directory holding the unit (run from the built binary) and shaper's manual
+/// pages (which the unit's `Documentation=` names, and verify looks up with man).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("shaper-dist-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("man/man8")).unwrap();
+        let unit = UNIT.replace(INSTALLED_BIN, env!("CARGO_BIN_EXE_shaper"));
+        std::fs::write(dir.join("shaper.service"), unit).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_shaper"))
+            .args(["man", "--dir"])
+            .arg(dir.join("man/man8"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "shaper man: {out:?}");
+        Scratch(dir)
+    }
+
+    fn unit(&self) -> PathBuf {
+        self.0.join("shaper.service")
+    }
+
+    fn analyze(&self, args: &[&str]) -> std::process::Output {
+        Command::new("systemd-analyze")
+            .args(args)
+            .arg(self.unit())
+            .env("MANPATH", self.0.join("man"))
+            .output()
+            .expect("systemd-analyze (Debian's systemd package; cargo xtask setup installs it)")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn the_unit_verifies() {
+    let scratch = Scratch::new("verify");
+    let out = scratch.analyze(&["verify"]);
+    assert!(
+        out.status.success() && text(&out).trim().is_empty(),
+        "systemd-analyze verify: {}",
+        text(&out)
+    );
+}
+
+/// Exposure (0 safest, 10 unprotected) at most 2.5: the unit keeps the capabilities to
+/// load and attach programs and nothing else it can drop.
+#[test]
+fn the_unit_is_hardened() {
+    let scratch = Scratch::new("security");
+    let out = scratch.analyze(&["security", "--offline=true", "--threshold=25"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = text(&out);
+    for granted in ["CAP_BPF", "CAP_NET_ADMIN"] {
+        assert!(report.contains(granted), "{report}");
+    }
+    for kept_out in ["CAP_SYS_ADMIN", "CAP_SYS_MODULE", "CAP_SYS_PTRACE"] {
+        let line = report
+            .lines()
+            .find(|l| l.contains(&format!("CapabilityBoundingSet=~{kept_out}")))
+            .unwrap_or_else(|| panic!("no {kept_out} line in {report}"));
+        assert!(line.starts_with('✓'), "{line}");
+    }
+}
+
+#[test]
+fn the_unit_grants_what_check_privileges_asks_for() {
+    for key in ["CapabilityBoundingSet=", "AmbientCapabilities="] {
+        let line = UNIT.lines().find(|l| l.starts_with(key)).unwrap();
+        for cap in ["CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN"] {
+            assert!(line.contains(cap), "{line}");
+        }
+    }
+}
+
+#[test]
+fn the_example_configuration_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("dist/shaper.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_shaper"))
+        .args(["apply", "--check", "-f"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let interfaces = shaper_user::config_file::parse(
+        "shaper.toml",
+        CONFIG,
+        shaper_user::pins::Direction::Ingress,
+    )
+    .unwrap();
+    assert_eq!(interfaces.len(), 1);
+}
