@@ -225,7 +225,8 @@ fn too_fast(rate_bps: u64, frame: u32, n: usize) -> Option<String> {
     let pps = (OVERLOAD * rate_bps) as f64 / 8.0 / f64::from(frame) * n as f64;
     (pps > GENERATOR_MAX_PPS).then(|| {
         format!(
-            "{} with {frame}-byte frames and {n} source(s): 2× the limit is {:.0} kpps in all,              the generator reaches about 300 kpps here, so no limiter could be offered 1.5×",
+            "{} with {frame}-byte frames and {n} source(s): 2× the limit is {:.0} kpps in all, \
+             the generator reaches about 300 kpps here, so no limiter could be offered 1.5×",
             fmt_rate(rate_bps),
             pps / 1e3
         )

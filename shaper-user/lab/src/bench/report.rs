@@ -692,31 +692,32 @@ fn accuracy_markdown(w: &mut String, acc: &AccuracyResults, plots: &[String]) {
         }
         let find = |late: &str| acc.late.iter().find(|r| r.late == late);
         if let (Some(c), Some(k)) = (find("catch-up"), find("skip")) {
+            let same = (c.shaper_loss_pct - c.exact_policer_loss_pct).abs() <= 5.0;
             let _ = writeln!(
                 w,
                 "\nWith catch-up, shaper lost {:.1}% of what was sent and an exact policer on the \
-                 same send times {:.1}%: a late sender's clump of overdue frames is a burst \
-                 far above the {} bytes allowed (the worst source would need {:.2} MiB), so \
-                 the frames are over the limit as sent, and dropping them is what a policer \
-                 must do. {} With skip, the same sources under the same limit lost {:.1}% \
-                 through shaper ({:.1}% for the exact policer). So the 60–68% loss of sources \
-                 under their limit in earlier runs (100 Mbit/s, 64 sources) came from the \
-                 traffic generator's catch-up clumps, not from shaper and not from the lab; \
-                 the accuracy sweep no longer runs configurations whose load the generator \
-                 cannot keep up with.",
+                 same send times {:.1}%; the worst source's clumps of overdue frames would need \
+                 a {:.2} MiB burst to pass whole, against the {} bytes allowed. With skip, \
+                 shaper lost {:.1}% ({:.1}% for the exact policer). {} How much is lost depends \
+                 on how far the senders fall behind: in this run they reached {:.1} Mbit/s per \
+                 source of the {:.1} asked.",
                 c.shaper_loss_pct,
                 c.exact_policer_loss_pct,
-                c.burst_bytes,
                 c.burst_needed_max_bytes / f64::from(1u32 << 20),
-                if (c.shaper_loss_pct - c.exact_policer_loss_pct).abs() <= 5.0 {
-                    "shaper's loss is the exact policer's, within a few points."
-                } else {
-                    "(shaper's loss and the exact policer's differ by more than 5 points in \
-                     this run: the send times are taken in userspace, before the frames \
-                     cross the lab.)"
-                },
+                c.burst_bytes,
                 k.shaper_loss_pct,
-                k.exact_policer_loss_pct
+                k.exact_policer_loss_pct,
+                if same {
+                    "shaper drops what an exact policer drops of the frames as sent, so the \
+                     loss of sources under their limit comes from the generator's catch-up \
+                     clumps (over the limit as sent), not from shaper, and nothing between \
+                     the senders and shaper added to it."
+                } else {
+                    "shaper's loss and the exact policer's differ by more than 5 points in \
+                     this run, so the generator's clumps do not explain all of it."
+                },
+                c.sent_bps_per_source / 1e6,
+                c.asked_bps_per_source / 1e6
             );
         }
     }
