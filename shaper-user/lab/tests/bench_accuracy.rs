@@ -18,7 +18,7 @@ fn quick_run_gives_well_formed_results() {
     })
     .expect("accuracy run");
 
-    for limiter in ["shaper", "tbf", "htb", "ifb+htb"] {
+    for limiter in ["shaper", "nft", "hashlimit", "tbf", "htb"] {
         assert!(
             results.rows.iter().any(|r| r.limiter == limiter),
             "no row for {limiter}"
