@@ -10,6 +10,13 @@
 /// An XDP program that passes everything: the baseline for per-packet cost figures.
 pub const PROG_NOOP: &str = "shaper_noop";
 
+/// The floor: parse, clock, one LRU hash lookup, one compare-and-swap. What any per-source
+/// XDP meter must at least do; the second baseline for per-packet cost figures.
+pub const PROG_FLOOR: &str = "shaper_floor";
+/// The floor's LRU hash map (IPv4 source address to a u64) and its size.
+pub const MAP_FLOOR: &str = "SHAPER_FLOOR";
+pub const FLOOR_ENTRIES: u32 = 1024;
+
 /// The softirq tracing programs.
 pub const PROG_SOFTIRQ_ENTRY: &str = "shaper_softirq_entry";
 pub const PROG_SOFTIRQ_EXIT: &str = "shaper_softirq_exit";

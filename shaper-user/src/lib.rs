@@ -11,6 +11,7 @@ pub mod kernel;
 pub mod link;
 pub mod loader;
 pub mod maps;
+pub mod metrics;
 pub mod netns;
 pub mod pins;
 pub mod policy;

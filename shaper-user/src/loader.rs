@@ -570,19 +570,16 @@ fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attach
 
     if hook == Hook::Tc {
         tc_program(&mut ebpf)?;
-        let xdp_mode = tc::attach(&mut ebpf, at, req.tc_mode)?;
-        crate::crash::point("attach-attached");
-        let recorded = PolicyTable::open(at).and_then(|mut t| {
-            t.set_config(&Config {
+        let record = |xdp_mode| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            // Through the pin, keeping the generation the policies were written under.
+            PolicyTable::open(at)?.set_config(&Config {
                 xdp_mode,
                 ..*config
-            })
-        });
-        if let Err(e) = recorded {
-            // Nothing records how it was attached: take it off again.
-            let _ = detach_tc(at, xdp_mode);
-            return Err(e.into());
-        }
+            })?;
+            Ok(())
+        };
+        let xdp_mode = tc::attach(&mut ebpf, at, req.tc_mode, record)?;
+        crate::crash::point("attach-attached");
         crate::crash::point("attach-linked");
         return Ok(Attached::New { xdp_mode });
     }
@@ -683,7 +680,25 @@ pub fn detach(at: &Attachment) -> Result<(), DetachError> {
 /// Takes a clsact attachment's filter off its interface (if the interface is still
 /// there), and the clsact qdisc with it if shaper added it (`mode`) and no other clsact
 /// attachment of the interface is left on it; if one is, that one now owns the qdisc.
+///
+/// It works in the attachment's namespace, whichever this thread is in (a rollback runs
+/// before the command enters it); a namespace that is gone took the interface with it.
 fn detach_tc(at: &Attachment, mode: u32) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let Some(ns) = at.netns.clone() else {
+        return detach_tc_here(at, mode);
+    };
+    let here = at.clone();
+    match crate::netns::run_in(&ns, move || detach_tc_here(&here, mode)) {
+        Ok(result) => result,
+        Err(e) if e.is_missing() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn detach_tc_here(
+    at: &Attachment,
+    mode: u32,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let Ok(ifindex) = system::ifindex(&at.iface) else {
         // The interface went, and its qdisc and filters with it.
         return Ok(());

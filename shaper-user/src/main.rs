@@ -19,7 +19,7 @@ async fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    match run(&cli) {
+    match run(&cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("shaper: {e:#}");
@@ -73,7 +73,7 @@ fn pins_only(command: &Command) -> bool {
     )
 }
 
-fn run(cli: &Cli) -> anyhow::Result<()> {
+async fn run(cli: &Cli) -> anyhow::Result<()> {
     // Arithmetic only: no privileges, no bpffs, no namespace.
     match &cli.command {
         Command::Explain(args) => return cli::explain::run(args, cli.json),
@@ -137,5 +137,6 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Explain(args) => cli::explain::run(args, cli.json),
         Command::Completions(args) => cli::completions::run(args),
         Command::Man(args) => cli::man::run(args),
+        Command::Run(args) => cli::run::run(args, scope).await,
     }
 }

@@ -19,6 +19,8 @@ pub enum SystemError {
     Mtu { iface: String, source: io::Error },
     #[error("cannot take the lock {path}")]
     Lock { path: String, source: io::Error },
+    #[error("another `shaper run` is running on this host (it holds {path})")]
+    DaemonRunning { path: String },
     #[error(
         "{burst} bytes is smaller than one full-size frame on {iface} ({frame} bytes: MTU {mtu} + {ETH_HLEN}-byte Ethernet header), so such frames could never pass"
     )]
@@ -73,6 +75,36 @@ pub fn lock() -> Result<Lock, SystemError> {
     // SAFETY: flock on a descriptor we own.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
         return Err(err(io::Error::last_os_error()));
+    }
+    Ok(Lock(file))
+}
+
+/// Where [`daemon_lock`] locks: one `shaper run` per host, whatever its namespace.
+pub const DAEMON_LOCK_PATH: &str = "/run/shaper.run.lock";
+
+/// Takes the daemon's lock without waiting: held for the daemon's life, so a second
+/// daemon is refused at once. (Commands take [`lock`] for each change, daemon included.)
+pub fn daemon_lock() -> Result<Lock, SystemError> {
+    let err = |source| SystemError::Lock {
+        path: DAEMON_LOCK_PATH.to_owned(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(DAEMON_LOCK_PATH)
+        .map_err(err)?;
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock {
+            return Err(SystemError::DaemonRunning {
+                path: DAEMON_LOCK_PATH.to_owned(),
+            });
+        }
+        return Err(err(e));
     }
     Ok(Lock(file))
 }

@@ -88,9 +88,16 @@ pub fn has_tcx() -> bool {
 }
 
 /// Attaches the loaded tc program of `ebpf` to `at` as `mode` asks and pins what keeps it
-/// attached; the `TC_MODE_*` it was attached in. On failure nothing is left attached and
-/// no qdisc added.
-pub fn attach(ebpf: &mut Ebpf, at: &Attachment, mode: TcAttachMode) -> Result<u32, TcAttachError> {
+/// attached; the `TC_MODE_*` it was attached in. `record` is called with that mode before
+/// anything is attached (and once a clsact qdisc is added), so that a detach after a
+/// kill knows whether the qdisc is shaper's. On failure nothing is left attached and no
+/// qdisc added.
+pub fn attach(
+    ebpf: &mut Ebpf,
+    at: &Attachment,
+    mode: TcAttachMode,
+    record: impl FnOnce(u32) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
+) -> Result<u32, TcAttachError> {
     let tcx = match mode {
         TcAttachMode::Auto => has_tcx(),
         TcAttachMode::Tcx if !has_tcx() => {
@@ -116,7 +123,13 @@ pub fn attach(ebpf: &mut Ebpf, at: &Attachment, mode: TcAttachMode) -> Result<u3
         direction: at.direction.name(),
         source,
     };
+    let record_err = |source| TcAttachError::Pin {
+        what: "mode in the settings",
+        path: at.config().display().to_string(),
+        source,
+    };
     if tcx {
+        record(TC_MODE_TCX).map_err(record_err)?;
         let id = prog
             .attach_with_options(
                 iface,
@@ -148,13 +161,21 @@ pub fn attach(ebpf: &mut Ebpf, at: &Attachment, mode: TcAttachMode) -> Result<u3
             });
         }
     };
-    let attached = prog
-        .attach_with_options(
-            iface,
-            attach_type(at.direction),
-            TcAttachOptions::Netlink(NlOptions::default()),
-        )
-        .map_err(attach_err)
+    let recorded = if created {
+        TC_MODE_CLSACT_OWN
+    } else {
+        TC_MODE_CLSACT
+    };
+    let attached = record(recorded)
+        .map_err(record_err)
+        .and_then(|()| {
+            prog.attach_with_options(
+                iface,
+                attach_type(at.direction),
+                TcAttachOptions::Netlink(NlOptions::default()),
+            )
+            .map_err(attach_err)
+        })
         .and_then(|id| {
             // The filter stays when this process exits: the link object must not detach it.
             std::mem::forget(prog.take_link(id));
@@ -171,11 +192,7 @@ pub fn attach(ebpf: &mut Ebpf, at: &Attachment, mode: TcAttachMode) -> Result<u3
         }
         return Err(e);
     }
-    Ok(if created {
-        TC_MODE_CLSACT_OWN
-    } else {
-        TC_MODE_CLSACT
-    })
+    Ok(recorded)
 }
 
 /// Removes shaper's clsact filter from `at` (none there is not an error).

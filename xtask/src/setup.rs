@@ -68,6 +68,18 @@ const ITEMS: &[Item] = &[
         package: "iptables",
         present: Present::Programs(&["iptables"]),
     },
+    // The daemon's tests scrape /metrics with curl and check it with the Prometheus
+    // project's own OpenMetrics parser.
+    Item::Apt {
+        package: "curl",
+        present: Present::Programs(&["curl"]),
+    },
+    Item::Apt {
+        package: "python3-prometheus-client",
+        present: Present::File(
+            "/usr/lib/python3/dist-packages/prometheus_client/openmetrics/parser.py",
+        ),
+    },
     // The kernel matrix (`cargo xtask test --kernel`): Debian's kernels boot under QEMU with
     // a busybox initramfs; modprobe and depmod resolve their modules, and load them in the
     // guest (which runs on this machine's files).

@@ -205,6 +205,18 @@ const SUITES: &[Suite] = &[
               bpffs) and refusals: the cells and counters compared, no rates",
     },
     Suite {
+        file: "tests/live_egress.rs",
+        place: Place::Guest {
+            skip: &[(
+                "egress_holds_each_destination_and_each_source_to_the_rate",
+                "holds received bytes to rate × measured time + burst within 1%",
+            )],
+        },
+        why: "the tc program: TCX (6.6 and later) and clsact, the qdiscs left as found, \
+              egress settings through apply, and a TSO send charged its wire bytes on tc \
+              egress, tc ingress and XDP (exact byte counts, no rates)",
+    },
+    Suite {
         file: "tests/live_rate.rs",
         place: Place::Host,
         why: "rate accuracy of live traffic",
@@ -246,6 +258,12 @@ const SUITES: &[Suite] = &[
         why: "the lab's own kernel tests check that traffic arrives at the offered rate",
     },
     Suite {
+        file: "tests/daemon.rs",
+        place: Place::Host,
+        why: "shaper run: reloads checked with live rates, and signals and readiness with \
+              deadlines",
+    },
+    Suite {
         file: "tests/explain.rs",
         place: Place::Host,
         why: "no kernel tests (host tests only)",
@@ -259,9 +277,10 @@ const SUITES: &[Suite] = &[
 
 /// Modules the guest loads before the tests (from the kernel's own package, with modprobe):
 /// veth for the namespace lab, dummy and bridge for the interfaces without native XDP that
-/// cli.rs and apply.rs attach to, 8021q for live_vlan.rs's VLAN devices. (The kernel would
-/// also load them on demand.)
-const TEST_MODULES: &[&str] = &["veth", "dummy", "bridge", "8021q"];
+/// cli.rs and apply.rs attach to, 8021q for live_vlan.rs's VLAN devices, sch_ingress
+/// (clsact) and cls_bpf for the tc program's clsact mode. (The kernel would also load them
+/// on demand.)
+const TEST_MODULES: &[&str] = &["veth", "dummy", "bridge", "8021q", "sch_ingress", "cls_bpf"];
 
 /// Modules the initramfs loads to reach the guest's files (with what they depend on).
 const BOOT_MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "overlay"];

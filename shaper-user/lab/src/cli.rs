@@ -34,6 +34,8 @@ pub struct AttachGuard {
     shaper: PathBuf,
     ns: String,
     iface: String,
+    /// `ingress` or `egress`: every command the guard runs names it.
+    direction: &'static str,
     /// [`AttachGuard::attach`] succeeded: a detach that fails on drop is worth a warning
     /// (otherwise there may have been nothing to detach).
     attached: bool,
@@ -44,10 +46,16 @@ pub struct AttachGuard {
 impl AttachGuard {
     /// A guard for `iface` in `ns`, driving the binary at `shaper`; attaches nothing.
     pub fn new(shaper: &Path, ns: &str, iface: &str) -> Self {
+        Self::toward(shaper, ns, iface, "ingress")
+    }
+
+    /// The same for one direction of `iface` (`ingress` or `egress`).
+    pub fn toward(shaper: &Path, ns: &str, iface: &str, direction: &'static str) -> Self {
         Self {
             shaper: shaper.to_owned(),
             ns: ns.to_owned(),
             iface: iface.to_owned(),
+            direction,
             attached: false,
             armed: true,
         }
@@ -62,9 +70,12 @@ impl AttachGuard {
         Ok(out)
     }
 
-    /// Runs another command in the guard's namespace: `shaper -n NS ARGS...`.
+    /// Runs another command in the guard's namespace and direction: `shaper -n NS
+    /// --direction DIRECTION ARGS...`.
     pub fn run(&self, args: &[&str]) -> Result<String> {
-        run(&self.shaper, &self.ns, args)
+        let mut all = vec!["--direction", self.direction];
+        all.extend_from_slice(args);
+        run(&self.shaper, &self.ns, &all)
     }
 
     /// `shaper -n NS detach IFACE` now, failing if it fails; nothing is left for the drop.
@@ -145,10 +156,24 @@ impl Counts {
     }
 }
 
-/// Reads `stats -j` of `iface` in `ns`, every key listed.
+/// Reads `stats -j` of `iface`'s ingress in `ns`, every key listed.
 pub fn stats(shaper: &Path, ns: &str, iface: &str) -> Result<Stats> {
+    stats_toward(shaper, ns, iface, "ingress")
+}
+
+/// Reads `stats -j` of one direction (`ingress`, `egress`) of `iface` in `ns`.
+pub fn stats_toward(shaper: &Path, ns: &str, iface: &str, direction: &str) -> Result<Stats> {
     let top = u32::MAX.to_string();
-    let out = run(shaper, ns, &["-j", "stats", iface, "--top", &top])?;
+    let args = [
+        "--direction",
+        direction,
+        "-j",
+        "stats",
+        iface,
+        "--top",
+        &top,
+    ];
+    let out = run(shaper, ns, &args)?;
     serde_json::from_str(&out).with_context(|| format!("cannot read stats -j: {out}"))
 }
 

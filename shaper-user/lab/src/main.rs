@@ -110,8 +110,12 @@ enum LabPart {
     Cpu,
     /// Common against per-CPU LRU source maps under a flood from every CPU (test_run)
     Lru,
-    /// A live spoofed flood, shaper with and without new-source admission
+    /// A live spoofed flood: shaper with and without new-source admission, the nft meter, hashlimit
     Flood,
+    /// Sources under their limit through shaper, the generator catching up late frames or skipping them
+    Late,
+    /// One overloaded source through shaper, nft and hashlimit for 3, 5 and 10 s
+    Duration,
 }
 
 #[derive(Debug, Args)]
@@ -485,6 +489,9 @@ fn bench(args: &BenchArgs) -> Result<()> {
     }
 
     let (accuracy, accuracy_missing) = bench_accuracy(args);
+    let (flood, flood_missing) = bench_flood(args);
+    let mut machine = machine;
+    machine.loadavg_end = report::loadavg();
     let written = report::write(
         &args.out,
         &report::Inputs {
@@ -494,6 +501,8 @@ fn bench(args: &BenchArgs) -> Result<()> {
             scale: &scale_results,
             accuracy: accuracy.as_ref(),
             accuracy_missing: accuracy_missing.as_deref(),
+            flood: flood.as_deref(),
+            flood_missing: flood_missing.as_deref(),
         },
     )?;
     println!("\nwrote:");
@@ -558,6 +567,8 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
             no_sweep: !args.only.contains(&LabPart::Sweep),
             series: args.only.contains(&LabPart::Series),
             cpu: args.only.contains(&LabPart::Cpu),
+            late: args.only.contains(&LabPart::Late),
+            duration: args.only.contains(&LabPart::Duration),
         }),
     };
     let results = accuracy::run(&opts)?;
@@ -565,6 +576,37 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
         println!("{line}");
     }
     Ok(())
+}
+
+/// The spoofed flood, or why there is none (reported in results.md, as for accuracy).
+fn bench_flood(
+    args: &BenchArgs,
+) -> (
+    Option<Vec<shaper_lab::bench::flood::FloodRow>>,
+    Option<String>,
+) {
+    use shaper_lab::bench::flood;
+
+    let shaper = match &args.shaper {
+        Some(path) => path.clone(),
+        None => match default_shaper() {
+            Ok(path) => path,
+            Err(e) => return (None, Some(format!("{e:#}"))),
+        },
+    };
+    println!("\nspoofed flood ...");
+    match flood::run(&shaper) {
+        Ok(rows) => {
+            for line in flood::summary_lines(&rows) {
+                println!("{line}");
+            }
+            (Some(rows), None)
+        }
+        Err(e) => {
+            eprintln!("shaper-lab: the flood benchmark failed: {e:#}");
+            (None, Some(format!("the flood benchmark failed: {e:#}")))
+        }
+    }
 }
 
 /// The accuracy benchmarks, or why there are none: their failure is reported in
@@ -606,8 +648,8 @@ fn bench_accuracy(
 
 fn print_per_packet(results: &shaper_lab::bench::per_packet::PerPacketResults) {
     println!(
-        "{:<70} {:>10} {:>9} {:>14} {:>13}",
-        "case", "ns/packet", "x no-op", "Mpps per core", "spread (ns)"
+        "{:<70} {:>10} {:>9} {:>9} {:>14} {:>13}",
+        "case", "ns/packet", "x floor", "x no-op", "Mpps per core", "spread (ns)"
     );
     for r in &results.cases {
         // Over the runs, as measured (a constant offset for single shots, so the same
@@ -617,9 +659,10 @@ fn print_per_packet(results: &shaper_lab::bench::per_packet::PerPacketResults) {
             .iter()
             .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
         println!(
-            "{:<70} {:>10.1} {:>9.2} {:>14.2} {:>13.1}",
+            "{:<70} {:>10.1} {:>9.2} {:>9.2} {:>14.2} {:>13.1}",
             r.case,
             r.ns_per_packet,
+            r.ratio_to_floor,
             r.ratio_to_noop,
             r.packets_per_sec / 1e6,
             hi - lo

@@ -12,7 +12,7 @@ use aya::{
     programs::{TestRun as _, TestRunOptions, Xdp},
 };
 use shaper_common::{
-    bench::PROG_NOOP,
+    bench::{PROG_FLOOR, PROG_NOOP},
     gcra::MAX_RATE_BPS,
     maps::{
         Config, Counters, Ipv4Key, Ipv6Key, MAP_COUNTERS, MAP_SOURCES, MAP_SOURCES6, PROG_XDP,
@@ -25,12 +25,14 @@ use shaper_user::{loader, policy::PolicyTable};
 pub static BENCH_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shaper-ebpf-bench"));
 
-/// The bench object with its no-op XDP program loaded: the baseline of per-packet costs.
+/// The bench object with its no-op and floor XDP programs loaded: the baselines of
+/// per-packet costs.
 pub fn noop() -> Result<Ebpf> {
     let mut ebpf = EbpfLoader::new()
         .load(BENCH_OBJECT)
         .context("cannot load the bench object")?;
     loader::xdp_program(&mut ebpf, PROG_NOOP)?;
+    loader::xdp_program(&mut ebpf, PROG_FLOOR)?;
     Ok(ebpf)
 }
 

@@ -1,6 +1,6 @@
 //! `shaper apply -f FILE.toml [--check]`: make the interfaces a file names look as it says.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::Scope;
 use anyhow::{Context as _, Result};
@@ -25,16 +25,30 @@ pub struct Args {
 }
 
 /// Reads and checks the file; the error names its line and field.
-pub fn read(args: &Args, direction: Direction) -> Result<Vec<DesiredInterface>> {
-    let name = args.file.display().to_string();
-    let text =
-        std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {name}"))?;
+pub fn read(file: &Path, direction: Direction) -> Result<Vec<DesiredInterface>> {
+    let name = file.display().to_string();
+    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {name}"))?;
     Ok(config_file::parse(&name, &text, direction)?)
+}
+
+/// What was done to one interface, in a word: attached, updated, unchanged, upgraded.
+pub fn outcome(applied: &Applied) -> &'static str {
+    match applied.outcome {
+        Attached::New { .. } => "attached",
+        Attached::Updated { .. } if applied.changed => "updated",
+        Attached::Updated { .. } => "unchanged",
+        Attached::Upgraded { .. } => "upgraded",
+    }
+}
+
+/// "1 policy", "3 policies".
+pub fn policies(n: usize) -> String {
+    format!("{n} polic{}", if n == 1 { "y" } else { "ies" })
 }
 
 /// `--check`: the file alone, before any privilege or namespace is needed.
 pub fn check(args: &Args, direction: Direction) -> Result<()> {
-    let desired = read(args, direction)?;
+    let desired = read(&args.file, direction)?;
     let policies: usize = desired.iter().map(|d| d.policies.len()).sum();
     println!(
         "{}: valid: {} interface{}, {policies} polic{}",
@@ -47,25 +61,15 @@ pub fn check(args: &Args, direction: Direction) -> Result<()> {
 }
 
 pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
-    let desired = read(args, scope.direction)?;
+    let desired = read(&args.file, scope.direction)?;
     let _lock = system::lock()?;
     let applied = apply::apply(&desired, scope.netns)?;
-    for Applied {
-        iface,
-        outcome,
-        policies,
-        changed,
-    } in applied
-    {
-        let what = match outcome {
-            Attached::New { .. } => "attached",
-            Attached::Updated { .. } if changed => "updated",
-            Attached::Updated { .. } => "unchanged",
-            Attached::Upgraded { .. } => "upgraded",
-        };
+    for one in &applied {
         println!(
-            "{iface}: {what}, {policies} polic{}",
-            if policies == 1 { "y" } else { "ies" }
+            "{}: {}, {}",
+            one.iface,
+            outcome(one),
+            policies(one.policies)
         );
     }
     Ok(())

@@ -10,6 +10,7 @@ pub mod man;
 pub mod new_sources;
 pub mod outcomes;
 pub mod policy;
+pub mod run;
 pub mod stats;
 pub mod status;
 pub mod values;
@@ -50,6 +51,7 @@ pub enum Command {
     /// What a rate and burst mean: bytes/s, time per byte and per frame, the burst in
     /// milliseconds, and warnings (needs no privileges, touches nothing)
     Explain(explain::Args),
+    Run(run::Args),
     #[command(hide = true)]
     Completions(completions::Args),
     #[command(hide = true)]

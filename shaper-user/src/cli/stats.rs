@@ -125,6 +125,33 @@ fn top(mut sources: Vec<(KeyNet, SourceState)>, n: usize) -> Vec<Source> {
         .collect()
 }
 
+/// The `n` keys dropped most on `iface`, as the JSON `stats -j` shows them (`/top` of
+/// `shaper run`'s metrics server).
+pub fn top_json(iface: &str, scope: Scope<'_>, n: usize) -> Result<String> {
+    #[derive(Serialize)]
+    struct Top {
+        interface: String,
+        netns: Option<String>,
+        key: &'static str,
+        sources_tracked: usize,
+        top_sources: Vec<Source>,
+    }
+    let at = scope.at(iface);
+    if !at.exists() {
+        bail!("shaper is not attached to {}", at.label());
+    }
+    let config = maps::read_config(&at)?;
+    let sources = maps::read_all_keys(&at, &config)?;
+    let top = Top {
+        interface: at.iface.clone(),
+        netns: at.netns.clone(),
+        key: loader::key_name(config.key_by),
+        sources_tracked: sources.len(),
+        top_sources: top(sources, n),
+    };
+    Ok(serde_json::to_string_pretty(&top)?)
+}
+
 pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
     let at = scope.at(&args.iface);
     if !at.exists() {

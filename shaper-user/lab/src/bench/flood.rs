@@ -1,5 +1,6 @@
-//! A spoofed flood against shaper with and without new-source admission, in the same lab
-//! with the same traffic: three real sources (one at twice its limit, two at half) and a
+//! A spoofed flood against shaper with and without new-source admission, an nft meter and
+//! iptables hashlimit (their tables as large as shaper's default map), in the same lab with
+//! the same traffic: three real sources (one at twice its limit, two at half) and a
 //! flood of 60-byte frames, each from a source never used before, as fast as one sender
 //! thread writes them (`lab::raw`, spoofed). Reported per configuration: the flood's frames
 //! that reached the receiver, what the under-limit sources lost at the receiver, the keys
@@ -11,7 +12,10 @@ use anyhow::{Context as _, Result, ensure};
 use serde::Serialize;
 use shaper_common::bench::NET_RX_SOFTIRQ;
 
-use super::softirq::SoftirqClock;
+use super::{
+    peers::{self, Peer},
+    softirq::SoftirqClock,
+};
 use crate::{
     frame,
     lab::{
@@ -25,14 +29,28 @@ const FRAME: usize = 1000;
 const FLOOD_FRAME: usize = 60;
 const SECONDS: u64 = 4;
 
-/// The configurations compared: a label and the attach flags beyond rate and burst.
-const CONFIGS: [(&str, &[&str]); 2] = [
+/// The configurations compared: a label and what is set up.
+const CONFIGS: [(&str, Setup); 4] = [
     (
         "shaper, admission unlimited",
-        &["--new-sources", "unlimited"],
+        Setup::Shaper(&["--new-sources", "unlimited"]),
     ),
-    ("shaper, --new-sources 100", &["--new-sources", "100"]),
+    (
+        "shaper, --new-sources 100",
+        Setup::Shaper(&["--new-sources", "100"]),
+    ),
+    ("nft meter", Setup::Peer(peers::Kind::Nft)),
+    ("hashlimit", Setup::Peer(peers::Kind::Hashlimit)),
 ];
+
+/// shaper with these attach flags beyond rate and burst, or a peer.
+#[derive(Clone, Copy)]
+enum Setup {
+    Shaper(&'static [&'static str]),
+    Peer(peers::Kind),
+}
+
+const BURST: u64 = 32_768;
 
 /// One configuration under the flood.
 #[derive(Clone, Debug, Serialize)]
@@ -44,8 +62,10 @@ pub struct FloodRow {
     pub flood_passed_pct: f64,
     /// What the two under-limit sources lost between sender and receiver.
     pub real_loss_pct: f64,
-    /// Keys given a cell during the flood.
-    pub keys_created: u64,
+    /// Keys given a cell during the flood (shaper's count; the peers do not say).
+    pub keys_created: Option<u64>,
+    /// The burst the limiter had (hashlimit's is at least a second of the rate).
+    pub burst_bytes: u64,
     /// NET_RX softirq time over the run, per flood frame sent (machine-wide, the real
     /// sources' few frames included).
     pub net_rx_ns_per_flood_frame: f64,
@@ -88,18 +108,35 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
     ];
     let clock = SoftirqClock::start()?;
     let mut rows = Vec::new();
-    for (label, more) in CONFIGS {
-        let mut attach = vec!["attach", &iface, "--rate", "8mbit", "--burst", "32k"];
-        attach.extend_from_slice(more);
-        shaper(shaper_bin, &ns, &attach)?;
+    for (label, setup) in CONFIGS {
+        let mut peer = None;
+        let burst = match setup {
+            Setup::Shaper(more) => {
+                let burst = BURST.to_string();
+                let mut attach = vec!["attach", &iface, "--rate", "8mbit", "--burst", &burst];
+                attach.extend_from_slice(more);
+                shaper(shaper_bin, &ns, &attach)?;
+                BURST
+            }
+            Setup::Peer(kind) => {
+                peer = Some(Peer::install(kind, &ns, &iface, RATE_BPS, BURST)?);
+                peers::burst_given(kind, RATE_BPS, BURST)
+            }
+        };
+        let is_shaper = peer.is_none();
         let measured = (|| -> Result<FloodRow> {
             // The real sources get their cells before the flood.
             run_raw(&lab, &flows[..3], Duration::from_secs(1))?;
             let before = clock.read()?;
             let results = run_raw(&lab, &flows, Duration::from_secs(SECONDS))?.flows;
             let net_rx = clock.read()?.since(&before).ns[NET_RX_SOFTIRQ];
-            let stats: serde_json::Value =
-                serde_json::from_str(&shaper(shaper_bin, &ns, &["-j", "stats", &iface])?)?;
+            let keys_created = if is_shaper {
+                let stats: serde_json::Value =
+                    serde_json::from_str(&shaper(shaper_bin, &ns, &["-j", "stats", &iface])?)?;
+                stats["totals"]["new_sources"].as_u64()
+            } else {
+                None
+            };
             let flood: &RawResult = &results[3];
             let real = &results[1..3];
             let sent: u64 = real.iter().map(|r| r.sent_packets).sum();
@@ -111,11 +148,15 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
                 flood_passed_pct: 100.0 * flood.received_packets as f64
                     / flood.sent_packets.max(1) as f64,
                 real_loss_pct: 100.0 * (sent - received.min(sent)) as f64 / sent.max(1) as f64,
-                keys_created: stats["totals"]["new_sources"].as_u64().unwrap_or(0),
+                keys_created,
+                burst_bytes: burst,
                 net_rx_ns_per_flood_frame: net_rx as f64 / flood.sent_packets.max(1) as f64,
             })
         })();
-        shaper(shaper_bin, &ns, &["detach", &iface])?;
+        if is_shaper {
+            shaper(shaper_bin, &ns, &["detach", &iface])?;
+        }
+        drop(peer);
         rows.push(measured?);
     }
     Ok(rows)
@@ -141,7 +182,7 @@ pub fn summary_lines(rows: &[FloodRow]) -> Vec<String> {
             r.flood_sent_per_sec,
             r.flood_passed_pct,
             r.real_loss_pct,
-            r.keys_created,
+            r.keys_created.map_or("n/a".to_owned(), |k| k.to_string()),
             r.net_rx_ns_per_flood_frame
         ));
     }

@@ -6,12 +6,15 @@
 //!   of new sources from every CPU.
 //! - `scale`: per-packet cost and kernel memory as tracked sources grow.
 //! - `accuracy`: delivered rate against rate × time + burst in the namespace lab, for
-//!   shaper and the incumbents, with per-source time series and softirq CPU cost.
+//!   shaper and its peers (`peers`: an nft meter, iptables hashlimit; tc's tbf and htb),
+//!   with per-source time series, softirq CPU cost, how a late traffic generator's clumps
+//!   meet a policer, and the peers' excess as the measuring time grows.
 //! - `report`: writes `bench/results.md`, `bench/results.json` and the plots.
 
 pub mod accuracy;
 pub mod flood;
 pub mod lru;
+pub mod peers;
 pub mod per_packet;
 pub mod population;
 pub mod report;
@@ -26,12 +29,13 @@ use serde::Serialize;
 /// One rate-accuracy measurement: one limiter, one configuration, one run.
 #[derive(Clone, Debug, Serialize)]
 pub struct AccuracyRow {
-    /// "shaper", "tbf", "htb", "ifb+htb".
+    /// "shaper", "nft", "hashlimit", "tbf", "htb".
     pub limiter: String,
     /// Whether over-limit traffic is dropped at once ("drops") or queued first ("queues").
     pub behaviour: String,
     /// The limit per source (per aggregate for tbf), bits per second.
     pub rate_bps: u64,
+    /// The burst the limiter was given (hashlimit's is at least a second of its rate).
     pub burst_bytes: u64,
     pub frame_bytes: u32,
     pub sources: u32,
@@ -45,9 +49,12 @@ pub struct AccuracyRow {
     pub seconds: f64,
     /// Anything a reader must know, e.g. that the generator could not offer 2× the limit.
     pub note: Option<String>,
-    /// Whether the error measures the limiter: the generator reached the overload asked for,
-    /// no send was refused, and the lab lost nothing on the way.
+    /// Whether the error measures the limiter: the generator reached 1.5× the limit, no
+    /// send was refused, and the lab lost nothing on the way.
     pub comparable: bool,
+    /// Whether every limiter's run of this configuration was `comparable`: only such
+    /// configurations go into the headline, so every limiter is averaged over the same ones.
+    pub config_comparable: bool,
 }
 
 /// Delivered rate over time in fixed bins, per source, for one limiter.
@@ -64,8 +71,10 @@ pub struct TimeSeries {
 /// (the softirq tracepoints, [`softirq`]), machine-wide.
 #[derive(Clone, Debug, Serialize)]
 pub struct CpuCost {
-    /// "shaper", "htb", "none".
+    /// "shaper", "nft", "hashlimit", "htb", "none".
     pub limiter: String,
+    /// Which repetition (0, 1, 2): the limiters take turns within each.
+    pub rep: usize,
     /// "over": the limit passes a few percent of the offered load, the limiter drops the
     /// rest; "under": the limit is far above it, everything passes.
     pub load: String,
@@ -85,10 +94,62 @@ pub struct CpuCost {
     pub note: Option<String>,
 }
 
+/// Many sources offering less than their limit, more in all than the lab carries, through
+/// shaper, with the generator catching up late frames or skipping them ([`crate::lab::Late`]);
+/// the same send record replayed through an exact policer.
+#[derive(Clone, Debug, Serialize)]
+pub struct LateRow {
+    /// "catch-up" or "skip".
+    pub late: String,
+    pub rate_bps: u64,
+    pub burst_bytes: u64,
+    pub frame_bytes: u32,
+    pub sources: u32,
+    /// Per source, what was asked and what was sent (L2 bits per second).
+    pub asked_bps_per_source: f64,
+    pub sent_bps_per_source: f64,
+    /// Frames skipped by the generator (skip), in all.
+    pub skipped_packets: u64,
+    pub sent_packets: u64,
+    pub received_packets: u64,
+    /// What the receiver did not get of what was sent, through shaper.
+    pub shaper_loss_pct: f64,
+    /// What an exact policer (GCRA at the same rate and burst, on the send times) drops.
+    pub exact_policer_loss_pct: f64,
+    /// The burst an exact policer would need to drop nothing, largest over the sources,
+    /// and the median source's.
+    pub burst_needed_max_bytes: f64,
+    pub burst_needed_median_bytes: f64,
+    pub note: Option<String>,
+}
+
+/// One overloaded source through a policer for longer and longer: what gets through beyond
+/// rate × time + the burst asked for.
+#[derive(Clone, Debug, Serialize)]
+pub struct DurationRow {
+    pub limiter: String,
+    pub rate_bps: u64,
+    /// The burst asked for (the excess is measured against it) and the one given.
+    pub burst_asked_bytes: u64,
+    pub burst_given_bytes: u64,
+    pub seconds: f64,
+    pub offered_bps: f64,
+    pub delivered_bytes: u64,
+    pub expected_bytes: f64,
+    pub excess_bytes: f64,
+    pub excess_pct: f64,
+}
+
 /// Everything `accuracy` measures.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct AccuracyResults {
     pub rows: Vec<AccuracyRow>,
+    /// Sweep configurations not run, each with why.
+    pub dropped: Vec<String>,
     pub series: Vec<TimeSeries>,
     pub cpu: Vec<CpuCost>,
+    pub late: Vec<LateRow>,
+    pub duration: Vec<DurationRow>,
+    /// Cases that failed (the rest of the results stand), each with its error.
+    pub failed: Vec<String>,
 }

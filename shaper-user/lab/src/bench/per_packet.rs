@@ -34,7 +34,7 @@ use anyhow::{Context as _, Result, ensure};
 use aya::Ebpf;
 use serde::Serialize;
 use shaper_common::{
-    bench::PROG_NOOP,
+    bench::{PROG_FLOOR, PROG_NOOP},
     config::PolicyLimits,
     gcra::MAX_RATE_BPS,
     maps::{ACTION_LIMIT, ACTION_PASS, Admission, Config, DEFAULT_MAX_SOURCES, PROG_XDP},
@@ -82,6 +82,8 @@ pub struct CaseResult {
     pub ns_per_packet: f64,
     /// `ns_per_packet` / the no-op's loop figure.
     pub ratio_to_noop: f64,
+    /// `ns_per_packet` / the floor's loop figure (parse, clock, one LRU lookup, one CAS).
+    pub ratio_to_floor: f64,
     /// Packets per second one core could handle at `ns_per_packet`.
     pub packets_per_sec: f64,
     /// Anything a reader must know (e.g. frames that found no free entry).
@@ -106,6 +108,11 @@ impl PerPacketResults {
 
     pub fn noop(&self) -> &CaseResult {
         &self.cases[0]
+    }
+
+    /// The floor program's loop figure (the second case).
+    pub fn floor(&self) -> Option<&CaseResult> {
+        self.case("floor")
     }
 }
 
@@ -344,6 +351,15 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
             false,
         ),
         case(
+            "floor",
+            "floor: parse, clock, one LRU lookup, one CAS (second baseline)",
+            PROG_FLOOR,
+            hot.clone(),
+            open,
+            XDP_PASS,
+            false,
+        ),
+        case(
             "pass_existing",
             "pass, existing source",
             PROG_XDP,
@@ -527,10 +543,10 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
     let mut admitted_anyway = vec![0; singles.len()];
     for _ in 0..opts.runs {
         for (c, samples) in loop_cases.iter().zip(&mut loop_samples) {
-            if c.program == PROG_NOOP {
+            if c.program == PROG_NOOP || c.program == PROG_FLOOR {
                 samples.push(test_run(
                     &mut baseline,
-                    PROG_NOOP,
+                    c.program,
                     &c.frame,
                     opts.repeat,
                     c.want,
@@ -619,6 +635,7 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
 
     let noop_runs = &loop_samples[0];
     let noop_loop = median(noop_runs);
+    let floor_loop = median(&loop_samples[1]);
     let mut cases = Vec::new();
     for (c, runs) in loop_cases.iter().zip(loop_samples.iter()) {
         let over: Vec<f64> = runs.iter().zip(noop_runs).map(|(c, n)| c - n).collect();
@@ -634,6 +651,7 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
             over_noop_ns: median(&over),
             ns_per_packet: ns,
             ratio_to_noop: ns / noop_loop,
+            ratio_to_floor: ns / floor_loop,
             packets_per_sec: 1e9 / ns,
             note: None,
         });
@@ -675,6 +693,7 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
             over_noop_ns: over,
             ns_per_packet: ns,
             ratio_to_noop: ns / noop_loop,
+            ratio_to_floor: ns / floor_loop,
             packets_per_sec: 1e9 / ns,
             note: (!notes.is_empty()).then(|| notes.join("; ")),
         });

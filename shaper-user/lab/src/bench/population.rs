@@ -12,7 +12,7 @@ use aya::{
     Ebpf,
     maps::{HashMap, MapData},
 };
-use shaper_common::maps::{Ipv4Key, MAP_SOURCES, SourceState};
+use shaper_common::maps::{Ipv4Key, Ipv6Key, MAP_SOURCES, MAP_SOURCES6, SourceState};
 
 use crate::{
     frame,
@@ -31,6 +31,8 @@ pub struct Population {
     /// Entries actually in the map after filling (an LRU map may evict a few of its own
     /// entries before it is completely full).
     pub entries: u32,
+    /// Kernel memory of both per-source maps (IPv4 and IPv6: attach creates both at
+    /// `--max-sources` entries, preallocated), empty and after filling the IPv4 one.
     pub memlock_empty_bytes: u64,
     pub memlock_filled_bytes: u64,
     pub fill_secs: f64,
@@ -109,11 +111,19 @@ impl Population {
     }
 }
 
-/// The `memlock:` line of the per-source map's fdinfo, in bytes.
+/// The `memlock:` lines of both per-source maps' fdinfo (IPv4 and IPv6), in bytes.
 fn memlock(ebpf: &Ebpf) -> Result<u64> {
-    let map: HashMap<&MapData, Ipv4Key, SourceState> =
+    let v4: HashMap<&MapData, Ipv4Key, SourceState> =
         HashMap::try_from(ebpf.map(MAP_SOURCES).context("sources map missing")?)?;
-    let fd = aya::maps::IterableMap::map(&map).fd().as_fd().as_raw_fd();
+    let v6: HashMap<&MapData, Ipv6Key, SourceState> =
+        HashMap::try_from(ebpf.map(MAP_SOURCES6).context("IPv6 sources map missing")?)?;
+    Ok(memlock_of(aya::maps::IterableMap::map(&v4))?
+        + memlock_of(aya::maps::IterableMap::map(&v6))?)
+}
+
+/// The `memlock:` line of one map's fdinfo, in bytes.
+fn memlock_of(map: &MapData) -> Result<u64> {
+    let fd = map.fd().as_fd().as_raw_fd();
     let path = format!("/proc/self/fdinfo/{fd}");
     let info = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     info.lines()

@@ -31,7 +31,8 @@ pub struct ScaleRow {
     pub entries: u32,
     pub memlock_empty_bytes: u64,
     pub memlock_filled_bytes: u64,
-    /// memlock (filled) / capacity.
+    /// memlock of both maps (filled) / capacity: what a tracked source costs, the IPv6
+    /// map's share included.
     pub bytes_per_source: f64,
     pub fill_secs: f64,
     /// Loop method, one existing key: median ns per packet and the no-op's in the same runs.

@@ -27,6 +27,7 @@
 pub mod ns;
 mod queues;
 pub mod raw;
+pub mod tcp;
 pub mod traffic;
 
 use std::{
@@ -428,6 +429,16 @@ impl Lab {
         match &self.router {
             Some(router) => (&router.ns, &router.out_iface),
             None => (&self.tx, &self.tx_iface),
+        }
+    }
+
+    /// Where an ingress limiter goes: the router's interface from the senders in a routed
+    /// lab (shaper's XDP, an nft netdev ingress hook, hashlimit in PREROUTING all meet the
+    /// traffic there), else the rx veth.
+    pub fn ingress(&self) -> (&Netns, &str) {
+        match &self.router {
+            Some(router) => (&router.ns, &router.in_iface),
+            None => (&self.rx, &self.rx_iface),
         }
     }
 

@@ -50,7 +50,19 @@ pub fn attach(ns: &str, iface: &str, rate: &str, burst: &str) -> AttachGuard {
 
 /// [`attach`] with more options (`--prefix-v4 24`, ...).
 pub fn attach_with(ns: &str, iface: &str, rate: &str, burst: &str, more: &[&str]) -> AttachGuard {
-    let mut guard = guard(ns, iface);
+    attach_toward(ns, iface, "ingress", rate, burst, more)
+}
+
+/// [`attach_with`] for one direction of `iface` (`ingress` or `egress`).
+pub fn attach_toward(
+    ns: &str,
+    iface: &str,
+    direction: &'static str,
+    rate: &str,
+    burst: &str,
+    more: &[&str],
+) -> AttachGuard {
+    let mut guard = AttachGuard::toward(shaper_bin(), ns, iface, direction);
     let mut args = vec!["--rate", rate, "--burst", burst];
     args.extend_from_slice(more);
     if let Err(e) = guard.attach(&args) {
@@ -61,7 +73,12 @@ pub fn attach_with(ns: &str, iface: &str, rate: &str, burst: &str, more: &[&str]
 
 /// `stats -j` of `iface` in `ns`, every key listed; panics with the error if it fails.
 pub fn stats(ns: &str, iface: &str) -> Stats {
-    cli::stats(shaper_bin(), ns, iface).unwrap_or_else(|e| panic!("{e:#}"))
+    stats_toward(ns, iface, "ingress")
+}
+
+/// [`stats`] of one direction of `iface` (`ingress` or `egress`).
+pub fn stats_toward(ns: &str, iface: &str, direction: &str) -> Stats {
+    cli::stats_toward(shaper_bin(), ns, iface, direction).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// The shaper binary where `nobody` can run it ([`NobodyBinary`]).

@@ -1,0 +1,247 @@
+//! `shaper run -f FILE [--detach-on-exit] [--metrics ADDR:PORT] [--no-watch]`: the
+//! daemon. It applies the file as `apply` does (all or nothing), attaches an interface of
+//! the file again when it reappears (netlink link events), tells systemd it is
+//! ready (sd_notify), applies the file again on SIGHUP and when it changes (inotify on its
+//! directory; a file it refuses leaves the running configuration as it was, and says why
+//! in one line), and on SIGTERM or SIGINT exits, leaving the
+//! limits in force through their pins, or detaching what the file names with
+//! `--detach-on-exit`. One runs per host ([`system::daemon_lock`]); each change takes
+//! the same lock as every other command. It logs one line per event on stderr (the
+//! journal, under systemd).
+
+mod http;
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use anyhow::{Context as _, Result};
+use sd_notify::NotifyState;
+use shaper_user::{apply, config_file::DesiredInterface, loader, pins::Attachment, system};
+
+use super::Scope;
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::mpsc::UnboundedReceiver,
+};
+
+/// Run as a daemon: apply a configuration file, re-apply it on SIGHUP, and leave the
+/// limits in force on exit
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The configuration file (`shaper config show` prints the format)
+    #[arg(short = 'f', long = "file", value_name = "FILE.toml")]
+    pub file: PathBuf,
+    /// On exit, detach every interface the file names instead of leaving them attached
+    #[arg(long)]
+    pub detach_on_exit: bool,
+    /// Serve /metrics (Prometheus) and /top (JSON) over HTTP on this address, in the
+    /// daemon's namespace
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9753")]
+    pub metrics: SocketAddr,
+    /// Serve no metrics
+    #[arg(long, conflicts_with = "metrics")]
+    pub no_metrics: bool,
+    /// Apply the file again only on SIGHUP, not whenever it changes
+    #[arg(long)]
+    pub no_watch: bool,
+}
+
+/// Reads and applies the file under the lock; returns what it applied and a line saying
+/// what changed.
+fn apply_file(file: &std::path::Path, scope: Scope<'_>) -> Result<(Vec<DesiredInterface>, String)> {
+    let desired = super::apply::read(file, scope.direction)?;
+    let applied = {
+        let _lock = system::lock()?;
+        apply::apply(&desired, scope.netns)?
+    };
+    let what = applied
+        .iter()
+        .map(|one| {
+            format!(
+                "{} {} ({})",
+                one.iface,
+                super::apply::outcome(one),
+                super::apply::policies(one.policies)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok((desired, format!("applied {}: {what}", file.display())))
+}
+
+/// Applies the configuration that is running again, under the lock.
+fn reapply(running: &[DesiredInterface], netns: Option<&str>) -> Result<()> {
+    let _lock = system::lock()?;
+    apply::apply(running, netns)?;
+    Ok(())
+}
+
+/// Tells systemd, when it supervises us; elsewhere NOTIFY_SOCKET is unset and this does
+/// nothing.
+fn notify(states: &[NotifyState]) {
+    if let Err(e) = sd_notify::notify(false, states) {
+        eprintln!("shaper: cannot notify systemd: {e}");
+    }
+}
+
+/// Watches the file's directory (editors replace a file rather than write it) and sends
+/// a message when an event names the file. The watcher lives as long as the value.
+fn watch(file: &std::path::Path) -> Result<(notify::RecommendedWatcher, UnboundedReceiver<()>)> {
+    use notify::Watcher as _;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let name = file.file_name().map(ToOwned::to_owned);
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        if event.kind.is_access() {
+            return;
+        }
+        if event.paths.iter().any(|p| p.file_name() == name.as_deref()) {
+            let _ = tx.send(());
+        }
+    })
+    .context("cannot watch the configuration file")?;
+    let dir = match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    watcher
+        .watch(dir, notify::RecursiveMode::NonRecursive)
+        .with_context(|| format!("cannot watch {}", dir.display()))?;
+    Ok((watcher, rx))
+}
+
+/// The names of links that appear or change in this namespace (RTM_NEWLINK), from a
+/// netlink socket subscribed to link events; its connection must be polled (spawned).
+fn link_events() -> Result<(
+    impl Future<Output = ()>,
+    impl futures::Stream<Item = String>,
+)> {
+    use futures::StreamExt as _;
+    use rtnetlink::{
+        MulticastGroup,
+        packet_core::NetlinkPayload,
+        packet_route::{RouteNetlinkMessage, link::LinkAttribute},
+    };
+    let (conn, _handle, messages) = rtnetlink::new_multicast_connection(&[MulticastGroup::Link])
+        .context("cannot listen to link events (netlink)")?;
+    let names = messages.filter_map(|(message, _)| async move {
+        let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) = message.payload
+        else {
+            return None;
+        };
+        link.attributes.into_iter().find_map(|a| match a {
+            LinkAttribute::IfName(name) => Some(name),
+            _ => None,
+        })
+    });
+    Ok((conn, names))
+}
+
+/// How long the file must stay quiet after a change before it is applied: an editor's
+/// save is several events (write, rename, attributes).
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(300);
+
+pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
+    let netns = scope.netns;
+    let _daemon = system::daemon_lock()?;
+    // Signals are caught from here on, so one sent as soon as we are ready is never lost.
+    let mut hup = signal(SignalKind::hangup()).context("cannot catch SIGHUP")?;
+    let mut term = signal(SignalKind::terminate()).context("cannot catch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot catch SIGINT")?;
+    let listener = match args.no_metrics {
+        true => None,
+        false => Some(http::bind(args.metrics).await?),
+    };
+    // Without a watcher, a channel nobody sends on (its sender kept, so it never closes).
+    let (_watcher, mut changed) = match args.no_watch {
+        true => {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            (Err(tx), rx)
+        }
+        false => {
+            let (watcher, rx) = watch(&args.file)?;
+            (Ok(watcher), rx)
+        }
+    };
+    let (links_conn, links) = link_events()?;
+    let mut links = std::pin::pin!(links);
+    let (mut running, line) = apply_file(&args.file, scope)?;
+    eprintln!("shaper: {line}");
+    // The server runs on this thread, between signals.
+    let local = tokio::task::LocalSet::new();
+    if let Some(listener) = listener {
+        eprintln!(
+            "shaper: serving /metrics and /top on http://{}",
+            args.metrics
+        );
+        local.spawn_local(http::serve(
+            listener,
+            netns.map(str::to_owned),
+            scope.direction,
+        ));
+    }
+    local.spawn_local(links_conn);
+    local
+        .run_until(async {
+            notify(&[NotifyState::Ready, NotifyState::Status(&line)]);
+            loop {
+                let why = tokio::select! {
+                    _ = hup.recv() => "SIGHUP",
+                    Some(()) = changed.recv() => {
+                        // Wait for the writes to settle, then apply what is there.
+                        loop {
+                            tokio::time::sleep(SETTLE).await;
+                            if changed.try_recv().is_err() {
+                                break;
+                            }
+                            while changed.try_recv().is_ok() {}
+                        }
+                        "the file changed"
+                    }
+                    Some(name) = futures::StreamExt::next(&mut links) => {
+                        // Deleting an interface sends a last RTM_NEWLINK too: only
+                        // one that exists and has lost its program is attached.
+                        if !running.iter().any(|d| d.name == name)
+                            || system::ifindex(&name).is_err()
+                            || loader::is_live(&Attachment::toward(&name, netns, scope.direction))
+                        {
+                            continue;
+                        }
+                        // An interface of the file is back (deleted and made again, or its
+                        // namespace's): attach it afresh, with what is running.
+                        let said = match reapply(&running, netns) {
+                            Ok(()) => format!("{name} appeared: attached it again"),
+                            Err(e) => format!("{name} appeared, but attaching it failed: {e:#}"),
+                        };
+                        eprintln!("shaper: {said}");
+                        notify(&[NotifyState::Status(&said)]);
+                        continue;
+                    }
+                    _ = term.recv() => break,
+                    _ = int.recv() => break,
+                };
+                notify(&[NotifyState::Reloading]);
+                let status = match apply_file(&args.file, scope) {
+                    Ok((desired, line)) => {
+                        running = desired;
+                        line
+                    }
+                    Err(e) => format!("reload refused, the running configuration stays: {e:#}"),
+                };
+                eprintln!("shaper: {why}: {status}");
+                notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+            }
+        })
+        .await;
+    notify(&[NotifyState::Stopping]);
+    if !args.detach_on_exit {
+        eprintln!("shaper: exiting; the limits stay in force (shaper detach IFACE removes them)");
+        return Ok(());
+    }
+    let _lock = system::lock()?;
+    for d in &running {
+        let at = Attachment::toward(&d.name, netns, d.direction);
+        loader::detach(&at)?;
+        eprintln!("shaper: detached from {}", at.label());
+    }
+    Ok(())
+}
