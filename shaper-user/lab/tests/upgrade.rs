@@ -721,3 +721,39 @@ fn a_killed_upgrade_leaves_the_old_or_the_new_attachment_whole() {
         "no kill landed between the swap of the pins and the end"
     );
 }
+
+/// The egress pins are a directory inside the interface's (ingress) pin directory, which
+/// an ingress upgrade swaps whole: they come back to where they were, and the egress
+/// attachment goes on as it was.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_ingress_upgrade_keeps_the_egress_attachment_beside_it() {
+    let lab = Lab::new("upge", 3).unwrap();
+    let old = OldAttachment::new(&lab, 2);
+    let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
+    let mut egress = AttachGuard::toward(&new_shaper(), ns, iface, "egress");
+    egress
+        .attach(&["--rate", "8mbit", "--burst", "64k"])
+        .unwrap();
+    let show = ["--direction", "egress", "config", "show", iface];
+    let before = run_ok(&new_shaper(), ns, &show);
+    let out = old.upgrade();
+    assert!(
+        out.status.success(),
+        "upgrade: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(run_ok(&new_shaper(), ns, &show), before);
+    let status = json(
+        &new_shaper(),
+        ns,
+        &["--direction", "egress", "status", iface],
+    );
+    assert_eq!(status[0]["interface_present"], true, "{status}");
+    assert_eq!(status[0]["layout_version"], LAYOUT_VERSION, "{status}");
+    let staging = old.at.staging();
+    assert!(!staging.exists(), "{} left behind", staging.display());
+    egress.detach().unwrap();
+    let status = json(&new_shaper(), ns, &["status", iface]);
+    assert_eq!(status[0]["layout_version"], LAYOUT_VERSION, "{status}");
+}

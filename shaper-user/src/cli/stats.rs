@@ -101,6 +101,8 @@ struct Source {
 struct Stats {
     interface: String,
     netns: Option<String>,
+    /// `ingress` or `egress`.
+    direction: &'static str,
     /// `src` or `dst`: which address the sources below are.
     key: &'static str,
     totals: Totals,
@@ -162,6 +164,7 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
     let stats = Stats {
         interface: at.iface.clone(),
         netns: at.netns.clone(),
+        direction: at.direction.name(),
         key: loader::key_name(config.key_by),
         totals: maps::read_counters(&at)?.into(),
         sources_tracked: sources.len(),
