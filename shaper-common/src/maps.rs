@@ -413,6 +413,28 @@ const _: () = assert!(offset_of!(Counters, not_ip_packets) == 112);
 const _: () = assert!(offset_of!(Counters, cas_won) == 192);
 const _: () = assert!(offset_of!(Counters, unconfigured_packets) == 232);
 
+impl Counters {
+    /// The frames passed untouched because they could not be metered, by kind, as
+    /// `(kind, packets, bytes)`: `kind` is the snake_case word that `stats` and the
+    /// metrics name it by.
+    pub fn unmetered(&self) -> [(&'static str, u64, u64); 4] {
+        [
+            ("not_ip", self.not_ip_packets, self.not_ip_bytes),
+            (
+                "pppoe_other",
+                self.pppoe_other_packets,
+                self.pppoe_other_bytes,
+            ),
+            (
+                "vlan_too_deep",
+                self.vlan_too_deep_packets,
+                self.vlan_too_deep_bytes,
+            ),
+            ("malformed", self.malformed_packets, self.malformed_bytes),
+        ]
+    }
+}
+
 impl PerCpuSum for Counters {
     fn add(&mut self, o: &Self) {
         self.outcomes.add(&o.outcomes);

@@ -178,16 +178,7 @@ fn collect(f: &mut Families, at: &Attachment) -> Result<(), MetricsError> {
     let c = maps::read_counters(at).map_err(map_err)?;
     f.outcomes(&INTERFACE, &base, &c.outcomes);
     f.outcomes(&UNADMITTED, &base, &c.unadmitted);
-    for (kind, packets, bytes) in [
-        ("not_ip", c.not_ip_packets, c.not_ip_bytes),
-        ("pppoe_other", c.pppoe_other_packets, c.pppoe_other_bytes),
-        (
-            "vlan_too_deep",
-            c.vlan_too_deep_packets,
-            c.vlan_too_deep_bytes,
-        ),
-        ("malformed", c.malformed_packets, c.malformed_bytes),
-    ] {
+    for (kind, packets, bytes) in c.unmetered() {
         let mut l = base.clone();
         l.push(("kind".to_owned(), kind.to_owned()));
         f.counter(

@@ -161,12 +161,13 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
     }
     let config = maps::read_config(&at)?;
     let sources = maps::read_all_keys(&at, &config)?;
+    let counters = maps::read_counters(&at)?;
     let stats = Stats {
         interface: at.iface.clone(),
         netns: at.netns.clone(),
         direction: at.direction.name(),
         key: loader::key_name(config.key_by),
-        totals: maps::read_counters(&at)?.into(),
+        totals: counters.into(),
         sources_tracked: sources.len(),
         top_sources: top(sources, args.top),
     };
@@ -212,16 +213,8 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
         "  metered    {:>12} IPv4 pkts {:>11} IPv6 pkts",
         t.ipv4_packets, t.ipv6_packets
     );
-    for (what, packets, bytes) in [
-        ("not ip", t.not_ip_packets, t.not_ip_bytes),
-        ("pppoe other", t.pppoe_other_packets, t.pppoe_other_bytes),
-        (
-            "vlan >2 tags",
-            t.vlan_too_deep_packets,
-            t.vlan_too_deep_bytes,
-        ),
-        ("malformed", t.malformed_packets, t.malformed_bytes),
-    ] {
+    for (kind, packets, bytes) in counters.unmetered() {
+        let what = kind.replace('_', " ");
         println!("  {what:<12} {packets:>10} pkts {bytes:>16} bytes");
     }
     println!(
