@@ -7,11 +7,7 @@
 //! stays. A clsact filter has no bpf_link: the program is pinned instead (`tc_prog`), and
 //! the filter is found again by the program's name.
 
-use std::{
-    io,
-    mem::size_of,
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-};
+use std::io;
 
 use aya::{
     Ebpf,
@@ -22,6 +18,12 @@ use aya::{
     },
     util::KernelVersion,
 };
+use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+use netlink_packet_route::{
+    RouteNetlinkMessage,
+    tc::{TcAttribute, TcHandle, TcMessage},
+};
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use shaper_common::maps::{PROG_TC, TC_MODE_CLSACT, TC_MODE_CLSACT_OWN, TC_MODE_TCX};
 
 use crate::pins::{Attachment, Direction};
@@ -203,89 +205,32 @@ pub fn detach_filter(at: &Attachment) -> Result<(), TcError> {
     }
 }
 
-const RTM_DELQDISC: u16 = 37;
-const TCA_KIND: u16 = 1;
-/// `TC_H_CLSACT` (= `TC_H_INGRESS`): the parent clsact sits at, and its handle `ffff:`.
-const TC_H_CLSACT: u32 = 0xffff_fff1;
-const CLSACT_HANDLE: u32 = 0xffff_0000;
-
-/// An RTM_DELQDISC request for the clsact qdisc: netlink header, `struct tcmsg`, and the
-/// TCA_KIND attribute "clsact".
-#[repr(C)]
-struct DelQdisc {
-    header: libc::nlmsghdr,
-    family: u8,
-    _pad: [u8; 3],
-    ifindex: i32,
-    handle: u32,
-    parent: u32,
-    info: u32,
-    kind_len: u16,
-    kind_type: u16,
-    kind: [u8; 8],
-}
-
-/// Deletes the clsact qdisc of interface `ifindex` (and every filter on it). aya can add
-/// one but not delete it.
+/// Deletes the clsact qdisc of interface `ifindex` (and every filter on it): aya can add
+/// one but not delete it. A blocking request on a socket of its own, as this runs both
+/// inside and outside the daemon's runtime.
 pub fn delete_clsact(ifindex: u32) -> io::Result<()> {
-    // SAFETY: plain socket calls on a descriptor owned here; the buffers outlive them.
-    unsafe {
-        let fd = libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        );
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let sock = OwnedFd::from_raw_fd(fd);
-        let req = DelQdisc {
-            header: libc::nlmsghdr {
-                nlmsg_len: size_of::<DelQdisc>() as u32,
-                nlmsg_type: RTM_DELQDISC,
-                nlmsg_flags: (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16,
-                nlmsg_seq: 1,
-                nlmsg_pid: 0,
-            },
-            family: libc::AF_UNSPEC as u8,
-            _pad: [0; 3],
-            ifindex: ifindex as i32,
-            handle: CLSACT_HANDLE,
-            parent: TC_H_CLSACT,
-            info: 0,
-            kind_len: 4 + 7,
-            kind_type: TCA_KIND,
-            kind: *b"clsact\0\0",
-        };
-        let sent = libc::send(
-            sock.as_raw_fd(),
-            (&raw const req).cast(),
-            size_of::<DelQdisc>(),
-            0,
-        );
-        if sent < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // The ack: a header and `struct nlmsgerr`, whose error is 0 or a negated errno.
-        let mut buf = [0u8; 512];
-        let n = libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0);
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let header = size_of::<libc::nlmsghdr>();
-        if (n as usize) < header + 4 {
-            return Err(io::Error::other("a short netlink answer"));
-        }
-        let kind = u16::from_ne_bytes([buf[4], buf[5]]);
-        let error = i32::from_ne_bytes([
-            buf[header],
-            buf[header + 1],
-            buf[header + 2],
-            buf[header + 3],
-        ]);
-        if kind == libc::NLMSG_ERROR as u16 && error != 0 {
-            return Err(io::Error::from_raw_os_error(-error));
-        }
-        Ok(())
+    let mut qdisc = TcMessage::with_index(ifindex as i32);
+    qdisc.header.parent = TcHandle::CLSACT;
+    qdisc.header.handle = TcHandle {
+        major: 0xffff,
+        minor: 0,
+    };
+    qdisc
+        .attributes
+        .push(TcAttribute::Kind("clsact".to_owned()));
+    let mut request = NetlinkMessage::from(RouteNetlinkMessage::DelQueueDiscipline(qdisc));
+    request.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    request.header.sequence_number = 1;
+    request.finalize();
+    let mut buf = vec![0; request.buffer_len()];
+    request.serialize(&mut buf);
+    let socket = Socket::new(NETLINK_ROUTE)?;
+    socket.send_to(&buf, &SocketAddr::new(0, 0), 0)?;
+    let (answer, _) = socket.recv_from_full()?;
+    let answer = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer)
+        .map_err(|e| io::Error::other(format!("a netlink answer that does not parse: {e}")))?;
+    match answer.payload {
+        NetlinkPayload::Error(e) if e.code.is_some() => Err(e.to_io()),
+        _ => Ok(()),
     }
 }
