@@ -7,7 +7,7 @@ mod common;
 
 use std::{fs, path::PathBuf};
 
-use common::{attach, guard, nobody_binary, shaper, shaper_ok};
+use common::{TempFile, attach, guard, nobody_binary, shaper, shaper_ok};
 use shaper_lab::{cli::AttachGuard, lab::Lab};
 
 /// A port-less bridge in the rx namespace: no native XDP, so `xdp_mode = "native"` fails
@@ -22,31 +22,6 @@ fn pin_dir(lab: &Lab, iface: &str) -> PathBuf {
 /// Detaches `iface` in the lab's rx namespace when dropped.
 fn detach_on_drop(lab: &Lab, iface: &str) -> AttachGuard {
     guard(lab.rx_ns(), iface)
-}
-
-/// A file in the temporary directory, removed on drop.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(tag: &str, text: &str) -> Self {
-        let path =
-            std::env::temp_dir().join(format!("shaper-apply-{tag}-{}.toml", std::process::id()));
-        fs::write(&path, text).unwrap();
-        Self(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if let Err(e) = fs::remove_file(&self.0) {
-            // A warning, not a panic: this may run while unwinding.
-            eprintln!("warning: cannot remove {}: {e}", self.0.display());
-        }
-    }
 }
 
 /// [`shaper_ok`] in the lab's rx namespace.

@@ -16,7 +16,7 @@ use std::{
     time::Duration,
 };
 
-use common::{assert_near, guard, nobody_binary, shaper_ok, stats};
+use common::{assert_near, error_line, guard, nobody_binary, shaper_ok, stats};
 use serde_json::Value;
 use shaper_lab::{
     bins::shaper as shaper_bin,
@@ -67,23 +67,6 @@ fn attach_args<'a>(iface: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec!["attach", iface];
     args.extend_from_slice(rest);
     args
-}
-
-/// Asserts that the command failed with exactly one line on stderr, and returns that line.
-fn error_line(out: &Output, what: &str) -> String {
-    assert!(
-        !out.status.success(),
-        "{what}: expected a failure, but it succeeded; stdout: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert!(
-        lines.len() == 1 && !lines[0].trim().is_empty(),
-        "{what}: expected one line on stderr, got {}: {stderr:?}",
-        lines.len(),
-    );
-    lines[0].to_owned()
 }
 
 /// Asserts that the command failed with one line that contains every one of `needles`.

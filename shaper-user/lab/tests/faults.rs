@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{attach, guard, nobody_binary, shaper, shaper_ok, stats};
+use common::{TempFile, attach, error_line, guard, nobody_binary, shaper, shaper_ok, stats};
 use serde_json::Value;
 use shaper_common::maps::{PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_ROOT};
 use shaper_lab::{
@@ -26,24 +26,6 @@ use shaper_lab::{
     rng::Rng,
 };
 use shaper_user::{crash::CRASH_AT_VAR, journal::JOURNAL_PATH, system::LOCK_PATH};
-
-/// The one line a failed command wrote, after checking that it failed.
-fn error_line(out: &Output, what: &str) -> String {
-    assert!(
-        !out.status.success(),
-        "{what}: expected a failure, but it succeeded; stdout: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert!(
-        lines.len() == 1 && !lines[0].trim().is_empty(),
-        "{what}: expected one line on stderr, got {}: {stderr:?}",
-        lines.len(),
-    );
-    eprintln!("{what}: {}", lines[0]);
-    lines[0].to_owned()
-}
 
 /// Asserts a failure in one line holding every one of `needles`.
 fn assert_refused(out: &Output, what: &str, needles: &[&str]) {
@@ -76,30 +58,6 @@ fn add_veth(netns: &Netns, a: &str, b: &str) {
         netns
             .ip(&["link", "set", dev, "up"])
             .unwrap_or_else(|e| panic!("{e:#}"));
-    }
-}
-
-/// A configuration file in the temporary directory, removed on drop.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(tag: &str, text: &str) -> Self {
-        let path =
-            std::env::temp_dir().join(format!("shaper-faults-{tag}-{}.toml", std::process::id()));
-        fs::write(&path, text).unwrap();
-        Self(path)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if let Err(e) = fs::remove_file(&self.0) {
-            eprintln!("warning: cannot remove {}: {e}", self.0.display());
-        }
     }
 }
 

@@ -6,7 +6,11 @@
 //! Not every test file uses every helper: those that do not say so where they declare
 //! the module (`#[expect(dead_code, ...)]`).
 
-use std::process::{Command, Output, Stdio};
+use std::{
+    fs,
+    path::PathBuf,
+    process::{Command, Output, Stdio},
+};
 
 use shaper_lab::{
     bins::shaper as shaper_bin,
@@ -114,4 +118,47 @@ pub fn assert_near(what: &str, got: f64, expected: f64, burst: f64) -> f64 {
         tol * 100.0
     );
     err
+}
+
+/// Asserts that the command failed with exactly one line on stderr, and returns that line.
+pub fn error_line(out: &Output, what: &str) -> String {
+    assert!(
+        !out.status.success(),
+        "{what}: expected a failure, but it succeeded; stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        lines.len() == 1 && !lines[0].trim().is_empty(),
+        "{what}: expected one line on stderr, got {}: {stderr:?}",
+        lines.len(),
+    );
+    eprintln!("{what}: {}", lines[0]);
+    lines[0].to_owned()
+}
+
+/// A file in the temporary directory, removed on drop.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    pub fn new(tag: &str, text: &str) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("shaper-test-{tag}-{}.toml", std::process::id()));
+        fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    pub fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Err(e) = fs::remove_file(&self.0) {
+            // A warning, not a panic: this may run while unwinding.
+            eprintln!("warning: cannot remove {}: {e}", self.0.display());
+        }
+    }
 }
