@@ -81,6 +81,8 @@ pub struct FloodRow {
     pub placement: String,
     pub flood_sent_packets: u64,
     pub flood_sent_per_sec: f64,
+    /// Flood frames the receiver saw.
+    pub flood_received_packets: u64,
     /// Flood frames the receiver saw, of those sent.
     pub flood_passed_pct: f64,
     /// What the two under-limit sources lost between sender and receiver.
@@ -191,6 +193,7 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
                 placement: placement.to_owned(),
                 flood_sent_packets: flood.sent_packets,
                 flood_sent_per_sec: flood.sent_packets as f64 / flood.offered_secs,
+                flood_received_packets: flood.received_packets,
                 flood_passed_pct: 100.0 * flood.received_packets as f64
                     / flood.sent_packets.max(1) as f64,
                 real_loss_pct: 100.0 * (sent - received.min(sent)) as f64 / sent.max(1) as f64,
