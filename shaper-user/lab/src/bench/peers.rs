@@ -82,7 +82,8 @@ pub struct Peer {
 }
 
 impl Peer {
-    /// Limits every source address arriving on `iface` to `rate_bps` with a burst of
+    /// Limits every source address arriving on `iface` (leaving it, for
+    /// [`Kind::NftEgress`]) to `rate_bps` with a burst of
     /// [`burst_given`]`(kind, rate_bps, burst)` bytes.
     pub fn install(kind: Kind, ns: &str, iface: &str, rate_bps: u64, burst: u64) -> Result<Peer> {
         // The guard exists before the first step, so a failing step undoes the others.
