@@ -72,7 +72,8 @@ pub struct AccuracyOptions {
     pub shaper: PathBuf,
     /// A smoke run: one configuration per limiter, very short runs (seconds in all).
     pub quick: bool,
-    /// Sending time of each run (3 s gives a full sweep of about 10 minutes). In quick mode
+    /// Sending time of each run (3 s gives a full sweep, seven limiters per configuration,
+    /// of about 10 minutes, and the CPU case about 4½ more). In quick mode
     /// at most 0.4 s is used.
     pub seconds: f64,
     /// Restricts the run (for investigating one configuration); `None` runs everything.
