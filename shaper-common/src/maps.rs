@@ -481,7 +481,7 @@ mod pod {
 }
 
 /// The size of the ring buffer of sampled events (`SHAPER_EVENTS`), in bytes: a power of
-/// two pages; room for 4096 events of [`WatchEvent`] with the ring buffer's 8-byte header.
+/// two pages; room for 5461 events of [`WatchEvent`] with the ring buffer's 8-byte header.
 pub const EVENTS_BYTES: u32 = 256 * 1024;
 
 /// Entries of `SHAPER_WATCH`: [`WATCH_CONTROL`], written by the watcher only, and

@@ -29,7 +29,7 @@ use crate::{maps::KeyNet, pins::Attachment, system, upgrade};
 pub const LEASE: Duration = Duration::from_secs(3);
 /// How often a watcher renews its lease.
 pub const RENEW: Duration = Duration::from_secs(1);
-/// The most events a second a watcher may ask for (the ring buffer holds 4096).
+/// The most events a second a watcher may ask for (the ring buffer holds 5461).
 pub const MAX_EVENTS_PER_SEC: u32 = 100_000;
 
 #[derive(Debug, thiserror::Error)]

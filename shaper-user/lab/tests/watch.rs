@@ -123,6 +123,32 @@ fn watch_reports_a_source_over_its_limit_and_none_under_it() {
     }
     // Every drop was sampled: the rate allowed far more than there were.
     assert_eq!(events.len() as u64, s.key(over).dropped_packets);
+    println!("shaper -j watch:\n{}", events[0]);
+
+    // The same as text: one line an event.
+    let text = Command::new(shaper_bin())
+        .args(["-n", lab.rx_ns(), "watch", lab.rx_iface(), "--count", "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    send(&lab, &flows(&lab, &[2 * RATE_BPS, RATE_BPS / 2]), 1);
+    let out = text.wait_with_output().unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    println!(
+        "shaper watch:\n{}{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success());
+    assert_eq!(stdout.lines().count(), 3, "{stdout}");
+    for line in stdout.lines() {
+        assert!(
+            line.contains(&format!(" {over} "))
+                && line.contains("policy default")
+                && line.ends_with("1000 bytes  dropped: over its limit"),
+            "{line}"
+        );
+    }
 }
 
 #[test]
