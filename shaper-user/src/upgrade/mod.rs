@@ -46,6 +46,7 @@
 mod decode;
 mod layout1;
 mod layout3;
+mod layout4;
 mod pinned;
 
 use std::{
@@ -636,22 +637,27 @@ mod tests {
             pins.sort_unstable();
             pins
         };
-        // Layout 2 lacks the version and the carried counts; its counters changed since.
+        // Layout 2 lacks the version and the carried counts; its counters and config
+        // changed since.
         assert_eq!(
             reused(2),
             all_but(&[
                 PIN_LAYOUT,
+                PIN_CONFIG,
                 PIN_COUNTERS,
                 PIN_COUNTERS_CARRIED,
                 PIN_POLICY_STATS_CARRIED
             ])
         );
         assert!(reused(2).contains(&PIN_ADMISSION));
-        // Layout 3's counters (and so what carries them) changed; the policies' did not.
-        assert_eq!(
-            reused(3),
-            all_but(&[PIN_LAYOUT, PIN_COUNTERS, PIN_COUNTERS_CARRIED])
-        );
+        // Layouts 3 and 4: the counters (and so what carries them) and the config (shaping)
+        // changed; the policies did not.
+        for from in [3, 4] {
+            assert_eq!(
+                reused(from),
+                all_but(&[PIN_LAYOUT, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED])
+            );
+        }
         // The version is always written anew.
         assert!(!reused(LAYOUT_VERSION).contains(&PIN_LAYOUT));
     }
