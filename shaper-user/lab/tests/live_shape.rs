@@ -1,0 +1,285 @@
+//! Shape mode (EDT on tc egress, held back by sch_fq) with real TCP: iperf3 between the
+//! lab's namespaces, shaped against policed at the same rate, with and without ECN; and
+//! attach's refusal where sch_fq does not hold the device's packets.
+//!
+//! This machine's kernel has no sch_fq, so the TCP tests run in the kernel matrix's
+//! guests only (`cargo xtask test --kernel 6.12 -- live_shape`), where it is a module; the
+//! rate is one the emulated guest carries easily. The refusal runs everywhere.
+
+#[expect(dead_code, reason = "not every helper is used here")]
+mod common;
+
+use std::{
+    process::{Child, Command, Stdio},
+    thread,
+    time::Duration,
+};
+
+use common::{attach_toward, shaper, shaper_ok};
+use shaper_lab::lab::Lab;
+
+const EGRESS: &str = "egress";
+/// What the flows are held to: a rate the emulated guest carries with room to spare.
+const RATE_BPS: f64 = 4_000_000.0;
+const RATE: &str = "4mbit";
+const BURST: &str = "32k";
+const SECS: u32 = 10;
+/// A full-size TCP segment on the wire (Ethernet and IPv4 and TCP with timestamps) over
+/// what iperf3 counts of it: shaper charges wire bytes, iperf3 reports payload.
+const WIRE_OVER_PAYLOAD: f64 = 1514.0 / 1448.0;
+
+/// `ip netns exec NS ARGS...`, its output; panics if it fails.
+fn exec(ns: &str, args: &[&str]) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ip netns exec");
+    assert!(
+        out.status.success(),
+        "{args:?} in {ns}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// A process killed (and reaped) when dropped: the iperf3 server.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What one iperf3 TCP run from tx to rx came to.
+#[derive(Debug)]
+struct Tcp {
+    /// Received payload, bits per second.
+    goodput_bps: f64,
+    retransmits: u64,
+}
+
+/// Sets TCP's ECN (`net.ipv4.tcp_ecn`: 1 asks for it, 0 never) in both namespaces.
+fn tcp_ecn(lab: &Lab, value: u32) {
+    for ns in [lab.tx_ns(), lab.rx_ns()] {
+        exec(ns, &["sysctl", "-qw", &format!("net.ipv4.tcp_ecn={value}")]);
+    }
+}
+
+/// One iperf3 TCP flow from the lab's first source to its receiver for [`SECS`].
+fn iperf(lab: &Lab) -> Tcp {
+    let _server = Killed(
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                lab.rx_ns(),
+                "iperf3",
+                "-s",
+                "-1",
+                "-p",
+                "5299",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run iperf3 -s"),
+    );
+    // The server listens within a moment; the client retries the connection meanwhile.
+    let rx = lab.rx_addr().to_string();
+    let src = lab.sources()[0].to_string();
+    let secs = SECS.to_string();
+    let mut out = String::new();
+    for _ in 0..50 {
+        let o = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                lab.tx_ns(),
+                "iperf3",
+                "-c",
+                &rx,
+                "-B",
+                &src,
+            ])
+            .args(["-p", "5299", "-t", &secs, "-J"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run iperf3 -c");
+        if o.status.success() {
+            out = String::from_utf8(o.stdout).expect("UTF-8");
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    let j: serde_json::Value = serde_json::from_str(&out).expect("iperf3 -J is JSON");
+    let end = &j["end"];
+    Tcp {
+        goodput_bps: end["sum_received"]["bits_per_second"]
+            .as_f64()
+            .expect("bits_per_second"),
+        retransmits: end["sum_sent"]["retransmits"]
+            .as_u64()
+            .expect("retransmits"),
+    }
+}
+
+/// `stats -j`'s totals for the egress of the lab's sender.
+fn totals(lab: &Lab) -> serde_json::Value {
+    let out = shaper_ok(
+        lab.tx_ns(),
+        &["--direction", EGRESS, "-j", "stats", lab.tx_iface()],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).expect("stats -j is JSON");
+    v["totals"].clone()
+}
+
+fn count(t: &serde_json::Value, key: &str) -> u64 {
+    t[key].as_u64().unwrap_or_else(|| panic!("{key} in {t}"))
+}
+
+/// A lab whose sender's device has sch_fq as its root qdisc.
+fn lab_with_fq(tag: &str) -> Lab {
+    let lab = Lab::new(tag, 1).unwrap();
+    exec(
+        lab.tx_ns(),
+        &[
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            lab.tx_iface(),
+            "root",
+            "fq",
+        ],
+    );
+    lab
+}
+
+#[test]
+#[ignore = "needs root and sch_fq: runs in the kernel matrix (cargo xtask test --kernel 6.12)"]
+fn shaped_tcp_reaches_the_rate_with_fewer_retransmits_than_policed() {
+    let lab = lab_with_fq("shape");
+    let (ns, iface) = (lab.tx_ns(), lab.tx_iface());
+    // No ECN: what shaping does for TCP that cannot be told of congestion but by loss.
+    tcp_ecn(&lab, 0);
+
+    let policed = {
+        let _attached = attach_toward(ns, iface, EGRESS, RATE, BURST, &[]);
+        iperf(&lab)
+    };
+    let _attached = attach_toward(ns, iface, EGRESS, RATE, BURST, &["--mode", "shape"]);
+    let shaped = iperf(&lab);
+    let t = totals(&lab);
+    println!(
+        "{RATE} for {SECS} s: policed {:.3} Mbit/s goodput, {} retransmits; shaped {:.3} Mbit/s, {} retransmits; shaped {} pkts, delay p50 {} p90 {} p99 {} ns, horizon drops {}",
+        policed.goodput_bps / 1e6,
+        policed.retransmits,
+        shaped.goodput_bps / 1e6,
+        shaped.retransmits,
+        t["shaped_packets"],
+        t["shape_delay_p50_ns"],
+        t["shape_delay_p90_ns"],
+        t["shape_delay_p99_ns"],
+        t["horizon_dropped_packets"],
+    );
+    println!("delay histogram: {}", t["shape_delay_histogram"]);
+    // On the wire, the shaped flow gets at least 95% of the rate.
+    let wire = shaped.goodput_bps * WIRE_OVER_PAYLOAD;
+    assert!(
+        wire >= 0.95 * RATE_BPS,
+        "shaped: {wire:.0} bit/s on the wire, under 95% of {RATE_BPS}"
+    );
+    assert!(
+        shaped.retransmits < policed.retransmits,
+        "shaped {} retransmits, policed {}",
+        shaped.retransmits,
+        policed.retransmits
+    );
+    assert!(
+        count(&t, "shaped_packets") > 0,
+        "nothing was held back: {t}"
+    );
+    // The delay stays under the horizon (50 ms): no packet in a bucket that starts at
+    // or beyond it.
+    let horizon_ns = 50_000_000;
+    for b in t["shape_delay_histogram"].as_array().expect("histogram") {
+        assert!(
+            count(b, "from_ns") < horizon_ns,
+            "held back beyond the horizon: {b}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root and sch_fq: runs in the kernel matrix (cargo xtask test --kernel 6.12)"]
+fn ecn_capable_flows_are_marked_not_dropped() {
+    let lab = lab_with_fq("shape-ecn");
+    let (ns, iface) = (lab.tx_ns(), lab.tx_iface());
+    tcp_ecn(&lab, 1);
+    let _attached = attach_toward(ns, iface, EGRESS, RATE, BURST, &["--mode", "shape"]);
+    let tcp = iperf(&lab);
+    let t = totals(&lab);
+    println!(
+        "ECN, {RATE} for {SECS} s: {:.3} Mbit/s goodput, {} retransmits; shaped {} pkts, CE marked {}, horizon drops {}, delay p50 {} p99 {} ns",
+        tcp.goodput_bps / 1e6,
+        tcp.retransmits,
+        t["shaped_packets"],
+        t["ce_marked_packets"],
+        t["horizon_dropped_packets"],
+        t["shape_delay_p50_ns"],
+        t["shape_delay_p99_ns"],
+    );
+    assert!(count(&t, "ce_marked_packets") > 0, "nothing marked: {t}");
+    assert_eq!(count(&t, "horizon_dropped_packets"), 0, "dropped: {t}");
+    assert_eq!(count(&t, "dropped_packets"), 0, "dropped: {t}");
+}
+
+#[test]
+#[ignore = "needs root: loads tc programs and creates network namespaces (cargo xtask test)"]
+fn attach_refuses_shape_without_fq_in_one_line() {
+    let lab = Lab::new("shape-nofq", 1).unwrap();
+    let (ns, iface) = (lab.tx_ns(), lab.tx_iface());
+    let refused = |args: &[&str]| {
+        let out = shaper(ns, args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{args:?} was not refused");
+        assert_eq!(
+            stderr.trim_end().lines().count(),
+            1,
+            "not one line: {stderr}"
+        );
+        // Nothing attached in either direction.
+        let status = shaper_ok(ns, &["status"]);
+        assert!(status.contains("not attached anywhere"), "{status}");
+        stderr
+    };
+    // A veth's root qdisc is noqueue: the error says how to put fq there.
+    let e = refused(&[
+        "--direction",
+        EGRESS,
+        "attach",
+        iface,
+        "--rate",
+        RATE,
+        "--burst",
+        BURST,
+        "--mode",
+        "shape",
+    ]);
+    assert!(
+        e.contains(&format!("tc -n {ns} qdisc replace dev {iface} root fq")),
+        "{e}"
+    );
+    // Ingress (XDP or tc) cannot shape.
+    for hook in ["xdp", "tc"] {
+        let e = refused(&[
+            "attach", iface, "--rate", RATE, "--burst", BURST, "--mode", "shape", "--hook", hook,
+        ]);
+        assert!(e.contains("--direction egress"), "{e}");
+    }
+}
