@@ -60,6 +60,9 @@ struct Tcp {
     /// Received payload, bits per second.
     goodput_bps: f64,
     retransmits: u64,
+    /// The sender's mean smoothed RTT, microseconds: what the queue shaping keeps in fq
+    /// adds to it.
+    mean_rtt_us: u64,
 }
 
 /// Sets TCP's ECN (`net.ipv4.tcp_ecn`: 1 asks for it, 0 never) in both namespaces.
@@ -125,6 +128,9 @@ fn iperf(lab: &Lab) -> Tcp {
         retransmits: end["sum_sent"]["retransmits"]
             .as_u64()
             .expect("retransmits"),
+        mean_rtt_us: end["streams"][0]["sender"]["mean_rtt"]
+            .as_u64()
+            .unwrap_or_default(),
     }
 }
 
@@ -176,11 +182,13 @@ fn shaped_tcp_reaches_the_rate_with_fewer_retransmits_than_policed() {
     let shaped = iperf(&lab);
     let t = totals(&lab);
     println!(
-        "{RATE} for {SECS} s: policed {:.3} Mbit/s goodput, {} retransmits; shaped {:.3} Mbit/s, {} retransmits; shaped {} pkts, delay p50 {} p90 {} p99 {} ns, horizon drops {}",
+        "{RATE} for {SECS} s: policed {:.3} Mbit/s goodput, {} retransmits, mean RTT {} us; shaped {:.3} Mbit/s, {} retransmits, mean RTT {} us; shaped {} pkts, delay p50 {} p90 {} p99 {} ns, horizon drops {}",
         policed.goodput_bps / 1e6,
         policed.retransmits,
+        policed.mean_rtt_us,
         shaped.goodput_bps / 1e6,
         shaped.retransmits,
+        shaped.mean_rtt_us,
         t["shaped_packets"],
         t["shape_delay_p50_ns"],
         t["shape_delay_p90_ns"],
@@ -204,6 +212,14 @@ fn shaped_tcp_reaches_the_rate_with_fewer_retransmits_than_policed() {
         count(&t, "shaped_packets") > 0,
         "nothing was held back: {t}"
     );
+    // Held back for real: fq kept the packets until their departure time, which TCP sees
+    // as a longer round trip (a stamp that fq ignored would leave the RTT as policed).
+    assert!(
+        shaped.mean_rtt_us > policed.mean_rtt_us + 2_000,
+        "shaped mean RTT {} us, policed {} us: were the packets held back?",
+        shaped.mean_rtt_us,
+        policed.mean_rtt_us
+    );
     // The delay stays under the horizon (50 ms): no packet in a bucket that starts at
     // or beyond it.
     let horizon_ns = 50_000_000;
@@ -225,9 +241,10 @@ fn ecn_capable_flows_are_marked_not_dropped() {
     let tcp = iperf(&lab);
     let t = totals(&lab);
     println!(
-        "ECN, {RATE} for {SECS} s: {:.3} Mbit/s goodput, {} retransmits; shaped {} pkts, CE marked {}, horizon drops {}, delay p50 {} p99 {} ns",
+        "ECN, {RATE} for {SECS} s: {:.3} Mbit/s goodput, {} retransmits, mean RTT {} us; shaped {} pkts, CE marked {}, horizon drops {}, delay p50 {} p99 {} ns",
         tcp.goodput_bps / 1e6,
         tcp.retransmits,
+        tcp.mean_rtt_us,
         t["shaped_packets"],
         t["ce_marked_packets"],
         t["horizon_dropped_packets"],
