@@ -1,6 +1,11 @@
-//! Shape mode (EDT on tc egress, held back by sch_fq) with real TCP: iperf3 between the
-//! lab's namespaces, shaped against policed at the same rate, with and without ECN; and
-//! attach's refusal where sch_fq does not hold the device's packets.
+//! Shape mode (EDT on tc egress, held back by sch_fq) with real TCP: iperf3 through the
+//! routed lab, held on the router's egress towards the receiver (a router holding a
+//! customer's download), shaped against policed at the same rate, with and without ECN;
+//! and attach's refusal where sch_fq does not hold the device's packets.
+//!
+//! Routed, because a drop on the sender's own egress is no loss to TCP: the stack sees
+//! the packet refused and sends it again later, without counting a retransmission (it
+//! shows only as lost throughput).
 //!
 //! This machine's kernel has no sch_fq, so the TCP tests run in the kernel matrix's
 //! guests only (`cargo xtask test --kernel 6.12 -- live_shape`), where it is a module; the
@@ -134,12 +139,10 @@ fn iperf(lab: &Lab) -> Tcp {
     }
 }
 
-/// `stats -j`'s totals for the egress of the lab's sender.
+/// `stats -j`'s totals for the egress of the lab's router towards the receiver.
 fn totals(lab: &Lab) -> serde_json::Value {
-    let out = shaper_ok(
-        lab.tx_ns(),
-        &["--direction", EGRESS, "-j", "stats", lab.tx_iface()],
-    );
+    let (ns, iface) = lab.egress();
+    let out = shaper_ok(ns.name(), &["--direction", EGRESS, "-j", "stats", iface]);
     let v: serde_json::Value = serde_json::from_str(&out).expect("stats -j is JSON");
     v["totals"].clone()
 }
@@ -148,20 +151,13 @@ fn count(t: &serde_json::Value, key: &str) -> u64 {
     t[key].as_u64().unwrap_or_else(|| panic!("{key} in {t}"))
 }
 
-/// A lab whose sender's device has sch_fq as its root qdisc.
+/// A routed lab whose router's device towards the receiver has sch_fq as its root qdisc.
 fn lab_with_fq(tag: &str) -> Lab {
-    let lab = Lab::new(tag, 1).unwrap();
+    let lab = Lab::routed(tag, 1).unwrap();
+    let (ns, iface) = lab.egress();
     exec(
-        lab.tx_ns(),
-        &[
-            "tc",
-            "qdisc",
-            "replace",
-            "dev",
-            lab.tx_iface(),
-            "root",
-            "fq",
-        ],
+        ns.name(),
+        &["tc", "qdisc", "replace", "dev", iface, "root", "fq"],
     );
     lab
 }
@@ -170,7 +166,8 @@ fn lab_with_fq(tag: &str) -> Lab {
 #[ignore = "needs root and sch_fq: runs in the kernel matrix (cargo xtask test --kernel 6.12)"]
 fn shaped_tcp_reaches_the_rate_with_fewer_retransmits_than_policed() {
     let lab = lab_with_fq("shape");
-    let (ns, iface) = (lab.tx_ns(), lab.tx_iface());
+    let (ns, iface) = lab.egress();
+    let ns = ns.name();
     // No ECN: what shaping does for TCP that cannot be told of congestion but by loss.
     tcp_ecn(&lab, 0);
 
@@ -235,7 +232,8 @@ fn shaped_tcp_reaches_the_rate_with_fewer_retransmits_than_policed() {
 #[ignore = "needs root and sch_fq: runs in the kernel matrix (cargo xtask test --kernel 6.12)"]
 fn ecn_capable_flows_are_marked_not_dropped() {
     let lab = lab_with_fq("shape-ecn");
-    let (ns, iface) = (lab.tx_ns(), lab.tx_iface());
+    let (ns, iface) = lab.egress();
+    let ns = ns.name();
     tcp_ecn(&lab, 1);
     let _attached = attach_toward(ns, iface, EGRESS, RATE, BURST, &["--mode", "shape"]);
     let tcp = iperf(&lab);
@@ -251,9 +249,21 @@ fn ecn_capable_flows_are_marked_not_dropped() {
         t["shape_delay_p50_ns"],
         t["shape_delay_p99_ns"],
     );
-    assert!(count(&t, "ce_marked_packets") > 0, "nothing marked: {t}");
-    assert_eq!(count(&t, "horizon_dropped_packets"), 0, "dropped: {t}");
-    assert_eq!(count(&t, "dropped_packets"), 0, "dropped: {t}");
+    // Marked instead of dropped: TCP slows down on the marks, and the queue stays near the
+    // threshold. Slow start can overshoot the horizon before the first marks reach the
+    // sender, so a few drops at the start are allowed: at most 1% of the packets, and a
+    // hundredth of the marks.
+    let (marked, dropped) = (
+        count(&t, "ce_marked_packets"),
+        count(&t, "horizon_dropped_packets"),
+    );
+    assert!(marked > 0, "nothing marked: {t}");
+    assert!(
+        dropped * 100 <= marked && dropped * 100 <= count(&t, "passed_packets"),
+        "{dropped} dropped against {marked} marked: {t}"
+    );
+    // Every drop is a horizon drop.
+    assert_eq!(count(&t, "dropped_packets"), dropped, "{t}");
 }
 
 #[test]
