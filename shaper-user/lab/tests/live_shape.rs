@@ -1,7 +1,8 @@
 //! Shape mode (EDT on tc egress, held back by sch_fq) with real TCP: iperf3 through the
 //! routed lab, held on the router's egress towards the receiver (a router holding a
 //! customer's download), shaped against policed at the same rate, with and without ECN;
-//! and attach's refusal where sch_fq does not hold the device's packets.
+//! (attach's refusal where sch_fq does not hold the device's packets is in
+//! live_egress.rs, which runs on this machine too.)
 //!
 //! Routed, because a drop on the sender's own egress is no loss to TCP: the stack sees
 //! the packet refused and sends it again later, without counting a retransmission (it
@@ -9,7 +10,7 @@
 //!
 //! This machine's kernel has no sch_fq, so the TCP tests run in the kernel matrix's
 //! guests only (`cargo xtask test --kernel 6.12 -- live_shape`), where it is a module; the
-//! rate is one the emulated guest carries easily. The refusal runs everywhere.
+//! rate is one the emulated guest carries easily.
 
 #[expect(dead_code, reason = "not every helper is used here")]
 mod common;
@@ -20,7 +21,7 @@ use std::{
     time::Duration,
 };
 
-use common::{attach_toward, shaper, shaper_ok};
+use common::{attach_toward, shaper_ok};
 use shaper_lab::lab::Lab;
 
 const EGRESS: &str = "egress";
@@ -264,49 +265,4 @@ fn ecn_capable_flows_are_marked_not_dropped() {
     );
     // Every drop is a horizon drop.
     assert_eq!(count(&t, "dropped_packets"), dropped, "{t}");
-}
-
-#[test]
-#[ignore = "needs root: loads tc programs and creates network namespaces (cargo xtask test)"]
-fn attach_refuses_shape_without_fq_in_one_line() {
-    let lab = Lab::new("shape-nofq", 1).unwrap();
-    let (ns, iface) = (lab.tx_ns(), lab.tx_iface());
-    let refused = |args: &[&str]| {
-        let out = shaper(ns, args);
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(!out.status.success(), "{args:?} was not refused");
-        assert_eq!(
-            stderr.trim_end().lines().count(),
-            1,
-            "not one line: {stderr}"
-        );
-        // Nothing attached in either direction.
-        let status = shaper_ok(ns, &["status"]);
-        assert!(status.contains("not attached anywhere"), "{status}");
-        stderr
-    };
-    // A veth's root qdisc is noqueue: the error says how to put fq there.
-    let e = refused(&[
-        "--direction",
-        EGRESS,
-        "attach",
-        iface,
-        "--rate",
-        RATE,
-        "--burst",
-        BURST,
-        "--mode",
-        "shape",
-    ]);
-    assert!(
-        e.contains(&format!("tc -n {ns} qdisc replace dev {iface} root fq")),
-        "{e}"
-    );
-    // Ingress (XDP or tc) cannot shape.
-    for hook in ["xdp", "tc"] {
-        let e = refused(&[
-            "attach", iface, "--rate", RATE, "--burst", BURST, "--mode", "shape", "--hook", hook,
-        ]);
-        assert!(e.contains("--direction egress"), "{e}");
-    }
 }
