@@ -145,7 +145,10 @@ fn totals(lab: &Lab) -> serde_json::Value {
     let (ns, iface) = lab.egress();
     let out = shaper_ok(ns.name(), &["--direction", EGRESS, "-j", "stats", iface]);
     let v: serde_json::Value = serde_json::from_str(&out).expect("stats -j is JSON");
-    v["totals"].clone()
+    // The delay's percentiles and histogram, beside the counts.
+    let mut t = v["totals"].clone();
+    t["shape_delay"] = v["shape_delay"].clone();
+    t
 }
 
 fn count(t: &serde_json::Value, key: &str) -> u64 {
@@ -188,12 +191,12 @@ fn shaped_tcp_reaches_the_rate_with_fewer_retransmits_than_policed() {
         shaped.retransmits,
         shaped.mean_rtt_us,
         t["shaped_packets"],
-        t["shape_delay_p50_ns"],
-        t["shape_delay_p90_ns"],
-        t["shape_delay_p99_ns"],
+        t["shape_delay"]["p50_ns"],
+        t["shape_delay"]["p90_ns"],
+        t["shape_delay"]["p99_ns"],
         t["horizon_dropped_packets"],
     );
-    println!("delay histogram: {}", t["shape_delay_histogram"]);
+    println!("delay histogram: {}", t["shape_delay"]["histogram"]);
     // On the wire, the shaped flow gets at least 95% of the rate.
     let wire = shaped.goodput_bps * WIRE_OVER_PAYLOAD;
     assert!(
@@ -221,7 +224,7 @@ fn shaped_tcp_reaches_the_rate_with_fewer_retransmits_than_policed() {
     // The delay stays under the horizon (50 ms): no packet in a bucket that starts at
     // or beyond it.
     let horizon_ns = 50_000_000;
-    for b in t["shape_delay_histogram"].as_array().expect("histogram") {
+    for b in t["shape_delay"]["histogram"].as_array().expect("histogram") {
         assert!(
             count(b, "from_ns") < horizon_ns,
             "held back beyond the horizon: {b}"
@@ -247,8 +250,8 @@ fn ecn_capable_flows_are_marked_not_dropped() {
         t["shaped_packets"],
         t["ce_marked_packets"],
         t["horizon_dropped_packets"],
-        t["shape_delay_p50_ns"],
-        t["shape_delay_p99_ns"],
+        t["shape_delay"]["p50_ns"],
+        t["shape_delay"]["p99_ns"],
     );
     // Marked instead of dropped: TCP slows down on the marks, and the queue stays near the
     // threshold. Slow start can overshoot the horizon before the first marks reach the

@@ -62,13 +62,43 @@ pub struct Shaping {
     /// drops of the policies in shape mode, which drop nothing else.
     pub horizon_dropped_packets: u64,
     pub horizon_dropped_bytes: u64,
-    /// Percentiles of how long shaped packets were held back: the upper bound of the
-    /// log2 bucket each falls in (`null` when nothing was shaped).
-    pub shape_delay_p50_ns: Option<u64>,
-    pub shape_delay_p90_ns: Option<u64>,
-    pub shape_delay_p99_ns: Option<u64>,
+}
+
+/// How long shaped packets were held back (`shape_delay` of `stats -j`, beside the
+/// totals, which are all counts).
+#[derive(Debug, Serialize)]
+pub struct ShapeDelay {
+    /// Percentiles: the upper bound of the log2 bucket each falls in (`null` when nothing
+    /// was shaped).
+    pub p50_ns: Option<u64>,
+    pub p90_ns: Option<u64>,
+    pub p99_ns: Option<u64>,
     /// The buckets that counted anything.
-    pub shape_delay_histogram: Vec<DelayBucket>,
+    pub histogram: Vec<DelayBucket>,
+}
+
+impl ShapeDelay {
+    pub fn new(c: &Counters) -> Self {
+        let h = &c.shape_delay;
+        Self {
+            p50_ns: percentile_ns(h, 50),
+            p90_ns: percentile_ns(h, 90),
+            p99_ns: percentile_ns(h, 99),
+            histogram: h
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n != 0)
+                .map(|(k, &packets)| {
+                    let (from_ns, to_ns) = bucket_bounds_ns(k);
+                    DelayBucket {
+                        from_ns,
+                        to_ns,
+                        packets,
+                    }
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -82,29 +112,12 @@ pub struct DelayBucket {
 impl Shaping {
     /// From the counters and the drops of the policies in shape mode.
     pub fn new(c: &Counters, horizon_dropped: (u64, u64)) -> Self {
-        let h = &c.shape_delay;
         Self {
             shaped_packets: c.shaped_packets,
             shaped_bytes: c.shaped_bytes,
             ce_marked_packets: c.ce_marked_packets,
             horizon_dropped_packets: horizon_dropped.0,
             horizon_dropped_bytes: horizon_dropped.1,
-            shape_delay_p50_ns: percentile_ns(h, 50),
-            shape_delay_p90_ns: percentile_ns(h, 90),
-            shape_delay_p99_ns: percentile_ns(h, 99),
-            shape_delay_histogram: h
-                .iter()
-                .enumerate()
-                .filter(|(_, n)| **n != 0)
-                .map(|(k, &packets)| {
-                    let (from_ns, to_ns) = bucket_bounds_ns(k);
-                    DelayBucket {
-                        from_ns,
-                        to_ns,
-                        packets,
-                    }
-                })
-                .collect(),
         }
     }
 }
@@ -204,6 +217,7 @@ struct Stats {
     /// `src` or `dst`: which address the sources below are.
     key: &'static str,
     totals: Totals,
+    shape_delay: ShapeDelay,
     sources_tracked: usize,
     top_sources: Vec<Source>,
 }
@@ -267,6 +281,7 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
         direction: at.direction.name(),
         key: loader::key_name(config.key_by),
         totals: counters.into(),
+        shape_delay: ShapeDelay::new(&counters),
         sources_tracked: sources.len(),
         top_sources: top(sources, args.top),
     };
@@ -336,9 +351,9 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
             "  shaped     {:>12} pkts {:>16} bytes: delay p50 {} p90 {} p99 {}; CE marked {} pkts",
             s.shaped_packets,
             s.shaped_bytes,
-            at_most(s.shape_delay_p50_ns),
-            at_most(s.shape_delay_p90_ns),
-            at_most(s.shape_delay_p99_ns),
+            at_most(stats.shape_delay.p50_ns),
+            at_most(stats.shape_delay.p90_ns),
+            at_most(stats.shape_delay.p99_ns),
             s.ce_marked_packets
         );
         println!(
