@@ -307,6 +307,12 @@ fn an_upgrade_from_layout_3_keeps_every_cell_and_counter() {
     upgrade_keeps_every_cell_and_counter(3);
 }
 
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_upgrade_from_layout_4_keeps_every_cell_and_counter() {
+    upgrade_keeps_every_cell_and_counter(4);
+}
+
 /// Upgrades an attachment of pin layout `layout` in the middle of live traffic.
 fn traffic_through_an_upgrade(layout: u32) {
     const SECS: f64 = 4.0;
