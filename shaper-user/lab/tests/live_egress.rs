@@ -296,9 +296,13 @@ fn attach_refuses_shape_without_fq_in_one_line() {
             1,
             "not one line: {stderr}"
         );
-        // Nothing attached in either direction.
-        let status = shaper_ok(ns, &["status"]);
-        assert!(status.contains("not attached anywhere"), "{status}");
+        // Nothing attached in either direction (`status` of the interface, not of every
+        // attachment: other tests' may be there).
+        for direction in [EGRESS, INGRESS] {
+            let out = shaper(ns, &["--direction", direction, "status", iface]);
+            let e = String::from_utf8_lossy(&out.stderr);
+            assert!(e.contains("not attached"), "{direction}: {e}");
+        }
         stderr
     };
     // A veth's root qdisc is noqueue: the error says how to put fq there.
