@@ -6,8 +6,9 @@ use core::fmt;
 use crate::{
     gcra::{Limit, LimitError, MAX_RATE_BPS},
     maps::{
-        ACTION_DROP, ACTION_LIMIT, ACTION_PASS, Admission, Config, DEFAULT_PREFIX_V4,
-        DEFAULT_PREFIX_V6, KEY_BY_DST, KEY_BY_SRC, MODE_ENFORCE, MODE_MONITOR, Policy,
+        ACTION_DROP, ACTION_LIMIT, ACTION_PASS, Admission, Config, DEFAULT_ECN_THRESHOLD_NS,
+        DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST, KEY_BY_SRC,
+        MAX_HORIZON_NS, MODE_ENFORCE, MODE_MONITOR, MODE_SHAPE, Policy, Shape,
     },
 };
 
@@ -33,6 +34,10 @@ pub enum ConfigError {
     NewSourcesTooMany(u64),
     /// New-source admission: its burst.
     NewSources(LimitError),
+    /// Shape mode with an action other than limit (nothing to hold back).
+    ShapeNeedsLimit,
+    /// Shape mode with an aggregate rate (not supported: the aggregate is policed).
+    ShapeWithAggregate,
 }
 
 impl fmt::Display for ConfigError {
@@ -53,6 +58,12 @@ impl fmt::Display for ConfigError {
                 "{n} new sources a second is more than the {MAX_NEW_SOURCES} that can be metered"
             ),
             Self::NewSources(e) => write!(f, "new sources: {e}"),
+            Self::ShapeNeedsLimit => {
+                f.write_str("mode shape holds back what is over a rate: it needs action limit")
+            }
+            Self::ShapeWithAggregate => f.write_str(
+                "mode shape with an aggregate rate is not supported (shape the prefix with a policy of its own, or police it)",
+            ),
         }
     }
 }
@@ -97,6 +108,53 @@ impl Admission {
             new_sources,
             new_sources_burst: burst,
         })
+    }
+}
+
+/// Why shaping settings were refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShapeError {
+    HorizonZero,
+    HorizonTooLong(u64),
+}
+
+impl fmt::Display for ShapeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::HorizonZero => {
+                f.write_str("must be more than 0 (0 would drop every held packet)")
+            }
+            Self::HorizonTooLong(ns) => write!(
+                f,
+                "{} ms is more than the {} ms sch_fq holds a packet at most",
+                ns / 1_000_000,
+                MAX_HORIZON_NS / 1_000_000
+            ),
+        }
+    }
+}
+
+impl Shape {
+    /// The defaults: [`DEFAULT_ECN_THRESHOLD_NS`], [`DEFAULT_HORIZON_NS`].
+    pub const fn default_settings() -> Self {
+        Self {
+            ecn_threshold_ns: DEFAULT_ECN_THRESHOLD_NS,
+            horizon_ns: DEFAULT_HORIZON_NS,
+        }
+    }
+
+    /// Shaping that marks ECN-capable packets held longer than `ecn_threshold_ns` and
+    /// drops those that would be held longer than `horizon_ns`. A threshold at or above
+    /// the horizon marks nothing.
+    pub fn new(ecn_threshold_ns: u64, horizon_ns: u64) -> Result<Self, ShapeError> {
+        match horizon_ns {
+            0 => Err(ShapeError::HorizonZero),
+            h if h > MAX_HORIZON_NS => Err(ShapeError::HorizonTooLong(h)),
+            _ => Ok(Self {
+                ecn_threshold_ns,
+                horizon_ns,
+            }),
+        }
     }
 }
 
@@ -185,6 +243,7 @@ impl Config {
             // Kept by the policy table along with the generation.
             prefixes_v4: 0,
             prefixes_v6: 0,
+            shape: Shape::default_settings(),
         })
     }
 
@@ -233,7 +292,7 @@ impl Policy {
             (4, p) => return Err(ConfigError::PrefixV4(p)),
             (_, p) => return Err(ConfigError::PrefixV6(p)),
         }
-        if p.mode != MODE_ENFORCE && p.mode != MODE_MONITOR {
+        if !matches!(p.mode, MODE_ENFORCE | MODE_MONITOR | MODE_SHAPE) {
             return Err(ConfigError::Mode(p.mode));
         }
         let (limit, aggregate) = match p.action {
@@ -250,6 +309,12 @@ impl Policy {
             ACTION_PASS | ACTION_DROP => (Limit::default(), Limit::default()),
             a => return Err(ConfigError::Action(a)),
         };
+        if p.mode == MODE_SHAPE && p.action != ACTION_LIMIT {
+            return Err(ConfigError::ShapeNeedsLimit);
+        }
+        if p.mode == MODE_SHAPE && p.aggregate_rate_bps != 0 {
+            return Err(ConfigError::ShapeWithAggregate);
+        }
         let admission = Admission::new(p.new_sources, p.new_sources_burst)?;
         let limited = p.action == ACTION_LIMIT;
         Ok(Self {
@@ -450,5 +515,53 @@ mod tests {
             Policy::new(4, addr, 24, &bad_action),
             Err(ConfigError::Action(9))
         );
+    }
+}
+
+#[cfg(test)]
+mod shape_tests {
+    use super::*;
+
+    #[test]
+    fn shape_mode_needs_a_limit_and_no_aggregate() {
+        let addr = [198, 51, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let shaped = PolicyLimits {
+            action: ACTION_LIMIT,
+            mode: MODE_SHAPE,
+            rate_bps: 4_000_000,
+            burst_bytes: 65_536,
+            ..PolicyLimits::default()
+        };
+        assert_eq!(Policy::new(4, addr, 24, &shaped).unwrap().mode, MODE_SHAPE);
+        let pass = PolicyLimits {
+            action: ACTION_PASS,
+            rate_bps: 0,
+            burst_bytes: 0,
+            ..shaped
+        };
+        assert_eq!(
+            Policy::new(4, addr, 24, &pass),
+            Err(ConfigError::ShapeNeedsLimit)
+        );
+        let aggregate = PolicyLimits {
+            aggregate_rate_bps: 10_000_000,
+            aggregate_burst_bytes: 131_072,
+            ..shaped
+        };
+        assert_eq!(
+            Policy::new(4, addr, 24, &aggregate),
+            Err(ConfigError::ShapeWithAggregate)
+        );
+    }
+
+    #[test]
+    fn shaping_settings_are_checked() {
+        assert_eq!(
+            Shape::new(5_000_000, 50_000_000),
+            Ok(Shape::default_settings())
+        );
+        assert_eq!(Shape::new(1, 0), Err(ShapeError::HorizonZero));
+        assert!(Shape::new(1, MAX_HORIZON_NS + 1).is_err());
+        assert!(Shape::new(0, MAX_HORIZON_NS).is_ok());
     }
 }

@@ -96,6 +96,19 @@ impl Limit {
     pub fn admit(&self, tat: u64, now: u64, len: u32) -> Option<u64> {
         conform(tat, now, self.cost(len, dither(tat, now)), self.tau_ticks)
     }
+
+    /// [`Limit::admit`] with the burst tolerance stretched by `slack` ticks: shaping
+    /// passes a packet that can leave within `slack` (its horizon, see [`crate::shape`]);
+    /// policing passes 0.
+    #[inline(always)]
+    pub fn admit_within(&self, tat: u64, now: u64, len: u32, slack: u64) -> Option<u64> {
+        conform(
+            tat,
+            now,
+            self.cost(len, dither(tat, now)),
+            self.tau_ticks.wrapping_add(slack),
+        )
+    }
 }
 
 /// A well-spread 32-bit value from the cell's history: splitmix64's finalizer of

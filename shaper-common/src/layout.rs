@@ -181,6 +181,12 @@ const CONFIG_136: MapLayout = map(
     (ARRAY, 4, 136, 1, 0),
     Holds::Settings,
 );
+const CONFIG_152: MapLayout = map(
+    PIN_CONFIG,
+    MAP_CONFIG,
+    (ARRAY, 4, 152, 1, 0),
+    Holds::Settings,
+);
 const SOURCES: MapLayout = map(PIN_SOURCES, MAP_SOURCES, (LRU, 4, 72, ANY, 0), Holds::Cells);
 const SOURCES6: MapLayout = map(
     PIN_SOURCES6,
@@ -204,6 +210,12 @@ const COUNTERS_240: MapLayout = map(
     PIN_COUNTERS,
     MAP_COUNTERS,
     (PERCPU, 4, 240, 1, 0),
+    Holds::Counters,
+);
+const COUNTERS_432: MapLayout = map(
+    PIN_COUNTERS,
+    MAP_COUNTERS,
+    (PERCPU, 4, 432, 1, 0),
     Holds::Counters,
 );
 const POLICIES_120: MapLayout = map(
@@ -265,6 +277,12 @@ const COUNTERS_CARRIED_240: MapLayout = map(
     PIN_COUNTERS_CARRIED,
     MAP_COUNTERS_CARRIED,
     (ARRAY, 4, 240, 1, 0),
+    Holds::Carried,
+);
+const COUNTERS_CARRIED_432: MapLayout = map(
+    PIN_COUNTERS_CARRIED,
+    MAP_COUNTERS_CARRIED,
+    (ARRAY, 4, 432, 1, 0),
     Holds::Carried,
 );
 const POLICY_STATS_CARRIED_120: MapLayout = map(
@@ -354,16 +372,18 @@ pub const LAYOUTS: &[Layout] = &[
             ADMISSION,
         ],
     },
-    // `shaper watch`: a ring buffer of sampled refused frames and its control.
+    // `shaper watch`: a ring buffer of sampled refused frames and its control. Shaping
+    // (`MODE_SHAPE`): the settings carry its ECN threshold and horizon (`Config::shape`),
+    // the counters what it held back and marked, and the delays.
     Layout {
         version: 5,
         maps: &[
             VERSION,
-            CONFIG_136,
+            CONFIG_152,
             SOURCES,
             SOURCES6,
-            COUNTERS_240,
-            COUNTERS_CARRIED_240,
+            COUNTERS_432,
+            COUNTERS_CARRIED_432,
             POLICIES_160,
             PREFIXES_V4,
             PREFIXES_V6,

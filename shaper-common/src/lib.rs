@@ -10,3 +10,4 @@ pub mod gcra;
 pub mod layout;
 pub mod maps;
 pub mod rescale;
+pub mod shape;

@@ -5,7 +5,7 @@
 
 use core::mem::offset_of;
 
-use crate::gcra::Limit;
+use crate::{gcra::Limit, shape::DELAY_BUCKETS};
 
 /// Root of shaper's pins on bpffs; each attachment has a directory below it.
 pub const PIN_ROOT: &str = "/sys/fs/bpf/shaper";
@@ -111,6 +111,23 @@ pub const MODE_ENFORCE: u32 = 0;
 /// Dry run: nothing is dropped; what enforcement would drop is counted as "would drop",
 /// and is not charged to any cell, so the meters run exactly as they would enforcing.
 pub const MODE_MONITOR: u32 = 1;
+/// Shaping (tc egress only, with `sch_fq`): a packet that does not conform is not dropped
+/// but held back: its departure time (`skb->tstamp`) is set to the earliest time at which
+/// it conforms, and its cell is charged as of then. Marked CE (if ECN-capable) when held
+/// longer than [`Shape::ecn_threshold_ns`]; dropped only beyond [`Shape::horizon_ns`].
+pub const MODE_SHAPE: u32 = 2;
+
+/// Default [`Shape::ecn_threshold_ns`]: 5 ms, CoDel's target delay. A standing queue
+/// longer than that is what ECN is for; a shorter one is a burst that drains by itself.
+pub const DEFAULT_ECN_THRESHOLD_NS: u64 = 5_000_000;
+/// Default [`Shape::horizon_ns`]: 50 ms. TCP needs about one round trip of queue to keep
+/// a link busy after it halves its window, so 50 ms serves round trips up to 50 ms at
+/// full rate; a longer queue only adds latency (Cilium's 2 s horizon let a FIFO reach
+/// 2.2 s of delay).
+pub const DEFAULT_HORIZON_NS: u64 = 50_000_000;
+/// The longest horizon: 10 s, sch_fq's own default horizon (a packet scheduled further
+/// ahead is dropped by fq anyway).
+pub const MAX_HORIZON_NS: u64 = 10_000_000_000;
 
 /// The interface-wide settings and default policy: array map `SHAPER_CONFIG`, one entry.
 #[repr(C)]
@@ -150,9 +167,25 @@ pub struct Config {
     /// a key new to the table skips the trie search of a family that has none.
     pub prefixes_v4: u32,
     pub prefixes_v6: u32,
+    /// Shaping: what [`MODE_SHAPE`] does with what it holds back, for the interface and
+    /// every policy in shape mode.
+    pub shape: Shape,
 }
 
-const _: () = assert!(size_of::<Config>() == 136);
+const _: () = assert!(size_of::<Config>() == 152);
+const _: () = assert!(offset_of!(Config, shape) == 136);
+
+/// How shaping treats a packet it holds back ([`MODE_SHAPE`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Shape {
+    /// An ECN-capable packet held back longer than this is marked CE.
+    pub ecn_threshold_ns: u64,
+    /// A packet that would be held back longer than this is dropped (and not charged).
+    pub horizon_ns: u64,
+}
+
+const _: () = assert!(size_of::<Shape>() == 16);
 
 /// New-source admission: at most `new_sources` keys a second (and `new_sources_burst` at
 /// once) get a cell of their own; the frames of keys refused one are *unadmitted* and
@@ -409,9 +442,25 @@ pub struct Counters {
     pub untracked_packets: u64,
     /// Packets passed untouched because no policy was configured yet.
     pub unconfigured_packets: u64,
+    /// Shaping ([`MODE_SHAPE`]): packets held back (given a departure time later than
+    /// now; counted as passed too) and their bytes.
+    pub shaped_packets: u64,
+    pub shaped_bytes: u64,
+    /// Of the shaped packets, those marked CE (ECN-capable and held back longer than the
+    /// ECN threshold).
+    pub ce_marked_packets: u64,
+    /// Not a count: where the program leaves the departure time of the frame it is
+    /// metering (the TAT its charge published, less τ, in ticks) between metering and the
+    /// tc entry point. Zero between frames; summing it means nothing.
+    pub departure_ticks: u64,
+    /// How long shaped packets were held back: a log2 histogram
+    /// ([`crate::shape::delay_bucket`]).
+    pub shape_delay: [u64; DELAY_BUCKETS],
 }
 
-const _: () = assert!(size_of::<Counters>() == 240);
+const _: () = assert!(size_of::<Counters>() == 432);
+const _: () = assert!(offset_of!(Counters, shaped_packets) == 240);
+const _: () = assert!(offset_of!(Counters, shape_delay) == 272);
 const _: () = assert!(offset_of!(Counters, outcomes) == 0);
 const _: () = assert!(offset_of!(Counters, ipv4_packets) == 48);
 const _: () = assert!(offset_of!(Counters, unadmitted) == 64);
@@ -462,6 +511,12 @@ impl PerCpuSum for Counters {
         }
         self.untracked_packets += o.untracked_packets;
         self.unconfigured_packets += o.unconfigured_packets;
+        self.shaped_packets += o.shaped_packets;
+        self.shaped_bytes += o.shaped_bytes;
+        self.ce_marked_packets += o.ce_marked_packets;
+        for (n, o) in self.shape_delay.iter_mut().zip(o.shape_delay) {
+            *n += o;
+        }
     }
 }
 

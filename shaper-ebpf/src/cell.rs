@@ -221,7 +221,7 @@ unsafe fn create<K>(
             return New::Untracked;
         };
         // SAFETY: `cells` points to a live map value.
-        if !unsafe { take(&raw mut (*cells).admit, &admission.limit, 1, now) } {
+        if !unsafe { take(&raw mut (*cells).admit, &admission.limit, 1, now, 0) } {
             // The policy's own shared cell, wherever its admission is metered.
             let own = if rule.admission_slot == rule.slot {
                 Some(cells)
@@ -260,19 +260,20 @@ unsafe fn create<K>(
     }
 }
 
-/// Charges `len` bytes to `cell` under `limit` if they conform: whether they did.
+/// Charges `len` bytes to `cell` under `limit` if they conform, the burst tolerance
+/// stretched by `slack` ticks (shaping's horizon; 0 when policing): whether they did.
 ///
 /// # Safety
 /// `cell` points to a live map value.
 #[inline(always)]
-unsafe fn take(cell: *mut Cell, limit: &Limit, len: u32, now: u64) -> bool {
+unsafe fn take(cell: *mut Cell, limit: &Limit, len: u32, now: u64, slack: u64) -> bool {
     unsafe {
         carry_over(cell, limit, now);
         let tat = &raw mut (*cell).tat;
         let old = atomic::load(tat);
         limit
-            .admit(old, now, len)
-            .and_then(|new| publish(tat, old, new, limit, len, now))
+            .admit_within(old, now, len, slack)
+            .and_then(|new| publish(tat, old, new, limit, len, now, slack))
             .is_some()
     }
 }
@@ -294,7 +295,7 @@ unsafe fn charge(
     unsafe {
         let (aggregate, limit) = (rule.aggregate_cell, rule.aggregate_limit);
         if aggregate.is_null() {
-            return take(cell, rule.limit, len, now)
+            return take(cell, rule.limit, len, now, rule.slack)
                 .then_some(None)
                 .ok_or(Refused::Source);
         }
@@ -308,9 +309,19 @@ unsafe fn charge(
         let aggregate_new = limit
             .admit(aggregate_old, now, len)
             .ok_or(Refused::Aggregate)?;
-        let cost = publish(aggregate_tat, aggregate_old, aggregate_new, limit, len, now)
-            .ok_or(Refused::Aggregate)?;
-        if publish(tat, old, new, rule.limit, len, now).is_some() {
+        // With an aggregate a rule never shapes (userspace refuses shape mode with an
+        // aggregate rate): both cells are policed.
+        let cost = publish(
+            aggregate_tat,
+            aggregate_old,
+            aggregate_new,
+            limit,
+            len,
+            now,
+            0,
+        )
+        .ok_or(Refused::Aggregate)?;
+        if publish(tat, old, new, rule.limit, len, now, 0).is_some() {
             return Ok(Some(Charged {
                 tat: aggregate_tat,
                 ticks: cost,
@@ -327,6 +338,11 @@ unsafe fn charge(
 /// is written) or every try lost to other CPUs. Each CPU tries [`CAS_TRIES`] times: a
 /// failed swap means another CPU made progress on this cell, so exhaustion is rare and
 /// only under heavy contention on a single cell. The try that won is counted.
+///
+/// Shaping: the retries stay within `slack` ticks past the burst, and the time the frame
+/// may leave (the new TAT less τ) is left in this CPU's counters
+/// ([`Counters::departure_ticks`](shaper_common::maps::Counters)) for the tc entry point,
+/// without a branch: the last charge of a frame is its own cell's.
 #[inline(always)]
 unsafe fn publish(
     tat: *mut u64,
@@ -335,6 +351,7 @@ unsafe fn publish(
     limit: &Limit,
     len: u32,
     now: u64,
+    slack: u64,
 ) -> Option<u64> {
     for try_ in 0..CAS_TRIES {
         match unsafe { atomic::compare_exchange(tat, old, new) } {
@@ -343,13 +360,14 @@ unsafe fn publish(
                     if let Some(won) = c.cas_won.get_mut(try_) {
                         *won += 1;
                     }
+                    c.departure_ticks = new.wrapping_sub(limit.tau_ticks);
                 });
                 // What was charged: the new TAT less the base it was charged from.
                 return Some(new.wrapping_sub(gcra::base(old, now)));
             }
             Err(found) => old = found,
         }
-        new = limit.admit(old, now, len)?;
+        new = limit.admit_within(old, now, len, slack)?;
     }
     bump(|c| c.cas_exhausted += 1);
     None

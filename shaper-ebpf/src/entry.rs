@@ -4,7 +4,10 @@
 //! [`Verdict`] into its hook's return code.
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
-use shaper_common::gcra::ticks_from_ns;
+use shaper_common::{
+    gcra::{TICK_SHIFT, ticks_from_ns},
+    shape::delay_ticks,
+};
 
 use crate::{
     cell::{Metered, Verdict, count_outcome, meter},
@@ -39,9 +42,41 @@ impl Seen {
     }
 }
 
+/// What to do with a frame.
+#[derive(Clone, Copy)]
+pub struct Decision {
+    pub verdict: Verdict,
+    /// Shaping: the earliest time (ticks) the frame conforms, as its charge left its cell;
+    /// at or before `now` whenever it may leave at once (always when policing).
+    pub departure: u64,
+    pub now: u64,
+    /// Its wire bytes.
+    pub len: u64,
+    pub ecn_threshold_ns: u64,
+}
+
+impl Decision {
+    #[inline(always)]
+    fn now(verdict: Verdict) -> Self {
+        Self {
+            verdict,
+            departure: 0,
+            now: 0,
+            len: 0,
+            ecn_threshold_ns: 0,
+        }
+    }
+
+    /// How long the frame is held back, in nanoseconds (0: it leaves now).
+    #[inline(always)]
+    pub fn delay_ns(&self) -> u64 {
+        delay_ticks(self.departure, self.now, 0) >> TICK_SHIFT
+    }
+}
+
 /// Meters one frame: its verdict, every counter updated.
 #[inline(always)]
-pub fn meter_frame(seen: &Seen) -> Verdict {
+pub fn meter_frame(seen: &Seen) -> Decision {
     let frame = classify(seen.start, seen.end);
     let len64 = seen.wire_len(&frame);
     if !matches!(frame, Frame::Ipv4(_) | Frame::Ipv6(_)) {
@@ -55,13 +90,13 @@ pub fn meter_frame(seen: &Seen) -> Verdict {
             *packets += 1;
             *bytes += len64;
         });
-        return Verdict::Pass;
+        return Decision::now(Verdict::Pass);
     }
     let config = match CONFIG.get(0) {
         Some(config) if config.active != 0 => config,
         _ => {
             bump(|c| c.unconfigured_packets += 1);
-            return Verdict::Pass;
+            return Decision::now(Verdict::Pass);
         }
     };
     // Frames are far below 4 GiB (the GCRA clamps what it charges much lower anyway).
@@ -88,12 +123,13 @@ pub fn meter_frame(seen: &Seen) -> Verdict {
             });
             (metered, 0)
         }
-        _ => return Verdict::Pass,
+        _ => return Decision::now(Verdict::Pass),
     };
     let Metered {
         outcome,
         unadmitted,
     } = metered;
+    let mut departure = 0;
     bump(|c| {
         c.ipv4_packets += v4;
         c.ipv6_packets += 1 - v4;
@@ -103,6 +139,16 @@ pub fn meter_frame(seen: &Seen) -> Verdict {
             &mut c.outcomes
         };
         count_outcome(outcomes, outcome, len64);
+        // What the frame's charge left (see `cell::publish`), read and cleared without a
+        // branch: a frame that charged nothing must not find the last one's.
+        departure = c.departure_ticks;
+        c.departure_ticks = 0;
     });
-    outcome.verdict()
+    Decision {
+        verdict: outcome.verdict(),
+        departure,
+        now,
+        len: len64,
+        ecn_threshold_ns: config.shape.ecn_threshold_ns,
+    }
 }

@@ -7,10 +7,10 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use shaper_common::{
-    gcra::Limit,
+    gcra::{Limit, ticks_from_ns},
     maps::{
         ACTION_LIMIT, Admission, Cell, Config, DEFAULT_SLOT, Ipv4Key, Ipv6Key, MODE_MONITOR,
-        SourceState,
+        MODE_SHAPE, SourceState,
     },
 };
 
@@ -24,6 +24,9 @@ pub struct Rule<'a> {
     pub action: u32,
     /// Count what would be dropped, drop nothing.
     pub monitor: bool,
+    /// Shaping (`MODE_SHAPE`, with `ACTION_LIMIT`): how far past the burst a packet may
+    /// be held back, in ticks (the interface's horizon); 0 when policing.
+    pub slack: u64,
     pub limit: &'a Limit,
     /// The prefix's shared cell, null if the policy has none, and its limit (the
     /// per-source one when there is none). Not an `Option` of the pair: LLVM leaves the
@@ -90,11 +93,30 @@ pub unsafe fn resolve(
     }
 }
 
+/// 1 for [`MODE_SHAPE`], 0 for the other modes, without a branch: a branch here would
+/// fork every path through the cell code into a policing and a shaping copy for the
+/// verifier (whose budget the programs nearly fill), where arithmetic on a value read
+/// from a map forks nothing. Userspace refuses shape mode without `ACTION_LIMIT` (and with
+/// an aggregate), so the mode alone says whether a rule shapes.
+#[inline(always)]
+fn shapes(mode: u32) -> u64 {
+    const _: () = assert!(MODE_SHAPE == 2 && MODE_MONITOR == 1);
+    u64::from((mode >> 1) & 1)
+}
+
+/// 1 for [`MODE_MONITOR`] (which overrides shaping as it does enforcing), 0 for the other
+/// modes, without a branch (see [`shapes`]).
+#[inline(always)]
+fn monitors(mode: u32) -> u64 {
+    u64::from(mode & 1)
+}
+
 /// The rule of `slot`: the default (from `config`) for slot 0 or a slot no longer in use
 /// (deleted while this source's cache was being revalidated).
 #[inline(always)]
 pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
     let interface_monitor = config.mode == MODE_MONITOR;
+    let horizon = ticks_from_ns(config.shape.horizon_ns);
     if slot != DEFAULT_SLOT
         && let Some(p) = POLICIES.get(slot)
         && p.in_use != 0
@@ -111,6 +133,7 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
             slot,
             action: p.action,
             monitor: interface_monitor || p.mode == MODE_MONITOR,
+            slack: horizon * shapes(p.mode) * (1 - monitors(config.mode)),
             limit: &p.limit,
             aggregate_cell,
             aggregate_limit: &p.aggregate,
@@ -126,6 +149,7 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
         slot: DEFAULT_SLOT,
         action: ACTION_LIMIT,
         monitor: interface_monitor,
+        slack: horizon * shapes(config.mode),
         limit: &config.limit,
         aggregate_cell: core::ptr::null_mut(),
         aggregate_limit: &config.limit,

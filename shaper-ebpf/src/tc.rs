@@ -1,27 +1,81 @@
 //! The tc classifier entry point (TCX, or clsact with `cls_bpf` in direct-action mode),
-//! for either direction: a thin wrapper around [`crate::entry`].
+//! for either direction: a thin wrapper around [`crate::entry`], which also carries out
+//! shaping's decisions (egress only): the departure time and the CE mark.
 
-use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext};
+use aya_ebpf::{
+    bindings::TC_ACT_UNSPEC,
+    helpers::{bpf_skb_ecn_set_ce, bpf_skb_set_tstamp},
+    macros::classifier,
+    programs::TcContext,
+};
+
+use shaper_common::{gcra::TICK_SHIFT, shape::delay_bucket};
 
 use crate::{
     cell::Verdict,
-    entry::{Seen, meter_frame},
+    counters::bump,
+    entry::{Decision, Seen, meter_frame},
 };
 
 /// `TC_ACT_SHOT` (the bindings' type of it differs between the host and BPF targets).
 const TC_ACT_SHOT: i32 = 2;
+/// `BPF_SKB_TSTAMP_DELIVERY_MONO` (renamed `BPF_SKB_CLOCK_MONOTONIC` in 6.11, same
+/// value): the time stamp is a departure time on CLOCK_MONOTONIC, as sch_fq reads it.
+const TSTAMP_DELIVERY_MONO: u32 = 1;
 
 #[classifier]
 pub fn shaper_tc(ctx: TcContext) -> i32 {
-    match try_shaper_tc(&ctx) {
-        // Not "OK": the next program or filter, if any, still sees the packet.
-        Verdict::Pass => TC_ACT_UNSPEC,
+    let decision = try_shaper_tc(&ctx);
+    match decision.verdict {
+        Verdict::Pass => {
+            // One branch, after metering: the verifier walks the shaping below once per
+            // state that reaches here, and few do (everything else is dead by now).
+            let delay_ns = decision.delay_ns();
+            if delay_ns != 0 {
+                shape(&ctx, &decision, delay_ns);
+            }
+            // Not "OK": the next program or filter, if any, still sees the packet.
+            TC_ACT_UNSPEC
+        }
         Verdict::Drop => TC_ACT_SHOT,
     }
 }
 
+/// Holds a packet back `delay_ns` (sch_fq releases it then), unless it is already held
+/// until later (TCP pacing, or another program); marks it CE past the ECN threshold;
+/// counts it.
 #[inline(always)]
-fn try_shaper_tc(ctx: &TcContext) -> Verdict {
+fn shape(ctx: &TcContext, decision: &Decision, delay_ns: u64) {
+    let skb = ctx.skb.skb;
+    let depart_ns = (decision.now >> TICK_SHIFT) + delay_ns;
+    let mut marked = 0;
+    // SAFETY: the context pointer is the one the kernel passed in; both helpers take it.
+    unsafe {
+        // The helper refuses what is not IP by `skb->protocol` (a VLAN tag not
+        // offloaded): then the stamp is written as it is, its clock type left alone.
+        if (*skb).tstamp < depart_ns
+            && bpf_skb_set_tstamp(skb, depart_ns, TSTAMP_DELIVERY_MONO) != 0
+        {
+            (*skb).tstamp = depart_ns;
+        }
+        // Sets CE on an ECT(0) or ECT(1) packet, IPv4 (checksum updated) or IPv6; 1 if
+        // it did.
+        if delay_ns > decision.ecn_threshold_ns && bpf_skb_ecn_set_ce(skb) == 1 {
+            marked = 1;
+        }
+    }
+    bump(|c| {
+        c.shaped_packets += 1;
+        c.shaped_bytes += decision.len;
+        c.ce_marked_packets += marked;
+        if let Some(n) = c.shape_delay.get_mut(delay_bucket(delay_ns)) {
+            *n += 1;
+        }
+    });
+}
+
+#[inline(always)]
+fn try_shaper_tc(ctx: &TcContext) -> Decision {
     // `len` counts from the Ethernet header in both directions: on ingress tc pushes the
     // MAC header back before running the program. A GSO packet (TSO on egress, GRO on
     // ingress) is `gso_segs` frames on the wire.

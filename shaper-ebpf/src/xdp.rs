@@ -9,19 +9,20 @@ use aya_ebpf::{
 
 use crate::{
     cell::Verdict,
-    entry::{Seen, meter_frame},
+    entry::{Decision, Seen, meter_frame},
 };
 
 #[xdp(frags)]
 pub fn shaper_xdp(ctx: XdpContext) -> u32 {
-    match try_shaper_xdp(&ctx) {
+    // XDP never shapes (attach refuses shape mode on ingress): the departure is unused.
+    match try_shaper_xdp(&ctx).verdict {
         Verdict::Pass => xdp_action::XDP_PASS,
         Verdict::Drop => xdp_action::XDP_DROP,
     }
 }
 
 #[inline(always)]
-fn try_shaper_xdp(ctx: &XdpContext) -> Verdict {
+fn try_shaper_xdp(ctx: &XdpContext) -> Decision {
     // The whole frame, fragments included: `data_end - data` is only the linear part.
     // SAFETY: the context pointer is the one the kernel passed in.
     let len = unsafe { bpf_xdp_get_buff_len(ctx.ctx) };

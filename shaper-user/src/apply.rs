@@ -138,6 +138,8 @@ pub fn apply(
             prefix_v4: d.prefix_v4,
             prefix_v6: d.prefix_v6,
             mode: Some(d.mode),
+            ecn_threshold_ns: Some(d.ecn_threshold_ns),
+            horizon_ns: Some(d.horizon_ns),
             admission: d
                 .admission
                 .map_or(AdmissionRequest::Default, AdmissionRequest::Exactly),

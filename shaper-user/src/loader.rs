@@ -23,9 +23,9 @@ use shaper_common::{
     layout::{self, LAYOUT_VERSION},
     maps::{
         Admission, Config, DEFAULT_MAX_SOURCES, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST,
-        KEY_BY_SRC, MAP_CONFIG, MAP_LAYOUT, MAP_SOURCES, MAP_SOURCES6, MODE_ENFORCE, PROG_TC,
-        PROG_XDP, TC_MODE_CLSACT, TC_MODE_CLSACT_OWN, TC_MODE_TCX, XDP_MODE_NATIVE, XDP_MODE_SKB,
-        is_tc_mode,
+        KEY_BY_SRC, MAP_CONFIG, MAP_LAYOUT, MAP_SOURCES, MAP_SOURCES6, MODE_ENFORCE, MODE_SHAPE,
+        PROG_TC, PROG_XDP, Shape, TC_MODE_CLSACT, TC_MODE_CLSACT_OWN, TC_MODE_TCX, XDP_MODE_NATIVE,
+        XDP_MODE_SKB, is_tc_mode,
     },
 };
 
@@ -143,8 +143,11 @@ pub struct AttachRequest {
     pub key: Option<KeyBy>,
     pub prefix_v4: Option<u32>,
     pub prefix_v6: Option<u32>,
-    /// Monitor or enforce, for the whole interface.
+    /// Enforce, monitor (the whole interface) or shape (the default policy).
     pub mode: Option<Mode>,
+    /// Shaping: the ECN threshold and the horizon, in nanoseconds.
+    pub ecn_threshold_ns: Option<u64>,
+    pub horizon_ns: Option<u64>,
     /// New-source admission of the interface.
     pub admission: AdmissionRequest,
     /// `Some`: make these the interface's prefix policies, in the same change. `None`:
@@ -206,6 +209,14 @@ pub enum AttachError {
     },
     #[error(transparent)]
     Tc(#[from] TcAttachError),
+    #[error(
+        "--mode shape needs sch_fq on '{iface}' to hold packets until their departure time, and its root qdisc is {found}: set it up with `{tc} qdisc replace dev {iface} root fq`"
+    )]
+    NoFq {
+        iface: String,
+        found: String,
+        tc: String,
+    },
     #[error("cannot load the kernel programs")]
     Load(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("cannot pin {what} at {path}")]
@@ -277,7 +288,14 @@ pub(crate) fn config_for(
             ConfigError::PrefixV6(_) => setting(Setting::PrefixV6, e.to_string()),
             e => setting(Setting::PrefixV4, e.to_string()),
         })?;
+    let shape = current.map_or(Shape::default_settings(), |c| c.shape);
+    let shape = Shape::new(
+        req.ecn_threshold_ns.unwrap_or(shape.ecn_threshold_ns),
+        req.horizon_ns.unwrap_or(shape.horizon_ns),
+    )
+    .map_err(|e| setting(Setting::Horizon, e.to_string()))?;
     Ok(Config {
+        shape,
         mode: req
             .mode
             .map_or(current.map_or(MODE_ENFORCE, |c| c.mode), Mode::value),
@@ -286,6 +304,49 @@ pub(crate) fn config_for(
             .resolve(max_sources, current.map(|c| c.admission)),
         ..config
     })
+}
+
+/// Refuses shape mode (of the interface, `config`, or of one of `policies`) where it
+/// cannot work: anywhere but tc egress, and on a device whose packets sch_fq does not
+/// hold (the departure time would be ignored). One line that says how to set fq up.
+pub fn check_shape(
+    at: &Attachment,
+    hook: Hook,
+    config: &Config,
+    policies: Option<&[PolicySpec]>,
+) -> Result<(), AttachError> {
+    let shaping = config.mode == MODE_SHAPE
+        || policies.is_some_and(|p| p.iter().any(|p| p.mode() == Mode::Shape));
+    if !shaping {
+        return Ok(());
+    }
+    if at.direction != Direction::Egress || hook != Hook::Tc {
+        return Err(setting(
+            Setting::Mode,
+            "shape: shaping holds back what an interface sends, so it needs --direction egress (tc); ingress and XDP can only police",
+        ));
+    }
+    fq_present(at)
+}
+
+/// Refuses shaping on `at`'s device unless sch_fq holds its packets ([`tc::check_fq`]).
+pub fn fq_present(at: &Attachment) -> Result<(), AttachError> {
+    let ifindex = system::ifindex(&at.iface).map_err(|e| setting(Setting::Mode, e.to_string()))?;
+    match tc::check_fq(ifindex) {
+        Ok(tc::FqCheck::Fq) => Ok(()),
+        Ok(tc::FqCheck::Other(kind)) => Err(AttachError::NoFq {
+            iface: at.iface.clone(),
+            found: kind,
+            tc: match &at.netns {
+                Some(ns) => format!("tc -n {ns}"),
+                None => "tc".to_owned(),
+            },
+        }),
+        Err(e) => Err(setting(
+            Setting::Mode,
+            format!("shape: cannot read the qdiscs of '{}': {e}", at.iface),
+        )),
+    }
 }
 
 /// Refuses a request to key an existing attachment differently from `current`.
@@ -361,6 +422,7 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
     if let Some(policies) = &req.policies {
         PolicyTable::validate(policies, (config.prefix_v4, config.prefix_v6))?;
     }
+    check_shape(&req.at, hook, &config, req.policies.as_deref())?;
     let result = attach_new(req, &config, hook);
     if result.is_err() {
         // Best effort: the original error is the one worth reporting.
@@ -459,6 +521,12 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
     if let Some(policies) = &req.policies {
         PolicyTable::validate(policies, (config.prefix_v4, config.prefix_v6))?;
     }
+    check_shape(
+        &req.at,
+        Hook::of_mode(current.xdp_mode),
+        &config,
+        req.policies.as_deref(),
+    )?;
     table.set_config(&config)?;
     crate::crash::point("update-config");
     if let Some(policies) = &req.policies

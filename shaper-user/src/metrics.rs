@@ -9,12 +9,15 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
-use shaper_common::maps::{DEFAULT_SLOT, Outcomes};
+use shaper_common::{
+    maps::{DEFAULT_SLOT, MODE_MONITOR, MODE_SHAPE, Outcomes},
+    shape::bucket_bounds_ns,
+};
 
 use crate::{
     maps::{self, PinnedMapError},
     pins::{self, Attachment},
-    policy::{PolicyError, PolicyTable},
+    policy::{Mode, PolicyError, PolicyTable},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -225,8 +228,40 @@ fn collect(f: &mut Families, at: &Attachment) -> Result<(), MetricsError> {
             "Frames passed before any policy was configured",
             c.unconfigured_packets,
         ),
+        (
+            "shaper_shaped_packets",
+            "Shape mode: frames held back until their departure time (also passed)",
+            c.shaped_packets,
+        ),
+        (
+            "shaper_shaped_bytes",
+            "Shape mode: bytes of frames held back (also passed)",
+            c.shaped_bytes,
+        ),
+        (
+            "shaper_ce_marked_packets",
+            "Shape mode: frames marked CE, held back longer than the ECN threshold",
+            c.ce_marked_packets,
+        ),
     ] {
         f.counter(name, help, base.clone(), value);
+    }
+    // Cumulative, as a Prometheus histogram's buckets are: held back at most `le_seconds`.
+    let mut held = 0;
+    for (k, n) in c.shape_delay.iter().enumerate() {
+        held += n;
+        let le = match bucket_bounds_ns(k).1 {
+            Some(to) => format!("{}", to as f64 / 1e9),
+            None => "+Inf".to_owned(),
+        };
+        let mut l = base.clone();
+        l.push(("le_seconds".to_owned(), le));
+        f.counter(
+            "shaper_shape_delay_packets",
+            "Shape mode: frames held back at most le_seconds (log2 buckets, cumulative)",
+            l,
+            held,
+        );
     }
 
     let capacity = maps::sources_capacity(at).map_err(map_err)?;
@@ -268,8 +303,22 @@ fn collect(f: &mut Families, at: &Attachment) -> Result<(), MetricsError> {
             .into_iter()
             .map(|i| (i.slot, i.spec.prefix.to_string())),
     );
+    let config = table.config().map_err(policy_err)?;
+    let shapes: Vec<u32> = table
+        .list()
+        .map_err(policy_err)?
+        .into_iter()
+        .filter(|i| i.spec.mode() == Mode::Shape)
+        .map(|i| i.slot)
+        .chain((config.mode == MODE_SHAPE).then_some(DEFAULT_SLOT))
+        .collect();
+    let mut horizon = (0, 0);
     for (slot, name) in slots {
         let s = table.stats(slot).map_err(policy_err)?;
+        if config.mode != MODE_MONITOR && shapes.contains(&slot) {
+            horizon.0 += s.outcomes.dropped_packets + s.unadmitted.dropped_packets;
+            horizon.1 += s.outcomes.dropped_bytes + s.unadmitted.dropped_bytes;
+        }
         let mut l = base.clone();
         l.push(("policy".to_owned(), name));
         f.outcomes(&POLICY, &l, &s.outcomes);
@@ -293,6 +342,18 @@ fn collect(f: &mut Families, at: &Attachment) -> Result<(), MetricsError> {
             s.new_sources,
         );
     }
+    f.counter(
+        "shaper_horizon_dropped_packets",
+        "Shape mode: frames dropped rather than held back beyond the horizon (the drops of policies in shape mode)",
+        base.clone(),
+        horizon.0,
+    );
+    f.counter(
+        "shaper_horizon_dropped_bytes",
+        "Shape mode: bytes of frames dropped beyond the horizon",
+        base,
+        horizon.1,
+    );
     Ok(())
 }
 

@@ -18,6 +18,9 @@ pub enum Setting {
     PrefixV6,
     NewSources,
     NewSourcesBurst,
+    Mode,
+    EcnThreshold,
+    Horizon,
 }
 
 impl Setting {
@@ -35,6 +38,9 @@ impl Setting {
             Self::PrefixV6 => "prefix_v6",
             Self::NewSources => "new_sources",
             Self::NewSourcesBurst => "new_sources_burst",
+            Self::Mode => "mode",
+            Self::EcnThreshold => "ecn_threshold",
+            Self::Horizon => "horizon",
         }
     }
 

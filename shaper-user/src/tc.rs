@@ -18,7 +18,7 @@ use aya::{
     },
     util::KernelVersion,
 };
-use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::{
     RouteNetlinkMessage,
     tc::{TcAttribute, TcHandle, TcMessage},
@@ -233,4 +233,84 @@ pub fn delete_clsact(ifindex: u32) -> io::Result<()> {
         NetlinkPayload::Error(e) if e.code.is_some() => Err(e.to_io()),
         _ => Ok(()),
     }
+}
+
+/// What a device's qdiscs say about shaping: sch_fq is what holds packets until their
+/// departure time (`skb->tstamp`), so shape mode needs it as the device's root qdisc, or
+/// under its root `mq` on every queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FqCheck {
+    /// fq is the root qdisc, or every queue's under the root mq.
+    Fq,
+    /// The root qdisc's kind (`noqueue`, `fq_codel`, `mq` with other children, ...).
+    Other(String),
+}
+
+/// The qdiscs of interface `ifindex`, as `(handle, parent, kind)`: a dump over a netlink
+/// socket of its own, like [`delete_clsact`].
+fn qdiscs(ifindex: u32) -> io::Result<Vec<(TcHandle, TcHandle, String)>> {
+    let mut request = NetlinkMessage::from(RouteNetlinkMessage::GetQueueDiscipline(
+        TcMessage::with_index(ifindex as i32),
+    ));
+    request.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    request.header.sequence_number = 1;
+    request.finalize();
+    let mut buf = vec![0; request.buffer_len()];
+    request.serialize(&mut buf);
+    let socket = Socket::new(NETLINK_ROUTE)?;
+    socket.send_to(&buf, &SocketAddr::new(0, 0), 0)?;
+    let mut found = Vec::new();
+    loop {
+        let (answer, _) = socket.recv_from_full()?;
+        let mut at = 0;
+        while at < answer.len() {
+            let message = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer[at..])
+                .map_err(|e| {
+                    io::Error::other(format!("a netlink answer that does not parse: {e}"))
+                })?;
+            let len = message.header.length as usize;
+            match message.payload {
+                NetlinkPayload::Done(_) => return Ok(found),
+                NetlinkPayload::Error(e) if e.code.is_some() => return Err(e.to_io()),
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(q))
+                    if q.header.index == ifindex as i32 =>
+                {
+                    let kind = q.attributes.iter().find_map(|a| match a {
+                        TcAttribute::Kind(k) => Some(k.clone()),
+                        _ => None,
+                    });
+                    found.push((q.header.handle, q.header.parent, kind.unwrap_or_default()));
+                }
+                _ => {}
+            }
+            if len == 0 {
+                break;
+            }
+            at += len.next_multiple_of(4);
+        }
+    }
+}
+
+/// Whether sch_fq holds interface `ifindex`'s packets (see [`FqCheck`]).
+pub fn check_fq(ifindex: u32) -> io::Result<FqCheck> {
+    let all = qdiscs(ifindex)?;
+    let Some((handle, _, kind)) = all.iter().find(|(_, parent, _)| *parent == TcHandle::ROOT)
+    else {
+        return Ok(FqCheck::Other("none".to_owned()));
+    };
+    if kind == "fq" {
+        return Ok(FqCheck::Fq);
+    }
+    if kind == "mq" {
+        // mq's children hang off its handle, one per queue (`parent 8001:1`, ...).
+        let mut children = all
+            .iter()
+            .filter(|(_, parent, _)| parent.major == handle.major && *parent != TcHandle::ROOT)
+            .peekable();
+        if children.peek().is_some() && children.all(|(_, _, k)| k == "fq") {
+            return Ok(FqCheck::Fq);
+        }
+        return Ok(FqCheck::Other("mq without fq on every queue".to_owned()));
+    }
+    Ok(FqCheck::Other(kind.clone()))
 }

@@ -967,3 +967,100 @@ mod tests {
         }
     }
 }
+
+/// A time span in nanoseconds, written as tc(8) writes times: a whole number and one of
+/// `s`, `ms`, `us`, `ns` (`5ms`, `50ms`, `1s`); `0` alone is zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Delay(u64);
+
+/// Why a time span was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid time '{0}' (expected a whole number and s, ms, us or ns: 5ms, 50ms, 1s)")]
+pub struct DelayError(String);
+
+const DELAY_UNITS: &[(&str, u64)] = &[
+    ("s", 1_000_000_000),
+    ("ms", 1_000_000),
+    ("us", 1_000),
+    ("ns", 1),
+];
+
+impl Delay {
+    #[must_use]
+    pub const fn from_ns(ns: u64) -> Self {
+        Self(ns)
+    }
+
+    #[must_use]
+    pub const fn ns(self) -> u64 {
+        self.0
+    }
+}
+
+impl FromStr for Delay {
+    type Err = DelayError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || DelayError(s.to_owned());
+        if s == "0" {
+            return Ok(Self(0));
+        }
+        let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+        let (number, unit) = s.split_at(digits);
+        let n: u64 = number.parse().map_err(|_| err())?;
+        let &(_, per) = DELAY_UNITS
+            .iter()
+            .find(|(name, _)| *name == unit)
+            .ok_or_else(err)?;
+        n.checked_mul(per).map(Self).ok_or_else(err)
+    }
+}
+
+impl fmt::Display for Delay {
+    /// The largest unit that divides the span exactly: `5ms`, `1500us`, `0`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 == 0 {
+            return f.pad("0");
+        }
+        let (name, per) = DELAY_UNITS
+            .iter()
+            .find(|(_, per)| self.0.is_multiple_of(*per))
+            .copied()
+            .unwrap_or(("ns", 1));
+        f.pad(&format!("{}{name}", self.0 / per))
+    }
+}
+
+#[cfg(test)]
+mod delay_tests {
+    use super::*;
+
+    #[test]
+    fn delays_parse_and_print_as_tc_writes_them() {
+        for (s, ns) in [
+            ("5ms", 5_000_000),
+            ("50ms", 50_000_000),
+            ("1s", 1_000_000_000),
+            ("1500us", 1_500_000),
+            ("7ns", 7),
+            ("0", 0),
+        ] {
+            let d: Delay = s.parse().unwrap();
+            assert_eq!(d.ns(), ns, "{s}");
+            assert_eq!(d.to_string(), s);
+        }
+        for bad in [
+            "",
+            "5",
+            "ms",
+            "5 ms",
+            "1.5ms",
+            "-1ms",
+            "5min",
+            "99999999999999s",
+        ] {
+            assert!(bad.parse::<Delay>().is_err(), "{bad}");
+        }
+        assert_eq!(Delay::from_ns(1_000_000_000).to_string(), "1s");
+    }
+}

@@ -278,3 +278,55 @@ fn egress_has_its_own_settings_and_round_trips_through_apply() {
     let status = shaper(rx, &["--direction", EGRESS, "status", rx_if]);
     assert!(!status.status.success(), "attached after a refusal");
 }
+
+/// Shape mode is refused in one line, leaving nothing attached: without sch_fq on the
+/// device (this machine's kernel has none; a veth's root qdisc is noqueue anyway), and
+/// on ingress.
+#[test]
+#[ignore = "needs root: loads tc programs and creates network namespaces (cargo xtask test)"]
+fn attach_refuses_shape_without_fq_in_one_line() {
+    let lab = Lab::new("shape-nofq", 1).unwrap();
+    let (ns, iface) = (lab.tx_ns(), lab.tx_iface());
+    let refused = |args: &[&str]| {
+        let out = shaper(ns, args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{args:?} was not refused");
+        assert_eq!(
+            stderr.trim_end().lines().count(),
+            1,
+            "not one line: {stderr}"
+        );
+        // Nothing attached in either direction (`status` of the interface, not of every
+        // attachment: other tests' may be there).
+        for direction in [EGRESS, INGRESS] {
+            let out = shaper(ns, &["--direction", direction, "status", iface]);
+            let e = String::from_utf8_lossy(&out.stderr);
+            assert!(e.contains("not attached"), "{direction}: {e}");
+        }
+        stderr
+    };
+    // A veth's root qdisc is noqueue: the error says how to put fq there.
+    let e = refused(&[
+        "--direction",
+        EGRESS,
+        "attach",
+        iface,
+        "--rate",
+        "4mbit",
+        "--burst",
+        "32k",
+        "--mode",
+        "shape",
+    ]);
+    assert!(
+        e.contains(&format!("tc -n {ns} qdisc replace dev {iface} root fq")),
+        "{e}"
+    );
+    // Ingress (XDP or tc) cannot shape.
+    for hook in ["xdp", "tc"] {
+        let e = refused(&[
+            "attach", iface, "--rate", "4mbit", "--burst", "32k", "--mode", "shape", "--hook", hook,
+        ]);
+        assert!(e.contains("--direction egress"), "{e}");
+    }
+}

@@ -5,7 +5,10 @@ use anyhow::{Result, anyhow};
 use shaper_common::{
     config::RateLimit,
     layout,
-    maps::{Admission, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
+    maps::{
+        Admission, DEFAULT_ECN_THRESHOLD_NS, DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4,
+        DEFAULT_PREFIX_V6,
+    },
 };
 use shaper_user::{
     journal,
@@ -13,7 +16,7 @@ use shaper_user::{
     policy::Mode,
     setting::Setting,
     system,
-    units::{Rate, Size},
+    units::{Delay, Rate, Size},
 };
 
 use super::{
@@ -59,8 +62,17 @@ pub struct Args {
     pub prefix_v6: Option<u32>,
     /// enforce, or monitor: drop nothing on the whole interface and count what would be
     /// dropped [default: enforce; unchanged when updating]
+    /// [shape: egress only, needs sch_fq as the root qdisc]
     #[arg(long, value_enum)]
     pub mode: Option<ModeArg>,
+    /// Shape mode: mark ECN-capable packets CE when held back longer than this (tc
+    /// times: 5ms, 500us) [default: 5ms; unchanged when updating]
+    #[arg(long)]
+    pub ecn_threshold: Option<Delay>,
+    /// Shape mode: drop a packet rather than hold it back longer than this [default:
+    /// 50ms; unchanged when updating]
+    #[arg(long)]
+    pub horizon: Option<Delay>,
     #[command(flatten)]
     pub new_sources: new_sources::Flags,
 }
@@ -104,6 +116,8 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         prefix_v4: args.prefix_v4,
         prefix_v6: args.prefix_v6,
         mode: args.mode.map(Mode::from),
+        ecn_threshold_ns: args.ecn_threshold.map(Delay::ns),
+        horizon_ns: args.horizon.map(Delay::ns),
         admission: admission.map_or(AdmissionRequest::Unchanged, AdmissionRequest::Exactly),
         policies: None,
     };
@@ -126,10 +140,15 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                 Hook::Xdp => format!("{} XDP", loader::mode_name(xdp_mode)),
                 Hook::Tc => format!("tc {}", loader::mode_name(xdp_mode)),
             },
-            if req.mode == Some(Mode::Monitor) {
-                ", monitor only"
-            } else {
-                ""
+            match req.mode {
+                Some(Mode::Monitor) => ", monitor only".to_owned(),
+                Some(Mode::Shape) => format!(
+                    ", shaping: ECN threshold {}, horizon {}",
+                    args.ecn_threshold
+                        .unwrap_or(Delay::from_ns(DEFAULT_ECN_THRESHOLD_NS)),
+                    args.horizon.unwrap_or(Delay::from_ns(DEFAULT_HORIZON_NS))
+                ),
+                _ => String::new(),
             },
             args.rate,
             args.burst,

@@ -154,6 +154,13 @@ fn set(args: &SetArgs, scope: Scope<'_>) -> Result<()> {
     let _lock = system::lock()?;
     upgrade::recover(&scope.at(&args.iface))?;
     let (at, mut table) = open_live(&args.iface, scope)?;
+    let config = table.config()?;
+    loader::check_shape(
+        &at,
+        loader::Hook::of_mode(config.xdp_mode),
+        &config,
+        Some(&[spec]),
+    )?;
     let change = journal::begin("policy set", journal::Undo::of(&at)?.into_iter().collect())?;
     let changes = table.set(spec)?;
     change.commit()?;
@@ -203,8 +210,10 @@ pub fn describe(spec: &PolicySpec) -> String {
         text += ", new sources ";
         text += &new_sources::describe(l.new_sources, l.new_sources_burst);
     }
-    if spec.mode() == Mode::Monitor {
-        text += " (monitor)";
+    match spec.mode() {
+        Mode::Monitor => text += " (monitor)",
+        Mode::Shape => text += " (shape)",
+        Mode::Enforce => {}
     }
     text
 }

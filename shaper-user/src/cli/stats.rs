@@ -4,10 +4,15 @@ use super::Scope;
 use super::outcomes::{OutcomeFields, Unadmitted};
 use anyhow::{Result, bail};
 use serde::Serialize;
-use shaper_common::maps::{CAS_TRIES, Counters, SourceState};
+use shaper_common::{
+    maps::{CAS_TRIES, Counters, DEFAULT_SLOT, MODE_MONITOR, MODE_SHAPE, SourceState},
+    shape::{bucket_bounds_ns, percentile_ns},
+};
 use shaper_user::{
     loader,
     maps::{self, KeyNet},
+    policy::{Mode, PolicyTable},
+    units::Delay,
 };
 
 /// Show counters for IFACE and its top sources by dropped bytes.
@@ -42,6 +47,111 @@ struct Totals {
     cas_exhausted_packets: u64,
     untracked_packets: u64,
     unconfigured_packets: u64,
+    #[serde(flatten)]
+    shaping: Shaping,
+}
+
+/// What shape mode held back, marked and dropped.
+#[derive(Debug, Serialize)]
+pub struct Shaping {
+    /// Packets given a departure time later than now (also counted as passed).
+    pub shaped_packets: u64,
+    pub shaped_bytes: u64,
+    pub ce_marked_packets: u64,
+    /// Dropped rather than held back beyond the horizon (also counted as dropped): the
+    /// drops of the policies in shape mode, which drop nothing else.
+    pub horizon_dropped_packets: u64,
+    pub horizon_dropped_bytes: u64,
+}
+
+/// How long shaped packets were held back (`shape_delay` of `stats -j`, beside the
+/// totals, which are all counts).
+#[derive(Debug, Serialize)]
+pub struct ShapeDelay {
+    /// Percentiles: the upper bound of the log2 bucket each falls in (`null` when nothing
+    /// was shaped).
+    pub p50_ns: Option<u64>,
+    pub p90_ns: Option<u64>,
+    pub p99_ns: Option<u64>,
+    /// The buckets that counted anything.
+    pub histogram: Vec<DelayBucket>,
+}
+
+impl ShapeDelay {
+    pub fn new(c: &Counters) -> Self {
+        let h = &c.shape_delay;
+        Self {
+            p50_ns: percentile_ns(h, 50),
+            p90_ns: percentile_ns(h, 90),
+            p99_ns: percentile_ns(h, 99),
+            histogram: h
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n != 0)
+                .map(|(k, &packets)| {
+                    let (from_ns, to_ns) = bucket_bounds_ns(k);
+                    DelayBucket {
+                        from_ns,
+                        to_ns,
+                        packets,
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct DelayBucket {
+    pub from_ns: u64,
+    /// `null` for the last bucket, which has no upper bound.
+    pub to_ns: Option<u64>,
+    pub packets: u64,
+}
+
+impl Shaping {
+    /// From the counters and the drops of the policies in shape mode.
+    pub fn new(c: &Counters, horizon_dropped: (u64, u64)) -> Self {
+        Self {
+            shaped_packets: c.shaped_packets,
+            shaped_bytes: c.shaped_bytes,
+            ce_marked_packets: c.ce_marked_packets,
+            horizon_dropped_packets: horizon_dropped.0,
+            horizon_dropped_bytes: horizon_dropped.1,
+        }
+    }
+}
+
+/// The packets and bytes the policies in shape mode dropped (the default policy's too if
+/// the interface shapes): shaping drops only beyond the horizon.
+pub fn horizon_dropped(at: &shaper_user::pins::Attachment) -> Result<(u64, u64)> {
+    let table = PolicyTable::open(at)?;
+    let config = table.config()?;
+    let mut slots = Vec::new();
+    if config.mode == MODE_SHAPE {
+        slots.push(DEFAULT_SLOT);
+    }
+    for i in table.list()? {
+        if i.spec.mode() == Mode::Shape && config.mode != MODE_MONITOR {
+            slots.push(i.slot);
+        }
+    }
+    let mut dropped = (0, 0);
+    for slot in slots {
+        let s = table.stats(slot)?;
+        dropped.0 += s.outcomes.dropped_packets + s.unadmitted.dropped_packets;
+        dropped.1 += s.outcomes.dropped_bytes + s.unadmitted.dropped_bytes;
+    }
+    Ok(dropped)
+}
+
+/// `≤ 4.19 ms`: a percentile as the bound it is.
+fn at_most(ns: Option<u64>) -> String {
+    match ns {
+        None => "-".to_owned(),
+        Some(ns) if ns >= 1_000_000 => format!("≤{:.1}ms", ns as f64 / 1e6),
+        Some(ns) => format!("≤{:.0}us", ns as f64 / 1e3),
+    }
 }
 
 impl From<Counters> for Totals {
@@ -64,6 +174,7 @@ impl From<Counters> for Totals {
             cas_exhausted_packets: c.cas_exhausted,
             untracked_packets: c.untracked_packets,
             unconfigured_packets: c.unconfigured_packets,
+            shaping: Shaping::new(&c, (0, 0)),
         }
     }
 }
@@ -106,6 +217,7 @@ struct Stats {
     /// `src` or `dst`: which address the sources below are.
     key: &'static str,
     totals: Totals,
+    shape_delay: ShapeDelay,
     sources_tracked: usize,
     top_sources: Vec<Source>,
 }
@@ -162,15 +274,18 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
     let config = maps::read_config(&at)?;
     let sources = maps::read_all_keys(&at, &config)?;
     let counters = maps::read_counters(&at)?;
-    let stats = Stats {
+    let horizon = horizon_dropped(&at)?;
+    let mut stats = Stats {
         interface: at.iface.clone(),
         netns: at.netns.clone(),
         direction: at.direction.name(),
         key: loader::key_name(config.key_by),
         totals: counters.into(),
+        shape_delay: ShapeDelay::new(&counters),
         sources_tracked: sources.len(),
         top_sources: top(sources, args.top),
     };
+    stats.totals.shaping = Shaping::new(&counters, horizon);
     if json {
         println!("{}", serde_json::to_string_pretty(&stats)?);
         return Ok(());
@@ -230,6 +345,25 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
         w.cas_won_after_3_retries,
         t.cas_exhausted_packets
     );
+    let s = &t.shaping;
+    if config.mode == MODE_SHAPE || s.shaped_packets != 0 || s.horizon_dropped_packets != 0 {
+        println!(
+            "  shaped     {:>12} pkts {:>16} bytes: delay p50 {} p90 {} p99 {}; CE marked {} pkts",
+            s.shaped_packets,
+            s.shaped_bytes,
+            at_most(stats.shape_delay.p50_ns),
+            at_most(stats.shape_delay.p90_ns),
+            at_most(stats.shape_delay.p99_ns),
+            s.ce_marked_packets
+        );
+        println!(
+            "  horizon    {:>12} pkts {:>16} bytes dropped (ECN threshold {}, horizon {})",
+            s.horizon_dropped_packets,
+            s.horizon_dropped_bytes,
+            Delay::from_ns(config.shape.ecn_threshold_ns),
+            Delay::from_ns(config.shape.horizon_ns)
+        );
+    }
     if !stats.top_sources.is_empty() {
         println!(
             "  {:<24} {:>12} {:>16} {:>12} {:>16} {:>12}",

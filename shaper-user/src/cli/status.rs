@@ -9,7 +9,8 @@ use shaper_common::layout::LAYOUT_VERSION;
 use shaper_user::{
     loader, maps,
     pins::{self, Attachment},
-    units::{Rate, Size},
+    policy::Mode,
+    units::{Delay, Rate, Size},
     upgrade,
 };
 
@@ -34,6 +35,11 @@ struct Row {
     interface_present: bool,
     rate_bits_per_sec: u64,
     burst_bytes: u64,
+    /// `enforce`, `monitor` or `shape`: the default policy's (monitor: the interface's).
+    mode: &'static str,
+    /// Shaping's ECN threshold and horizon (used by whatever is in shape mode).
+    ecn_threshold_ns: u64,
+    horizon_ns: u64,
     /// `src` or `dst`: which address picks a frame's bucket.
     key: &'static str,
     prefix_v4_bits: u32,
@@ -69,6 +75,9 @@ fn row(at: &Attachment) -> Result<Row> {
         interface_present: loader::is_live(at),
         rate_bits_per_sec: config.rate_bps,
         burst_bytes: config.burst_bytes,
+        mode: Mode::from_value(config.mode).name(),
+        ecn_threshold_ns: config.shape.ecn_threshold_ns,
+        horizon_ns: config.shape.horizon_ns,
         key: loader::key_name(config.key_by),
         prefix_v4_bits: config.prefix_v4,
         prefix_v6_bits: config.prefix_v6,
@@ -116,8 +125,17 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
         } else {
             ""
         };
+        let shaping = if r.mode == Mode::Shape.name() {
+            format!(
+                ", shape (ECN threshold {}, horizon {})",
+                Delay::from_ns(r.ecn_threshold_ns),
+                Delay::from_ns(r.horizon_ns)
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "{}: {} {} rate {} burst {} per {} /{} (IPv6 /{}), sources {}/{} IPv4 {}/{} IPv6, new sources {}, pin layout {}{gone}{older}",
+            "{}: {} {} rate {} burst {}{shaping} per {} /{} (IPv6 /{}), sources {}/{} IPv4 {}/{} IPv6, new sources {}, pin layout {}{gone}{older}",
             at.label(),
             r.hook,
             r.xdp_mode,

@@ -133,6 +133,9 @@ pub enum ModeArg {
     Enforce,
     /// Dry run: drop nothing, count what enforcement would drop.
     Monitor,
+    /// Egress only, with sch_fq: delay what does not conform until it does (ECN marks
+    /// past --ecn-threshold, drops only past --horizon).
+    Shape,
 }
 
 impl From<ModeArg> for Mode {
@@ -140,6 +143,7 @@ impl From<ModeArg> for Mode {
         match m {
             ModeArg::Enforce => Self::Enforce,
             ModeArg::Monitor => Self::Monitor,
+            ModeArg::Shape => Self::Shape,
         }
     }
 }

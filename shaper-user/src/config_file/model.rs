@@ -6,7 +6,10 @@ use std::ops::Range;
 use serde::Deserialize;
 use shaper_common::{
     config::{ConfigError, PolicyLimits, RateLimit},
-    maps::{Admission, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
+    maps::{
+        Admission, DEFAULT_ECN_THRESHOLD_NS, DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4,
+        DEFAULT_PREFIX_V6,
+    },
 };
 use toml::Spanned;
 
@@ -41,6 +44,9 @@ pub struct DesiredInterface {
     /// The default policy's rate and burst per source.
     pub rate: RateLimit,
     pub mode: Mode,
+    /// Shaping's ECN threshold and horizon, in nanoseconds (the defaults if not given).
+    pub ecn_threshold_ns: u64,
+    pub horizon_ns: u64,
     pub key: Option<KeyBy>,
     pub prefix_v4: Option<u32>,
     pub prefix_v6: Option<u32>,
@@ -82,6 +88,10 @@ struct InterfaceModel {
     burst: Spanned<String>,
     #[serde(default)]
     mode: Option<ModeName>,
+    #[serde(default)]
+    ecn_threshold: Option<Spanned<String>>,
+    #[serde(default)]
+    horizon: Option<Spanned<String>>,
     #[serde(default)]
     key: Option<KeyName>,
     #[serde(default)]
@@ -136,6 +146,7 @@ pub(crate) enum KeysPerSec {
 enum ModeName {
     Enforce,
     Monitor,
+    Shape,
 }
 
 #[derive(Clone, Copy, Deserialize)]
@@ -181,6 +192,7 @@ impl From<ModeName> for Mode {
         match m {
             ModeName::Enforce => Self::Enforce,
             ModeName::Monitor => Self::Monitor,
+            ModeName::Shape => Self::Shape,
         }
     }
 }
@@ -341,6 +353,14 @@ pub fn parse(
             },
             rate,
             mode: m.mode.map_or(Mode::Enforce, Mode::from),
+            ecn_threshold_ns: delay(
+                &src,
+                m.ecn_threshold.as_ref(),
+                format!("{here}.ecn_threshold"),
+            )?
+            .unwrap_or(DEFAULT_ECN_THRESHOLD_NS),
+            horizon_ns: delay(&src, m.horizon.as_ref(), format!("{here}.horizon"))?
+                .unwrap_or(DEFAULT_HORIZON_NS),
             key: m.key.map(|k| match k {
                 KeyName::Src => KeyBy::Src,
                 KeyName::Dst => KeyBy::Dst,
@@ -364,6 +384,21 @@ fn rate(src: &Source, v: &Spanned<String>, field: String) -> Result<Rate, FileEr
     v.get_ref()
         .parse()
         .map_err(|e: crate::units::UnitError| src.error(v.span(), field, e.to_string()))
+}
+
+/// A time span field (`5ms`), in nanoseconds; `None` when absent.
+fn delay(
+    src: &Source,
+    v: Option<&Spanned<String>>,
+    field: String,
+) -> Result<Option<u64>, FileError> {
+    v.map(|v| {
+        v.get_ref()
+            .parse::<crate::units::Delay>()
+            .map(crate::units::Delay::ns)
+            .map_err(|e| src.error(v.span(), field, e.to_string()))
+    })
+    .transpose()
 }
 
 fn size(src: &Source, v: &Spanned<String>, field: String) -> Result<Size, FileError> {

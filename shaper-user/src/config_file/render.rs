@@ -8,8 +8,9 @@ use crate::{
     maps,
     pins::{Attachment, Direction},
     policy::{Action, Mode, PolicyError, PolicySpec, PolicyTable},
-    units::{Rate, Size},
+    units::{Delay, Rate, Size},
 };
+use shaper_common::maps::Shape;
 
 #[derive(Serialize)]
 struct FileOut {
@@ -29,6 +30,11 @@ struct InterfaceOut {
     rate: String,
     burst: String,
     mode: &'static str,
+    /// Shaping's: written where something shapes or they are not the defaults.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ecn_threshold: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    horizon: Option<String>,
     key: &'static str,
     prefix_v4: u32,
     prefix_v6: u32,
@@ -105,6 +111,10 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
     let a = config.admission;
     let tc = Hook::of_mode(config.xdp_mode) == Hook::Tc;
     let mode = loader::mode_name(config.xdp_mode);
+    let policies = table.list()?;
+    let shaping = config.mode == Mode::Shape.value()
+        || policies.iter().any(|i| i.spec.mode() == Mode::Shape)
+        || config.shape != Shape::default_settings();
     let out = FileOut {
         interface: vec![InterfaceOut {
             name: at.iface.clone(),
@@ -115,6 +125,9 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
             rate: Rate::from_bps(config.rate_bps).to_string(),
             burst: Size::from_bytes(config.burst_bytes).to_string(),
             mode: Mode::from_value(config.mode).name(),
+            ecn_threshold: shaping
+                .then(|| Delay::from_ns(config.shape.ecn_threshold_ns).to_string()),
+            horizon: shaping.then(|| Delay::from_ns(config.shape.horizon_ns).to_string()),
             key: key.name(),
             prefix_v4: config.prefix_v4,
             prefix_v6: config.prefix_v6,
@@ -126,7 +139,7 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
                 KeysPerSec::Word("unlimited".to_owned())
             },
             new_sources_burst: a.limited().then_some(a.new_sources_burst),
-            policy: table.list()?.iter().map(|i| policy_out(&i.spec)).collect(),
+            policy: policies.iter().map(|i| policy_out(&i.spec)).collect(),
         }],
     };
     Ok(toml::to_string(&out)?)

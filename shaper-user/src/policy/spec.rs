@@ -5,7 +5,9 @@ use std::{fmt, net::IpAddr};
 use ipnet::IpNet;
 use shaper_common::{
     config::{ConfigError, PolicyLimits},
-    maps::{ACTION_DROP, ACTION_LIMIT, ACTION_PASS, MODE_ENFORCE, MODE_MONITOR, Policy},
+    maps::{
+        ACTION_DROP, ACTION_LIMIT, ACTION_PASS, MODE_ENFORCE, MODE_MONITOR, MODE_SHAPE, Policy,
+    },
 };
 
 /// What a policy does with its sources' packets.
@@ -55,6 +57,9 @@ pub enum Mode {
     Enforce,
     /// Dry run: drop nothing, count what enforcement would drop.
     Monitor,
+    /// Hold back what does not conform until it does (tc egress, with sch_fq); mark it
+    /// CE past the ECN threshold, drop it only past the horizon.
+    Shape,
 }
 
 impl Mode {
@@ -62,14 +67,15 @@ impl Mode {
         match self {
             Self::Enforce => MODE_ENFORCE,
             Self::Monitor => MODE_MONITOR,
+            Self::Shape => MODE_SHAPE,
         }
     }
 
     pub fn from_value(v: u32) -> Self {
-        if v == MODE_MONITOR {
-            Self::Monitor
-        } else {
-            Self::Enforce
+        match v {
+            MODE_MONITOR => Self::Monitor,
+            MODE_SHAPE => Self::Shape,
+            _ => Self::Enforce,
         }
     }
 
@@ -77,6 +83,7 @@ impl Mode {
         match self {
             Self::Enforce => "enforce",
             Self::Monitor => "monitor",
+            Self::Shape => "shape",
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Reading the settings and counters of pins of any known layout as today's types.
 //!
 //! A map whose layout is today's is read as it is; one that changed since is read with the
-//! frozen types of its layout (`layout1`, `layout3`) and carried into today's. A layout with no
+//! frozen types of its layout (`layout1`, `layout3`, `layout4`) and carried into today's. A layout with no
 //! decoder for a changed map cannot be upgraded from, and says so.
 
 use std::{collections::BTreeMap, path::Path};
@@ -19,7 +19,7 @@ use shaper_common::{
     },
 };
 
-use super::{layout1, layout3};
+use super::{layout1, layout3, layout4};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
@@ -134,6 +134,11 @@ pub fn read_settings(dir: &Path, l: &Layout) -> Result<Settings, DecodeError> {
             .get(&0, 0)
             .map_err(read_err(&path))?
             .current(prefixes)
+    } else if matches!(l.version, 2..=4) {
+        array::<layout4::Config4>(&path)?
+            .get(&0, 0)
+            .map_err(read_err(&path))?
+            .current()
     } else {
         return Err(no_decoder(PIN_CONFIG, l));
     };
@@ -150,6 +155,8 @@ pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts
         per_cpu_sums(&path, &global, layout1::Counters1::current)?
     } else if matches!(l.version, 2 | 3) {
         per_cpu_sums(&path, &global, layout3::Counters3::current)?
+    } else if l.version == 4 {
+        per_cpu_sums(&path, &global, layout4::Counters4::current)?
     } else {
         return Err(no_decoder(PIN_COUNTERS, l));
     }
@@ -177,6 +184,10 @@ pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts
             array::<Counters>(&path)?.get(&0, 0)
         } else if l.version == 3 {
             array::<layout3::Counters3>(&path)?
+                .get(&0, 0)
+                .map(|c| c.current())
+        } else if l.version == 4 {
+            array::<layout4::Counters4>(&path)?
                 .get(&0, 0)
                 .map(|c| c.current())
         } else {

@@ -6,7 +6,8 @@
 
 use shaper_common::{
     gcra::Limit,
-    maps::{Admission, CAS_TRIES, Config, Counters, Outcomes, Policy, PolicyStats},
+    maps::{Admission, CAS_TRIES, Config, Counters, Outcomes, Policy, PolicyStats, Shape},
+    shape::DELAY_BUCKETS,
 };
 
 /// `SHAPER_CONFIG`'s value (88 bytes).
@@ -122,6 +123,8 @@ impl Config1 {
             admission: Admission::default(),
             prefixes_v4: prefixes.0,
             prefixes_v6: prefixes.1,
+            // Layout 1 did not shape: the defaults, unused until shape mode is asked for.
+            shape: Shape::default_settings(),
         }
     }
 }
@@ -198,6 +201,12 @@ impl Counters1 {
             cas_won: [0; CAS_TRIES],
             untracked_packets: self.untracked_packets,
             unconfigured_packets: self.unconfigured_packets,
+            // Nothing was shaped before layout 5.
+            shaped_packets: 0,
+            shaped_bytes: 0,
+            ce_marked_packets: 0,
+            departure_ticks: 0,
+            shape_delay: [0; DELAY_BUCKETS],
         }
     }
 }

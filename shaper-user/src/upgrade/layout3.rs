@@ -5,7 +5,10 @@
 //! Every field of today's type is spelled out (no `..Default::default()`), so a field
 //! added later fails to compile here until someone says what layout 3 carries into it.
 
-use shaper_common::maps::{CAS_TRIES, Counters, Outcomes};
+use shaper_common::{
+    maps::{CAS_TRIES, Counters, Outcomes},
+    shape::DELAY_BUCKETS,
+};
 
 /// `SHAPER_COUNTERS`' value (208 bytes, per CPU), and `SHAPER_CARRIED`'s in layout 3.
 #[repr(C)]
@@ -56,6 +59,12 @@ impl Counters3 {
             cas_won: [0; CAS_TRIES],
             untracked_packets: self.untracked_packets,
             unconfigured_packets: self.unconfigured_packets,
+            // Nothing was shaped before layout 5.
+            shaped_packets: 0,
+            shaped_bytes: 0,
+            ce_marked_packets: 0,
+            departure_ticks: 0,
+            shape_delay: [0; DELAY_BUCKETS],
         }
     }
 }

@@ -46,6 +46,7 @@
 mod decode;
 mod layout1;
 mod layout3;
+mod layout4;
 mod pinned;
 
 use std::{
@@ -639,11 +640,13 @@ mod tests {
             pins.sort_unstable();
             pins
         };
-        // Layout 2 lacks the version and the carried counts; its counters changed since.
+        // Layout 2 lacks the version and the carried counts; its counters and config
+        // changed since.
         assert_eq!(
             reused(2),
             all_but(&[
                 PIN_LAYOUT,
+                PIN_CONFIG,
                 PIN_COUNTERS,
                 PIN_COUNTERS_CARRIED,
                 PIN_POLICY_STATS_CARRIED,
@@ -652,19 +655,32 @@ mod tests {
             ])
         );
         assert!(reused(2).contains(&PIN_ADMISSION));
-        // Layout 3's counters (and so what carries them) changed; the policies' did not.
+        // Layout 3's counters (and so what carries them) and config (shaping) changed; the
+        // policies' did not.
         assert_eq!(
             reused(3),
             all_but(&[
                 PIN_LAYOUT,
+                PIN_CONFIG,
                 PIN_COUNTERS,
                 PIN_COUNTERS_CARRIED,
                 PIN_EVENTS,
                 PIN_WATCH
             ])
         );
-        // Layout 4 lacks only the events and their control (`shaper watch`).
-        assert_eq!(reused(4), all_but(&[PIN_LAYOUT, PIN_EVENTS, PIN_WATCH]));
+        // Layout 4 lacks the events and their control (`shaper watch`); its config and
+        // counters changed (shaping).
+        assert_eq!(
+            reused(4),
+            all_but(&[
+                PIN_LAYOUT,
+                PIN_CONFIG,
+                PIN_COUNTERS,
+                PIN_COUNTERS_CARRIED,
+                PIN_EVENTS,
+                PIN_WATCH
+            ])
+        );
         // The version is always written anew.
         assert!(!reused(LAYOUT_VERSION).contains(&PIN_LAYOUT));
     }
