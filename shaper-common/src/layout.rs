@@ -23,15 +23,16 @@
 //! object file against the newest layout) fail until step 1 is done.
 
 use crate::maps::{
-    MAP_ADMISSION, MAP_AGGREGATES, MAP_CONFIG, MAP_COUNTERS, MAP_COUNTERS_CARRIED, MAP_LAYOUT,
-    MAP_POLICIES, MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6,
-    MAP_SOURCES, MAP_SOURCES6, MAX_POLICIES, PIN_ADMISSION, PIN_AGGREGATES, PIN_CONFIG,
-    PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LAYOUT, PIN_POLICIES, PIN_POLICY_STATS,
-    PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES, PIN_SOURCES6,
+    MAP_ADMISSION, MAP_AGGREGATES, MAP_CONFIG, MAP_COUNTERS, MAP_COUNTERS_CARRIED, MAP_EVENTS,
+    MAP_LAYOUT, MAP_POLICIES, MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4,
+    MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6, MAP_WATCH, MAX_POLICIES, PIN_ADMISSION,
+    PIN_AGGREGATES, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_EVENTS, PIN_LAYOUT,
+    PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6,
+    PIN_SOURCES, PIN_SOURCES6, PIN_WATCH,
 };
 
 /// The layout this build pins.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// The first layout whose pins record their version in [`PIN_LAYOUT`].
 pub const FIRST_VERSIONED: u32 = 3;
@@ -42,6 +43,7 @@ pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
 pub const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 pub const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
 pub const BPF_MAP_TYPE_LPM_TRIE: u32 = 11;
+pub const BPF_MAP_TYPE_RINGBUF: u32 = 27;
 /// `BPF_F_NO_PREALLOC`: entries allocated as they are inserted (LPM tries require it).
 pub const BPF_F_NO_PREALLOC: u32 = 1;
 
@@ -65,6 +67,10 @@ pub enum Holds {
     /// What counters of earlier programs counted (written once by an upgrade, read-only
     /// after): readers add it to the live counters.
     Carried,
+    /// `shaper watch`'s sampled events and their control (written by the watcher and the
+    /// program, read by the watcher): reused when unchanged, otherwise made anew (a
+    /// watcher running across such an upgrade sees no more events and must be restarted).
+    Events,
 }
 
 /// One pinned map, as the kernel describes it (`bpf_map_info`).
@@ -157,6 +163,7 @@ const PERCPU: u32 = BPF_MAP_TYPE_PERCPU_ARRAY;
 const LRU: u32 = BPF_MAP_TYPE_LRU_HASH;
 const LPM: u32 = BPF_MAP_TYPE_LPM_TRIE;
 const HASH: u32 = BPF_MAP_TYPE_HASH;
+const RINGBUF: u32 = BPF_MAP_TYPE_RINGBUF;
 const SLOTS: u32 = MAX_POLICIES;
 const ANY: u32 = SIZED_AT_ATTACH;
 
@@ -267,6 +274,14 @@ const POLICY_STATS_CARRIED_120: MapLayout = map(
     Holds::Carried,
 );
 
+const EVENTS_256K: MapLayout = map(
+    PIN_EVENTS,
+    MAP_EVENTS,
+    (RINGBUF, 0, 0, 256 * 1024, 0),
+    Holds::Events,
+);
+const WATCH_72: MapLayout = map(PIN_WATCH, MAP_WATCH, (ARRAY, 4, 72, 2, 0), Holds::Events);
+
 /// Every layout shaper has pinned since prefix policies, oldest first; the last is
 /// [`LAYOUT_VERSION`].
 pub const LAYOUTS: &[Layout] = &[
@@ -339,13 +354,35 @@ pub const LAYOUTS: &[Layout] = &[
             ADMISSION,
         ],
     },
+    // `shaper watch`: a ring buffer of sampled refused frames and its control.
+    Layout {
+        version: 5,
+        maps: &[
+            VERSION,
+            CONFIG_136,
+            SOURCES,
+            SOURCES6,
+            COUNTERS_240,
+            COUNTERS_CARRIED_240,
+            POLICIES_160,
+            PREFIXES_V4,
+            PREFIXES_V6,
+            AGGREGATES,
+            POLICY_STATS_120,
+            POLICY_STATS_CARRIED_120,
+            ADMISSION,
+            EVENTS_256K,
+            WATCH_72,
+        ],
+    },
 ];
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::maps::{
-        AdmissionCells, Cell, Config, Counters, Ipv4Key, Ipv6Key, Policy, PolicyStats, SourceState,
+        AdmissionCells, Cell, Config, Counters, EVENTS_BYTES, Ipv4Key, Ipv6Key, Policy,
+        PolicyStats, SourceState, WATCH_ENTRIES, Watch,
     };
 
     /// An LPM trie's key: the prefix length, then the address.
@@ -407,6 +444,9 @@ mod tests {
                 size_of::<AdmissionCells>(),
                 MAX_POLICIES,
             ),
+            // A ring buffer has no key or value: its size is its bytes.
+            (PIN_EVENTS, 0, 0, EVENTS_BYTES),
+            (PIN_WATCH, u32_size, size_of::<Watch>(), WATCH_ENTRIES),
         ];
         let newest = current();
         assert_eq!(newest.version, LAYOUT_VERSION);

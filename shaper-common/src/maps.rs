@@ -26,6 +26,10 @@ pub const PIN_LAYOUT: &str = "layout";
 /// Counts carried over from the counters of an earlier program by an upgrade.
 pub const PIN_COUNTERS_CARRIED: &str = "counters_carried";
 pub const PIN_POLICY_STATS_CARRIED: &str = "policy_stats_carried";
+/// Sampled events of refused frames (`shaper watch`): a ring buffer.
+pub const PIN_EVENTS: &str = "events";
+/// Whether and how fast the program samples them ([`Watch`]).
+pub const PIN_WATCH: &str = "watch";
 /// While an upgrade is under way: the program the link is being switched to.
 pub const PIN_UPGRADE_PROG: &str = "upgrade_prog";
 /// A tc program attached with clsact and `cls_bpf`, which has no bpf_link to pin: the
@@ -46,6 +50,8 @@ pub const MAP_ADMISSION: &str = "SHAPER_ADMIT";
 pub const MAP_LAYOUT: &str = "SHAPER_LAYOUT";
 pub const MAP_COUNTERS_CARRIED: &str = "SHAPER_CARRIED";
 pub const MAP_POLICY_STATS_CARRIED: &str = "SHAPER_PCARRIED";
+pub const MAP_EVENTS: &str = "SHAPER_EVENTS";
+pub const MAP_WATCH: &str = "SHAPER_WATCH";
 
 /// Program names in the object file.
 pub const PROG_XDP: &str = "shaper_xdp";
@@ -470,4 +476,82 @@ mod pod {
     unsafe impl aya::Pod for super::Cell {}
     unsafe impl aya::Pod for super::PolicyStats {}
     unsafe impl aya::Pod for super::AdmissionCells {}
+    unsafe impl aya::Pod for super::Watch {}
+    unsafe impl aya::Pod for super::WatchEvent {}
 }
+
+/// The size of the ring buffer of sampled events (`SHAPER_EVENTS`), in bytes: a power of
+/// two pages; room for 5461 events of [`WatchEvent`] with the ring buffer's 8-byte header.
+pub const EVENTS_BYTES: u32 = 256 * 1024;
+
+/// Entries of `SHAPER_WATCH`: [`WATCH_CONTROL`], written by the watcher only, and
+/// [`WATCH_METER`], written by the program only (so neither side overwrites what the
+/// other wrote).
+pub const WATCH_ENTRIES: u32 = 2;
+/// The watcher's entry: [`Watch::until`], [`Watch::limit`], who and at what rate.
+pub const WATCH_CONTROL: u32 = 0;
+/// The program's entry: [`Watch::cell`] and [`Watch::lost`].
+pub const WATCH_METER: u32 = 1;
+
+/// `shaper watch`'s control of the sampling of refused frames: array map `SHAPER_WATCH`,
+/// [`WATCH_ENTRIES`] entries of this type, each using its half of the fields.
+///
+/// The program samples only while its clock is before [`Watch::until`] of the control
+/// entry: a *lease* the watcher renews every second and clears when it exits, so a
+/// watcher killed without a word leaves sampling on for at most the lease's length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Watch {
+    /// Control: the end of the lease, in GCRA ticks of `bpf_ktime_get_ns`
+    /// (`gcra::ticks_from_ns`, CLOCK_MONOTONIC); 0: nobody watches.
+    pub until: u64,
+    /// Control: the events' rate and burst, an event counted as one byte (as
+    /// [`Admission`] counts keys): `Limit::new(8 × events_per_sec, burst)`.
+    pub limit: Limit,
+    /// Control: the watcher's process id, and what it asked for (for a second watcher's
+    /// refusal).
+    pub pid: u32,
+    pub events_per_sec: u32,
+    pub burst: u32,
+    pub _pad: u32,
+    /// Meter: the GCRA cell the events are metered in.
+    pub cell: Cell,
+    /// Meter: sampled events the ring buffer had no room for.
+    pub lost: u64,
+}
+
+const _: () = assert!(size_of::<Watch>() == 72);
+
+/// Why a frame was refused, as recorded in [`WatchEvent::reason`].
+/// Over its source's (key's) limit.
+pub const REASON_SOURCE: u8 = 0;
+/// Over its prefix's aggregate limit (the source's own cell had room).
+pub const REASON_AGGREGATE: u8 = 1;
+/// Its policy blocks it.
+pub const REASON_BLOCKED: u8 = 2;
+/// Its key was refused a cell by new-source admission and the policy's shared cell of
+/// unadmitted frames had no room.
+pub const REASON_UNADMITTED: u8 = 3;
+
+/// One sampled refused frame: a record of the ring buffer `SHAPER_EVENTS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatchEvent {
+    /// When, from `bpf_ktime_get_ns` (CLOCK_MONOTONIC).
+    pub time_ns: u64,
+    /// The key: [`Ipv4Key`]'s bytes in the first 4 (family 4), or [`Ipv6Key`].
+    pub key: [u8; 16],
+    /// The policy slot it fell under ([`DEFAULT_SLOT`]: the default).
+    pub slot: u32,
+    /// What the frame cost (its wire length).
+    pub bytes: u32,
+    /// 4 or 6.
+    pub family: u8,
+    /// `REASON_*`.
+    pub reason: u8,
+    /// Non-zero in monitor mode: the frame was passed, enforcement would have dropped it.
+    pub would_drop: u8,
+    pub _pad: [u8; 5],
+}
+
+const _: () = assert!(size_of::<WatchEvent>() == 40);

@@ -12,7 +12,7 @@ use crate::{
     key,
     maps::{CONFIG, SOURCES, SOURCES6},
     parse::{Frame, classify, header_len},
-    policy,
+    policy, watch,
 };
 
 /// A frame as a hook saw it.
@@ -73,12 +73,20 @@ pub fn meter_frame(seen: &Seen) -> Verdict {
         Frame::Ipv4(ip) => {
             let key = unsafe { key::v4(ip, config) };
             let lookup = || policy::slot_v4(&key, config);
-            (meter(&SOURCES, &key, len, now, config, lookup), 1)
+            let metered = meter(&SOURCES, &key, len, now, config, lookup);
+            watch::refused(&metered, len, now, |info| {
+                watch::sample_v4(key, config, info, now)
+            });
+            (metered, 1)
         }
         Frame::Ipv6(ip) => {
             let key = unsafe { key::v6(ip, config) };
             let lookup = || policy::slot_v6(&key, config);
-            (meter(&SOURCES6, &key, len, now, config, lookup), 0)
+            let metered = meter(&SOURCES6, &key, len, now, config, lookup);
+            watch::refused(&metered, len, now, |info| {
+                watch::sample_v6(&key, config, info, now)
+            });
+            (metered, 0)
         }
         _ => return Verdict::Pass,
     };

@@ -53,6 +53,7 @@ mod maps;
 mod parse;
 mod policy;
 mod tc;
+mod watch;
 mod xdp;
 
 #[cfg(target_arch = "bpf")]

@@ -3,11 +3,11 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use shaper_common::maps::{
-    AdmissionCells, Cell, Config, Counters, DEFAULT_MAX_SOURCES, Ipv4Key, Ipv6Key, MAX_POLICIES,
-    Policy, PolicyStats, SourceState,
+    AdmissionCells, Cell, Config, Counters, DEFAULT_MAX_SOURCES, EVENTS_BYTES, Ipv4Key, Ipv6Key,
+    MAX_POLICIES, Policy, PolicyStats, SourceState, WATCH_ENTRIES, Watch,
 };
 
 /// The interface's settings and default policy: one entry, written by userspace (also
@@ -69,3 +69,11 @@ pub static COUNTERS_CARRIED: Array<Counters> = Array::with_max_entries(1, 0);
 #[map(name = "SHAPER_PCARRIED")]
 pub static POLICY_STATS_CARRIED: HashMap<u32, PolicyStats> =
     HashMap::with_max_entries(MAX_POLICIES, BPF_F_NO_PREALLOC);
+
+/// Sampled events of refused frames, for `shaper watch` (`crate::watch`).
+#[map(name = "SHAPER_EVENTS")]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+
+/// Whether anyone watches, and the meter of the events (`shaper_common::maps::Watch`).
+#[map(name = "SHAPER_WATCH")]
+pub static WATCH: Array<Watch> = Array::with_max_entries(WATCH_ENTRIES, 0);

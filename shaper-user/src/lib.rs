@@ -21,3 +21,4 @@ pub mod system;
 pub mod tc;
 pub mod units;
 pub mod upgrade;
+pub mod watch;

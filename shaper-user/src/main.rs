@@ -140,5 +140,6 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Completions(args) => cli::completions::run(args),
         Command::Man(args) => cli::man::run(args),
         Command::Run(args) => cli::run::run(args, scope).await,
+        Command::Watch(args) => cli::watch::run(args, scope, cli.json).await,
     }
 }

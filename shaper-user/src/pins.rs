@@ -15,9 +15,10 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 use shaper_common::maps::{
-    PIN_ADMISSION, PIN_AGGREGATES, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LAYOUT,
-    PIN_LINK, PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4,
-    PIN_PREFIXES_V6, PIN_ROOT, PIN_SOURCES, PIN_SOURCES6, PIN_TC_PROG, PIN_UPGRADE_PROG,
+    PIN_ADMISSION, PIN_AGGREGATES, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_EVENTS,
+    PIN_LAYOUT, PIN_LINK, PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED,
+    PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_ROOT, PIN_SOURCES, PIN_SOURCES6, PIN_TC_PROG,
+    PIN_UPGRADE_PROG, PIN_WATCH,
 };
 
 const NETNS_DIR: &str = "netns";
@@ -117,6 +118,12 @@ impl Attachment {
     }
     pub fn counters(&self) -> PathBuf {
         self.dir().join(PIN_COUNTERS)
+    }
+    pub fn events(&self) -> PathBuf {
+        self.dir().join(PIN_EVENTS)
+    }
+    pub fn watch(&self) -> PathBuf {
+        self.dir().join(PIN_WATCH)
     }
     pub fn policies(&self) -> PathBuf {
         self.dir().join(PIN_POLICIES)

@@ -199,6 +199,10 @@ const SUITES: &[Suite] = &[
                     "traffic_through_an_upgrade_from_layout_3_is_all_metered_and_never_refilled",
                     "holds passed bytes to rate x measured time + one burst within 4%",
                 ),
+                (
+                    "traffic_through_an_upgrade_from_layout_4_is_all_metered_and_never_refilled",
+                    "holds passed bytes to rate x measured time + one burst within 4%",
+                ),
             ],
         },
         why: "upgrades in place from earlier builds (BPF_LINK_UPDATE, RENAME_EXCHANGE on \
@@ -215,6 +219,17 @@ const SUITES: &[Suite] = &[
         why: "the tc program: TCX (6.6 and later) and clsact, the qdiscs left as found, \
               egress settings through apply, and a TSO send charged its wire bytes on tc \
               egress, tc ingress and XDP (exact byte counts, no rates)",
+    },
+    Suite {
+        file: "tests/watch.rs",
+        place: Place::Guest {
+            skip: &[(
+                "the_kernel_holds_events_to_the_watchers_rate",
+                "also asks for rate x 2 s of events from 2 s of a flood offered against the clock",
+            )],
+        },
+        why: "shaper watch: the ring buffer and the lease on each kernel (events of a source \
+              over its limit, none of one under it, none while nobody watches)",
     },
     Suite {
         file: "tests/live_rate.rs",

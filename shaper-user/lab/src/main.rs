@@ -110,7 +110,7 @@ enum LabPart {
     Cpu,
     /// Common against per-CPU LRU source maps under a flood from every CPU (test_run)
     Lru,
-    /// A live spoofed flood: shaper with and without new-source admission, the nft meter, hashlimit
+    /// A live spoofed flood: shaper with and without new-source admission, the nft meter, hashlimit, tbf, htb
     Flood,
     /// Sources under their limit through shaper, the generator catching up late frames or skipping them
     Late,

@@ -32,6 +32,11 @@ pub const OLD_BUILDS: &[OldBuild] = &[
         layout: 3,
         commit: "f137e58b13345ab29c6990ae9c85e02b0c419a96",
     },
+    // The counters count the compare-and-swap's wins, before `shaper watch`'s maps.
+    OldBuild {
+        layout: 4,
+        commit: "c17ddaacff0dabe555853d4b951dbea22b288538",
+    },
 ];
 
 /// Where the old builds live under a target directory.

@@ -18,10 +18,33 @@ fn quick_run_gives_well_formed_results() {
     })
     .expect("accuracy run");
 
-    for limiter in ["shaper", "nft", "hashlimit", "tbf", "htb"] {
+    // Every limiter in the same configuration, ingress and egress (one configuration in
+    // quick mode).
+    let all = [
+        "shaper",
+        "nft",
+        "hashlimit",
+        "shaper egress",
+        "nft egress",
+        "tbf",
+        "htb",
+    ];
+    for limiter in all {
         assert!(
             results.rows.iter().any(|r| r.limiter == limiter),
             "no row for {limiter}"
+        );
+    }
+    for r in &results.rows {
+        assert!(
+            results
+                .rows
+                .iter()
+                .filter(|o| (o.rate_bps, o.frame_bytes, o.sources)
+                    == (r.rate_bps, r.frame_bytes, r.sources))
+                .count()
+                == all.len(),
+            "not every limiter ran the configuration of {r:?}"
         );
     }
     for r in &results.rows {
@@ -64,7 +87,16 @@ fn quick_run_gives_well_formed_results() {
     }
 
     for load in ["over", "under"] {
-        for limiter in ["none", "shaper", "htb"] {
+        for limiter in [
+            "none",
+            "shaper",
+            "nft",
+            "hashlimit",
+            "shaper egress",
+            "nft egress",
+            "tbf",
+            "htb",
+        ] {
             let c = results
                 .cpu
                 .iter()
@@ -84,6 +116,17 @@ fn quick_run_gives_well_formed_results() {
 
     let summary = summary_lines(&results);
     assert!(!summary.is_empty());
+    // The CPU headline compares each shaper hook with what sits where it does.
+    for ratio in [
+        "shaper ÷ nft",
+        "shaper egress ÷ nft egress",
+        "shaper egress ÷ tbf",
+    ] {
+        assert!(
+            summary.iter().any(|l| l.contains(ratio)),
+            "no {ratio} in {summary:#?}"
+        );
+    }
     for line in &summary {
         println!("{line}");
     }

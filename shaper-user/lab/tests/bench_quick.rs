@@ -3,6 +3,8 @@
 
 use std::{path::Path, process::Command};
 
+use shaper_lab::bench::peers::TABLE_ENTRIES;
+
 fn finite_numbers(v: &serde_json::Value, at: &str) {
     match v {
         serde_json::Value::Number(n) => {
@@ -83,6 +85,35 @@ fn quick_bench_writes_a_well_formed_report() {
         Some("measured") => assert!(accuracy["results"]["rows"].is_array()),
         Some("missing") => assert!(accuracy["reason"].is_string()),
         other => panic!("accuracy status {other:?}"),
+    }
+
+    // The spoofed flood: every limiter, each counted behind it (the receiver is behind the
+    // router). hashlimit fails closed once its table is full and each spoofed source sends
+    // once, so it cannot pass more flood frames than its table holds (when it passed them
+    // all, the receiver counted in front of it).
+    let flood = json["flood"]
+        .as_array()
+        .expect("results.json has flood rows");
+    let label = |r: &serde_json::Value| r["limiter"].as_str().unwrap().to_owned();
+    for want in ["shaper", "nft", "hashlimit", "tbf", "htb"] {
+        assert!(
+            flood.iter().any(|r| label(r).starts_with(want)),
+            "no flood row for {want}: {flood:#?}"
+        );
+    }
+    for r in flood {
+        let (sent, received) = (
+            r["flood_sent_packets"].as_u64().unwrap(),
+            r["flood_received_packets"].as_u64().unwrap(),
+        );
+        assert!(sent > 0 && received <= sent, "{r}");
+        assert!(
+            r["placement"].as_str().is_some_and(|p| !p.is_empty()),
+            "{r}"
+        );
+        if label(r) == "hashlimit" {
+            assert!(received <= u64::from(TABLE_ENTRIES), "{r}");
+        }
     }
 
     let md = read(&out, "results.md");

@@ -243,6 +243,15 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
     let status = &json(&new_shaper(), lab.rx_ns(), &["status", lab.rx_iface()])[0];
     assert_eq!(status["layout_version"], LAYOUT_VERSION);
     assert_eq!(status["upgrade_interrupted"], false);
+    // The maps new in layout 5 (`shaper watch`'s) were made, empty: nobody watches.
+    let (control, meter) = shaper_user::watch::read_control(&old.at).unwrap();
+    assert_eq!((control.until, meter.cell.tat), (0, 0));
+    assert!(
+        shaper_user::watch::open_events(&old.at)
+            .unwrap()
+            .next()
+            .is_none()
+    );
     assert_eq!(
         (&status["rate_bits_per_sec"], &status["burst_bytes"]),
         (&RATE_BPS.into(), &BURST_BYTES.into())
@@ -305,6 +314,12 @@ fn an_upgrade_from_layout_2_keeps_every_cell_and_counter() {
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn an_upgrade_from_layout_3_keeps_every_cell_and_counter() {
     upgrade_keeps_every_cell_and_counter(3);
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_upgrade_from_layout_4_keeps_every_cell_and_counter() {
+    upgrade_keeps_every_cell_and_counter(4);
 }
 
 /// Upgrades an attachment of pin layout `layout` in the middle of live traffic.
@@ -447,6 +462,12 @@ fn traffic_through_an_upgrade_from_layout_2_is_all_metered_and_never_refilled() 
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn traffic_through_an_upgrade_from_layout_3_is_all_metered_and_never_refilled() {
     traffic_through_an_upgrade(3);
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn traffic_through_an_upgrade_from_layout_4_is_all_metered_and_never_refilled() {
+    traffic_through_an_upgrade(4);
 }
 
 /// The version recorded in an attachment's `layout` map, overwritten.

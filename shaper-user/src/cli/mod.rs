@@ -15,6 +15,7 @@ pub mod stats;
 pub mod status;
 pub mod top;
 pub mod values;
+pub mod watch;
 
 use clap::{Parser, Subcommand};
 use shaper_user::pins::{Attachment, Direction};
@@ -31,7 +32,7 @@ pub struct Cli {
     /// sends); each is an attachment of its own
     #[arg(long, global = true, value_enum, default_value_t = DirectionArg::Ingress)]
     pub direction: DirectionArg,
-    /// Print JSON instead of text (status, stats, policy list, top).
+    /// Print JSON instead of text (status, stats, policy list, top; watch: JSON lines).
     #[arg(short = 'j', long, global = true)]
     pub json: bool,
     #[command(subcommand)]
@@ -54,6 +55,7 @@ pub enum Command {
     /// milliseconds, and warnings (needs no privileges, touches nothing)
     Explain(explain::Args),
     Run(run::Args),
+    Watch(watch::Args),
     #[command(hide = true)]
     Completions(completions::Args),
     #[command(hide = true)]

@@ -128,6 +128,24 @@ enum Undo {
     Route(IpNet, u32),
 }
 
+/// Removes every route of `trie` (the `family` prefix trie) that `keep` refuses.
+fn prune<K: aya::Pod>(
+    trie: &mut LpmTrie<MapData, K, u32>,
+    family: &str,
+    keep: impl Fn(&Key<K>) -> bool,
+) -> Result<(), PolicyError> {
+    let keys: Vec<Key<K>> = trie
+        .keys()
+        .collect::<Result<_, _>>()
+        .map_err(map_err(format!("read the {family} prefix trie")))?;
+    for key in keys.iter().filter(|k| !keep(k)) {
+        trie.remove(key).map_err(map_err(format!(
+            "remove a route from the {family} prefix trie"
+        )))?;
+    }
+    Ok(())
+}
+
 fn open_pin<T: TryFrom<Map, Error = MapError>>(path: std::path::PathBuf) -> Result<T, PolicyError> {
     let open_err = |source| PolicyError::Open {
         what: path.display().to_string(),
@@ -430,30 +448,12 @@ impl PolicyTable {
                 TrieKey::V6(k) => (6, k.prefix_len(), u128::from_ne_bytes(k.data())),
             })
             .collect();
-        let v4: Vec<Key<Ipv4Key>> = self
-            .v4
-            .keys()
-            .collect::<Result<_, _>>()
-            .map_err(map_err("read the IPv4 prefix trie"))?;
-        for key in v4 {
-            if !routes.contains(&(4, key.prefix_len(), u128::from(key.data()))) {
-                self.v4
-                    .remove(&key)
-                    .map_err(map_err("remove a route from the IPv4 prefix trie"))?;
-            }
-        }
-        let v6: Vec<Key<Ipv6Key>> = self
-            .v6
-            .keys()
-            .collect::<Result<_, _>>()
-            .map_err(map_err("read the IPv6 prefix trie"))?;
-        for key in v6 {
-            if !routes.contains(&(6, key.prefix_len(), u128::from_ne_bytes(key.data()))) {
-                self.v6
-                    .remove(&key)
-                    .map_err(map_err("remove a route from the IPv6 prefix trie"))?;
-            }
-        }
+        prune(&mut self.v4, "IPv4", |k| {
+            routes.contains(&(4, k.prefix_len(), u128::from(k.data())))
+        })?;
+        prune(&mut self.v6, "IPv6", |k| {
+            routes.contains(&(6, k.prefix_len(), u128::from_ne_bytes(k.data())))
+        })?;
         for (slot, _) in self.slots()? {
             if !wanted.contains_key(&slot) {
                 self.write_slot(slot, &Policy::default())?;

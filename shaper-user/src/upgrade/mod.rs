@@ -554,7 +554,10 @@ pub fn settings_of(at: &Attachment) -> Result<(&'static Layout, Settings), Upgra
 mod tests {
     use shaper_common::{
         layout::{LAYOUTS, SIZED_AT_ATTACH},
-        maps::{PIN_ADMISSION, PIN_AGGREGATES, PIN_LAYOUT, PIN_SOURCES, PIN_SOURCES6},
+        maps::{
+            PIN_ADMISSION, PIN_AGGREGATES, PIN_EVENTS, PIN_LAYOUT, PIN_SOURCES, PIN_SOURCES6,
+            PIN_WATCH,
+        },
     };
 
     use super::*;
@@ -643,15 +646,25 @@ mod tests {
                 PIN_LAYOUT,
                 PIN_COUNTERS,
                 PIN_COUNTERS_CARRIED,
-                PIN_POLICY_STATS_CARRIED
+                PIN_POLICY_STATS_CARRIED,
+                PIN_EVENTS,
+                PIN_WATCH,
             ])
         );
         assert!(reused(2).contains(&PIN_ADMISSION));
         // Layout 3's counters (and so what carries them) changed; the policies' did not.
         assert_eq!(
             reused(3),
-            all_but(&[PIN_LAYOUT, PIN_COUNTERS, PIN_COUNTERS_CARRIED])
+            all_but(&[
+                PIN_LAYOUT,
+                PIN_COUNTERS,
+                PIN_COUNTERS_CARRIED,
+                PIN_EVENTS,
+                PIN_WATCH
+            ])
         );
+        // Layout 4 lacks only the events and their control (`shaper watch`).
+        assert_eq!(reused(4), all_but(&[PIN_LAYOUT, PIN_EVENTS, PIN_WATCH]));
         // The version is always written anew.
         assert!(!reused(LAYOUT_VERSION).contains(&PIN_LAYOUT));
     }

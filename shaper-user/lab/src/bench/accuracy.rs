@@ -10,6 +10,11 @@
 //! socket, as on a real link (a queue in the senders' own namespace would hold their socket
 //! buffers and throttle the senders to the limit).
 //!
+//! Egress rows: shaper's tc program (`--direction egress --key src`, per source as every
+//! row here; TCX on this kernel) and an nft meter in netdev egress sit on that same egress
+//! device beside tbf and htb, in the same configurations (the accuracy sweep and the CPU
+//! cost; a configuration is comparable only when all seven limiters' runs are).
+//!
 //! Every run builds its limiter, sends paced UDP through the lab ([`run_udp_with`]) and
 //! removes the limiter again (a Drop guard: shaper detached, qdiscs and the ifb deleted),
 //! all inside the lab's namespaces; the lab itself goes when dropped.
@@ -67,7 +72,8 @@ pub struct AccuracyOptions {
     pub shaper: PathBuf,
     /// A smoke run: one configuration per limiter, very short runs (seconds in all).
     pub quick: bool,
-    /// Sending time of each run (3 s gives a full sweep of about 10 minutes). In quick mode
+    /// Sending time of each run (3 s gives a full sweep, seven limiters per configuration,
+    /// of about 10 minutes, and the CPU case about 4½ more). In quick mode
     /// at most 0.4 s is used.
     pub seconds: f64,
     /// Restricts the run (for investigating one configuration); `None` runs everything.
@@ -146,13 +152,18 @@ const CPU_SECONDS: f64 = 5.0;
 
 /// A rate limiter under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Limiter {
+pub(crate) enum Limiter {
     /// shaper's XDP program on the router's input veth, per source.
     Shaper,
     /// An nft meter in netdev ingress on the same veth, per source.
     Nft,
     /// iptables hashlimit in raw PREROUTING on the same veth, per source.
     Hashlimit,
+    /// shaper's tc program on the router's egress (`--direction egress --key src`: TCX on
+    /// this kernel), per source.
+    ShaperEgress,
+    /// An nft meter in netdev egress on the router's egress, per source.
+    NftEgress,
     /// tbf on the router's egress, one aggregate bucket.
     Tbf,
     /// htb on the router's egress, one class per source (u32 match on the source address).
@@ -167,6 +178,8 @@ impl Limiter {
             Limiter::Shaper => "shaper",
             Limiter::Nft => "nft",
             Limiter::Hashlimit => "hashlimit",
+            Limiter::ShaperEgress => "shaper egress",
+            Limiter::NftEgress => "nft egress",
             Limiter::Tbf => "tbf",
             Limiter::Htb => "htb",
             Limiter::None => "none",
@@ -175,7 +188,12 @@ impl Limiter {
 
     fn behaviour(self) -> &'static str {
         match self {
-            Limiter::Shaper | Limiter::Nft | Limiter::Hashlimit | Limiter::None => "drops",
+            Limiter::Shaper
+            | Limiter::Nft
+            | Limiter::Hashlimit
+            | Limiter::ShaperEgress
+            | Limiter::NftEgress
+            | Limiter::None => "drops",
             Limiter::Tbf | Limiter::Htb => "queues",
         }
     }
@@ -189,6 +207,7 @@ impl Limiter {
         match self {
             Limiter::Nft => Some(peers::Kind::Nft),
             Limiter::Hashlimit => Some(peers::Kind::Hashlimit),
+            Limiter::NftEgress => Some(peers::Kind::NftEgress),
             _ => None,
         }
     }
@@ -200,23 +219,29 @@ impl Limiter {
     }
 }
 
-/// The limiters of the sweep, in the order they run for each configuration. (ifb+htb, htb
-/// on an ifb for ingress, is no longer run: it matched htb to 0.01% in every comparable
+/// The limiters of the sweep, in the order they run for each configuration: the ingress
+/// policers on the router's input veth, then everything on its egress. (ifb+htb, htb on an
+/// ifb for ingress, is no longer run: it matched htb to 0.01% in every comparable
 /// configuration of the earlier runs and cost a fifth of the sweep's time.)
-const ACCURACY_LIMITERS: [Limiter; 5] = [
+const ACCURACY_LIMITERS: [Limiter; 7] = [
     Limiter::Shaper,
     Limiter::Nft,
     Limiter::Hashlimit,
+    Limiter::ShaperEgress,
+    Limiter::NftEgress,
     Limiter::Tbf,
     Limiter::Htb,
 ];
 
 /// The limiters of the CPU measurement.
-const CPU_LIMITERS: [Limiter; 5] = [
+const CPU_LIMITERS: [Limiter; 8] = [
     Limiter::None,
     Limiter::Shaper,
     Limiter::Nft,
     Limiter::Hashlimit,
+    Limiter::ShaperEgress,
+    Limiter::NftEgress,
+    Limiter::Tbf,
     Limiter::Htb,
 ];
 
@@ -403,7 +428,7 @@ pub fn run(opts: &AccuracyOptions) -> Result<AccuracyResults> {
                         })?;
                 cost.rep = rep;
                 eprintln!(
-                    "cpu    {:<9} {:<5} {:.0} pps offered, {} packets, {} delivered, softirq {:.1} ms/Mpkt{}",
+                    "cpu    {:<13} {:<5} {:.0} pps offered, {} packets, {} delivered, softirq {:.1} ms/Mpkt{}",
                     cost.limiter,
                     cost.load,
                     cost.offered_pps,
@@ -489,59 +514,67 @@ pub fn summary_lines(results: &AccuracyResults) -> Vec<String> {
             results.dropped.len()
         ));
     }
-    for (load, _) in CPU_LOADS {
-        let runs = |name: &str| -> Vec<&CpuCost> {
-            let mut v: Vec<&CpuCost> = results
-                .cpu
-                .iter()
-                .filter(|c| c.limiter == name && c.load == load)
-                .collect();
-            v.sort_by_key(|c| c.rep);
-            v
-        };
-        let shaper = runs("shaper");
-        if shaper.is_empty() {
-            continue;
-        }
-        let mut parts = vec![format!(
-            "shaper {}",
-            spread_ms(
-                &shaper
+    // Each shaper hook against what sits at the same place: ingress against the ingress
+    // policers, egress against what sits on the same egress device.
+    let groups: [(&str, &[&str]); 2] = [
+        ("shaper", &["nft", "hashlimit", "htb", "none"]),
+        ("shaper egress", &["nft egress", "tbf", "htb", "none"]),
+    ];
+    for (base, peers) in groups {
+        for (load, _) in CPU_LOADS {
+            let runs = |name: &str| -> Vec<&CpuCost> {
+                let mut v: Vec<&CpuCost> = results
+                    .cpu
                     .iter()
-                    .map(|c| c.softirq_ms_per_mpkt)
-                    .collect::<Vec<_>>()
-            )
-        )];
-        for peer in ["nft", "hashlimit", "htb", "none"] {
-            let other = runs(peer);
-            if other.is_empty() {
+                    .filter(|c| c.limiter == name && c.load == load)
+                    .collect();
+                v.sort_by_key(|c| c.rep);
+                v
+            };
+            let shaper = runs(base);
+            if shaper.is_empty() {
                 continue;
             }
-            let ms: Vec<f64> = other.iter().map(|c| c.softirq_ms_per_mpkt).collect();
-            // Ratios run by run (the limiters take turns within a repetition).
-            let ratios: Vec<f64> = shaper
-                .iter()
-                .zip(&other)
-                .filter(|(_, o)| o.softirq_ms_per_mpkt > 0.0)
-                .map(|(s, o)| s.softirq_ms_per_mpkt / o.softirq_ms_per_mpkt)
-                .collect();
-            let ratio = if ratios.is_empty() {
-                String::new()
-            } else {
-                let (lo, hi) = min_max(&ratios);
-                format!(
-                    "; shaper ÷ {peer} **{:.2}** ({lo:.2}–{hi:.2})",
-                    median(&ratios)
+            let mut parts = vec![format!(
+                "{base} {}",
+                spread_ms(
+                    &shaper
+                        .iter()
+                        .map(|c| c.softirq_ms_per_mpkt)
+                        .collect::<Vec<_>>()
                 )
-            };
-            parts.push(format!("{peer} {}{ratio}", spread_ms(&ms)));
-        }
-        lines.push(format!(
+            )];
+            for &peer in peers {
+                let other = runs(peer);
+                if other.is_empty() {
+                    continue;
+                }
+                let ms: Vec<f64> = other.iter().map(|c| c.softirq_ms_per_mpkt).collect();
+                // Ratios run by run (the limiters take turns within a repetition).
+                let ratios: Vec<f64> = shaper
+                    .iter()
+                    .zip(&other)
+                    .filter(|(_, o)| o.softirq_ms_per_mpkt > 0.0)
+                    .map(|(s, o)| s.softirq_ms_per_mpkt / o.softirq_ms_per_mpkt)
+                    .collect();
+                let ratio = if ratios.is_empty() {
+                    String::new()
+                } else {
+                    let (lo, hi) = min_max(&ratios);
+                    format!(
+                        "; {base} ÷ {peer} **{:.2}** ({lo:.2}–{hi:.2})",
+                        median(&ratios)
+                    )
+                };
+                parts.push(format!("{peer} {}{ratio}", spread_ms(&ms)));
+            }
+            lines.push(format!(
             "softirq ms per Mpkt, {:.0} kpps of {CPU_FRAME}-byte frames {load} the limit, median (min–max) of {} runs: {}",
             shaper[0].offered_pps / 1e3,
             shaper.len(),
             parts.join(", ")
         ));
+        }
     }
     for r in &results.late {
         lines.push(format!(
@@ -623,7 +656,7 @@ fn fmt_num(x: f64) -> String {
 
 fn describe_row(r: &AccuracyRow) -> String {
     format!(
-        "accuracy {:<8} {:>9} {:>5} B x{:<3} offered {:>9.3} Mbit/s/src delivered {:>11} expected {:>13.0} error {:+7.2}%{}",
+        "accuracy {:<13} {:>9} {:>5} B x{:<3} offered {:>9.3} Mbit/s/src delivered {:>11} expected {:>13.0} error {:+7.2}%{}",
         r.limiter,
         fmt_rate(r.rate_bps),
         r.frame_bytes,
@@ -911,7 +944,7 @@ fn attach_noop_xdp(lab: &Lab) -> Result<Ebpf> {
 /// A limiter set up in the lab; dropping it removes it (errors ignored: this may run while
 /// unwinding, and the lab's namespaces go soon after anyway). Only shaper's pins outlive
 /// the namespaces, so its detach matters most.
-struct Installed<'a> {
+pub(crate) struct Installed<'a> {
     lab: &'a Lab,
     shaper: &'a Path,
     limiter: Limiter,
@@ -922,7 +955,7 @@ struct Installed<'a> {
 impl<'a> Installed<'a> {
     /// Sets `limiter` up at `rate_bps` (per source for the first `n` sources, or for the
     /// aggregate) with `burst` bytes (as [`Limiter::burst`] gives it).
-    fn new(
+    pub(crate) fn new(
         lab: &'a Lab,
         shaper: &'a Path,
         limiter: Limiter,
@@ -934,7 +967,12 @@ impl<'a> Installed<'a> {
         let (in_ns, in_iface) = lab.ingress();
         let (egress_ns, egress) = lab.egress();
         if let Some(kind) = limiter.peer() {
-            let peer = Peer::install(kind, in_ns.name(), in_iface, rate_bps, burst)?;
+            let (ns, iface) = if kind == peers::Kind::NftEgress {
+                (egress_ns.name(), egress)
+            } else {
+                (in_ns.name(), in_iface)
+            };
+            let peer = Peer::install(kind, ns, iface, rate_bps, burst)?;
             return Ok(Installed {
                 lab,
                 shaper,
@@ -950,10 +988,18 @@ impl<'a> Installed<'a> {
             _peer: None,
         };
         match limiter {
-            Limiter::None | Limiter::Nft | Limiter::Hashlimit => {}
-            Limiter::Shaper => {
-                let out = Command::new(shaper)
-                    .args(["-n", in_ns.name(), "attach", in_iface])
+            Limiter::None | Limiter::Nft | Limiter::Hashlimit | Limiter::NftEgress => {}
+            Limiter::Shaper | Limiter::ShaperEgress => {
+                let mut cmd = Command::new(shaper);
+                if limiter == Limiter::Shaper {
+                    cmd.args(["-n", in_ns.name(), "attach", in_iface]);
+                } else {
+                    // Per source, as every other limiter here (egress keys by destination
+                    // unless told).
+                    cmd.args(["-n", egress_ns.name(), "--direction", "egress", "attach"])
+                        .args([egress, "--key", "src"]);
+                }
+                let out = cmd
                     .args(["--rate", &format!("{rate_bps}bit")])
                     .args(["--burst", &burst.to_string()])
                     .stdin(Stdio::null())
@@ -994,10 +1040,21 @@ impl Drop for Installed<'_> {
                 .status();
         };
         match self.limiter {
-            Limiter::None | Limiter::Nft | Limiter::Hashlimit => {}
+            Limiter::None | Limiter::Nft | Limiter::Hashlimit | Limiter::NftEgress => {}
             Limiter::Shaper => {
                 let (ns, iface) = lab.ingress();
                 quiet(Command::new(self.shaper).args(["-n", ns.name(), "detach", iface]));
+            }
+            Limiter::ShaperEgress => {
+                let (ns, iface) = lab.egress();
+                quiet(Command::new(self.shaper).args([
+                    "-n",
+                    ns.name(),
+                    "--direction",
+                    "egress",
+                    "detach",
+                    iface,
+                ]));
             }
             Limiter::Tbf | Limiter::Htb => {
                 let (ns, iface) = lab.egress();
@@ -1015,6 +1072,9 @@ impl Drop for Installed<'_> {
     }
 }
 
+/// htb's default class (and its bfifo's handle): above every per-source class (0x10 on).
+const HTB_DEFAULT: usize = 0xfff;
+
 /// The queue a queueing limiter gets: [`QUEUE_SECS`] at its rate, at least two full frames.
 fn queue_bytes(rate_bps: u64) -> u64 {
     ((rate_bps as f64 / 8.0 * QUEUE_SECS) as u64).max(2 * 1514)
@@ -1022,10 +1082,21 @@ fn queue_bytes(rate_bps: u64) -> u64 {
 
 /// The classic per-subscriber htb on `dev`: one class per source at `rate ceil rate` with
 /// the common burst, a bfifo of [`queue_bytes`] under it, and a u32 filter on the source
-/// address. Nothing goes to a default class, so unmatched traffic (none here) would pass.
+/// address; and a default class, the same again, that every other source shares (in the
+/// sweep there is none; under a spoofed flood it is every flood frame). Without a default
+/// class htb would send unmatched traffic unlimited.
 fn htb_lines(dev: &str, lab: &Lab, rate_bps: u64, burst: u64, n: usize) -> Vec<String> {
     let queue = queue_bytes(rate_bps);
-    let mut lines = vec![format!("qdisc add dev {dev} root handle 1: htb")];
+    let mut lines = vec![
+        format!("qdisc add dev {dev} root handle 1: htb default {HTB_DEFAULT:x}"),
+        format!(
+            "class add dev {dev} parent 1: classid 1:{HTB_DEFAULT:x} htb rate {rate_bps}bit ceil {rate_bps}bit \
+             burst {burst} cburst {burst} quantum 1514"
+        ),
+        format!(
+            "qdisc add dev {dev} parent 1:{HTB_DEFAULT:x} handle {HTB_DEFAULT:x}: bfifo limit {queue}"
+        ),
+    ];
     for (i, src) in lab.sources()[..n].iter().enumerate() {
         let id = 0x10 + i;
         lines.push(format!(

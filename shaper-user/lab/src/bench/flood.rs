@@ -1,10 +1,23 @@
 //! A spoofed flood against shaper with and without new-source admission, an nft meter and
-//! iptables hashlimit (their tables as large as shaper's default map), in the same lab with
-//! the same traffic: three real sources (one at twice its limit, two at half) and a
-//! flood of 60-byte frames, each from a source never used before, as fast as one sender
-//! thread writes them (`lab::raw`, spoofed). Reported per configuration: the flood's frames
-//! that reached the receiver, what the under-limit sources lost at the receiver, the keys
-//! created, and the softirq time (exact, [`super::softirq`]) per flood frame.
+//! iptables hashlimit (their tables as large as shaper's default map), tbf and htb, in the
+//! same routed lab ([`Lab::routed`]) with the same traffic: three real sources (one at twice
+//! its limit, two at half) and a flood of 60-byte frames, each from a source never used
+//! before, as fast as one sender thread writes them (`lab::raw`, spoofed). shaper, the nft
+//! meter and hashlimit sit on the router's input veth, tbf and htb on its egress, as in the
+//! accuracy case ([`super::accuracy`]). The receiver counts at its own veth, behind the
+//! router, so every limiter has had its say on what it counts.
+//!
+//! (An earlier version sent the flood straight onto the receiver's veth, to a MAC address
+//! that was not the veth's, and counted there with a packet socket. A packet socket sees a
+//! frame before tc ingress, netfilter's netdev ingress hook and the IP stack: the nft meter
+//! and hashlimit were counted before they ran, and hashlimit in PREROUTING never saw a frame
+//! at all, since the IP stack drops a frame for another host before PREROUTING. Both showed
+//! 100% of the flood through. Only XDP runs before the packet socket.)
+//!
+//! Reported per configuration: the flood's frames that reached the receiver, what the
+//! under-limit sources lost at the receiver, the keys created, and the softirq time
+//! (exact, [`super::softirq`]) per flood frame: NET_RX, where the router receives and
+//! forwards (and a qdisc enqueues), and all vectors (a throttled qdisc dequeues in NET_TX).
 
 use std::{net::Ipv4Addr, path::Path, process::Command, time::Duration};
 
@@ -13,6 +26,7 @@ use serde::Serialize;
 use shaper_common::bench::NET_RX_SOFTIRQ;
 
 use super::{
+    accuracy::{Installed, Limiter},
     peers::{self, Peer},
     softirq::SoftirqClock,
 };
@@ -30,7 +44,7 @@ const FLOOD_FRAME: usize = 60;
 const SECONDS: u64 = 4;
 
 /// The configurations compared: a label and what is set up.
-const CONFIGS: [(&str, Setup); 4] = [
+const CONFIGS: [(&str, Setup); 6] = [
     (
         "shaper, admission unlimited",
         Setup::Shaper(&["--new-sources", "unlimited"]),
@@ -41,13 +55,20 @@ const CONFIGS: [(&str, Setup); 4] = [
     ),
     ("nft meter", Setup::Peer(peers::Kind::Nft)),
     ("hashlimit", Setup::Peer(peers::Kind::Hashlimit)),
+    ("tbf (one bucket for all sources)", Setup::Tc(Limiter::Tbf)),
+    (
+        "htb (a class per real source, a default class)",
+        Setup::Tc(Limiter::Htb),
+    ),
 ];
 
-/// shaper with these attach flags beyond rate and burst, or a peer.
+/// shaper with these attach flags beyond rate and burst, a peer on the router's input
+/// veth, or a tc qdisc on its egress.
 #[derive(Clone, Copy)]
 enum Setup {
     Shaper(&'static [&'static str]),
     Peer(peers::Kind),
+    Tc(Limiter),
 }
 
 const BURST: u64 = 32_768;
@@ -56,8 +77,12 @@ const BURST: u64 = 32_768;
 #[derive(Clone, Debug, Serialize)]
 pub struct FloodRow {
     pub limiter: String,
+    /// Where it sits: "router input (XDP)", "router input (netdev ingress)", ...
+    pub placement: String,
     pub flood_sent_packets: u64,
     pub flood_sent_per_sec: f64,
+    /// Flood frames the receiver saw.
+    pub flood_received_packets: u64,
     /// Flood frames the receiver saw, of those sent.
     pub flood_passed_pct: f64,
     /// What the two under-limit sources lost between sender and receiver.
@@ -69,6 +94,8 @@ pub struct FloodRow {
     /// NET_RX softirq time over the run, per flood frame sent (machine-wide, the real
     /// sources' few frames included).
     pub net_rx_ns_per_flood_frame: f64,
+    /// Softirq time of every vector, per flood frame sent.
+    pub softirq_ns_per_flood_frame: f64,
 }
 
 fn shaper(shaper: &Path, ns: &str, args: &[&str]) -> Result<String> {
@@ -87,12 +114,19 @@ fn shaper(shaper: &Path, ns: &str, args: &[&str]) -> Result<String> {
 
 /// Runs the flood once per configuration, in one lab.
 pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
-    let lab = Lab::new("bflood", 3)?;
-    let (ns, iface) = (lab.rx_ns().to_owned(), lab.rx_iface().to_owned());
-    let flow = |src: Ipv4Addr, len, offered_bps, spoofed| RawFlow {
-        frame: frame::ipv4_udp_to(src, lab.rx_addr(), len),
-        offered_bps,
-        spoofed,
+    let lab = Lab::routed("bflood", 3)?;
+    let (ns, iface) = lab.ingress();
+    let (ns, iface) = (ns.name().to_owned(), iface.to_owned());
+    // Addressed to the router, which forwards them to the receiver.
+    let first_hop = lab.first_hop_mac()?;
+    let flow = |src: Ipv4Addr, len, offered_bps, spoofed| {
+        let mut frame = frame::ipv4_udp_to(src, lab.rx_addr(), len);
+        frame[..6].copy_from_slice(&first_hop);
+        RawFlow {
+            frame,
+            offered_bps,
+            spoofed,
+        }
     };
     let s = lab.sources();
     let flows = [
@@ -110,26 +144,39 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
     let mut rows = Vec::new();
     for (label, setup) in CONFIGS {
         let mut peer = None;
-        let burst = match setup {
+        let mut tc = None;
+        let (burst, placement) = match setup {
             Setup::Shaper(more) => {
                 let burst = BURST.to_string();
                 let mut attach = vec!["attach", &iface, "--rate", "8mbit", "--burst", &burst];
                 attach.extend_from_slice(more);
                 shaper(shaper_bin, &ns, &attach)?;
-                BURST
+                (BURST, "router input (XDP)")
             }
             Setup::Peer(kind) => {
                 peer = Some(Peer::install(kind, &ns, &iface, RATE_BPS, BURST)?);
-                peers::burst_given(kind, RATE_BPS, BURST)
+                let placement = match kind {
+                    peers::Kind::Hashlimit => "router input (raw PREROUTING)",
+                    _ => "router input (netdev ingress)",
+                };
+                (peers::burst_given(kind, RATE_BPS, BURST), placement)
+            }
+            Setup::Tc(limiter) => {
+                // Per source for the three real sources (htb), or one bucket (tbf).
+                tc = Some(Installed::new(
+                    &lab, shaper_bin, limiter, RATE_BPS, BURST, 3,
+                )?);
+                (BURST, "router egress (qdisc)")
             }
         };
-        let is_shaper = peer.is_none();
+        let is_shaper = matches!(setup, Setup::Shaper(_));
         let measured = (|| -> Result<FloodRow> {
             // The real sources get their cells before the flood.
             run_raw(&lab, &flows[..3], Duration::from_secs(1))?;
             let before = clock.read()?;
             let results = run_raw(&lab, &flows, Duration::from_secs(SECONDS))?.flows;
-            let net_rx = clock.read()?.since(&before).ns[NET_RX_SOFTIRQ];
+            let spent = clock.read()?.since(&before);
+            let net_rx = spent.ns[NET_RX_SOFTIRQ];
             let keys_created = if is_shaper {
                 let stats: serde_json::Value =
                     serde_json::from_str(&shaper(shaper_bin, &ns, &["-j", "stats", &iface])?)?;
@@ -143,20 +190,25 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
             let received: u64 = real.iter().map(|r| r.received_packets).sum();
             Ok(FloodRow {
                 limiter: label.to_owned(),
+                placement: placement.to_owned(),
                 flood_sent_packets: flood.sent_packets,
                 flood_sent_per_sec: flood.sent_packets as f64 / flood.offered_secs,
+                flood_received_packets: flood.received_packets,
                 flood_passed_pct: 100.0 * flood.received_packets as f64
                     / flood.sent_packets.max(1) as f64,
                 real_loss_pct: 100.0 * (sent - received.min(sent)) as f64 / sent.max(1) as f64,
                 keys_created,
                 burst_bytes: burst,
                 net_rx_ns_per_flood_frame: net_rx as f64 / flood.sent_packets.max(1) as f64,
+                softirq_ns_per_flood_frame: spent.total_ns() as f64
+                    / flood.sent_packets.max(1) as f64,
             })
         })();
         if is_shaper {
             shaper(shaper_bin, &ns, &["detach", &iface])?;
         }
         drop(peer);
+        drop(tc);
         rows.push(measured?);
     }
     Ok(rows)
@@ -165,25 +217,27 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
 /// The rows as a table.
 pub fn summary_lines(rows: &[FloodRow]) -> Vec<String> {
     let mut lines = vec![format!(
-        "{:<30} {:>12} {:>10} {:>13} {:>11} {:>10} {:>16}",
+        "{:<48} {:>12} {:>10} {:>13} {:>11} {:>10} {:>16} {:>17}",
         "spoofed flood (60 B frames)",
         "flood sent",
         "frames/s",
         "flood passed",
         "real lost",
         "keys made",
-        "NET_RX ns/frame"
+        "NET_RX ns/frame",
+        "softirq ns/frame"
     )];
     for r in rows {
         lines.push(format!(
-            "{:<30} {:>12} {:>10.0} {:>12.2}% {:>10.2}% {:>10} {:>16.0}",
+            "{:<48} {:>12} {:>10.0} {:>12.2}% {:>10.2}% {:>10} {:>16.0} {:>17.0}",
             r.limiter,
             r.flood_sent_packets,
             r.flood_sent_per_sec,
             r.flood_passed_pct,
             r.real_loss_pct,
             r.keys_created.map_or("n/a".to_owned(), |k| k.to_string()),
-            r.net_rx_ns_per_flood_frame
+            r.net_rx_ns_per_flood_frame,
+            r.softirq_ns_per_flood_frame
         ));
     }
     lines

@@ -7,6 +7,7 @@
 //! - `scale`: per-packet cost and kernel memory as tracked sources grow.
 //! - `accuracy`: delivered rate against rate × time + burst in the namespace lab, for
 //!   shaper and its peers (`peers`: an nft meter, iptables hashlimit; tc's tbf and htb),
+//!   on ingress and on egress (shaper's tc program and an nft meter in netdev egress),
 //!   with per-source time series, softirq CPU cost, how a late traffic generator's clumps
 //!   meet a policer, and the peers' excess as the measuring time grows.
 //! - `report`: writes `bench/results.md`, `bench/results.json` and the plots.
@@ -29,7 +30,7 @@ use serde::Serialize;
 /// One rate-accuracy measurement: one limiter, one configuration, one run.
 #[derive(Clone, Debug, Serialize)]
 pub struct AccuracyRow {
-    /// "shaper", "nft", "hashlimit", "tbf", "htb".
+    /// "shaper", "nft", "hashlimit", "shaper egress", "nft egress", "tbf", "htb".
     pub limiter: String,
     /// Whether over-limit traffic is dropped at once ("drops") or queued first ("queues").
     pub behaviour: String,
@@ -71,7 +72,7 @@ pub struct TimeSeries {
 /// (the softirq tracepoints, [`softirq`]), machine-wide.
 #[derive(Clone, Debug, Serialize)]
 pub struct CpuCost {
-    /// "shaper", "nft", "hashlimit", "htb", "none".
+    /// "shaper", "nft", "hashlimit", "shaper egress", "nft egress", "tbf", "htb", "none".
     pub limiter: String,
     /// Which repetition (0, 1, 2): the limiters take turns within each.
     pub rep: usize,

@@ -9,7 +9,14 @@
 //!   --hashlimit-mode srcip -j DROP`. (Debian's `iptables` is `iptables-nft`: the match is
 //!   the kernel's `xt_hashlimit`, run through nf_tables' compatibility expression.)
 //!
-//! Both are policers like shaper: a frame over the limit is dropped, never queued. Each is
+//! - an **nft meter in the netdev family's egress hook** (Linux 5.16+), the same meter on
+//!   what a device sends: the hook runs in `dev_queue_xmit` just before tc egress (where
+//!   shaper's `--direction egress` program and the qdiscs sit), on every frame the device
+//!   sends, forwarded or local, with its Ethernet header. (inet `output` sees only what the
+//!   host itself sends, never what it forwards; `postrouting` sees both but before the
+//!   device, in the IP stack: netdev egress is the fair equivalent of tc egress.)
+//!
+//! All are policers like shaper: a frame over the limit is dropped, never queued. Each is
 //! given the same table size as shaper's default source map, so a flood meets the same room.
 //!
 //! Everything is made inside the namespace given and removed by [`Peer`]'s `Drop` (the
@@ -36,7 +43,10 @@ pub const TABLE_ENTRIES: u32 = 262_144;
 /// Which peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
+    /// netdev ingress, per source.
     Nft,
+    /// netdev egress, per source.
+    NftEgress,
     Hashlimit,
 }
 
@@ -44,6 +54,7 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Nft => "nft",
+            Kind::NftEgress => "nft egress",
             Kind::Hashlimit => "hashlimit",
         }
     }
@@ -55,7 +66,7 @@ impl Kind {
 /// of the rate and 1% more.
 pub fn burst_given(kind: Kind, rate_bps: u64, burst: u64) -> u64 {
     match kind {
-        Kind::Nft => burst,
+        Kind::Nft | Kind::NftEgress => burst,
         // A second of the rate as hashlimit rounds it (it refused 1250000 at 10 Mbit/s,
         // asking for 1250016), with 1% to spare.
         Kind::Hashlimit => burst.max(rate_bps.div_ceil(8) * 101 / 100),
@@ -71,7 +82,8 @@ pub struct Peer {
 }
 
 impl Peer {
-    /// Limits every source address arriving on `iface` to `rate_bps` with a burst of
+    /// Limits every source address arriving on `iface` (leaving it, for
+    /// [`Kind::NftEgress`]) to `rate_bps` with a burst of
     /// [`burst_given`]`(kind, rate_bps, burst)` bytes.
     pub fn install(kind: Kind, ns: &str, iface: &str, rate_bps: u64, burst: u64) -> Result<Peer> {
         // The guard exists before the first step, so a failing step undoes the others.
@@ -83,12 +95,17 @@ impl Peer {
         let bytes_per_sec = rate_bps / 8;
         let burst = burst_given(kind, rate_bps, burst);
         match kind {
-            Kind::Nft => {
+            Kind::Nft | Kind::NftEgress => {
+                let hook = if kind == Kind::Nft {
+                    "ingress"
+                } else {
+                    "egress"
+                };
                 let ruleset = format!(
                     "table netdev {NFT_TABLE} {{\n\
                      \tset m {{ type ipv4_addr; size {TABLE_ENTRIES}; flags dynamic; }}\n\
                      \tchain in {{\n\
-                     \t\ttype filter hook ingress device \"{iface}\" priority 0; policy accept;\n\
+                     \t\ttype filter hook {hook} device \"{iface}\" priority 0; policy accept;\n\
                      \t\tupdate @m {{ ip saddr limit rate over {bytes_per_sec} bytes/second burst {burst} bytes }} drop\n\
                      \t}}\n\
                      }}\n"
@@ -171,7 +188,7 @@ impl Drop for Peer {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.ns]);
         match self.kind {
-            Kind::Nft => {
+            Kind::Nft | Kind::NftEgress => {
                 cmd.args(["nft", "delete", "table", "netdev", NFT_TABLE]);
             }
             Kind::Hashlimit => {

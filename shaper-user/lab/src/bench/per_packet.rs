@@ -31,17 +31,24 @@
 use std::net::Ipv4Addr;
 
 use anyhow::{Context as _, Result, ensure};
-use aya::Ebpf;
+use aya::{
+    Ebpf,
+    maps::{Array, MapData},
+};
 use serde::Serialize;
 use shaper_common::{
     bench::{PROG_FLOOR, PROG_NOOP},
     config::PolicyLimits,
-    gcra::MAX_RATE_BPS,
-    maps::{ACTION_LIMIT, ACTION_PASS, Admission, Config, DEFAULT_MAX_SOURCES, PROG_XDP},
+    gcra::{Limit, MAX_RATE_BPS},
+    maps::{
+        ACTION_LIMIT, ACTION_PASS, Admission, Config, DEFAULT_MAX_SOURCES, MAP_WATCH, PROG_XDP,
+        WATCH_CONTROL, WATCH_METER, Watch,
+    },
 };
 use shaper_user::{
     loader,
     policy::{PolicySpec, PolicyTable, parse_prefix},
+    watch::MAX_EVENTS_PER_SEC,
 };
 
 use super::{population::Population, spread::median};
@@ -209,6 +216,30 @@ struct LoopCase {
     /// The frame's source is a newcomer that admission must refuse: the admission cell is
     /// emptied first, and every run checked to have created no source.
     refused: bool,
+    /// A watcher (`shaper watch`) holds the lease while it runs, at these events a second
+    /// and burst; otherwise nobody watches.
+    watch: Option<(u32, u32)>,
+}
+
+/// Switches the sampling of refused frames (`shaper watch`) of a loaded object on, as a
+/// watcher's lease would (never running out), with a fresh meter, or off.
+fn set_watch(ebpf: &mut Ebpf, watch: Option<(u32, u32)>) -> Result<()> {
+    let map = ebpf.map_mut(MAP_WATCH).context("no watch map")?;
+    let mut array: Array<&mut MapData, Watch> = Array::try_from(map)?;
+    let control = match watch {
+        Some((rate, burst)) => Watch {
+            until: u64::MAX,
+            limit: Limit::new(8 * u64::from(rate), u64::from(burst))
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
+            events_per_sec: rate,
+            burst,
+            ..Watch::default()
+        },
+        None => Watch::default(),
+    };
+    array.set(WATCH_METER, Watch::default(), 0)?;
+    array.set(WATCH_CONTROL, control, 0)?;
+    Ok(())
 }
 
 /// Prefix policies covering the sources of the policy cases, all with open limits so
@@ -336,6 +367,7 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
         want,
         policied,
         refused: false,
+        watch: None,
     };
     // A source that never gets a cell (TEST-NET-1, far from every other case's).
     let newcomer = frame::ipv4_udp(Ipv4Addr::new(192, 0, 2, 1), FRAME_BYTES);
@@ -370,13 +402,50 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
         ),
         case(
             "drop_existing",
-            "drop, existing source",
+            "drop, existing source (nobody watching)",
             PROG_XDP,
             frame::ipv4_udp(Ipv4Addr::new(198, 18, 0, 12), 1500),
             shut,
             XDP_DROP,
             false,
         ),
+        LoopCase {
+            watch: Some((100, 100)),
+            ..case(
+                "drop_watched",
+                "drop, existing source, a watcher sampling 100 events/s",
+                PROG_XDP,
+                frame::ipv4_udp(Ipv4Addr::new(198, 18, 0, 12), 1500),
+                shut,
+                XDP_DROP,
+                false,
+            )
+        },
+        LoopCase {
+            watch: Some((MAX_EVENTS_PER_SEC, u32::MAX)),
+            ..case(
+                "drop_watched_every",
+                "drop, existing source, a watcher sampling every frame (ring buffer full \
+                 after its first 5461 events: the rest cost the attempt)",
+                PROG_XDP,
+                frame::ipv4_udp(Ipv4Addr::new(198, 18, 0, 12), 1500),
+                shut,
+                XDP_DROP,
+                false,
+            )
+        },
+        LoopCase {
+            watch: Some((100, 100)),
+            ..case(
+                "pass_watched",
+                "pass, existing source, a watcher sampling (passed frames are never sampled)",
+                PROG_XDP,
+                hot.clone(),
+                open,
+                XDP_PASS,
+                false,
+            )
+        },
         case(
             "not_ipv4",
             "not IPv4, passed untouched",
@@ -563,8 +632,15 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
             if c.refused {
                 drain_admission(ebpf, &mut fresh)?;
             }
+            if c.watch.is_some() {
+                set_watch(ebpf, c.watch)?;
+            }
             let created = counters(ebpf)?.new_sources;
-            samples.push(test_run(ebpf, c.program, &c.frame, opts.repeat, c.want)?);
+            let measured = test_run(ebpf, c.program, &c.frame, opts.repeat, c.want);
+            if c.watch.is_some() {
+                set_watch(ebpf, None)?;
+            }
+            samples.push(measured?);
             ensure!(
                 !c.refused || counters(ebpf)?.new_sources == created,
                 "{}: the newcomer was admitted while measured",

@@ -488,31 +488,42 @@ fn flood_markdown(w: &mut String, rows: &[FloodRow]) {
         w,
         "Three real sources (one at twice its 8 Mbit/s limit, two at half of it) and a flood \
          of 60-byte frames, each from a source address never used before, sent as fast as \
-         one thread writes them, through each limiter on the receiver's veth. The nft \
-         meter's set and hashlimit's table hold {} entries, shaper's default map size. \
-         Burst 32 KiB (hashlimit: at least a second of the rate, its minimum).\n",
+         one thread writes them, through the routed lab of the accuracy case: shaper, the nft \
+         meter and hashlimit on the router's input veth, tbf and htb on its egress. The \
+         receiver counts at its own veth, behind every limiter. The nft meter's set and \
+         hashlimit's table hold {} entries, shaper's default map size. Burst 32 KiB \
+         (hashlimit: at least a second of the rate, its minimum).\n\n\
+         tbf and htb keep no state per source. tbf is one bucket: every source, real or \
+         spoofed, shares its 8 Mbit/s, so the real sources lose in proportion to what the \
+         flood offers. htb has the classes it was configured with, here one per real source, \
+         and a default class (8 Mbit/s) that every other source shares: the configured \
+         sources keep their rate, the flood gets the default class's, and a source nobody \
+         configured (a new customer) shares it with the flood. Both queue on the router's \
+         egress, so every flood frame is first received and routed.\n",
         super::peers::TABLE_ENTRIES
     );
     let _ = writeln!(
         w,
-        "| limiter | burst | flood frames sent | frames/s | flood frames that reach the receiver | under-limit real sources' loss | keys created | NET_RX softirq per flood frame |"
+        "| limiter | where | burst | flood frames sent | frames/s | flood frames that reach the receiver | under-limit real sources' loss | keys created | NET_RX softirq per flood frame | all softirq per flood frame |"
     );
     let _ = writeln!(
         w,
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for r in rows {
         let _ = writeln!(
             w,
-            "| {} | {} | {} | {:.0} | {:.1}% | {:.1}% | {} | {:.0} ns |",
+            "| {} | {} | {} | {} | {:.0} | {:.1}% | {:.1}% | {} | {:.0} ns | {:.0} ns |",
             r.limiter,
+            r.placement,
             r.burst_bytes,
             r.flood_sent_packets,
             r.flood_sent_per_sec,
             r.flood_passed_pct,
             r.real_loss_pct,
             r.keys_created.map_or("n/a".to_owned(), |k| k.to_string()),
-            r.net_rx_ns_per_flood_frame
+            r.net_rx_ns_per_flood_frame,
+            r.softirq_ns_per_flood_frame
         );
     }
 }
@@ -545,7 +556,13 @@ fn accuracy_markdown(w: &mut String, acc: &AccuracyResults, plots: &[String]) {
         let _ = writeln!(
             w,
             "shaper, the nft meter and hashlimit sit on the router's input veth (the same \
-             device); tbf and htb, which queue, on the router's egress. A run *measures the \
+             device); tbf and htb, which queue, on the router's egress. *shaper egress* \
+             (`--direction egress --key src`: shaper's tc program, TCX on this kernel) and \
+             *nft egress* (the same nft meter in the netdev family's egress hook, which runs \
+             just before tc egress on every frame the device sends, forwarded or not; inet \
+             `output` never sees forwarded traffic and `postrouting` runs in the IP stack, \
+             before the device) sit on that same egress device, per source as everything \
+             else here. A run *measures the \
              limiter* when its sources offered at least 1.5× the limit, no send was refused and \
              nothing was lost outside the limiter; a configuration is *comparable* when every \
              limiter's run of it does, and the headline averages each limiter over the same \
@@ -620,7 +637,9 @@ fn accuracy_markdown(w: &mut String, acc: &AccuracyResults, plots: &[String]) {
              an XDP program on the router's input veth (the shaper, or a no-op one for the \
              others), since attaching XDP changes how a veth receives. Every limiter runs three \
              times, taking turns within each repetition; the headline gives the median and the \
-             range (min–max) and shaper's ratio to each peer run by run.\n"
+             range (min–max) and shaper's ratio to each peer run by run: shaper (XDP) against \
+             the ingress policers, htb and none; shaper egress (tc) against what sits on the \
+             same egress device (nft egress, tbf, htb) and none.\n"
         );
         let _ = writeln!(
             w,

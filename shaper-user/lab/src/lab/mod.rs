@@ -302,8 +302,16 @@ impl Lab {
             ns.ip(&["link", "set", "dev", "lo", "up"])?;
             ns.ip(&["link", "set", "dev", iface, "up"])?;
         }
-        shaper_user::netns::run_in(rt.name(), || {
-            std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+        let rin_owned = rin.to_owned();
+        shaper_user::netns::run_in(rt.name(), move || -> std::io::Result<()> {
+            std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")?;
+            // No reverse-path filter: the router forwards a spoofed flood from sources it
+            // has no route to, as a transit router does (a namespace's IPv4 settings are
+            // the host's, which may filter).
+            for conf in ["all", "default", rin_owned.as_str()] {
+                std::fs::write(format!("/proc/sys/net/ipv4/conf/{conf}/rp_filter"), "0")?;
+            }
+            Ok(())
         })?
         .context("cannot enable forwarding in the router namespace")?;
         let rx_net = format!("{}/{PREFIX_LEN}", Ipv4Addr::new(198, 19, 0, 0));
@@ -452,6 +460,31 @@ impl Lab {
         }
         ends.push((&self.rx, &self.rx_iface, "rx"));
         ends
+    }
+
+    /// The MAC address of the interface the tx veth delivers to (the router's input veth in
+    /// a routed lab, else the rx veth): the destination a crafted frame needs to be
+    /// received as the host's own ([`raw`]) rather than as another host's.
+    pub fn first_hop_mac(&self) -> Result<[u8; 6]> {
+        let (ns, iface) = match &self.router {
+            Some(router) => (&router.ns, router.in_iface.as_str()),
+            None => (&self.rx, self.rx_iface.as_str()),
+        };
+        let text = mac_of(ns, iface)?;
+        let mut mac = [0u8; 6];
+        let mut parts = text.split(':');
+        for byte in &mut mac {
+            let part = parts
+                .next()
+                .with_context(|| format!("bad MAC address {text:?} of {iface}"))?;
+            *byte = u8::from_str_radix(part, 16)
+                .with_context(|| format!("bad MAC address {text:?} of {iface}"))?;
+        }
+        ensure!(
+            parts.next().is_none(),
+            "bad MAC address {text:?} of {iface}"
+        );
+        Ok(mac)
     }
 
     /// The sender addresses (198.18.0.11, .12, ...), all on the tx veth.

@@ -197,6 +197,7 @@ pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<RawRu
                         if flow.spoofed {
                             let src = first.wrapping_add(n).to_be_bytes();
                             frame[IPV4_SRC_AT..IPV4_SRC_AT + 4].copy_from_slice(&src);
+                            fix_ipv4_checksum(&mut frame);
                             n = n.wrapping_add(1);
                         }
                         let refused_at = Instant::now();
@@ -245,6 +246,26 @@ pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<RawRu
         flows,
         receiver_drops,
     })
+}
+
+/// Recomputes the header checksum of an untagged IPv4 frame's header after its source
+/// changed, so that a router's IP stack takes the frame instead of dropping it as corrupt.
+fn fix_ipv4_checksum(frame: &mut [u8]) {
+    const IP: usize = 14;
+    let hlen = usize::from(frame[IP] & 0x0f) * 4;
+    if hlen < 20 || frame.len() < IP + hlen {
+        return;
+    }
+    frame[IP + 10..IP + 12].fill(0);
+    let mut sum: u32 = frame[IP..IP + hlen]
+        .chunks_exact(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let checksum = !(sum as u16);
+    frame[IP + 10..IP + 12].copy_from_slice(&checksum.to_be_bytes());
 }
 
 /// A packet socket on `iface` in namespace `ns`: a receiving one sees every frame the
@@ -413,6 +434,15 @@ fn socket_drops(fd: &OwnedFd) -> Result<u64> {
 mod tests {
     use super::*;
     use crate::frame;
+
+    #[test]
+    fn a_spoofed_source_gets_a_valid_header_checksum() {
+        let mut f = frame::ipv4_udp(std::net::Ipv4Addr::new(10, 64, 0, 0), 60);
+        let reference = frame::ipv4_udp(std::net::Ipv4Addr::new(10, 64, 1, 2), 60);
+        f[IPV4_SRC_AT..IPV4_SRC_AT + 4].copy_from_slice(&[10, 64, 1, 2]);
+        fix_ipv4_checksum(&mut f);
+        assert_eq!(f, reference);
+    }
 
     #[test]
     #[ignore = "needs root: creates network namespaces (cargo xtask test)"]

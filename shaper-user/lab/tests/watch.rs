@@ -1,0 +1,223 @@
+//! `shaper watch` with live traffic through the real XDP program: events for a source over
+//! its limit and none for one under it, the kernel's bound on the events' rate, nothing
+//! sampled while nobody watches (or once a killed watcher's lease has run out), and a
+//! second watcher refused.
+
+#[expect(dead_code, reason = "not every helper is used here")]
+mod common;
+
+use std::{
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use common::{attach, shaper, stats};
+use serde_json::Value;
+use shaper_lab::{
+    bins::shaper as shaper_bin,
+    lab::{Flow, Lab, RunOptions, run_udp_with},
+};
+use shaper_user::{pins::Attachment, watch};
+
+const FRAME: u32 = 1_000;
+const RATE_BPS: u64 = 4_000_000;
+
+/// A `shaper -n NS -j watch ARGS...` running; killed when dropped if still running.
+struct Watcher(Child, Instant);
+
+impl Watcher {
+    fn start(lab: &Lab, args: &[&str]) -> Self {
+        let child = Command::new(shaper_bin())
+            .args(["-n", lab.rx_ns(), "-j", "watch", lab.rx_iface()])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run shaper watch");
+        let w = Self(child, Instant::now());
+        // Until it holds the lease: then sampling is on.
+        let at = Attachment::new(lab.rx_iface(), Some(lab.rx_ns()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while watch::read_control(&at).unwrap().0.pid != w.0.id() {
+            assert!(
+                Instant::now() < deadline,
+                "the watcher never took the lease"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        w
+    }
+
+    /// Waits for it to exit: its events (one JSON object a line) and how long it ran.
+    fn finish(mut self) -> (Vec<Value>, Duration) {
+        let child = std::mem::replace(&mut self.0, Command::new("true").spawn().expect("run true"));
+        let out = child.wait_with_output().expect("wait for shaper watch");
+        let ran = self.1.elapsed();
+        assert!(
+            out.status.success(),
+            "shaper watch failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let events = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        (events, ran)
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn flows(lab: &Lab, offered: &[u64]) -> Vec<Flow> {
+    lab.flows(offered, FRAME)
+}
+
+fn send(lab: &Lab, flows: &[Flow], seconds: u64) {
+    let report = run_udp_with(
+        lab,
+        flows,
+        Duration::from_secs(seconds),
+        &RunOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(report.receiver_drops, 0, "the receiver lost datagrams");
+}
+
+/// The meter's TAT: it moves with each event taken, and only then.
+fn meter_tat(lab: &Lab) -> u64 {
+    let at = Attachment::new(lab.rx_iface(), Some(lab.rx_ns()));
+    watch::read_control(&at).unwrap().1.cell.tat
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn watch_reports_a_source_over_its_limit_and_none_under_it() {
+    let lab = Lab::new("watch", 2).unwrap();
+    let _attached = attach(lab.rx_ns(), lab.rx_iface(), "4mbit", "16k");
+    let (over, under) = (lab.sources()[0], lab.sources()[1]);
+    let watcher = Watcher::start(&lab, &["--rate", "1000", "--duration", "4s"]);
+    send(&lab, &flows(&lab, &[2 * RATE_BPS, RATE_BPS / 2]), 2);
+    let (events, _) = watcher.finish();
+    let s = stats(lab.rx_ns(), lab.rx_iface());
+    assert!(s.key(over).dropped_packets > 100, "nothing dropped");
+    assert_eq!(s.key(under).dropped_packets, 0);
+    assert!(events.len() > 100, "{} events", events.len());
+    for e in &events {
+        assert_eq!(e["source"], over.to_string(), "{e}");
+        assert_eq!(e["interface"], lab.rx_iface(), "{e}");
+        assert_eq!(e["direction"], "ingress", "{e}");
+        assert_eq!(e["policy"], "default", "{e}");
+        assert_eq!(e["reason"], "source_limit", "{e}");
+        assert_eq!(e["action"], "dropped", "{e}");
+        assert_eq!(e["bytes"], FRAME, "{e}");
+        assert!(e["time_unix_ns"].as_u64().unwrap() > 1_600_000_000_000_000_000);
+    }
+    // Every drop was sampled: the rate allowed far more than there were.
+    assert_eq!(events.len() as u64, s.key(over).dropped_packets);
+    println!("shaper -j watch:\n{}", events[0]);
+
+    // The same as text: one line an event.
+    let text = Command::new(shaper_bin())
+        .args(["-n", lab.rx_ns(), "watch", lab.rx_iface(), "--count", "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    send(&lab, &flows(&lab, &[2 * RATE_BPS, RATE_BPS / 2]), 1);
+    let out = text.wait_with_output().unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    println!(
+        "shaper watch:\n{}{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success());
+    assert_eq!(stdout.lines().count(), 3, "{stdout}");
+    for line in stdout.lines() {
+        assert!(
+            line.contains(&format!(" {over} "))
+                && line.contains("policy default")
+                && line.ends_with("1000 bytes  dropped: over its limit"),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn the_kernel_holds_events_to_the_watchers_rate() {
+    const RATE: u64 = 20;
+    const BURST: u64 = 5;
+    let lab = Lab::new("watchrate", 1).unwrap();
+    let _attached = attach(lab.rx_ns(), lab.rx_iface(), "4mbit", "16k");
+    let watcher = Watcher::start(&lab, &["--rate", "20", "--burst", "5", "--duration", "3s"]);
+    send(&lab, &flows(&lab, &[4 * RATE_BPS]), 2);
+    let (events, ran) = watcher.finish();
+    let dropped = stats(lab.rx_ns(), lab.rx_iface()).total("dropped_packets");
+    // The lease lasted at most as long as the watcher ran.
+    let bound = RATE as f64 * ran.as_secs_f64() + BURST as f64;
+    let n = events.len() as f64;
+    assert!(n <= bound, "{n} events in {ran:?}: more than {bound}");
+    // Sampled all through the 2 s of traffic, far below the drops.
+    assert!(n >= (2 * RATE) as f64 * 0.8, "{n} events");
+    assert!(dropped > 10 * events.len() as u64, "{dropped} dropped");
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn nothing_is_sampled_while_nobody_watches() {
+    let lab = Lab::new("watchoff", 1).unwrap();
+    let _attached = attach(lab.rx_ns(), lab.rx_iface(), "4mbit", "16k");
+    let at = Attachment::new(lab.rx_iface(), Some(lab.rx_ns()));
+    send(&lab, &flows(&lab, &[4 * RATE_BPS]), 1);
+    assert!(stats(lab.rx_ns(), lab.rx_iface()).total("dropped_packets") > 100);
+    // The event path was never taken: the meter never charged, the ring buffer is empty.
+    assert_eq!(meter_tat(&lab), 0);
+    let mut ring = watch::open_events(&at).unwrap();
+    assert!(ring.next().is_none(), "an event with nobody watching");
+    drop(ring);
+
+    // A watcher that exits gives its lease back at once.
+    let watcher = Watcher::start(&lab, &["--duration", "1s"]);
+    watcher.finish();
+    assert_eq!(watch::read_control(&at).unwrap().0.until, 0);
+
+    // A watcher killed without a word: sampling stops when its lease runs out.
+    let mut watcher = Watcher::start(&lab, &[]);
+    send(&lab, &flows(&lab, &[4 * RATE_BPS]), 1);
+    let during = meter_tat(&lab);
+    assert_ne!(during, 0, "nothing sampled while watched");
+    watcher.0.kill().unwrap();
+    watcher.0.wait().unwrap();
+    thread::sleep(watch::LEASE);
+    let after = meter_tat(&lab);
+    send(&lab, &flows(&lab, &[4 * RATE_BPS]), 1);
+    assert_eq!(meter_tat(&lab), after, "sampled after the lease ran out");
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_second_watcher_is_refused_in_one_line() {
+    let lab = Lab::new("watch2", 1).unwrap();
+    let _attached = attach(lab.rx_ns(), lab.rx_iface(), "4mbit", "16k");
+    let first = Watcher::start(&lab, &["--duration", "3s"]);
+    let out = shaper(lab.rx_ns(), &["watch", lab.rx_iface(), "--duration", "1s"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("already watched by process {}", first.0.id()))
+            && err.lines().count() == 1,
+        "{err}"
+    );
+    first.finish();
+    // Once it is gone, the next one may watch.
+    Watcher::start(&lab, &["--duration", "500ms"]).finish();
+}
