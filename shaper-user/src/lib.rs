@@ -16,6 +16,7 @@ pub mod netns;
 pub mod pins;
 pub mod policy;
 pub mod setting;
+pub mod sources;
 pub mod system;
 pub mod tc;
 pub mod units;

@@ -68,6 +68,7 @@ fn pins_only(command: &Command) -> bool {
         Command::Detach(_)
             | Command::Status(_)
             | Command::Stats(_)
+            | Command::Top(_)
             | Command::Policy(cli::policy::Command::List(_))
             | Command::Config(_)
     )
@@ -131,6 +132,7 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Detach(args) => cli::detach::run(args, scope),
         Command::Status(args) => cli::status::run(args, scope, cli.json),
         Command::Stats(args) => cli::stats::run(args, scope, cli.json),
+        Command::Top(args) => cli::top::run(args, scope, cli.json),
         Command::Policy(command) => cli::policy::run(command, scope, cli.json),
         Command::Apply(args) => cli::apply::run(args, scope),
         Command::Config(command) => cli::config::run(command, scope),

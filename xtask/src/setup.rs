@@ -74,6 +74,11 @@ const ITEMS: &[Item] = &[
         package: "curl",
         present: Present::Programs(&["curl"]),
     },
+    // `shaper top`'s test drives it in a terminal: tmux's send-keys and capture-pane.
+    Item::Apt {
+        package: "tmux",
+        present: Present::Programs(&["tmux"]),
+    },
     Item::Apt {
         package: "python3-prometheus-client",
         present: Present::File(

@@ -290,6 +290,11 @@ const SUITES: &[Suite] = &[
               deadlines",
     },
     Suite {
+        file: "tests/top.rs",
+        place: Place::Host,
+        why: "shaper top: rates read from live traffic, checked against what was offered",
+    },
+    Suite {
         file: "tests/explain.rs",
         place: Place::Host,
         why: "no kernel tests (host tests only)",

@@ -13,6 +13,7 @@ pub mod policy;
 pub mod run;
 pub mod stats;
 pub mod status;
+pub mod top;
 pub mod values;
 pub mod watch;
 
@@ -31,7 +32,7 @@ pub struct Cli {
     /// sends); each is an attachment of its own
     #[arg(long, global = true, value_enum, default_value_t = DirectionArg::Ingress)]
     pub direction: DirectionArg,
-    /// Print JSON instead of text (status, stats, policy list; watch: JSON lines).
+    /// Print JSON instead of text (status, stats, policy list, top; watch: JSON lines).
     #[arg(short = 'j', long, global = true)]
     pub json: bool,
     #[command(subcommand)]
@@ -44,6 +45,7 @@ pub enum Command {
     Detach(detach::Args),
     Status(status::Args),
     Stats(stats::Args),
+    Top(top::Args),
     #[command(subcommand)]
     Policy(policy::Command),
     Apply(apply::Args),

@@ -11,7 +11,11 @@
 
 mod http;
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::{
+    collections::{HashMap, HashSet},
+    net::SocketAddr,
+    path::PathBuf,
+};
 
 use anyhow::{Context as _, Result};
 use sd_notify::NotifyState;
@@ -68,11 +72,80 @@ fn apply_file(file: &std::path::Path, scope: Scope<'_>) -> Result<(Vec<DesiredIn
     Ok((desired, format!("applied {}: {what}", file.display())))
 }
 
-/// Applies the configuration that is running again, under the lock.
-fn reapply(running: &[DesiredInterface], netns: Option<&str>) -> Result<()> {
-    let _lock = system::lock()?;
-    apply::apply(running, netns)?;
-    Ok(())
+/// Loads and verifies, on a blocking thread, a program over the pins of each running
+/// interface that has none in `standbys` (XDP attachments only), and sends each one
+/// back: when an interface is deleted and made again, linking that program takes
+/// milliseconds where an attach spends a second or more in the verifier.
+/// A standby whose pins were removed or replaced (`shaper detach`, an attach afresh) is
+/// dropped first: it would keep the old maps alive.
+fn prepare(
+    running: &[DesiredInterface],
+    netns: Option<&str>,
+    standbys: &mut Standbys,
+    ready: &tokio::sync::mpsc::UnboundedSender<(String, Option<loader::Standby>)>,
+) {
+    standbys.ready.retain(|name, standby| {
+        running.iter().any(|d| {
+            &d.name == name && standby.is_over(&Attachment::toward(name, netns, d.direction))
+        })
+    });
+    for d in running.iter() {
+        if standbys.ready.contains_key(&d.name) || !standbys.preparing.insert(d.name.clone()) {
+            continue;
+        }
+        let at = Attachment::toward(&d.name, netns, d.direction);
+        let (name, ready) = (d.name.clone(), ready.clone());
+        tokio::task::spawn_blocking(move || {
+            // None for a tc attachment, or pins that are not there: attached the usual way.
+            // Under the lock: the loader would make and pin a map that a change under way
+            // had not pinned yet.
+            let standby = system::lock()
+                .ok()
+                .and_then(|_lock| loader::standby(&at).ok());
+            let _ = ready.send((name, standby));
+        });
+    }
+}
+
+/// The daemon's standby programs, by interface name.
+#[derive(Default)]
+struct Standbys {
+    ready: HashMap<String, loader::Standby>,
+    /// Being loaded and verified.
+    preparing: HashSet<String>,
+    /// Interfaces back while their standby was being prepared: attached when it is
+    /// ready, sooner than a load of their own would be.
+    waiting: HashSet<String>,
+}
+
+/// Attaches the running configuration's interface `name` again, through its standby
+/// program when it has one, then applies the running configuration; says how.
+fn attach_again(
+    name: &str,
+    running: &[DesiredInterface],
+    netns: Option<&str>,
+    standbys: &mut Standbys,
+) -> String {
+    let result = (|| -> Result<bool> {
+        let _lock = system::lock()?;
+        let relinked = match (
+            running.iter().find(|d| d.name == name),
+            standbys.ready.remove(name),
+        ) {
+            (Some(d), Some(mut standby)) => {
+                let at = Attachment::toward(name, netns, d.direction);
+                loader::relink(&at, &mut standby)?
+            }
+            _ => false,
+        };
+        apply::apply(running, netns)?;
+        Ok(relinked)
+    })();
+    match result {
+        Ok(true) => format!("{name} appeared: attached it again (its program and maps kept)"),
+        Ok(false) => format!("{name} appeared: attached it again"),
+        Err(e) => format!("{name} appeared, but attaching it failed: {e:#}"),
+    }
 }
 
 /// Tells systemd, when it supervises us; elsewhere NOTIFY_SOCKET is unset and this does
@@ -166,6 +239,9 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     let mut links = std::pin::pin!(links);
     let (mut running, line) = apply_file(&args.file, scope)?;
     eprintln!("shaper: {line}");
+    let mut standbys = Standbys::default();
+    let (standby_tx, mut standby_rx) = tokio::sync::mpsc::unbounded_channel();
+    prepare(&running, netns, &mut standbys, &standby_tx);
     // The server runs on this thread, between signals.
     let local = tokio::task::LocalSet::new();
     if let Some(listener) = listener {
@@ -207,13 +283,30 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                             continue;
                         }
                         // An interface of the file is back (deleted and made again, or its
-                        // namespace's): attach it afresh, with what is running.
-                        let said = match reapply(&running, netns) {
-                            Ok(()) => format!("{name} appeared: attached it again"),
-                            Err(e) => format!("{name} appeared, but attaching it failed: {e:#}"),
-                        };
+                        // namespace's): attach it again, with what is running.
+                        if standbys.preparing.contains(&name) {
+                            standbys.waiting.insert(name);
+                            continue;
+                        }
+                        let said = attach_again(&name, &running, netns, &mut standbys);
                         eprintln!("shaper: {said}");
                         notify(&[NotifyState::Status(&said)]);
+                        prepare(&running, netns, &mut standbys, &standby_tx);
+                        continue;
+                    }
+                    Some((name, standby)) = standby_rx.recv() => {
+                        standbys.preparing.remove(&name);
+                        if let Some(standby) = standby {
+                            standbys.ready.insert(name.clone(), standby);
+                            // For the tests (systemd keeps no unknown variable).
+                            notify(&[NotifyState::Custom(&format!("X_SHAPER_STANDBY={name}"))]);
+                        }
+                        if standbys.waiting.remove(&name) && system::ifindex(&name).is_ok() {
+                            let said = attach_again(&name, &running, netns, &mut standbys);
+                            eprintln!("shaper: {said}");
+                            notify(&[NotifyState::Status(&said)]);
+                            prepare(&running, netns, &mut standbys, &standby_tx);
+                        }
                         continue;
                     }
                     _ = term.recv() => break,
@@ -223,6 +316,7 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                 let status = match apply_file(&args.file, scope) {
                     Ok((desired, line)) => {
                         running = desired;
+                        prepare(&running, netns, &mut standbys, &standby_tx);
                         line
                     }
                     Err(e) => format!("reload refused, the running configuration stays: {e:#}"),

@@ -12,6 +12,7 @@ use shaper_user::{
     loader,
     maps::{self, KeyNet},
     policy::{Mode, PolicyTable},
+    sources,
     units::Delay,
 };
 
@@ -222,19 +223,12 @@ struct Stats {
     top_sources: Vec<Source>,
 }
 
-fn top(mut sources: Vec<(KeyNet, SourceState)>, n: usize) -> Vec<Source> {
-    // Dropped or would-drop bytes first, whichever mode the source is in.
-    let refused = |s: &SourceState| s.outcomes.dropped_bytes + s.outcomes.would_drop_bytes;
-    let passed = |s: &SourceState| s.outcomes.passed_bytes;
-    sources.sort_by(|a, b| {
-        (refused(&b.1), passed(&b.1), a.0).cmp(&(refused(&a.1), passed(&a.1), b.0))
-    });
-    sources
+fn top(sources: Vec<(KeyNet, SourceState)>, n: usize) -> Vec<Source> {
+    sources::top_dropped(sources, n)
         .into_iter()
-        .take(n)
-        .map(|(source, s)| Source {
+        .map(|(source, outcomes)| Source {
             source: source.to_string(),
-            outcomes: OutcomeFields::new(s.outcomes),
+            outcomes: OutcomeFields::new(outcomes),
         })
         .collect()
 }

@@ -1,0 +1,347 @@
+//! `shaper top IFACE`: the keys of an attachment by their current rate, in the manner of
+//! iftop: read the counters every second, show what changed per second, sort with a key.
+//! Without a terminal, one snapshot (two reads a second apart), as text or JSON.
+
+use std::{
+    io::IsTerminal as _,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, bail};
+use ratatui::{
+    DefaultTerminal, Frame,
+    crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers},
+    layout::{Constraint, Layout},
+    style::{Modifier, Style},
+    text::Line,
+    widgets::{Block, Paragraph, Row, Table},
+};
+use serde::Serialize;
+use shaper_user::{
+    loader,
+    pins::Attachment,
+    sources::{self, Change, Sample, SortKey, SourceRate, TotalRates},
+};
+
+use super::Scope;
+
+/// Live view of IFACE's sources by current rate, passed and dropped per second (q quits;
+/// r, p, d sort by rate, passed, dropped); without a terminal, one snapshot
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    pub iface: String,
+    /// The order of the rows at the start
+    #[arg(long, value_enum, default_value_t = SortArg::Rate)]
+    pub sort: SortArg,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum SortArg {
+    Rate,
+    Passed,
+    Dropped,
+}
+
+impl From<SortArg> for SortKey {
+    fn from(s: SortArg) -> Self {
+        match s {
+            SortArg::Rate => Self::Rate,
+            SortArg::Passed => Self::Passed,
+            SortArg::Dropped => Self::Dropped,
+        }
+    }
+}
+
+/// How often the counters are read.
+const INTERVAL: Duration = Duration::from_secs(1);
+
+pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
+    let at = scope.at(&args.iface);
+    if !at.exists() {
+        bail!("shaper is not attached to {}", at.label());
+    }
+    let sort = SortKey::from(args.sort);
+    if json || !std::io::stdout().is_terminal() {
+        return snapshot(&at, sort, json);
+    }
+    let first = Sample::read(&at)?;
+    let mut terminal = ratatui::init();
+    let result = live(&mut terminal, &at, first, sort);
+    ratatui::restore();
+    result
+}
+
+/// Two reads `INTERVAL` apart, printed once.
+fn snapshot(at: &Attachment, sort: SortKey, json: bool) -> Result<()> {
+    let before = Sample::read(at)?;
+    std::thread::sleep(INTERVAL);
+    let after = Sample::read(at)?;
+    let (totals, rows) = sources::rates(&before, &after, sort);
+    if json {
+        let top = Snapshot {
+            interface: at.iface.clone(),
+            netns: at.netns.clone(),
+            direction: at.direction.name(),
+            key: loader::key_name(after.config.key_by),
+            interval_secs: totals.metered.secs,
+            sort: sort.name(),
+            totals: TotalsJson {
+                metered: Rates::from(&totals.metered),
+                unadmitted_rate_bits_per_sec: totals.unadmitted.rate_bits_per_sec(),
+                unadmitted_passed_bits_per_sec: totals.unadmitted.passed_bits_per_sec(),
+                unadmitted_dropped_bits_per_sec: totals.unadmitted.dropped_bits_per_sec(),
+            },
+            sources_tracked: after.sources.len(),
+            sources: rows
+                .iter()
+                .map(|r| SourceJson {
+                    source: r.key.to_string(),
+                    policy: r.policy.clone(),
+                    rates: Rates::from(&r.change),
+                })
+                .collect(),
+        };
+        println!("{}", serde_json::to_string_pretty(&top)?);
+        return Ok(());
+    }
+    for line in header(at, &after, &totals, sort) {
+        println!("{line}");
+    }
+    println!("{}", columns(&after).join(" "));
+    for r in &rows {
+        println!("{}", cells(r).join(" "));
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct Snapshot {
+    interface: String,
+    netns: Option<String>,
+    direction: &'static str,
+    key: &'static str,
+    interval_secs: f64,
+    sort: &'static str,
+    totals: TotalsJson,
+    sources_tracked: usize,
+    sources: Vec<SourceJson>,
+}
+
+#[derive(Serialize)]
+struct TotalsJson {
+    #[serde(flatten)]
+    metered: Rates,
+    unadmitted_rate_bits_per_sec: f64,
+    unadmitted_passed_bits_per_sec: f64,
+    unadmitted_dropped_bits_per_sec: f64,
+}
+
+#[derive(Serialize)]
+struct SourceJson {
+    /// The address, or `network/prefix` when keys are aggregated.
+    source: String,
+    /// `default`, or the prefix of the policy, as `policy list` names it.
+    policy: String,
+    #[serde(flatten)]
+    rates: Rates,
+}
+
+#[derive(Serialize)]
+struct Rates {
+    rate_bits_per_sec: f64,
+    passed_bits_per_sec: f64,
+    passed_packets_per_sec: f64,
+    dropped_bits_per_sec: f64,
+    dropped_packets_per_sec: f64,
+    would_drop_bits_per_sec: f64,
+    would_drop_packets_per_sec: f64,
+}
+
+impl From<&Change> for Rates {
+    fn from(c: &Change) -> Self {
+        Self {
+            rate_bits_per_sec: c.rate_bits_per_sec(),
+            passed_bits_per_sec: c.passed_bits_per_sec(),
+            passed_packets_per_sec: c.passed_packets_per_sec(),
+            dropped_bits_per_sec: c.dropped_bits_per_sec(),
+            dropped_packets_per_sec: c.dropped_packets_per_sec(),
+            would_drop_bits_per_sec: c.would_drop_bits_per_sec(),
+            would_drop_packets_per_sec: c.would_drop_packets_per_sec(),
+        }
+    }
+}
+
+/// `12.34 Mbit/s`: bits per second in the largest SI unit below the value.
+fn bits(v: f64) -> String {
+    let (div, unit) = [(1e9, "Gbit/s"), (1e6, "Mbit/s"), (1e3, "kbit/s")]
+        .into_iter()
+        .find(|(d, _)| v >= *d)
+        .unwrap_or((1.0, "bit/s"));
+    format!("{:.2} {unit}", v / div)
+}
+
+/// Frames per second, whole.
+fn pps(v: f64) -> String {
+    format!("{v:.0}/s")
+}
+
+/// The lines above the rows: the interface and the sort key, then its totals per second.
+fn header(at: &Attachment, s: &Sample, t: &TotalRates, sort: SortKey) -> [String; 2] {
+    let m = &t.metered;
+    let mut totals = format!(
+        "rate {}  passed {} ({})  dropped {} ({})",
+        bits(m.rate_bits_per_sec()),
+        bits(m.passed_bits_per_sec()),
+        pps(m.passed_packets_per_sec()),
+        bits(m.dropped_bits_per_sec()),
+        pps(m.dropped_packets_per_sec()),
+    );
+    if m.counts.would_drop_packets != 0 {
+        totals += &format!("  would drop {}", bits(m.would_drop_bits_per_sec()));
+    }
+    if t.unadmitted.counts.packets() != 0 {
+        totals += &format!("  unadmitted {}", bits(t.unadmitted.rate_bits_per_sec()));
+    }
+    [
+        format!(
+            "{} {}: {} keys tracked, sorted by {}",
+            at.label(),
+            at.direction.name(),
+            s.sources.len(),
+            sort.name()
+        ),
+        totals,
+    ]
+}
+
+const WIDTHS: [usize; 7] = [24, 20, 14, 14, 10, 14, 10];
+
+/// The column titles.
+fn columns(s: &Sample) -> Vec<String> {
+    let key = if loader::key_name(s.config.key_by) == "dst" {
+        "destination"
+    } else {
+        "source"
+    };
+    [key, "policy", "rate", "passed", "pkts", "dropped", "pkts"]
+        .iter()
+        .zip(WIDTHS)
+        .enumerate()
+        .map(|(i, (t, w))| pad(i, t, w))
+        .collect()
+}
+
+/// One row's cells.
+fn cells(r: &SourceRate) -> Vec<String> {
+    let c = &r.change;
+    let dropped = c.dropped_bits_per_sec() + c.would_drop_bits_per_sec();
+    let dropped_pps = c.dropped_packets_per_sec() + c.would_drop_packets_per_sec();
+    [
+        r.key.to_string(),
+        r.policy.clone(),
+        bits(c.rate_bits_per_sec()),
+        bits(c.passed_bits_per_sec()),
+        pps(c.passed_packets_per_sec()),
+        bits(dropped),
+        pps(dropped_pps),
+    ]
+    .iter()
+    .zip(WIDTHS)
+    .enumerate()
+    .map(|(i, (t, w))| pad(i, t, w))
+    .collect()
+}
+
+/// Text columns (the first two) left, numbers right.
+fn pad(i: usize, t: &str, w: usize) -> String {
+    if i < 2 {
+        format!("{t:<w$}")
+    } else {
+        format!("{t:>w$}")
+    }
+}
+
+/// The live view: a read every `INTERVAL`, keys between.
+fn live(
+    terminal: &mut DefaultTerminal,
+    at: &Attachment,
+    first: Sample,
+    mut sort: SortKey,
+) -> Result<()> {
+    let mut before = first;
+    let mut view: Option<(Sample, TotalRates, Vec<SourceRate>)> = None;
+    let mut next = Instant::now() + INTERVAL;
+    loop {
+        terminal.draw(|f| draw(f, at, &before, view.as_ref(), sort))?;
+        let wait = next.saturating_duration_since(Instant::now());
+        if event::poll(wait)? {
+            if let Event::Key(k) = event::read()?
+                && k.kind == KeyEventKind::Press
+            {
+                match k.code {
+                    KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                    KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => {
+                        return Ok(());
+                    }
+                    KeyCode::Char('r') => sort = SortKey::Rate,
+                    KeyCode::Char('p') => sort = SortKey::Passed,
+                    KeyCode::Char('d') => sort = SortKey::Dropped,
+                    _ => {}
+                }
+                if let Some((_, _, rows)) = view.as_mut() {
+                    sources::sort(rows, sort);
+                }
+            }
+            continue;
+        }
+        let after = Sample::read(at)?;
+        let (totals, rows) = sources::rates(&before, &after, sort);
+        before = after.clone();
+        view = Some((after, totals, rows));
+        next = Instant::now() + INTERVAL;
+    }
+}
+
+fn draw(
+    f: &mut Frame<'_>,
+    at: &Attachment,
+    first: &Sample,
+    view: Option<&(Sample, TotalRates, Vec<SourceRate>)>,
+    sort: SortKey,
+) {
+    let [top, body, help] = Layout::vertical([
+        Constraint::Length(2),
+        Constraint::Min(0),
+        Constraint::Length(1),
+    ])
+    .areas(f.area());
+    f.render_widget(
+        Paragraph::new(Line::from(
+            "shaper top: q quit, r sort by rate, p by passed, d by dropped",
+        ))
+        .style(Style::new().add_modifier(Modifier::DIM)),
+        help,
+    );
+    let Some((sample, totals, rows)) = view else {
+        f.render_widget(
+            Paragraph::new(format!(
+                "{}: {} keys tracked; measuring rates over {} s...",
+                at.label(),
+                first.sources.len(),
+                INTERVAL.as_secs()
+            )),
+            top,
+        );
+        return;
+    };
+    f.render_widget(
+        Paragraph::new(header(at, sample, totals, sort).map(Line::from).to_vec())
+            .style(Style::new().add_modifier(Modifier::BOLD)),
+        top,
+    );
+    let widths = WIDTHS.map(|w| Constraint::Length(w as u16));
+    let table = Table::new(rows.iter().map(|r| Row::new(cells(r))), widths)
+        .header(Row::new(columns(sample)).style(Style::new().add_modifier(Modifier::REVERSED)))
+        .block(Block::new());
+    f.render_widget(table, body);
+}

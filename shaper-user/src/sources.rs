@@ -1,0 +1,335 @@
+//! An attachment's keys as the operator's views show them, one copy for all of them:
+//! `stats` and the daemon's `/top` (the keys dropped most, by their counters) and
+//! `shaper top` (rates between two reads of the same counters, sorted by a key).
+
+use std::{cmp::Ordering, collections::HashMap, time::Instant};
+
+use ipnet::IpNet;
+use shaper_common::maps::{Config, Counters, Outcomes, SourceState};
+
+use crate::{
+    maps::{self, KeyNet, PinnedMapError},
+    pins::Attachment,
+    policy::{PolicyError, PolicyTable},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourcesError {
+    #[error(transparent)]
+    Map(#[from] PinnedMapError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
+
+/// Refused bytes (dropped, or would drop in monitor mode) first, then passed bytes, then
+/// the key: the order of "dropped most", on cumulative counters (`stats`, `/top`) or on
+/// what changed between two reads (`shaper top`).
+pub fn dropped_most(a: (&KeyNet, &Outcomes), b: (&KeyNet, &Outcomes)) -> Ordering {
+    let refused = |o: &Outcomes| o.dropped_bytes + o.would_drop_bytes;
+    (refused(b.1), b.1.passed_bytes, a.0).cmp(&(refused(a.1), a.1.passed_bytes, b.0))
+}
+
+/// Sorts keys and their state with [`dropped_most`] and keeps the first `n`.
+pub fn top_dropped(mut sources: Vec<(KeyNet, SourceState)>, n: usize) -> Vec<(KeyNet, Outcomes)> {
+    sources.sort_by(|a, b| dropped_most((&a.0, &a.1.outcomes), (&b.0, &b.1.outcomes)));
+    sources
+        .into_iter()
+        .take(n)
+        .map(|(k, s)| (k, s.outcomes))
+        .collect()
+}
+
+/// The name of each policy as `policy list` prints it (`default`, or the prefix), and
+/// which one a key falls under.
+pub struct PolicyNames {
+    generation: u32,
+    by_slot: HashMap<u32, String>,
+    prefixes: Vec<IpNet>,
+}
+
+impl PolicyNames {
+    pub fn read(at: &Attachment, config: &Config) -> Result<Self, PolicyError> {
+        let installed = PolicyTable::open(at)?.list()?;
+        Ok(Self {
+            generation: config.policy_gen,
+            by_slot: installed
+                .iter()
+                .map(|i| (i.slot, i.spec.prefix.to_string()))
+                .collect(),
+            prefixes: installed.iter().map(|i| i.spec.prefix).collect(),
+        })
+    }
+
+    /// The policy of `key`: the slot the program resolved it to, when it did so under the
+    /// policies in force; otherwise (no frame since the policies last changed) the
+    /// longest installed prefix holding it, which is what the program will resolve.
+    pub fn of(&self, key: &KeyNet, state: &SourceState) -> String {
+        let (generation, slot) = ((state.policy >> 32) as u32, state.policy as u32);
+        if generation == self.generation && generation != 0 {
+            if let Some(name) = self.by_slot.get(&slot) {
+                return name.clone();
+            }
+            if slot == shaper_common::maps::DEFAULT_SLOT {
+                return "default".to_owned();
+            }
+        }
+        self.prefixes
+            .iter()
+            .filter(|p| p.contains(&key.addr))
+            .max_by_key(|p| p.prefix_len())
+            .map_or_else(|| "default".to_owned(), ToString::to_string)
+    }
+}
+
+/// One key at one read.
+#[derive(Clone, Debug)]
+pub struct Source {
+    pub key: KeyNet,
+    pub policy: String,
+    pub outcomes: Outcomes,
+}
+
+/// One read of an attachment's counters and keys.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    pub taken: Instant,
+    pub config: Config,
+    pub totals: Counters,
+    pub sources: Vec<Source>,
+}
+
+impl Sample {
+    pub fn read(at: &Attachment) -> Result<Self, SourcesError> {
+        let config = maps::read_config(at)?;
+        let names = PolicyNames::read(at, &config)?;
+        let totals = maps::read_counters(at)?;
+        let sources = maps::read_all_keys(at, &config)?
+            .into_iter()
+            .map(|(key, state)| Source {
+                policy: names.of(&key, &state),
+                key,
+                outcomes: state.outcomes,
+            })
+            .collect();
+        Ok(Self {
+            taken: Instant::now(),
+            config,
+            totals,
+            sources,
+        })
+    }
+}
+
+/// What was counted between two reads, and over how long.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Change {
+    pub counts: Outcomes,
+    pub secs: f64,
+}
+
+impl Change {
+    fn between(before: &Outcomes, after: &Outcomes, secs: f64) -> Self {
+        // A key evicted and seen again starts from zero: it counts from there.
+        let d = |a: u64, b: u64| if b >= a { b - a } else { b };
+        Self {
+            counts: Outcomes {
+                passed_packets: d(before.passed_packets, after.passed_packets),
+                passed_bytes: d(before.passed_bytes, after.passed_bytes),
+                dropped_packets: d(before.dropped_packets, after.dropped_packets),
+                dropped_bytes: d(before.dropped_bytes, after.dropped_bytes),
+                would_drop_packets: d(before.would_drop_packets, after.would_drop_packets),
+                would_drop_bytes: d(before.would_drop_bytes, after.would_drop_bytes),
+            },
+            secs,
+        }
+    }
+
+    fn per_sec(&self, v: u64) -> f64 {
+        if self.secs > 0.0 {
+            v as f64 / self.secs
+        } else {
+            0.0
+        }
+    }
+
+    /// Everything the key sent (passed, dropped and would drop), in bits per second.
+    pub fn rate_bits_per_sec(&self) -> f64 {
+        self.per_sec(self.counts.bytes()) * 8.0
+    }
+    pub fn passed_bits_per_sec(&self) -> f64 {
+        self.per_sec(self.counts.passed_bytes) * 8.0
+    }
+    pub fn passed_packets_per_sec(&self) -> f64 {
+        self.per_sec(self.counts.passed_packets)
+    }
+    pub fn dropped_bits_per_sec(&self) -> f64 {
+        self.per_sec(self.counts.dropped_bytes) * 8.0
+    }
+    pub fn dropped_packets_per_sec(&self) -> f64 {
+        self.per_sec(self.counts.dropped_packets)
+    }
+    pub fn would_drop_bits_per_sec(&self) -> f64 {
+        self.per_sec(self.counts.would_drop_bytes) * 8.0
+    }
+    pub fn would_drop_packets_per_sec(&self) -> f64 {
+        self.per_sec(self.counts.would_drop_packets)
+    }
+}
+
+/// A key's rates between two reads.
+#[derive(Clone, Debug)]
+pub struct SourceRate {
+    pub key: KeyNet,
+    pub policy: String,
+    pub change: Change,
+}
+
+/// The interface's rates between two reads: the keys with a cell of their own, and those
+/// refused one (new-source admission), which no key row shows.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TotalRates {
+    pub metered: Change,
+    pub unadmitted: Change,
+}
+
+/// How `shaper top` orders its rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SortKey {
+    /// Everything a key sent, per second.
+    Rate,
+    /// Passed per second.
+    Passed,
+    /// Dropped (or would drop) per second: [`dropped_most`] on the change.
+    Dropped,
+}
+
+impl SortKey {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Rate => "rate",
+            Self::Passed => "passed",
+            Self::Dropped => "dropped",
+        }
+    }
+}
+
+/// The rates of every key of `after` since `before` (a key new in `after` counts from
+/// zero), sorted by `key`, and the interface's.
+pub fn rates(before: &Sample, after: &Sample, key: SortKey) -> (TotalRates, Vec<SourceRate>) {
+    let secs = after.taken.duration_since(before.taken).as_secs_f64();
+    let earlier: HashMap<KeyNet, &Outcomes> = before
+        .sources
+        .iter()
+        .map(|s| (s.key, &s.outcomes))
+        .collect();
+    let mut rows: Vec<SourceRate> = after
+        .sources
+        .iter()
+        .map(|s| SourceRate {
+            key: s.key,
+            policy: s.policy.clone(),
+            change: Change::between(
+                earlier.get(&s.key).copied().unwrap_or(&Outcomes::default()),
+                &s.outcomes,
+                secs,
+            ),
+        })
+        .collect();
+    sort(&mut rows, key);
+    let totals = TotalRates {
+        metered: Change::between(&before.totals.outcomes, &after.totals.outcomes, secs),
+        unadmitted: Change::between(&before.totals.unadmitted, &after.totals.unadmitted, secs),
+    };
+    (totals, rows)
+}
+
+/// Sorts rows by `key`, largest first, ties by the key's address.
+pub fn sort(rows: &mut [SourceRate], key: SortKey) {
+    rows.sort_by(|a, b| {
+        let (ca, cb) = (&a.change.counts, &b.change.counts);
+        match key {
+            SortKey::Rate => (cb.bytes(), a.key).cmp(&(ca.bytes(), b.key)),
+            SortKey::Passed => (cb.passed_bytes, a.key).cmp(&(ca.passed_bytes, b.key)),
+            SortKey::Dropped => dropped_most((&a.key, ca), (&b.key, cb)),
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn source(addr: &str, passed: u64, dropped: u64) -> Source {
+        Source {
+            key: KeyNet {
+                addr: addr.parse().unwrap(),
+                prefix: 32,
+            },
+            policy: "default".to_owned(),
+            outcomes: Outcomes {
+                passed_packets: passed / 1000,
+                passed_bytes: passed,
+                dropped_packets: dropped / 1000,
+                dropped_bytes: dropped,
+                ..Outcomes::default()
+            },
+        }
+    }
+
+    fn sample(taken: Instant, sources: Vec<Source>) -> Sample {
+        Sample {
+            taken,
+            config: Config::default(),
+            totals: Counters::default(),
+            sources,
+        }
+    }
+
+    #[test]
+    fn rates_are_the_change_over_the_interval_and_sort_by_each_key() {
+        let t0 = Instant::now();
+        let before = sample(
+            t0,
+            vec![source("10.0.0.1", 1_000, 0), source("10.0.0.2", 0, 0)],
+        );
+        let after = sample(
+            t0 + Duration::from_secs(2),
+            vec![
+                // 1 Mbit/s passed, 3 Mbit/s dropped: 4 Mbit/s offered.
+                source("10.0.0.1", 1_000 + 250_000, 750_000),
+                // 2 Mbit/s passed, nothing dropped.
+                source("10.0.0.2", 500_000, 0),
+                // New since the first read: 0.4 Mbit/s.
+                source("10.0.0.3", 100_000, 0),
+            ],
+        );
+        let (_, rows) = rates(&before, &after, SortKey::Rate);
+        let order = |rows: &[SourceRate]| {
+            rows.iter()
+                .map(|r| r.key.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(order(&rows), "10.0.0.1 10.0.0.2 10.0.0.3");
+        assert_eq!(rows[0].change.rate_bits_per_sec(), 4e6);
+        assert_eq!(rows[0].change.passed_bits_per_sec(), 1e6);
+        assert_eq!(rows[0].change.dropped_bits_per_sec(), 3e6);
+        assert_eq!(rows[2].change.rate_bits_per_sec(), 0.4e6);
+        let (_, rows) = rates(&before, &after, SortKey::Passed);
+        assert_eq!(order(&rows), "10.0.0.2 10.0.0.1 10.0.0.3");
+        let (_, rows) = rates(&before, &after, SortKey::Dropped);
+        assert_eq!(order(&rows), "10.0.0.1 10.0.0.2 10.0.0.3");
+    }
+
+    #[test]
+    fn a_key_seen_again_after_eviction_counts_from_zero() {
+        let c = Change::between(
+            &source("10.0.0.1", 9_000, 0).outcomes,
+            &source("10.0.0.1", 2_000, 0).outcomes,
+            1.0,
+        );
+        assert_eq!(c.counts.passed_bytes, 2_000);
+    }
+}
