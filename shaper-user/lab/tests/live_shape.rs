@@ -130,7 +130,7 @@ fn iperf(lab: &Lab) -> Tcp {
     Tcp {
         goodput_bps: end["sum_received"]["bits_per_second"]
             .as_f64()
-            .expect("bits_per_second"),
+            .unwrap_or_else(|| panic!("iperf3 -J without end.sum_received: {out}")),
         retransmits: end["sum_sent"]["retransmits"]
             .as_u64()
             .expect("retransmits"),
