@@ -379,8 +379,11 @@ pub fn write(
              shaping is not measured fairly here and is left out (not even as a ratio: \
              the police RTT is itself mostly emulation cost, so the ratio would shrink or \
              grow with the host's load). Goodput at 4 Mbit/s and the counts do not depend \
-             on how fast the CPU is, as long as the guest carries the rate, which it does \
-             with room to spare (police reaches the rate too).\n\n",
+             on how fast the CPU is, as long as the guest carries the rate: the shaped rows \
+             show it does (their wire rate is rate x time + burst). The policed flow's lower \
+             goodput is TCP's response to the drops, not the emulator: its losses are real \
+             losses (retransmits), and the same drops would follow on hardware, though how \
+             fast CUBIC recovers from them depends on the RTT, which is emulated here.\n\n",
         );
     }
     s.push_str(&table(rows));
