@@ -124,7 +124,12 @@ pub fn iperf(lab: &Lab) -> Result<Tcp> {
     Ok(Tcp {
         goodput_bps: end["sum_received"]["bits_per_second"]
             .as_f64()
-            .context("bits_per_second")?,
+            .with_context(|| {
+                format!(
+                    "no bits_per_second in iperf3's JSON (error: {})",
+                    j["error"]
+                )
+            })?,
         retransmits: end["sum_sent"]["retransmits"]
             .as_u64()
             .context("retransmits")?,
