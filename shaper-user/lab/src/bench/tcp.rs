@@ -112,8 +112,13 @@ pub fn iperf(lab: &Lab) -> Result<Tcp> {
             .stdin(Stdio::null())
             .output()
             .context("run iperf3 -c")?;
-        if o.status.success() {
-            out = Some(String::from_utf8(o.stdout)?);
+        // iperf3 -J can exit 0 with only an "error" (connection refused while the server
+        // starts): that is a retry too.
+        let text = String::from_utf8(o.stdout)?;
+        let refused = serde_json::from_str::<serde_json::Value>(&text)
+            .map_or(true, |j| !j["error"].is_null());
+        if o.status.success() && !refused {
+            out = Some(text);
             break;
         }
         thread::sleep(Duration::from_millis(200));
