@@ -101,6 +101,10 @@ mod tests {
             ["--quick", "--help"]
         );
         assert_eq!(lab_args(&["xtask", "bench", "--", "--help"]), ["--help"]);
+        // lab.rs splits `--kernel K` (and the `--`) off again.
+        let args = lab_args(&["xtask", "bench", "--kernel", "6.12", "--", "--only", "tcp"]);
+        assert_eq!(args[..2], ["--kernel", "6.12"]);
+        assert_eq!(args.last().map(String::as_str), Some("tcp"));
     }
 
     #[test]

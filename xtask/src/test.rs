@@ -42,7 +42,7 @@ pub enum Kernels {
     Guests(Vec<&'static vm::Series>),
 }
 
-fn kernels(arg: &str) -> Result<Kernels, String> {
+pub fn kernels(arg: &str) -> Result<Kernels, String> {
     match arg {
         "host" => return Ok(Kernels::Host),
         "all" => return Ok(Kernels::Guests(vm::SERIES.iter().collect())),

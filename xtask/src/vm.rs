@@ -411,12 +411,46 @@ pub fn run(series: &[&'static Series], extra: &[String]) -> Result<(Tally, ExitC
     ))
 }
 
+/// `cargo xtask bench --kernel ...`: runs `executable args...` (shaper-lab) in a guest of
+/// each series, from the work tree's root (shared read-write, so what it writes lands
+/// here); fails if it fails under any of them.
+pub fn run_command(
+    series: &[&'static Series],
+    name: &str,
+    executable: &Path,
+    args: Vec<String>,
+) -> Result<ExitCode> {
+    let command = GuestSuite {
+        name: name.to_owned(),
+        executable: executable.to_owned(),
+        dir: workspace::root().to_path_buf(),
+        args,
+        skip: &[],
+    };
+    let mut ok = true;
+    for series in series {
+        let start = Instant::now();
+        let mut result = run_kernel(series, std::slice::from_ref(&command), &[])?;
+        result.wall = start.elapsed();
+        print_kernel(&result);
+        ok &= result.error.is_none() && result.tally.failed == 0 && !result.suites.is_empty();
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
 /// A test binary to run in the guests.
 struct GuestSuite {
     name: String,
     executable: PathBuf,
     /// Where cargo would run it: its package's directory.
     dir: PathBuf,
+    /// What it is run with before the skips and the caller's arguments: libtest's
+    /// `--ignored --test-threads=1` for a test binary.
+    args: Vec<String>,
     skip: &'static [(&'static str, &'static str)],
 }
 
@@ -468,6 +502,7 @@ fn build_suites() -> Result<Vec<GuestSuite>> {
             name,
             executable: PathBuf::from(executable),
             dir: package_dir.clone(),
+            args: vec!["--ignored".to_owned(), "--test-threads=1".to_owned()],
             skip,
         });
     }
@@ -836,9 +871,8 @@ dmesg --clear
         let mut words = vec![
             "exec".to_owned(),
             sh_quote(&suite.executable.to_string_lossy()),
-            "--ignored".to_owned(),
-            "--test-threads=1".to_owned(),
         ];
+        words.extend(suite.args.iter().map(|arg| sh_quote(arg)));
         for (test, _) in suite.skip {
             words.push("--skip".to_owned());
             words.push(sh_quote(test));

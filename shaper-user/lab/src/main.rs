@@ -83,9 +83,14 @@ struct BenchArgs {
     /// Measurements per case; the median is reported [default: 7, 5 with --quick]
     #[arg(long)]
     runs: Option<usize>,
-    /// Investigate: run only these lab benchmarks, print them, write nothing
+    /// Investigate: run only these lab benchmarks, print them, write nothing (but `tcp`,
+    /// which writes results-tcp.md under --out)
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<LabPart>,
+    /// Says the run is under emulation (how, e.g. "QEMU TCG"): `tcp` then gives no time
+    /// figures (`cargo xtask bench --kernel` passes it)
+    #[arg(long)]
+    emulated: Option<String>,
     /// With `--only sweep`: only these limits per source (tc units, repeatable)
     #[arg(long)]
     rate: Vec<Rate>,
@@ -116,6 +121,8 @@ enum LabPart {
     Late,
     /// One overloaded source through shaper, nft and hashlimit for 3, 5 and 10 s
     Duration,
+    /// iperf3 TCP policed, shaped and shaped with ECN (shape needs sch_fq); writes results-tcp.md
+    Tcp,
 }
 
 #[derive(Debug, Args)]
@@ -548,11 +555,15 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
             println!("{line}");
         }
     }
-    if args
-        .only
-        .iter()
-        .all(|p| matches!(p, LabPart::PerPacket | LabPart::Lru | LabPart::Flood))
-    {
+    if args.only.contains(&LabPart::Tcp) {
+        shaper_lab::bench::tcp::bench(&shaper, &args.out, args.emulated.as_deref())?;
+    }
+    if args.only.iter().all(|p| {
+        matches!(
+            p,
+            LabPart::PerPacket | LabPart::Lru | LabPart::Flood | LabPart::Tcp
+        )
+    }) {
         return Ok(());
     }
 

@@ -10,6 +10,8 @@
 //!   on ingress and on egress (shaper's tc program and an nft meter in netdev egress),
 //!   with per-source time series, softirq CPU cost, how a late traffic generator's clumps
 //!   meet a policer, and the peers' excess as the measuring time grows.
+//! - `tcp`: iperf3 TCP policed against shaped (sch_fq), with and without ECN
+//!   (`--only tcp`, results-tcp.md; in a guest with `cargo xtask bench --kernel 6.12`).
 //! - `report`: writes `bench/results.md`, `bench/results.json` and the plots.
 
 pub mod accuracy;
@@ -22,6 +24,7 @@ pub mod report;
 pub mod scale;
 pub mod softirq;
 pub mod spread;
+pub mod tcp;
 
 use std::net::IpAddr;
 
