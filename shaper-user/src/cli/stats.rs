@@ -266,9 +266,11 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
         bail!("shaper is not attached to {}", at.label());
     }
     let config = maps::read_config(&at)?;
-    let sources = maps::read_all_keys(&at, &config)?;
     let counters = maps::read_counters(&at)?;
     let horizon = horizon_dropped(&at)?;
+    // The sources last: their counters are the freshest at exit, however long the reads
+    // above take (a script that times `stats` calls times them, the policy table included).
+    let sources = maps::read_all_keys(&at, &config)?;
     let mut stats = Stats {
         interface: at.iface.clone(),
         netns: at.netns.clone(),
