@@ -32,7 +32,7 @@ use crate::maps::{
 };
 
 /// The layout this build pins.
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 
 /// The first layout whose pins record their version in [`PIN_LAYOUT`].
 pub const FIRST_VERSIONED: u32 = 3;
@@ -218,6 +218,12 @@ const COUNTERS_432: MapLayout = map(
     (PERCPU, 4, 432, 1, 0),
     Holds::Counters,
 );
+const COUNTERS_424: MapLayout = map(
+    PIN_COUNTERS,
+    MAP_COUNTERS,
+    (PERCPU, 4, 424, 1, 0),
+    Holds::Counters,
+);
 const POLICIES_120: MapLayout = map(
     PIN_POLICIES,
     MAP_POLICIES,
@@ -283,6 +289,12 @@ const COUNTERS_CARRIED_432: MapLayout = map(
     PIN_COUNTERS_CARRIED,
     MAP_COUNTERS_CARRIED,
     (ARRAY, 4, 432, 1, 0),
+    Holds::Carried,
+);
+const COUNTERS_CARRIED_424: MapLayout = map(
+    PIN_COUNTERS_CARRIED,
+    MAP_COUNTERS_CARRIED,
+    (ARRAY, 4, 424, 1, 0),
     Holds::Carried,
 );
 const POLICY_STATS_CARRIED_120: MapLayout = map(
@@ -384,6 +396,28 @@ pub const LAYOUTS: &[Layout] = &[
             SOURCES6,
             COUNTERS_432,
             COUNTERS_CARRIED_432,
+            POLICIES_160,
+            PREFIXES_V4,
+            PREFIXES_V6,
+            AGGREGATES,
+            POLICY_STATS_120,
+            POLICY_STATS_CARRIED_120,
+            ADMISSION,
+            EVENTS_256K,
+            WATCH_72,
+        ],
+    },
+    // The kernel programs verified in pieces: the departure time of a shaped packet comes
+    // back from the metering, no longer through a scratch field of the counters.
+    Layout {
+        version: 6,
+        maps: &[
+            VERSION,
+            CONFIG_152,
+            SOURCES,
+            SOURCES6,
+            COUNTERS_424,
+            COUNTERS_CARRIED_424,
             POLICIES_160,
             PREFIXES_V4,
             PREFIXES_V6,

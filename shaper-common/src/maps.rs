@@ -449,18 +449,14 @@ pub struct Counters {
     /// Of the shaped packets, those marked CE (ECN-capable and held back longer than the
     /// ECN threshold).
     pub ce_marked_packets: u64,
-    /// Not a count: where the program leaves the departure time of the frame it is
-    /// metering (the TAT its charge published, less τ, in ticks) between metering and the
-    /// tc entry point. Zero between frames; summing it means nothing.
-    pub departure_ticks: u64,
     /// How long shaped packets were held back: a log2 histogram
     /// ([`crate::shape::delay_bucket`]).
     pub shape_delay: [u64; DELAY_BUCKETS],
 }
 
-const _: () = assert!(size_of::<Counters>() == 432);
+const _: () = assert!(size_of::<Counters>() == 424);
 const _: () = assert!(offset_of!(Counters, shaped_packets) == 240);
-const _: () = assert!(offset_of!(Counters, shape_delay) == 272);
+const _: () = assert!(offset_of!(Counters, shape_delay) == 264);
 const _: () = assert!(offset_of!(Counters, outcomes) == 0);
 const _: () = assert!(offset_of!(Counters, ipv4_packets) == 48);
 const _: () = assert!(offset_of!(Counters, unadmitted) == 64);

@@ -46,10 +46,11 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 mod cell;
-mod counters;
 mod entry;
 mod key;
 mod maps;
+mod meter;
+mod outcome;
 mod parse;
 mod policy;
 mod tc;

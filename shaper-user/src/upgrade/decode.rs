@@ -1,7 +1,7 @@
 //! Reading the settings and counters of pins of any known layout as today's types.
 //!
 //! A map whose layout is today's is read as it is; one that changed since is read with the
-//! frozen types of its layout (`layout1`, `layout3`, `layout4`) and carried into today's. A layout with no
+//! frozen types of its layout (`layout1`, `layout3`, `layout4`, `layout5`) and carried into today's. A layout with no
 //! decoder for a changed map cannot be upgraded from, and says so.
 
 use std::{collections::BTreeMap, path::Path};
@@ -19,7 +19,7 @@ use shaper_common::{
     },
 };
 
-use super::{layout1, layout3, layout4};
+use super::{layout1, layout3, layout4, layout5};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
@@ -157,6 +157,8 @@ pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts
         per_cpu_sums(&path, &global, layout3::Counters3::current)?
     } else if l.version == 4 {
         per_cpu_sums(&path, &global, layout4::Counters4::current)?
+    } else if l.version == 5 {
+        per_cpu_sums(&path, &global, layout5::Counters5::current)?
     } else {
         return Err(no_decoder(PIN_COUNTERS, l));
     }
@@ -188,6 +190,10 @@ pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts
                 .map(|c| c.current())
         } else if l.version == 4 {
             array::<layout4::Counters4>(&path)?
+                .get(&0, 0)
+                .map(|c| c.current())
+        } else if l.version == 5 {
+            array::<layout5::Counters5>(&path)?
                 .get(&0, 0)
                 .map(|c| c.current())
         } else {

@@ -113,7 +113,6 @@ impl Counters4 {
             shaped_packets: 0,
             shaped_bytes: 0,
             ce_marked_packets: 0,
-            departure_ticks: 0,
             shape_delay: [0; DELAY_BUCKETS],
         }
     }

@@ -47,6 +47,7 @@ mod decode;
 mod layout1;
 mod layout3;
 mod layout4;
+mod layout5;
 mod pinned;
 
 use std::{

@@ -1,0 +1,304 @@
+//! Metering one frame of a key: find or create the key's state, resolve its policy
+//! (`policy`), let the rule decide (`cell::shaper_decide`), count it in the key's counters,
+//! and sample it for `shaper watch` if it was refused (`watch`).
+//!
+//! One global function per family ([`shaper_meter_v4`], [`shaper_meter_v6`]), each
+//! verified once with any key; the entry points call them with the key they parsed. A
+//! key new to the table takes the colder path of [`shaper_create_v4`] /
+//! [`shaper_create_v6`], global too. A global function takes only scalars and pointers to
+//! memory, so an IPv6 key travels as two `u64` halves, and returns one scalar, a
+//! [`Metered`].
+
+use aya_ebpf::maps::LruHashMap;
+use shaper_common::maps::{Config, Counters, Ipv4Key, Ipv6Key, SourceState};
+
+use shaper_ebpf::atomic;
+
+use crate::{
+    cell::{DECIDE_UNADMITTED, DECIDE_UNCOUNTED, count_policy, shaper_decide, take},
+    maps::{ADMISSION, AGGREGATES, CONFIG, POLICY_STATS, SOURCES, SOURCES6},
+    outcome::{Metered, Outcome, outcome_counters},
+    policy, watch,
+};
+
+/// BPF_NOEXIST: create only; a concurrent creator wins and we meter against its cell.
+const BPF_NOEXIST: u64 = 1;
+/// What the kernel returns (negated) when a BPF_NOEXIST insert finds the key.
+const EEXIST: i32 = 17;
+
+/// Meters a `len`-byte frame of IPv4 key `key` at `now` (ticks); `counters` is this CPU's
+/// entry of the global counters. Returns a [`Metered`].
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_meter_v4(
+    key: Ipv4Key,
+    len: u32,
+    now: u64,
+    counters: *mut Counters,
+) -> u64 {
+    let Some(config) = CONFIG.get(0) else {
+        return Metered::UNTRACKED.0;
+    };
+    // SAFETY: map values, and the caller's counters.
+    let (metered, slot) = match SOURCES.get_ptr_mut(&key) {
+        Some(state) => unsafe {
+            let slot = policy::resolve(state, config, || policy::slot_v4(&key, config));
+            (known(state, slot, len, now, counters), slot)
+        },
+        None => {
+            let slot = policy::slot_v4(&key, config);
+            (
+                Metered(shaper_create_v4(key, slot, len, now, counters)),
+                slot,
+            )
+        }
+    };
+    if watch::watched(metered, now) {
+        let mut event = watch::event(metered, slot, len);
+        event.key[..4].copy_from_slice(&key.to_ne_bytes());
+        event.family = 4;
+        watch::shaper_sample(&raw mut event, now);
+    }
+    metered.0
+}
+
+/// [`shaper_meter_v4`] for IPv6 key `hi` ‖ `lo` (its bytes in memory order, as
+/// `u64::from_ne_bytes` reads them).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_meter_v6(
+    hi: u64,
+    lo: u64,
+    len: u32,
+    now: u64,
+    counters: *mut Counters,
+) -> u64 {
+    let Some(config) = CONFIG.get(0) else {
+        return Metered::UNTRACKED.0;
+    };
+    let key = join(hi, lo);
+    // SAFETY: map values, and the caller's counters.
+    let (metered, slot) = match SOURCES6.get_ptr_mut(&key) {
+        Some(state) => unsafe {
+            let slot = policy::resolve(state, config, || policy::slot_v6(&key, config));
+            (known(state, slot, len, now, counters), slot)
+        },
+        None => {
+            let slot = policy::slot_v6(&key, config);
+            let created = shaper_create_v6(hi, lo, slot_len(slot, len), now, counters);
+            (Metered(created), slot)
+        }
+    };
+    if watch::watched(metered, now) {
+        let mut event = watch::event(metered, slot, len);
+        event.key = key;
+        event.family = 6;
+        watch::shaper_sample(&raw mut event, now);
+    }
+    metered.0
+}
+
+/// A key new to the IPv4 table, under policy `slot` (see [`create`]).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_create_v4(
+    key: Ipv4Key,
+    slot: u32,
+    len: u32,
+    now: u64,
+    counters: *mut Counters,
+) -> u64 {
+    // SAFETY: map values, and the caller's counters.
+    unsafe { create(&SOURCES, &key, slot, len, now, counters).0 }
+}
+
+/// A key new to the IPv6 table (see [`create`]); `slot_len` packs the policy slot and the
+/// frame's length ([`slot_len`]): a global function takes five arguments at most.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_create_v6(
+    hi: u64,
+    lo: u64,
+    slot_len: u64,
+    now: u64,
+    counters: *mut Counters,
+) -> u64 {
+    let key = join(hi, lo);
+    // SAFETY: map values, and the caller's counters.
+    unsafe {
+        create(
+            &SOURCES6,
+            &key,
+            (slot_len >> 32) as u32,
+            slot_len as u32,
+            now,
+            counters,
+        )
+        .0
+    }
+}
+
+/// The IPv6 key of its halves.
+#[inline(always)]
+fn join(hi: u64, lo: u64) -> Ipv6Key {
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&hi.to_ne_bytes());
+    key[8..].copy_from_slice(&lo.to_ne_bytes());
+    key
+}
+
+/// A policy slot and a frame length in one argument.
+#[inline(always)]
+fn slot_len(slot: u32, len: u32) -> u64 {
+    u64::from(slot) << 32 | u64::from(len)
+}
+
+/// Meters the frame of a key with a state of its own.
+///
+/// # Safety
+/// `state` points to a live map value; `counters` as [`shaper_meter_v4`]'s.
+#[inline(always)]
+unsafe fn known(
+    state: *mut SourceState,
+    slot: u32,
+    len: u32,
+    now: u64,
+    counters: *mut Counters,
+) -> Metered {
+    unsafe {
+        let metered = Metered(shaper_decide(
+            &raw mut (*state).cell,
+            counters,
+            u64::from(slot),
+            len,
+            now,
+        ));
+        count_source(state, metered.outcome(), len);
+        metered
+    }
+}
+
+/// Adds the frame to the key's own counters, atomically: every CPU shares them.
+///
+/// # Safety
+/// `state` points to a live map value, or to a value of this program's own.
+#[inline(always)]
+unsafe fn count_source(state: *mut SourceState, outcome: Outcome, len: u32) {
+    unsafe {
+        let (packets, bytes) = outcome_counters(&raw mut (*state).outcomes, outcome);
+        atomic::add(packets, 1);
+        atomic::add(bytes, u64::from(len));
+    }
+}
+
+/// A key new to `map`: its entry, created with its policy slot resolved and this frame
+/// already metered in its fresh cell, if admission lets it have one; otherwise the frame
+/// is metered in its policy's shared cell of unadmitted frames.
+///
+/// The entry is inserted and not looked up again: a lookup would mark it referenced,
+/// and the kernel's LRU evicts unreferenced entries first, so the entry of a key seen
+/// once (a spoofed source) goes before those of sources that keep sending. A refusal
+/// costs the admission cell's check and nothing else: no insert, no second lookup.
+///
+/// # Safety
+/// `counters` is null or this CPU's entry of the global counters.
+#[inline(always)]
+unsafe fn create<K>(
+    map: &LruHashMap<K, SourceState>,
+    key: &K,
+    slot: u32,
+    len: u32,
+    now: u64,
+    counters: *mut Counters,
+) -> Metered {
+    let Some(config) = CONFIG.get(0) else {
+        return Metered::UNTRACKED;
+    };
+    // SAFETY: the caller's.
+    let Some(c) = (unsafe { counters.as_mut() }) else {
+        return Metered::UNTRACKED;
+    };
+    if !admitted(config, slot, now, c) {
+        // The policy's own shared cell, wherever its admission is metered.
+        let Some(cells) = ADMISSION.get_ptr_mut(slot) else {
+            return Metered::UNTRACKED;
+        };
+        // SAFETY: a live map value.
+        let cell = unsafe { &raw mut (*cells).unadmitted };
+        return Metered(shaper_decide(
+            cell,
+            counters,
+            u64::from(slot) | DECIDE_UNADMITTED,
+            len,
+            now,
+        ));
+    }
+    let mut state = SourceState {
+        policy: policy::cache_word(config, slot),
+        ..SourceState::default()
+    };
+    // Counted in the policy's counters once the entry is in: if another CPU created it
+    // meanwhile, the frame is metered (and counted) in that CPU's entry instead.
+    let metered = Metered(shaper_decide(
+        &raw mut state.cell,
+        counters,
+        u64::from(slot) | DECIDE_UNCOUNTED,
+        len,
+        now,
+    ));
+    // SAFETY: `state` is this program's own.
+    unsafe { count_source(&raw mut state, metered.outcome(), len) };
+    match map.insert(key, &state, BPF_NOEXIST) {
+        Ok(()) => {
+            count_policy(slot, metered, len);
+            c.new_sources += 1;
+            if let Some(stats) = POLICY_STATS.get_ptr_mut(slot) {
+                // SAFETY: this CPU's entry (see `cell::count_policy`).
+                unsafe { (*stats).new_sources += 1 };
+            }
+            metered
+        }
+        // Another CPU created it first: give back what the aggregate was charged for the
+        // fresh cell, and meter against that CPU's entry.
+        Err(e) if e == -EEXIST => {
+            let refund = metered.aggregate_charge();
+            if refund != 0
+                && let Some(aggregate) = AGGREGATES.get_ptr_mut(slot)
+            {
+                // SAFETY: the aggregate's TAT, a live map value.
+                unsafe { atomic::add(&raw mut (*aggregate).tat, refund.wrapping_neg()) };
+            }
+            match map.get_ptr_mut(key) {
+                // SAFETY: a live map value.
+                Some(state) => unsafe { known(state, slot, len, now, counters) },
+                None => Metered::UNTRACKED,
+            }
+        }
+        Err(_) => Metered::UNTRACKED,
+    }
+}
+
+/// Whether new-source admission gives a key new to the table under policy `slot` a cell:
+/// the policy's own admission, or the interface's, let one more key in at `now`.
+#[inline(always)]
+fn admitted(config: &Config, slot: u32, now: u64, counters: &mut Counters) -> bool {
+    let (admission, admission_slot) = policy::admission(config, slot);
+    if !admission.limited() {
+        return true;
+    }
+    let Some(cells) = ADMISSION.get_ptr_mut(admission_slot) else {
+        return false;
+    };
+    // SAFETY: `cells` points to a live map value.
+    unsafe {
+        take(
+            &raw mut (*cells).admit,
+            &admission.limit,
+            1,
+            now,
+            0,
+            counters,
+        )
+        .is_some()
+    }
+}

@@ -1,0 +1,115 @@
+//! Layout 5 (shaper as of commit dd8a0a0, before the kernel programs were verified in
+//! pieces): the counters' value, frozen as those builds wrote it, and what it becomes now.
+//! Every other value type of layout 5 is today's.
+//!
+//! Every field of today's types is spelled out (no `..Default::default()`), so a field
+//! added later fails to compile here until someone says what layout 5 carries into it.
+
+use shaper_common::{
+    maps::{CAS_TRIES, Counters, Outcomes},
+    shape::DELAY_BUCKETS,
+};
+
+/// `SHAPER_COUNTERS`' value (432 bytes, per CPU), and `SHAPER_CARRIED`'s.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters5 {
+    pub outcomes: Outcomes,
+    pub ipv4_packets: u64,
+    pub ipv6_packets: u64,
+    pub unadmitted: Outcomes,
+    pub not_ip_packets: u64,
+    pub not_ip_bytes: u64,
+    pub pppoe_other_packets: u64,
+    pub pppoe_other_bytes: u64,
+    pub vlan_too_deep_packets: u64,
+    pub vlan_too_deep_bytes: u64,
+    pub malformed_packets: u64,
+    pub malformed_bytes: u64,
+    pub new_sources: u64,
+    pub cas_exhausted: u64,
+    pub cas_won: [u64; CAS_TRIES],
+    pub untracked_packets: u64,
+    pub unconfigured_packets: u64,
+    pub shaped_packets: u64,
+    pub shaped_bytes: u64,
+    pub ce_marked_packets: u64,
+    /// Not a count: the program's scratch space for a shaped packet's departure time.
+    pub departure_ticks: u64,
+    pub shape_delay: [u64; DELAY_BUCKETS],
+}
+
+const _: () = assert!(size_of::<Counters5>() == 432);
+
+// SAFETY: #[repr(C)], made only of integers, with no implicit padding (size asserted
+// above), so every bit pattern is a valid value.
+unsafe impl aya::Pod for Counters5 {}
+
+impl Counters5 {
+    /// Every count as it was; the scratch field was never a count.
+    pub fn current(&self) -> Counters {
+        Counters {
+            outcomes: self.outcomes,
+            ipv4_packets: self.ipv4_packets,
+            ipv6_packets: self.ipv6_packets,
+            unadmitted: self.unadmitted,
+            not_ip_packets: self.not_ip_packets,
+            not_ip_bytes: self.not_ip_bytes,
+            pppoe_other_packets: self.pppoe_other_packets,
+            pppoe_other_bytes: self.pppoe_other_bytes,
+            vlan_too_deep_packets: self.vlan_too_deep_packets,
+            vlan_too_deep_bytes: self.vlan_too_deep_bytes,
+            malformed_packets: self.malformed_packets,
+            malformed_bytes: self.malformed_bytes,
+            new_sources: self.new_sources,
+            cas_exhausted: self.cas_exhausted,
+            cas_won: self.cas_won,
+            untracked_packets: self.untracked_packets,
+            unconfigured_packets: self.unconfigured_packets,
+            shaped_packets: self.shaped_packets,
+            shaped_bytes: self.shaped_bytes,
+            ce_marked_packets: self.ce_marked_packets,
+            shape_delay: self.shape_delay,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The frozen type is the bytes dd8a0a0 wrote (its own size and offset assertions).
+    #[test]
+    fn frozen_offsets() {
+        assert_eq!(std::mem::offset_of!(Counters5, ipv4_packets), 48);
+        assert_eq!(std::mem::offset_of!(Counters5, unadmitted), 64);
+        assert_eq!(std::mem::offset_of!(Counters5, not_ip_packets), 112);
+        assert_eq!(std::mem::offset_of!(Counters5, cas_won), 192);
+        assert_eq!(std::mem::offset_of!(Counters5, unconfigured_packets), 232);
+        assert_eq!(std::mem::offset_of!(Counters5, shaped_packets), 240);
+        assert_eq!(std::mem::offset_of!(Counters5, shape_delay), 272);
+    }
+
+    #[test]
+    fn layout_5_carries_every_count() {
+        let mut shape_delay = [0; DELAY_BUCKETS];
+        shape_delay[3] = 7;
+        let old = Counters5 {
+            new_sources: 5,
+            cas_won: [1, 2, 3, 4],
+            unconfigured_packets: 9,
+            shaped_packets: 11,
+            ce_marked_packets: 2,
+            departure_ticks: 123_456,
+            shape_delay,
+            ..Counters5::default()
+        };
+        let now = old.current();
+        assert_eq!(
+            (now.new_sources, now.cas_won, now.unconfigured_packets),
+            (5, [1, 2, 3, 4], 9)
+        );
+        assert_eq!((now.shaped_packets, now.ce_marked_packets), (11, 2));
+        assert_eq!(now.shape_delay, shape_delay);
+    }
+}
