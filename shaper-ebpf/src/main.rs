@@ -23,9 +23,9 @@
 //! would have been is counted instead.
 //!
 //! A key new to the table gets a cell only if its policy's new-source admission lets it
-//! (`cell::create`): a GCRA cell per policy, or the interface's, counts creations at N
-//! keys a second. A key refused one is *unadmitted*: nothing is inserted, and its frame is
-//! metered in the policy's one shared cell for unadmitted frames at the per-source limit
+//! (`meter`): a GCRA cell per policy, or the interface's, counts creations at N keys a
+//! second. A key refused one is *unadmitted*: nothing is inserted, and its frame is metered
+//! in the policy's one shared cell for unadmitted frames at the per-source limit
 //! (`SHAPER_ADMIT`), so a flood of spoofed sources gets what one source gets and cannot
 //! churn the table.
 //!
@@ -33,7 +33,29 @@
 //! (`cell`), so all CPUs meter one bucket per key, and the scale of the limit it is
 //! expressed in: when a policy's rate changes, the cell is carried over with its backlog
 //! in bytes intact (`shaper_common::rescale`), never refilled. Per-key counters are
-//! atomic adds, per-policy and global ones per-CPU arrays (`counters`).
+//! atomic adds, per-policy and global ones per-CPU arrays; the entry point looks this
+//! CPU's global counters up once per frame and hands them down.
+//!
+//! # Verified in pieces
+//! The verifier walks every path of a program, and a function inlined into several places
+//! is walked once per place and per state reaching it. So the per-packet path is cut into
+//! global BPF functions (`#[no_mangle]`, `#[inline(never)]`: bpf-linker keeps their BTF
+//! linkage global), which the verifier checks once each, with any arguments of their
+//! types, whoever calls them:
+//!
+//! | function | what | called from |
+//! | --- | --- | --- |
+//! | `shaper_meter_v4`, `shaper_meter_v6` | a key's state, policy, counters, watch | the entry, once per IP frame |
+//! | `shaper_create_v4`, `shaper_create_v6` | admission and the entry of a key new to the table | the meter of its family |
+//! | `shaper_decide` | a rule's verdict on one cell, the aggregate, the policy's counters | every meter and create, for any cell |
+//! | `shaper_carry_over` | a cell's backlog carried over to a new rate | `shaper_decide` and admission, when a cell's scale is not its limit's |
+//! | `shaper_sample` | a refused frame's event for `shaper watch` | the meters, only while someone watches |
+//!
+//! The entry point (parse, key, counters, the hook's verdict) stays in the program itself.
+//! A global function takes scalars and pointers to memory (a map value, or the caller's
+//! stack), each maybe null as far as the verifier knows, and returns one scalar: the
+//! meters return a packed `outcome::Metered`. Everything else is `#[inline(always)]`
+//! inside one of these pieces.
 //!
 //! A frame costs its whole length: Ethernet header to end of payload, every buffer of a
 //! multi-buffer (jumbo) frame included, no FCS — what tc counts. A GSO packet (tc only)

@@ -110,7 +110,7 @@ const SUITES: &[Suite] = &[
         file: "tests/verifier.rs",
         place: Place::Guest { skip: &[] },
         why: "each entry point's processed instruction count, printed and held under the \
-              verifier's limit: it differs from kernel to kernel",
+              verifier's budget: it differs from kernel to kernel",
     },
     Suite {
         file: "tests/parse_golden.rs",
