@@ -7,8 +7,9 @@
 //! the limit it is expressed in, so a rate change carries its backlog over
 //! ([`carry_over`], `shaper_common::rescale`).
 //!
-//! [`shaper_decide`] is a global function: the verifier checks it once, with any cell and
-//! any policy slot, however many places call it (a known key, a new key's fresh cell, the
+//! [`decide`] is the rule's decision, inlined into the hot path of each family's meter;
+//! [`shaper_decide`] is the same as a global function, which the verifier checks once
+//! with any cell and any policy slot, for the colder paths of new keys (a fresh cell, the
 //! shared cell of unadmitted frames, in both families).
 
 use shaper_common::{
@@ -41,6 +42,18 @@ pub const DECIDE_UNCOUNTED: u64 = 1 << 33;
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_decide(
+    cell: *mut Cell,
+    counters: *mut Counters,
+    slot_flags: u64,
+    len: u32,
+    now: u64,
+) -> u64 {
+    decide(cell, counters, slot_flags, len, now)
+}
+
+/// [`shaper_decide`], inlined where a call would cost the hot path (a known key's meter).
+#[inline(always)]
+pub fn decide(
     cell: *mut Cell,
     counters: *mut Counters,
     slot_flags: u64,

@@ -12,8 +12,8 @@ use shaper_common::{
 use crate::{
     key,
     maps::{CONFIG, COUNTERS},
-    meter::{shaper_meter_v4, shaper_meter_v6},
-    outcome::{Metered, Verdict, count_outcome},
+    meter::{meter_v4, meter_v6},
+    outcome::{Verdict, count_outcome},
     parse::{Frame, classify, header_len},
 };
 
@@ -111,18 +111,18 @@ pub fn meter_frame(seen: &Seen) -> Decision {
     // SAFETY: a helper with no preconditions.
     let now = ticks_from_ns(unsafe { bpf_ktime_get_ns() });
     // SAFETY: `classify` returned pointers to headers it checked lie in the frame.
-    let metered = Metered(match frame {
+    let metered = match frame {
         Frame::Ipv4(ip) => {
             c.ipv4_packets += 1;
-            shaper_meter_v4(unsafe { key::v4(ip, config) }, len, now, counters)
+            meter_v4(unsafe { key::v4(ip, config) }, len, now, config, counters)
         }
         Frame::Ipv6(ip) => {
             c.ipv6_packets += 1;
             let (hi, lo) = unsafe { key::v6(ip, config) };
-            shaper_meter_v6(hi, lo, len, now, counters)
+            meter_v6(hi, lo, len, now, config, counters)
         }
         _ => return Decision::now(Verdict::Pass),
-    });
+    };
     if metered.is_untracked() {
         c.untracked_packets += 1;
     }

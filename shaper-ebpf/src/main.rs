@@ -38,24 +38,26 @@
 //!
 //! # Verified in pieces
 //! The verifier walks every path of a program, and a function inlined into several places
-//! is walked once per place and per state reaching it. So the per-packet path is cut into
-//! global BPF functions (`#[no_mangle]`, `#[inline(never)]`: bpf-linker keeps their BTF
-//! linkage global), which the verifier checks once each, with any arguments of their
-//! types, whoever calls them:
+//! is walked once per place and per state reaching it. So what is rare on the per-packet
+//! path is cut out into global BPF functions (`#[no_mangle]`, `#[inline(never)]`:
+//! bpf-linker keeps their BTF linkage global), which the verifier checks once each, with
+//! any arguments of their types, whoever calls them:
 //!
 //! | function | what | called from |
 //! | --- | --- | --- |
-//! | `shaper_meter_v4`, `shaper_meter_v6` | a key's state, policy, counters, watch | the entry, once per IP frame |
-//! | `shaper_create_v4`, `shaper_create_v6` | admission and the entry of a key new to the table | the meter of its family |
-//! | `shaper_decide` | a rule's verdict on one cell, the aggregate, the policy's counters | every meter and create, for any cell |
-//! | `shaper_carry_over` | a cell's backlog carried over to a new rate | `shaper_decide` and admission, when a cell's scale is not its limit's |
+//! | `shaper_create_v4`, `shaper_create_v6` | admission, and the entry of a key new to the table | the meter of its family, for a key not in the table |
+//! | `shaper_decide` | a rule's verdict on any cell: a new key's fresh one, the shared cell of unadmitted frames | the creates |
+//! | `shaper_carry_over` | a cell's backlog carried over to a new rate | wherever a cell is charged, when its scale is not its limit's |
 //! | `shaper_sample` | a refused frame's event for `shaper watch` | the meters, only while someone watches |
 //!
-//! The entry point (parse, key, counters, the hook's verdict) stays in the program itself.
-//! A global function takes scalars and pointers to memory (a map value, or the caller's
-//! stack), each maybe null as far as the verifier knows, and returns one scalar: the
-//! meters return a packed `outcome::Metered`. Everything else is `#[inline(always)]`
-//! inside one of these pieces.
+//! What is common stays in the program, inlined: parse, key, and a known key's meter and
+//! decision (`meter::meter_v4`, `meter::meter_v6`, `cell::decide`), so a known key's
+//! frame makes no BPF-to-BPF call (a call and its return cost more than the arithmetic
+//! they would save, above all where the return goes through a mitigation of speculative
+//! execution). The parse paths (VLAN tags, PPPoE, IPv4 options) converge once the key is
+//! read, so the verifier walks the meter about once per family. A global function takes
+//! scalars and pointers to memory (a map value, or the caller's stack), each maybe null
+//! as far as the verifier knows, and returns one scalar: a packed `outcome::Metered`.
 //!
 //! A frame costs its whole length: Ethernet header to end of payload, every buffer of a
 //! multi-buffer (jumbo) frame included, no FCS — what tc counts. A GSO packet (tc only)

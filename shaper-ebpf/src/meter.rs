@@ -1,13 +1,15 @@
 //! Metering one frame of a key: find or create the key's state, resolve its policy
-//! (`policy`), let the rule decide (`cell::shaper_decide`), count it in the key's counters,
-//! and sample it for `shaper watch` if it was refused (`watch`).
+//! (`policy`), let the rule decide (`cell`), count it in the key's counters, and sample it
+//! for `shaper watch` if it was refused (`watch`).
 //!
-//! One global function per family ([`shaper_meter_v4`], [`shaper_meter_v6`]), each
-//! verified once with any key; the entry points call them with the key they parsed. A
-//! key new to the table takes the colder path of [`shaper_create_v4`] /
-//! [`shaper_create_v6`], global too. A global function takes only scalars and pointers to
-//! memory, so an IPv6 key travels as two `u64` halves, and returns one scalar, a
-//! [`Metered`].
+//! A known key's frame is metered without a single function call ([`meter_v4`],
+//! [`meter_v6`] are inlined into the entry point, the rule's decision into them): on the
+//! hot path a BPF-to-BPF call costs a call and a return, which mitigations of speculative
+//! execution can make dear. What is rare is a global function of its own, verified once:
+//! a key new to the table ([`shaper_create_v4`], [`shaper_create_v6`]), a rate change
+//! (`cell::shaper_carry_over`), a sample (`watch::shaper_sample`). A global function
+//! takes only scalars and pointers to memory, so an IPv6 key travels as two `u64` halves,
+//! and returns one scalar, a [`Metered`].
 
 use aya_ebpf::maps::LruHashMap;
 use shaper_common::maps::{Config, Counters, Ipv4Key, Ipv6Key, SourceState};
@@ -15,7 +17,7 @@ use shaper_common::maps::{Config, Counters, Ipv4Key, Ipv6Key, SourceState};
 use shaper_ebpf::atomic;
 
 use crate::{
-    cell::{DECIDE_UNADMITTED, DECIDE_UNCOUNTED, count_policy, shaper_decide, take},
+    cell::{DECIDE_UNADMITTED, DECIDE_UNCOUNTED, count_policy, decide, shaper_decide, take},
     maps::{ADMISSION, AGGREGATES, CONFIG, POLICY_STATS, SOURCES, SOURCES6},
     outcome::{Metered, Outcome, outcome_counters},
     policy, watch,
@@ -26,21 +28,18 @@ const BPF_NOEXIST: u64 = 1;
 /// What the kernel returns (negated) when a BPF_NOEXIST insert finds the key.
 const EEXIST: i32 = 17;
 
-/// Meters a `len`-byte frame of IPv4 key `key` at `now` (ticks); `counters` is this CPU's
-/// entry of the global counters. Returns a [`Metered`].
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn shaper_meter_v4(
+/// Meters a `len`-byte frame of IPv4 key `key` at `now` (ticks) under `config`;
+/// `counters` is this CPU's entry of the global counters.
+#[inline(always)]
+pub fn meter_v4(
     key: Ipv4Key,
     len: u32,
     now: u64,
+    config: &Config,
     counters: *mut Counters,
-) -> u64 {
-    let Some(config) = CONFIG.get(0) else {
-        return Metered::UNTRACKED.0;
-    };
+) -> Metered {
     // SAFETY: map values, and the caller's counters.
-    let (metered, slot) = match SOURCES.get_ptr_mut(&key) {
+    let (metered, slot) = match SOURCES.get_ptr_mut(key) {
         Some(state) => unsafe {
             let slot = policy::resolve(state, config, || policy::slot_v4(&key, config));
             (known(state, slot, len, now, counters), slot)
@@ -54,31 +53,26 @@ pub extern "C" fn shaper_meter_v4(
         }
     };
     if watch::watched(metered, now) {
-        let mut event = watch::event(metered, slot, len);
-        event.key[..4].copy_from_slice(&key.to_ne_bytes());
-        event.family = 4;
-        watch::shaper_sample(&raw mut event, now);
+        let info = watch::info(metered, slot, len, 4);
+        watch::shaper_sample(u64::from(key), 0, info, now);
     }
-    metered.0
+    metered
 }
 
-/// [`shaper_meter_v4`] for IPv6 key `hi` ‖ `lo` (its bytes in memory order, as
+/// [`meter_v4`] for IPv6 key `hi` ‖ `lo` (its bytes in memory order, as
 /// `u64::from_ne_bytes` reads them).
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn shaper_meter_v6(
+#[inline(always)]
+pub fn meter_v6(
     hi: u64,
     lo: u64,
     len: u32,
     now: u64,
+    config: &Config,
     counters: *mut Counters,
-) -> u64 {
-    let Some(config) = CONFIG.get(0) else {
-        return Metered::UNTRACKED.0;
-    };
+) -> Metered {
     let key = join(hi, lo);
     // SAFETY: map values, and the caller's counters.
-    let (metered, slot) = match SOURCES6.get_ptr_mut(&key) {
+    let (metered, slot) = match SOURCES6.get_ptr_mut(key) {
         Some(state) => unsafe {
             let slot = policy::resolve(state, config, || policy::slot_v6(&key, config));
             (known(state, slot, len, now, counters), slot)
@@ -90,12 +84,10 @@ pub extern "C" fn shaper_meter_v6(
         }
     };
     if watch::watched(metered, now) {
-        let mut event = watch::event(metered, slot, len);
-        event.key = key;
-        event.family = 6;
-        watch::shaper_sample(&raw mut event, now);
+        let info = watch::info(metered, slot, len, 6);
+        watch::shaper_sample(hi, lo, info, now);
     }
-    metered.0
+    metered
 }
 
 /// A key new to the IPv4 table, under policy `slot` (see [`create`]).
@@ -153,10 +145,10 @@ fn slot_len(slot: u32, len: u32) -> u64 {
     u64::from(slot) << 32 | u64::from(len)
 }
 
-/// Meters the frame of a key with a state of its own.
+/// Meters the frame of a key with a state of its own: the hot path, inlined whole.
 ///
 /// # Safety
-/// `state` points to a live map value; `counters` as [`shaper_meter_v4`]'s.
+/// `state` points to a live map value; `counters` as [`meter_v4`]'s.
 #[inline(always)]
 unsafe fn known(
     state: *mut SourceState,
@@ -166,7 +158,7 @@ unsafe fn known(
     counters: *mut Counters,
 ) -> Metered {
     unsafe {
-        let metered = Metered(shaper_decide(
+        let metered = Metered(decide(
             &raw mut (*state).cell,
             counters,
             u64::from(slot),
@@ -248,7 +240,7 @@ unsafe fn create<K>(
     ));
     // SAFETY: `state` is this program's own.
     unsafe { count_source(&raw mut state, metered.outcome(), len) };
-    match map.insert(key, &state, BPF_NOEXIST) {
+    match map.insert(key, state, BPF_NOEXIST) {
         Ok(()) => {
             count_policy(slot, metered, len);
             c.new_sources += 1;
@@ -268,10 +260,20 @@ unsafe fn create<K>(
                 // SAFETY: the aggregate's TAT, a live map value.
                 unsafe { atomic::add(&raw mut (*aggregate).tat, refund.wrapping_neg()) };
             }
-            match map.get_ptr_mut(key) {
-                // SAFETY: a live map value.
-                Some(state) => unsafe { known(state, slot, len, now, counters) },
-                None => Metered::UNTRACKED,
+            let Some(state) = map.get_ptr_mut(key) else {
+                return Metered::UNTRACKED;
+            };
+            // SAFETY: a live map value.
+            unsafe {
+                let metered = Metered(shaper_decide(
+                    &raw mut (*state).cell,
+                    counters,
+                    u64::from(slot),
+                    len,
+                    now,
+                ));
+                count_source(state, metered.outcome(), len);
+                metered
             }
         }
         Err(_) => Metered::UNTRACKED,

@@ -34,34 +34,31 @@ pub fn watched(metered: Metered, now: u64) -> bool {
         .is_some_and(|control| now < control.until)
 }
 
-/// The event of a refused frame of `len` bytes under policy `slot`, but its key and
-/// family.
+/// A refused frame of `len` bytes under policy `slot`, for [`shaper_sample`]: its length in
+/// bits 0–31, the slot in 32–47, the `REASON_*` in 48–55, would-drop in bit 56 and an IPv6
+/// key in bit 57.
 #[inline(always)]
-pub fn event(metered: Metered, slot: u32, len: u32) -> WatchEvent {
-    WatchEvent {
-        slot,
-        bytes: len,
-        reason: if metered.is_unadmitted() {
-            REASON_UNADMITTED
-        } else {
-            metered.reason()
-        },
-        would_drop: u8::from(metered.outcome() == Outcome::WouldDrop),
-        ..WatchEvent::default()
-    }
+pub fn info(metered: Metered, slot: u32, len: u32, family: u8) -> u64 {
+    let reason = if metered.is_unadmitted() {
+        REASON_UNADMITTED
+    } else {
+        metered.reason()
+    };
+    u64::from(len)
+        | u64::from(slot & 0xffff) << 32
+        | u64::from(reason) << 48
+        | u64::from(metered.outcome() == Outcome::WouldDrop) << 56
+        | u64::from(family == 6) << 57
 }
 
-/// Meters `event` (a refused frame's, seen at `now`) in the watch's cell and, if it
-/// conforms, writes it to the ring buffer. A global function, called only while someone
-/// watches: none of it is inlined into the per-packet path. Returns 1 if the event was
-/// written.
+/// Meters the event of a refused frame seen at `now` (key `hi` ‖ `lo`: an IPv4 key in
+/// the low 32 bits of `hi`; the rest in `info`, see [`info`]) in the watch's cell and, if
+/// it conforms, writes it to the ring buffer. A global function, called only while
+/// someone watches: none of it is inlined into the per-packet path. Returns 1 if the event
+/// was written.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn shaper_sample(event: *mut WatchEvent, now: u64) -> u32 {
-    // SAFETY: a global function's pointer argument is null or points to a whole event.
-    let Some(event) = (unsafe { event.as_mut() }) else {
-        return 0;
-    };
+pub extern "C" fn shaper_sample(hi: u64, lo: u64, info: u64, now: u64) -> u32 {
     let (Some(control), Some(meter)) = (WATCH.get(WATCH_CONTROL), WATCH.get_ptr_mut(WATCH_METER))
     else {
         return 0;
@@ -79,8 +76,23 @@ pub extern "C" fn shaper_sample(event: *mut WatchEvent, now: u64) -> u32 {
             return 0;
         }
     }
-    event.time_ns = now >> TICK_SHIFT;
-    if EVENTS.output::<WatchEvent>(event, 0).is_err() {
+    let ipv6 = info >> 57 & 1 != 0;
+    let mut event = WatchEvent {
+        time_ns: now >> TICK_SHIFT,
+        bytes: info as u32,
+        slot: (info >> 32) as u32 & 0xffff,
+        reason: (info >> 48) as u8,
+        would_drop: (info >> 56) as u8 & 1,
+        family: if ipv6 { 6 } else { 4 },
+        ..WatchEvent::default()
+    };
+    if ipv6 {
+        event.key[..8].copy_from_slice(&hi.to_ne_bytes());
+        event.key[8..].copy_from_slice(&lo.to_ne_bytes());
+    } else {
+        event.key[..4].copy_from_slice(&(hi as u32).to_ne_bytes());
+    }
+    if EVENTS.output::<WatchEvent>(&event, 0).is_err() {
         // SAFETY: a live map value.
         unsafe { atomic::add(&raw mut (*meter).lost, 1) };
         return 0;
