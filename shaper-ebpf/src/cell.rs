@@ -1,5 +1,4 @@
-//! GCRA cells shared by every CPU, and the rule's decision on one frame
-//! ([`shaper_decide`]).
+//! GCRA cells shared by every CPU, and the rule's decision on one frame ([`decide`]).
 //!
 //! A cell is a 64-bit TAT that every CPU updates with a bounded compare-and-swap loop
 //! ([`publish`]): decide on the TAT read, swap in the new one only if nobody changed it
@@ -7,72 +6,61 @@
 //! the limit it is expressed in, so a rate change carries its backlog over
 //! ([`carry_over`], `shaper_common::rescale`).
 //!
-//! [`decide`] is the rule's decision, inlined into the hot path of each family's meter;
-//! [`shaper_decide`] is the same as a global function, which the verifier checks once
-//! with any cell and any policy slot, for the colder paths of new keys (a fresh cell, the
-//! shared cell of unadmitted frames, in both families).
+//! What is rare is a global function, verified once rather than in every caller's state:
+//! a compare-and-swap's retries ([`shaper_retry`]) and a cell's carry-over to a new rate
+//! ([`shaper_carry_over`]). The rest is inlined into each meter: on the hot path a call
+//! costs more than the arithmetic.
 
 use shaper_common::{
     gcra::{self, Limit},
-    maps::{ACTION_DROP, ACTION_PASS, CAS_TRIES, Cell, Counters, PolicyStats},
+    maps::{ACTION_DROP, ACTION_PASS, CAS_TRIES, Cell, Config, Counters, PolicyStats},
     shape::delay_ticks,
 };
 
 use shaper_ebpf::atomic;
 
 use crate::{
-    maps::{CONFIG, POLICY_STATS},
+    maps::{COUNTERS, POLICY_STATS},
     outcome::{self, AGGREGATE, BLOCKED, Metered, Outcome, Reason, SOURCE},
     policy::{self, Rule},
 };
 
-/// `shaper_decide`'s `slot_flags`: the frame is an unadmitted one (counted apart).
-pub const DECIDE_UNADMITTED: u64 = 1 << 32;
-/// `shaper_decide`'s `slot_flags`: leave the policy's counters to the caller.
-pub const DECIDE_UNCOUNTED: u64 = 1 << 33;
-
-/// The rule of policy slot `slot_flags as u32` on a `len`-byte frame metered in `cell` at
-/// `now` (ticks): pass, drop, or charge the cell and, if the policy has one, its prefix's
-/// aggregate cell; counted in the policy's counters (those of unadmitted frames with
-/// [`DECIDE_UNADMITTED`]) and, for the compare-and-swap, in `counters`. Returns a
-/// [`Metered`]: for a charged aggregate, what it was charged, so a caller that finds the
-/// frame must be metered elsewhere after all can give it back.
-///
-/// A global function: `cell` and `counters` may be null as far as the verifier knows.
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn shaper_decide(
-    cell: *mut Cell,
-    counters: *mut Counters,
-    slot_flags: u64,
-    len: u32,
-    now: u64,
-) -> u64 {
-    decide(cell, counters, slot_flags, len, now)
+/// How [`decide`] counts a frame in its policy's counters.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// In the policy's own counters.
+    Policy,
+    /// In those of the policy's unadmitted frames.
+    Unadmitted,
+    /// Not at all: the caller counts it ([`count_policy`]) once it knows it should.
+    Later,
 }
 
-/// [`shaper_decide`], inlined where a call would cost the hot path (a known key's meter).
+/// The rule of policy slot `slot` under `config` on a `len`-byte frame metered in `cell` at
+/// `now` (ticks): pass, drop, or charge the cell and, if the policy has one, its prefix's
+/// aggregate cell; counted in the policy's counters as `count` says and, for the
+/// compare-and-swap, in `counters`. For a charged aggregate, the [`Metered`] says what it
+/// was charged, so a caller that finds the frame must be metered elsewhere after all can
+/// give it back.
+///
+/// # Safety
+/// `cell` points to a live map value, or to a value on the stack.
 #[inline(always)]
-pub fn decide(
+pub unsafe fn decide(
     cell: *mut Cell,
-    counters: *mut Counters,
-    slot_flags: u64,
+    config: &Config,
+    slot: u32,
+    count: Count,
     len: u32,
     now: u64,
-) -> u64 {
-    let slot = slot_flags as u32;
-    let Some(config) = CONFIG.get(0) else {
-        return Metered::UNTRACKED.0;
-    };
-    if cell.is_null() || counters.is_null() {
-        return Metered::UNTRACKED.0;
-    }
+    counters: &mut Counters,
+) -> Metered {
     let rule = policy::rule(config, slot);
-    // SAFETY: `cell` and `counters` are live map values, or values on a caller's stack.
     let charged = match rule.action {
         ACTION_PASS => Ok(Charged::Source(0)),
         ACTION_DROP => Err(BLOCKED),
-        _ => unsafe { charge(cell, &rule, len, now, &mut *counters) },
+        // SAFETY: the caller's.
+        _ => unsafe { charge(cell, &rule, len, now, counters) },
     };
     let (outcome, reason) = match charged {
         Ok(_) => (Outcome::Passed, SOURCE),
@@ -84,13 +72,13 @@ pub fn decide(
         Ok(Charged::Aggregate(cost)) => Metered::new(outcome, reason, 0).charged_aggregate(cost),
         Err(_) => Metered::new(outcome, reason, 0),
     };
-    if slot_flags & DECIDE_UNADMITTED != 0 {
+    if count == Count::Unadmitted {
         metered = metered.unadmitted();
     }
-    if slot_flags & DECIDE_UNCOUNTED == 0 {
+    if count != Count::Later {
         count_policy(slot, metered, len);
     }
-    metered.0
+    metered
 }
 
 /// What a frame that conformed was charged.
@@ -184,37 +172,109 @@ unsafe fn charge(
 /// longer conforms (nothing is written) or every try lost to other CPUs. Each CPU tries
 /// [`CAS_TRIES`] times: a failed swap means another CPU made progress on this cell, so
 /// exhaustion is rare and only under heavy contention on a single cell. The try that won
-/// is counted.
+/// is counted. The first try is inlined here; the retries are [`shaper_retry`]'s, verified
+/// once rather than try by try in every caller's state.
 #[expect(
     clippy::too_many_arguments,
-    reason = "the loop's whole state, kept in registers"
+    reason = "the first try's whole state, kept in registers"
 )]
 #[inline(always)]
 unsafe fn publish(
     tat: *mut u64,
-    mut old: u64,
-    mut new: u64,
+    old: u64,
+    new: u64,
     limit: &Limit,
     len: u32,
     now: u64,
     slack: u64,
     counters: &mut Counters,
 ) -> Option<(u64, u64)> {
-    for try_ in 0..CAS_TRIES {
+    // What was charged: the new TAT less the base it was charged from.
+    let charged = |old: u64, new: u64| Some((new, new.wrapping_sub(gcra::base(old, now))));
+    match unsafe { atomic::compare_exchange(tat, old, new) } {
+        Ok(()) => {
+            counters.cas_won[0] += 1;
+            charged(old, new)
+        }
+        Err(found) => {
+            let mut swap = Swap {
+                old: found,
+                new: 0,
+                slack,
+                len,
+                _pad: 0,
+            };
+            if shaper_retry(tat, &raw mut swap, limit, now) == 0 {
+                return None;
+            }
+            charged(swap.old, swap.new)
+        }
+    }
+}
+
+/// A compare-and-swap that lost its first try, as [`publish`] hands it to
+/// [`shaper_retry`]: on the caller's stack.
+#[repr(C)]
+pub struct Swap {
+    /// In: the TAT the first try found. Out: the TAT the winning try decided on.
+    pub old: u64,
+    /// Out: the TAT the winning try published.
+    pub new: u64,
+    /// The frame's burst stretch (shaping) and length.
+    pub slack: u64,
+    pub len: u32,
+    pub _pad: u32,
+}
+
+/// The retries of [`publish`]: decide again on the TAT found, and swap, up to
+/// [`CAS_TRIES`] tries in all; 1 if a try won (`swap` says what it published), 0 if the
+/// frame no longer conforms or every try lost (counted as exhausted). A global function:
+/// rare (another CPU charged the same cell between the read and the swap), and the
+/// arithmetic of every try would otherwise be walked in every caller's state.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_retry(
+    tat: *mut u64,
+    swap: *mut Swap,
+    limit: *const Limit,
+    now: u64,
+) -> u32 {
+    // SAFETY: a global function's pointer arguments are null or point to whole values: a
+    // live map value's TAT or a caller's own, the caller's `Swap`, a limit in a map value.
+    let (Some(swap), Some(limit)) = (unsafe { swap.as_mut() }, unsafe { limit.as_ref() }) else {
+        return 0;
+    };
+    let Some(counters) = COUNTERS.get_ptr_mut(0) else {
+        return 0;
+    };
+    if tat.is_null() {
+        return 0;
+    }
+    // SAFETY: this CPU's entry (see `entry`).
+    let counters = unsafe { &mut *counters };
+    let mut old = swap.old;
+    for try_ in 1..CAS_TRIES {
+        let Some(new) = limit.admit_within(old, now, swap.len, swap.slack) else {
+            return 0;
+        };
+        // SAFETY: checked above.
         match unsafe { atomic::compare_exchange(tat, old, new) } {
             Ok(()) => {
                 if let Some(won) = counters.cas_won.get_mut(try_) {
                     *won += 1;
                 }
-                // What was charged: the new TAT less the base it was charged from.
-                return Some((new, new.wrapping_sub(gcra::base(old, now))));
+                swap.old = old;
+                swap.new = new;
+                return 1;
             }
             Err(found) => old = found,
         }
-        new = limit.admit_within(old, now, len, slack)?;
     }
-    counters.cas_exhausted += 1;
-    None
+    // Every try lost; a frame that no longer conforms anyway is not counted as lost.
+    if limit.admit_within(old, now, swap.len, swap.slack).is_some() {
+        counters.cas_exhausted += 1;
+    }
+    0
 }
 
 /// Brings a cell charged under another limit over to `limit`, keeping its backlog in

@@ -12,7 +12,7 @@ use shaper_common::{
 use crate::{
     key,
     maps::{CONFIG, COUNTERS},
-    meter::{meter_v4, meter_v6},
+    meter::{Key, meter},
     outcome::{Verdict, count_outcome},
     parse::{Frame, classify, header_len},
 };
@@ -111,18 +111,19 @@ pub fn meter_frame(seen: &Seen) -> Decision {
     // SAFETY: a helper with no preconditions.
     let now = ticks_from_ns(unsafe { bpf_ktime_get_ns() });
     // SAFETY: `classify` returned pointers to headers it checked lie in the frame.
-    let metered = match frame {
+    let key = match frame {
         Frame::Ipv4(ip) => {
             c.ipv4_packets += 1;
-            meter_v4(unsafe { key::v4(ip, config) }, len, now, config, counters)
+            Key::V4(unsafe { key::v4(ip, config) })
         }
         Frame::Ipv6(ip) => {
             c.ipv6_packets += 1;
             let (hi, lo) = unsafe { key::v6(ip, config) };
-            meter_v6(hi, lo, len, now, config, counters)
+            Key::V6(hi, lo)
         }
         _ => return Decision::now(Verdict::Pass),
     };
+    let metered = meter(key, len, now, config, c);
     if metered.is_untracked() {
         c.untracked_packets += 1;
     }

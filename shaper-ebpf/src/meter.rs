@@ -11,13 +11,15 @@
 //! takes only scalars and pointers to memory, so an IPv6 key travels as two `u64` halves,
 //! and returns one scalar, a [`Metered`].
 
+use core::ptr;
+
 use aya_ebpf::maps::LruHashMap;
 use shaper_common::maps::{Config, Counters, Ipv4Key, Ipv6Key, SourceState};
 
 use shaper_ebpf::atomic;
 
 use crate::{
-    cell::{DECIDE_UNADMITTED, DECIDE_UNCOUNTED, count_policy, decide, shaper_decide, take},
+    cell::{Count, count_policy, decide, take},
     maps::{ADMISSION, AGGREGATES, CONFIG, POLICY_STATS, SOURCES, SOURCES6},
     outcome::{Metered, Outcome, outcome_counters},
     policy, watch,
@@ -28,69 +30,95 @@ const BPF_NOEXIST: u64 = 1;
 /// What the kernel returns (negated) when a BPF_NOEXIST insert finds the key.
 const EEXIST: i32 = 17;
 
-/// Meters a `len`-byte frame of IPv4 key `key` at `now` (ticks) under `config`;
-/// `counters` is this CPU's entry of the global counters.
+/// A frame's key, as the entry point read it: an IPv6 key travels as two `u64` halves (its
+/// bytes in memory order, as `u64::from_ne_bytes` reads them).
+#[derive(Clone, Copy)]
+pub enum Key {
+    V4(Ipv4Key),
+    V6(u64, u64),
+}
+
+impl Key {
+    /// The key's state in its family's table, if it has one.
+    #[inline(always)]
+    fn state(self) -> Option<*mut SourceState> {
+        match self {
+            Self::V4(key) => SOURCES.get_ptr_mut(key),
+            Self::V6(hi, lo) => SOURCES6.get_ptr_mut(join(hi, lo)),
+        }
+    }
+
+    /// The slot of the policy covering the key (`policy`).
+    #[inline(always)]
+    fn slot(self, config: &Config) -> u32 {
+        match self {
+            Self::V4(key) => policy::slot_v4(&key, config),
+            Self::V6(hi, lo) => policy::slot_v6(&join(hi, lo), config),
+        }
+    }
+
+    /// Meters the frame of a key new to its table ([`create`]).
+    #[inline(always)]
+    fn create(self, slot: u32, len: u32, now: u64, counters: &mut Counters) -> Metered {
+        let counters = ptr::from_mut(counters);
+        Metered(match self {
+            Self::V4(key) => shaper_create_v4(key, slot, len, now, counters),
+            Self::V6(hi, lo) => shaper_create_v6(hi, lo, slot_len(slot, len), now, counters),
+        })
+    }
+
+    /// The halves and family `watch::shaper_sample` takes.
+    #[inline(always)]
+    fn halves(self) -> (u64, u64, u8) {
+        match self {
+            Self::V4(key) => (u64::from(key), 0, 4),
+            Self::V6(hi, lo) => (hi, lo, 6),
+        }
+    }
+}
+
+/// Meters a `len`-byte frame of `key` at `now` (ticks) under `config`, counted in this
+/// CPU's global `counters`. Whatever the family, a known key's frame goes through one
+/// inlined copy of the decision.
 #[inline(always)]
-pub fn meter_v4(
-    key: Ipv4Key,
-    len: u32,
-    now: u64,
-    config: &Config,
-    counters: *mut Counters,
-) -> Metered {
-    // SAFETY: map values, and the caller's counters.
-    let (metered, slot) = match SOURCES.get_ptr_mut(key) {
+pub fn meter(key: Key, len: u32, now: u64, config: &Config, counters: &mut Counters) -> Metered {
+    let (state, slot) = match key.state() {
+        // SAFETY: a live map value.
         Some(state) => unsafe {
-            let slot = policy::resolve(state, config, || policy::slot_v4(&key, config));
-            (known(state, slot, len, now, counters), slot)
+            let slot = policy::resolve(state, config, || key.slot(config));
+            (Some(state), slot)
         },
+        None => (None, key.slot(config)),
+    };
+    let state = match state {
+        Some(state) => Some(state),
         None => {
-            let slot = policy::slot_v4(&key, config);
-            (
-                Metered(shaper_create_v4(key, slot, len, now, counters)),
-                slot,
-            )
+            let created = key.create(slot, len, now, counters);
+            if !created.raced() {
+                return sampled(created, key, slot, len, now);
+            }
+            key.state()
         }
     };
+    let metered = match state {
+        Some(state) => known(state, config, slot, len, now, counters),
+        None => Metered::UNTRACKED,
+    };
+    sampled(metered, key, slot, len, now)
+}
+
+/// `metered`, sampled for `shaper watch` if it was refused while someone watches.
+#[inline(always)]
+fn sampled(metered: Metered, key: Key, slot: u32, len: u32, now: u64) -> Metered {
     if watch::watched(metered, now) {
-        let info = watch::info(metered, slot, len, 4);
-        watch::shaper_sample(u64::from(key), 0, info, now);
+        let (hi, lo, family) = key.halves();
+        watch::shaper_sample(hi, lo, watch::info(metered, slot, len, family), now);
     }
     metered
 }
 
-/// [`meter_v4`] for IPv6 key `hi` ‖ `lo` (its bytes in memory order, as
-/// `u64::from_ne_bytes` reads them).
-#[inline(always)]
-pub fn meter_v6(
-    hi: u64,
-    lo: u64,
-    len: u32,
-    now: u64,
-    config: &Config,
-    counters: *mut Counters,
-) -> Metered {
-    let key = join(hi, lo);
-    // SAFETY: map values, and the caller's counters.
-    let (metered, slot) = match SOURCES6.get_ptr_mut(key) {
-        Some(state) => unsafe {
-            let slot = policy::resolve(state, config, || policy::slot_v6(&key, config));
-            (known(state, slot, len, now, counters), slot)
-        },
-        None => {
-            let slot = policy::slot_v6(&key, config);
-            let created = shaper_create_v6(hi, lo, slot_len(slot, len), now, counters);
-            (Metered(created), slot)
-        }
-    };
-    if watch::watched(metered, now) {
-        let info = watch::info(metered, slot, len, 6);
-        watch::shaper_sample(hi, lo, info, now);
-    }
-    metered
-}
-
-/// A key new to the IPv4 table, under policy `slot` (see [`create`]).
+/// A key new to the IPv4 table, under policy `slot` (see [`create`]); `counters` is this
+/// CPU's entry of the global counters. Returns a [`Metered`].
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_create_v4(
@@ -100,8 +128,12 @@ pub extern "C" fn shaper_create_v4(
     now: u64,
     counters: *mut Counters,
 ) -> u64 {
-    // SAFETY: map values, and the caller's counters.
-    unsafe { create(&SOURCES, &key, slot, len, now, counters).0 }
+    // SAFETY: a global function's pointer argument is null or points to a whole value:
+    // here this CPU's counters.
+    let Some(counters) = (unsafe { counters.as_mut() }) else {
+        return Metered::UNTRACKED.0;
+    };
+    create(&SOURCES, &key, slot, len, now, counters).0
 }
 
 /// A key new to the IPv6 table (see [`create`]); `slot_len` packs the policy slot and the
@@ -115,19 +147,12 @@ pub extern "C" fn shaper_create_v6(
     now: u64,
     counters: *mut Counters,
 ) -> u64 {
-    let key = join(hi, lo);
-    // SAFETY: map values, and the caller's counters.
-    unsafe {
-        create(
-            &SOURCES6,
-            &key,
-            (slot_len >> 32) as u32,
-            slot_len as u32,
-            now,
-            counters,
-        )
-        .0
-    }
+    // SAFETY: as `shaper_create_v4`'s.
+    let Some(counters) = (unsafe { counters.as_mut() }) else {
+        return Metered::UNTRACKED.0;
+    };
+    let (slot, len) = ((slot_len >> 32) as u32, slot_len as u32);
+    create(&SOURCES6, &join(hi, lo), slot, len, now, counters).0
 }
 
 /// The IPv6 key of its halves.
@@ -145,26 +170,21 @@ fn slot_len(slot: u32, len: u32) -> u64 {
     u64::from(slot) << 32 | u64::from(len)
 }
 
-/// Meters the frame of a key with a state of its own: the hot path, inlined whole.
-///
-/// # Safety
-/// `state` points to a live map value; `counters` as [`meter_v4`]'s.
+/// Meters the frame of a key with a state of its own (`state`, a live map value): the hot
+/// path.
 #[inline(always)]
-unsafe fn known(
+fn known(
     state: *mut SourceState,
+    config: &Config,
     slot: u32,
     len: u32,
     now: u64,
-    counters: *mut Counters,
+    counters: &mut Counters,
 ) -> Metered {
+    // SAFETY: a live map value (the lookup that found it was this program run's).
     unsafe {
-        let metered = Metered(decide(
-            &raw mut (*state).cell,
-            counters,
-            u64::from(slot),
-            len,
-            now,
-        ));
+        let cell = &raw mut (*state).cell;
+        let metered = decide(cell, config, slot, Count::Policy, len, now, counters);
         count_source(state, metered.outcome(), len);
         metered
     }
@@ -191,39 +211,28 @@ unsafe fn count_source(state: *mut SourceState, outcome: Outcome, len: u32) {
 /// and the kernel's LRU evicts unreferenced entries first, so the entry of a key seen
 /// once (a spoofed source) goes before those of sources that keep sending. A refusal
 /// costs the admission cell's check and nothing else: no insert, no second lookup.
-///
-/// # Safety
-/// `counters` is null or this CPU's entry of the global counters.
 #[inline(always)]
-unsafe fn create<K>(
+fn create<K>(
     map: &LruHashMap<K, SourceState>,
     key: &K,
     slot: u32,
     len: u32,
     now: u64,
-    counters: *mut Counters,
+    counters: &mut Counters,
 ) -> Metered {
     let Some(config) = CONFIG.get(0) else {
         return Metered::UNTRACKED;
     };
-    // SAFETY: the caller's.
-    let Some(c) = (unsafe { counters.as_mut() }) else {
-        return Metered::UNTRACKED;
-    };
-    if !admitted(config, slot, now, c) {
+    if !admitted(config, slot, now, counters) {
         // The policy's own shared cell, wherever its admission is metered.
         let Some(cells) = ADMISSION.get_ptr_mut(slot) else {
             return Metered::UNTRACKED;
         };
         // SAFETY: a live map value.
-        let cell = unsafe { &raw mut (*cells).unadmitted };
-        return Metered(shaper_decide(
-            cell,
-            counters,
-            u64::from(slot) | DECIDE_UNADMITTED,
-            len,
-            now,
-        ));
+        return unsafe {
+            let cell = &raw mut (*cells).unadmitted;
+            decide(cell, config, slot, Count::Unadmitted, len, now, counters)
+        };
     }
     let mut state = SourceState {
         policy: policy::cache_word(config, slot),
@@ -231,19 +240,24 @@ unsafe fn create<K>(
     };
     // Counted in the policy's counters once the entry is in: if another CPU created it
     // meanwhile, the frame is metered (and counted) in that CPU's entry instead.
-    let metered = Metered(shaper_decide(
-        &raw mut state.cell,
-        counters,
-        u64::from(slot) | DECIDE_UNCOUNTED,
-        len,
-        now,
-    ));
     // SAFETY: `state` is this program's own.
-    unsafe { count_source(&raw mut state, metered.outcome(), len) };
+    let metered = unsafe {
+        let metered = decide(
+            &raw mut state.cell,
+            config,
+            slot,
+            Count::Later,
+            len,
+            now,
+            counters,
+        );
+        count_source(&raw mut state, metered.outcome(), len);
+        metered
+    };
     match map.insert(key, state, BPF_NOEXIST) {
         Ok(()) => {
             count_policy(slot, metered, len);
-            c.new_sources += 1;
+            counters.new_sources += 1;
             if let Some(stats) = POLICY_STATS.get_ptr_mut(slot) {
                 // SAFETY: this CPU's entry (see `cell::count_policy`).
                 unsafe { (*stats).new_sources += 1 };
@@ -251,7 +265,7 @@ unsafe fn create<K>(
             metered
         }
         // Another CPU created it first: give back what the aggregate was charged for the
-        // fresh cell, and meter against that CPU's entry.
+        // fresh cell; the caller meters the frame in that CPU's entry.
         Err(e) if e == -EEXIST => {
             let refund = metered.aggregate_charge();
             if refund != 0
@@ -260,21 +274,7 @@ unsafe fn create<K>(
                 // SAFETY: the aggregate's TAT, a live map value.
                 unsafe { atomic::add(&raw mut (*aggregate).tat, refund.wrapping_neg()) };
             }
-            let Some(state) = map.get_ptr_mut(key) else {
-                return Metered::UNTRACKED;
-            };
-            // SAFETY: a live map value.
-            unsafe {
-                let metered = Metered(shaper_decide(
-                    &raw mut (*state).cell,
-                    counters,
-                    u64::from(slot),
-                    len,
-                    now,
-                ));
-                count_source(state, metered.outcome(), len);
-                metered
-            }
+            Metered::RACED
         }
         Err(_) => Metered::UNTRACKED,
     }
