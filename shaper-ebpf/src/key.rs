@@ -20,7 +20,7 @@ pub unsafe fn v4(ip: *const Ipv4Hdr, config: &Config) -> Ipv4Key {
 }
 
 /// The IPv6 key in two halves, its bytes in memory order (`u64::from_ne_bytes`), as the
-/// metering functions take it (`meter::meter_v6`).
+/// meter takes it (`meter::Key::V6`).
 ///
 /// # Safety
 /// `ip` points to a whole IPv6 fixed header inside the frame.

@@ -45,17 +45,19 @@
 //!
 //! | function | what | called from |
 //! | --- | --- | --- |
-//! | `shaper_create_v4`, `shaper_create_v6` | admission, and the entry of a key new to the table | the meter of its family, for a key not in the table |
-//! | `shaper_decide` | a rule's verdict on any cell: a new key's fresh one, the shared cell of unadmitted frames | the creates |
+//! | `shaper_create_v4`, `shaper_create_v6` | admission, and the entry of a key new to the table, its first frame decided | the meter, for a key not in the table |
+//! | `shaper_retry` | a compare-and-swap's tries after the first lost | wherever a cell is charged, when another CPU charged it between the read and the swap |
 //! | `shaper_carry_over` | a cell's backlog carried over to a new rate | wherever a cell is charged, when its scale is not its limit's |
-//! | `shaper_sample` | a refused frame's event for `shaper watch` | the meters, only while someone watches |
+//! | `shaper_sample` | a refused frame's event for `shaper watch` | the meter, only while someone watches |
 //!
 //! What is common stays in the program, inlined: parse, key, and a known key's meter and
-//! decision (`meter::meter_v4`, `meter::meter_v6`, `cell::decide`), so a known key's
+//! decision (`meter::meter`, `cell::decide`, one copy for both families), so a known key's
 //! frame makes no BPF-to-BPF call (a call and its return cost more than the arithmetic
 //! they would save, above all where the return goes through a mitigation of speculative
 //! execution). The parse paths (VLAN tags, PPPoE, IPv4 options) converge once the key is
-//! read, so the verifier walks the meter about once per family. A global function takes
+//! read, so the verifier walks the meter about once per family. The calls nest at most
+//! three deep (entry, create, retry or carry-over), within the 512 bytes of stack the
+//! kernel allows a chain of calls. A global function takes
 //! scalars and pointers to memory (a map value, or the caller's stack), each maybe null
 //! as far as the verifier knows, and returns one scalar: a packed `outcome::Metered`.
 //!

@@ -2,12 +2,13 @@
 //! (`policy`), let the rule decide (`cell`), count it in the key's counters, and sample it
 //! for `shaper watch` if it was refused (`watch`).
 //!
-//! A known key's frame is metered without a single function call ([`meter_v4`],
-//! [`meter_v6`] are inlined into the entry point, the rule's decision into them): on the
-//! hot path a BPF-to-BPF call costs a call and a return, which mitigations of speculative
+//! A known key's frame is metered without a single function call ([`meter`] is inlined into
+//! the entry point, the rule's decision into it, one copy for both families): on the hot
+//! path a BPF-to-BPF call costs a call and a return, which mitigations of speculative
 //! execution can make dear. What is rare is a global function of its own, verified once:
-//! a key new to the table ([`shaper_create_v4`], [`shaper_create_v6`]), a rate change
-//! (`cell::shaper_carry_over`), a sample (`watch::shaper_sample`). A global function
+//! a key new to the table ([`shaper_create_v4`], [`shaper_create_v6`]), a lost
+//! compare-and-swap (`cell::shaper_retry`), a rate change (`cell::shaper_carry_over`), a
+//! sample (`watch::shaper_sample`). A global function
 //! takes only scalars and pointers to memory, so an IPv6 key travels as two `u64` halves,
 //! and returns one scalar, a [`Metered`].
 
