@@ -244,6 +244,8 @@ impl Config {
             prefixes_v4: 0,
             prefixes_v6: 0,
             shape: Shape::default_settings(),
+            // Set per attachment by the loader; 0 hashes as well, only predictably.
+            trace_seed: 0,
         })
     }
 

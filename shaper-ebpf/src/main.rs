@@ -80,6 +80,7 @@ mod outcome;
 mod parse;
 mod policy;
 mod tc;
+mod trace;
 mod watch;
 mod xdp;
 

@@ -1,20 +1,20 @@
-//! Metering one frame of a key: find or create the key's state, resolve its policy
-//! (`policy`), let the rule decide (`cell`), count it in the key's counters, and sample it
-//! for `shaper watch` if it was refused (`watch`).
+//! Metering one frame of a key: find its state, or admit a key new to the table; resolve
+//! its policy (`policy`); let the rule decide (`cell`); count it in the key's counters;
+//! sample it for `shaper watch` if it was refused (`watch`).
 //!
-//! A known key's frame is metered without a single function call ([`meter`] is inlined into
-//! the entry point, the rule's decision into it, one copy for both families): on the hot
-//! path a BPF-to-BPF call costs a call and a return, which mitigations of speculative
-//! execution can make dear. What is rare is a global function of its own, verified once:
-//! a key new to the table ([`shaper_create_v4`], [`shaper_create_v6`]), a lost
-//! compare-and-swap (`cell::shaper_retry`), a rate change (`cell::shaper_carry_over`), a
-//! sample (`watch::shaper_sample`). A global function
-//! takes only scalars and pointers to memory, so an IPv6 key travels as two `u64` halves,
-//! and returns one scalar, a [`Metered`].
+//! A known key's frame is metered without a single function call: [`meter`] is inlined
+//! into the entry point, the rule's decision into it, one copy for both families (and
+//! another for the cells of keys new to the table: a fresh one, or the shared cell of the
+//! policy's unadmitted frames). On the hot path a BPF-to-BPF call costs a call
+//! and a return, which mitigations of speculative execution can make dear. What is rare is
+//! a global function of its own, verified once: new-source admission ([`shaper_admit`]),
+//! a key created by two CPUs at once ([`shaper_meter_raced`]), a lost compare-and-swap
+//! (`cell::shaper_retry`), a rate change (`cell::shaper_carry_over`), a sample
+//! (`watch::shaper_sample`). A global function takes only scalars and pointers to memory
+//! and returns one scalar.
 
-use core::ptr;
+use core::{mem::MaybeUninit, ptr};
 
-use aya_ebpf::maps::LruHashMap;
 use shaper_common::maps::{Config, Counters, Ipv4Key, Ipv6Key, SourceState};
 
 use shaper_ebpf::atomic;
@@ -23,7 +23,9 @@ use crate::{
     cell::{Count, count_policy, decide, take},
     maps::{ADMISSION, AGGREGATES, CONFIG, POLICY_STATS, SOURCES, SOURCES6},
     outcome::{Metered, Outcome, outcome_counters},
-    policy, watch,
+    policy,
+    trace::{self, Sighting},
+    watch,
 };
 
 /// BPF_NOEXIST: create only; a concurrent creator wins and we meter against its cell.
@@ -49,6 +51,15 @@ impl Key {
         }
     }
 
+    /// Creates the key's entry, unless another CPU did first.
+    #[inline(always)]
+    fn insert(self, state: &SourceState) -> Result<(), i32> {
+        match self {
+            Self::V4(key) => SOURCES.insert(key, state, BPF_NOEXIST),
+            Self::V6(hi, lo) => SOURCES6.insert(join(hi, lo), state, BPF_NOEXIST),
+        }
+    }
+
     /// The slot of the policy covering the key (`policy`).
     #[inline(always)]
     fn slot(self, config: &Config) -> u32 {
@@ -58,14 +69,13 @@ impl Key {
         }
     }
 
-    /// Meters the frame of a key new to its table ([`create`]).
+    /// The hash that places the key's trace (`trace`).
     #[inline(always)]
-    fn create(self, slot: u32, len: u32, now: u64, counters: &mut Counters) -> Metered {
-        let counters = ptr::from_mut(counters);
-        Metered(match self {
-            Self::V4(key) => shaper_create_v4(key, slot, len, now, counters),
-            Self::V6(hi, lo) => shaper_create_v6(hi, lo, slot_len(slot, len), now, counters),
-        })
+    fn hash(self, config: &Config) -> u64 {
+        match self {
+            Self::V4(key) => trace::hash_v4(key, config),
+            Self::V6(hi, lo) => trace::hash_v6(hi, lo, config),
+        }
     }
 
     /// The halves and family `watch::shaper_sample` takes.
@@ -78,84 +88,6 @@ impl Key {
     }
 }
 
-/// Meters a `len`-byte frame of `key` at `now` (ticks) under `config`, counted in this
-/// CPU's global `counters`. Whatever the family, a known key's frame goes through one
-/// inlined copy of the decision.
-#[inline(always)]
-pub fn meter(key: Key, len: u32, now: u64, config: &Config, counters: &mut Counters) -> Metered {
-    let (state, slot) = match key.state() {
-        // SAFETY: a live map value.
-        Some(state) => unsafe {
-            let slot = policy::resolve(state, config, || key.slot(config));
-            (Some(state), slot)
-        },
-        None => (None, key.slot(config)),
-    };
-    let state = match state {
-        Some(state) => Some(state),
-        None => {
-            let created = key.create(slot, len, now, counters);
-            if !created.raced() {
-                return sampled(created, key, slot, len, now);
-            }
-            key.state()
-        }
-    };
-    let metered = match state {
-        Some(state) => known(state, config, slot, len, now, counters),
-        None => Metered::UNTRACKED,
-    };
-    sampled(metered, key, slot, len, now)
-}
-
-/// `metered`, sampled for `shaper watch` if it was refused while someone watches.
-#[inline(always)]
-fn sampled(metered: Metered, key: Key, slot: u32, len: u32, now: u64) -> Metered {
-    if watch::watched(metered, now) {
-        let (hi, lo, family) = key.halves();
-        watch::shaper_sample(hi, lo, watch::info(metered, slot, len, family), now);
-    }
-    metered
-}
-
-/// A key new to the IPv4 table, under policy `slot` (see [`create`]); `counters` is this
-/// CPU's entry of the global counters. Returns a [`Metered`].
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn shaper_create_v4(
-    key: Ipv4Key,
-    slot: u32,
-    len: u32,
-    now: u64,
-    counters: *mut Counters,
-) -> u64 {
-    // SAFETY: a global function's pointer argument is null or points to a whole value:
-    // here this CPU's counters.
-    let Some(counters) = (unsafe { counters.as_mut() }) else {
-        return Metered::UNTRACKED.0;
-    };
-    create(&SOURCES, &key, slot, len, now, counters).0
-}
-
-/// A key new to the IPv6 table (see [`create`]); `slot_len` packs the policy slot and the
-/// frame's length ([`slot_len`]): a global function takes five arguments at most.
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn shaper_create_v6(
-    hi: u64,
-    lo: u64,
-    slot_len: u64,
-    now: u64,
-    counters: *mut Counters,
-) -> u64 {
-    // SAFETY: as `shaper_create_v4`'s.
-    let Some(counters) = (unsafe { counters.as_mut() }) else {
-        return Metered::UNTRACKED.0;
-    };
-    let (slot, len) = ((slot_len >> 32) as u32, slot_len as u32);
-    create(&SOURCES6, &join(hi, lo), slot, len, now, counters).0
-}
-
 /// The IPv6 key of its halves.
 #[inline(always)]
 fn join(hi: u64, lo: u64) -> Ipv6Key {
@@ -165,14 +97,41 @@ fn join(hi: u64, lo: u64) -> Ipv6Key {
     key
 }
 
-/// A policy slot and a frame length in one argument.
-#[inline(always)]
-fn slot_len(slot: u32, len: u32) -> u64 {
-    u64::from(slot) << 32 | u64::from(len)
+/// Whether new-source admission gives a key new to the table a cell.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Admitted {
+    /// Not: a first sighting, or over the admission rate.
+    Not,
+    /// Its policy has no admission: every new key gets a cell.
+    Freely,
+    /// On its second sighting (the doorkeeper found its trace), within the admission rate.
+    Again,
 }
 
-/// Meters the frame of a key with a state of its own (`state`, a live map value): the hot
-/// path.
+/// Meters a `len`-byte frame of `key` at `now` (ticks) under `config`, counted in this
+/// CPU's global `counters`.
+#[inline(always)]
+pub fn meter(key: Key, len: u32, now: u64, config: &Config, counters: &mut Counters) -> Metered {
+    let (metered, slot) = match key.state() {
+        Some(state) => {
+            // SAFETY: a live map value.
+            let slot = unsafe { policy::resolve(state, config, || key.slot(config)) };
+            (known(state, config, slot, len, now, counters), slot)
+        }
+        None => {
+            let slot = key.slot(config);
+            (new_key(key, config, slot, len, now, counters), slot)
+        }
+    };
+    if watch::watched(metered, now) {
+        let (hi, lo, family) = key.halves();
+        watch::shaper_sample(hi, lo, watch::info(metered, slot, len, family), now);
+    }
+    metered
+}
+
+/// Meters the frame of a key with an entry of its own, `state` (a live map value), under
+/// policy `slot`: the hot path.
 #[inline(always)]
 fn known(
     state: *mut SourceState,
@@ -182,13 +141,142 @@ fn known(
     now: u64,
     counters: &mut Counters,
 ) -> Metered {
-    // SAFETY: a live map value (the lookup that found it was this program run's).
+    // SAFETY: a live map value (found by this program run).
     unsafe {
         let cell = &raw mut (*state).cell;
         let metered = decide(cell, config, slot, Count::Policy, len, now, counters);
         count_source(state, metered.outcome(), len);
         metered
     }
+}
+
+/// Meters the frame of a key new to the table under policy `slot`: in a fresh cell of its
+/// own, whose entry is then created, if new-source admission lets it have one; otherwise
+/// in the shared cell of its policy's unadmitted frames.
+#[inline(always)]
+fn new_key(
+    key: Key,
+    config: &Config,
+    slot: u32,
+    len: u32,
+    now: u64,
+    counters: &mut Counters,
+) -> Metered {
+    // Written only for a key that is given a cell: zeroing it costs a call to memset.
+    let mut fresh = MaybeUninit::<SourceState>::uninit();
+    let admitted = admit(key, config, slot, now, counters);
+    let (cell, count) = if admitted == Admitted::Not {
+        let Some(cells) = ADMISSION.get_ptr_mut(slot) else {
+            return Metered::UNTRACKED;
+        };
+        // SAFETY: a live map value.
+        (unsafe { &raw mut (*cells).unadmitted }, Count::Unadmitted)
+    } else {
+        let fresh = fresh.write(SourceState {
+            policy: policy::cache_word(config, slot),
+            ..SourceState::default()
+        });
+        // Counted in the policy's counters once the entry is in: if another CPU created it
+        // meanwhile, the frame is metered (and counted) in that CPU's entry instead.
+        (&raw mut fresh.cell, Count::Later)
+    };
+    // SAFETY: a live map value or this program's own.
+    let metered = unsafe { decide(cell, config, slot, count, len, now, counters) };
+    if admitted == Admitted::Not {
+        return metered;
+    }
+    // SAFETY: written above, for a key given a cell.
+    let fresh = unsafe { fresh.assume_init_mut() };
+    created(key, fresh, admitted, metered, slot, len, now, counters)
+}
+
+/// The entry of a key new to the table, `fresh`, whose cell has metered its first frame
+/// (`metered`): inserted, and counted. If another CPU created the key first, what the
+/// aggregate was charged for the fresh cell is given back and the frame is metered in that
+/// CPU's entry instead.
+///
+/// The entry is inserted and not looked up again: a lookup would mark it referenced, and
+/// the kernel's LRU evicts unreferenced entries first.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the frame's whole state, inlined"
+)]
+#[inline(always)]
+fn created(
+    key: Key,
+    fresh: &mut SourceState,
+    admitted: Admitted,
+    metered: Metered,
+    slot: u32,
+    len: u32,
+    now: u64,
+    counters: &mut Counters,
+) -> Metered {
+    // SAFETY: this program's own.
+    unsafe { count_source(fresh, metered.outcome(), len) };
+    match key.insert(fresh) {
+        Ok(()) => {
+            count_policy(slot, metered, len);
+            let again = u64::from(admitted == Admitted::Again);
+            counters.new_sources += 1;
+            counters.sightings.admitted += again;
+            if let Some(stats) = POLICY_STATS.get_ptr_mut(slot) {
+                // SAFETY: this CPU's entry (see `cell::count_policy`).
+                unsafe {
+                    (*stats).new_sources += 1;
+                    (*stats).sightings.admitted += again;
+                }
+            }
+            metered
+        }
+        Err(e) if e == -EEXIST => {
+            let refund = metered.aggregate_charge();
+            if refund != 0
+                && let Some(aggregate) = AGGREGATES.get_ptr_mut(slot)
+            {
+                // SAFETY: the aggregate's TAT, a live map value.
+                unsafe { atomic::add(&raw mut (*aggregate).tat, refund.wrapping_neg()) };
+            }
+            match key.state() {
+                Some(state) => Metered(shaper_meter_raced(
+                    state,
+                    slot,
+                    len,
+                    now,
+                    ptr::from_mut(counters),
+                )),
+                None => Metered::UNTRACKED,
+            }
+        }
+        Err(_) => Metered::UNTRACKED,
+    }
+}
+
+/// Meters a frame in the entry `state` another CPU created while this one was creating it,
+/// under policy `slot`: what the inlined meter does for a known key, in a function of its
+/// own (rare, and a second inlined copy would cost every frame's verification). Returns a
+/// [`Metered`].
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_meter_raced(
+    state: *mut SourceState,
+    slot: u32,
+    len: u32,
+    now: u64,
+    counters: *mut Counters,
+) -> u64 {
+    let Some(config) = CONFIG.get(0) else {
+        return Metered::UNTRACKED.0;
+    };
+    // SAFETY: a global function's pointer arguments are null or point to whole values:
+    // here a live map value and this CPU's counters.
+    let Some(counters) = (unsafe { counters.as_mut() }) else {
+        return Metered::UNTRACKED.0;
+    };
+    if state.is_null() {
+        return Metered::UNTRACKED.0;
+    }
+    known(state, config, slot, len, now, counters).0
 }
 
 /// Adds the frame to the key's own counters, atomically: every CPU shares them.
@@ -204,96 +292,59 @@ unsafe fn count_source(state: *mut SourceState, outcome: Outcome, len: u32) {
     }
 }
 
-/// A key new to `map`: its entry, created with its policy slot resolved and this frame
-/// already metered in its fresh cell, if admission lets it have one; otherwise the frame
-/// is metered in its policy's shared cell of unadmitted frames.
-///
-/// The entry is inserted and not looked up again: a lookup would mark it referenced,
-/// and the kernel's LRU evicts unreferenced entries first, so the entry of a key seen
-/// once (a spoofed source) goes before those of sources that keep sending. A refusal
-/// costs the admission cell's check and nothing else: no insert, no second lookup.
+/// Whether new-source admission gives `key`, new to the table under policy `slot`, a cell
+/// at `now`: freely if the policy (or the interface) has no admission, otherwise
+/// [`shaper_admit`]'s answer.
 #[inline(always)]
-fn create<K>(
-    map: &LruHashMap<K, SourceState>,
-    key: &K,
-    slot: u32,
-    len: u32,
-    now: u64,
-    counters: &mut Counters,
-) -> Metered {
-    let Some(config) = CONFIG.get(0) else {
-        return Metered::UNTRACKED;
-    };
-    if !admitted(config, slot, now, counters) {
-        // The policy's own shared cell, wherever its admission is metered.
-        let Some(cells) = ADMISSION.get_ptr_mut(slot) else {
-            return Metered::UNTRACKED;
-        };
-        // SAFETY: a live map value.
-        return unsafe {
-            let cell = &raw mut (*cells).unadmitted;
-            decide(cell, config, slot, Count::Unadmitted, len, now, counters)
-        };
+fn admit(key: Key, config: &Config, slot: u32, now: u64, counters: &mut Counters) -> Admitted {
+    if !policy::admission(config, slot).0.limited() {
+        return Admitted::Freely;
     }
-    let mut state = SourceState {
-        policy: policy::cache_word(config, slot),
-        ..SourceState::default()
-    };
-    // Counted in the policy's counters once the entry is in: if another CPU created it
-    // meanwhile, the frame is metered (and counted) in that CPU's entry instead.
-    // SAFETY: `state` is this program's own.
-    let metered = unsafe {
-        let metered = decide(
-            &raw mut state.cell,
-            config,
-            slot,
-            Count::Later,
-            len,
-            now,
-            counters,
-        );
-        count_source(&raw mut state, metered.outcome(), len);
-        metered
-    };
-    match map.insert(key, state, BPF_NOEXIST) {
-        Ok(()) => {
-            count_policy(slot, metered, len);
-            counters.new_sources += 1;
-            if let Some(stats) = POLICY_STATS.get_ptr_mut(slot) {
-                // SAFETY: this CPU's entry (see `cell::count_policy`).
-                unsafe { (*stats).new_sources += 1 };
-            }
-            metered
-        }
-        // Another CPU created it first: give back what the aggregate was charged for the
-        // fresh cell; the caller meters the frame in that CPU's entry.
-        Err(e) if e == -EEXIST => {
-            let refund = metered.aggregate_charge();
-            if refund != 0
-                && let Some(aggregate) = AGGREGATES.get_ptr_mut(slot)
-            {
-                // SAFETY: the aggregate's TAT, a live map value.
-                unsafe { atomic::add(&raw mut (*aggregate).tat, refund.wrapping_neg()) };
-            }
-            Metered::RACED
-        }
-        Err(_) => Metered::UNTRACKED,
+    match shaper_admit(key.hash(config), slot, now, ptr::from_mut(counters)) {
+        ADMIT_AGAIN => Admitted::Again,
+        _ => Admitted::Not,
     }
 }
 
-/// Whether new-source admission gives a key new to the table under policy `slot` a cell:
-/// the policy's own admission, or the interface's, let one more key in at `now`.
-#[inline(always)]
-fn admitted(config: &Config, slot: u32, now: u64, counters: &mut Counters) -> bool {
-    let (admission, admission_slot) = policy::admission(config, slot);
-    if !admission.limited() {
-        return true;
+/// [`shaper_admit`]'s answer: the key may have a cell.
+const ADMIT_AGAIN: u32 = 1;
+
+/// New-source admission of a key (whose trace `hash` places) new to the table under policy
+/// `slot`, whose admission is limited: the doorkeeper must find the key's trace
+/// (`trace`), left by an earlier frame within the window, and the policy's admission (or
+/// the interface's) must let one more key in at `now`. Returns [`ADMIT_AGAIN`] if so, 0
+/// if not; counts the sightings in `counters` (this CPU's) and the policy's counters.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_admit(hash: u64, slot: u32, now: u64, counters: *mut Counters) -> u32 {
+    let Some(config) = CONFIG.get(0) else {
+        return 0;
+    };
+    // SAFETY: a global function's pointer argument is null or points to a whole value:
+    // here this CPU's counters.
+    let Some(counters) = (unsafe { counters.as_mut() }) else {
+        return 0;
+    };
+    let sighting = trace::sight(hash, now);
+    if sighting != Sighting::Again {
+        let displaced = u64::from(sighting == Sighting::Displacing);
+        counters.sightings.first += 1;
+        counters.sightings.displaced += displaced;
+        if let Some(stats) = POLICY_STATS.get_ptr_mut(slot) {
+            // SAFETY: this CPU's entry (see `cell::count_policy`).
+            unsafe {
+                (*stats).sightings.first += 1;
+                (*stats).sightings.displaced += displaced;
+            }
+        }
+        return 0;
     }
+    let (admission, admission_slot) = policy::admission(config, slot);
     let Some(cells) = ADMISSION.get_ptr_mut(admission_slot) else {
-        return false;
+        return 0;
     };
     // SAFETY: `cells` points to a live map value.
-    unsafe {
+    let room = unsafe {
         take(
             &raw mut (*cells).admit,
             &admission.limit,
@@ -302,6 +353,6 @@ fn admitted(config: &Config, slot: u32, now: u64, counters: &mut Counters) -> bo
             0,
             counters,
         )
-        .is_some()
-    }
+    };
+    if room.is_some() { ADMIT_AGAIN } else { 0 }
 }

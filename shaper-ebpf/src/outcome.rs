@@ -47,7 +47,6 @@ pub const BLOCKED: Reason = REASON_BLOCKED;
 /// | 4     | unadmitted: its key was refused a cell (new-source admission) |
 /// | 5     | untracked: no cell could be had for it, passed unmetered |
 /// | 6     | the amount is what the prefix's aggregate cell was charged |
-/// | 7     | raced: another CPU created the key's entry first; meter the frame there |
 /// | 8–63  | the amount: ticks the frame is held back (shaping), or see bit 6 |
 ///
 /// The amount fits: a delay is at most the horizon (10 s, 2^40 ticks), a charge at most
@@ -60,15 +59,11 @@ const REASON_SHIFT: u32 = 2;
 const UNADMITTED: u64 = 1 << 4;
 const UNTRACKED: u64 = 1 << 5;
 const CHARGED_AGGREGATE: u64 = 1 << 6;
-const RACED: u64 = 1 << 7;
 const AMOUNT_SHIFT: u32 = 8;
 
 impl Metered {
     /// A frame passed unmetered: no cell could be had for its key.
     pub const UNTRACKED: Self = Self(UNTRACKED);
-    /// Not metered yet: another CPU created the key's entry first, and the frame is to be
-    /// metered in that entry.
-    pub const RACED: Self = Self(RACED);
 
     #[inline(always)]
     pub fn new(outcome: Outcome, reason: Reason, delay_ticks: u64) -> Self {
@@ -109,11 +104,6 @@ impl Metered {
     #[inline(always)]
     pub fn is_unadmitted(self) -> bool {
         self.0 & UNADMITTED != 0
-    }
-
-    #[inline(always)]
-    pub fn raced(self) -> bool {
-        self.0 & RACED != 0
     }
 
     #[inline(always)]

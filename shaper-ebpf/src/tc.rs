@@ -71,6 +71,7 @@ fn shape(ctx: &TcContext, decision: &Decision, delay_ns: u64) {
         if let Some(n) = c.shape_delay.get_mut(delay_bucket(delay_ns)) {
             *n += 1;
         }
+        c.shape_delay_ns += delay_ns;
     }
 }
 

@@ -6,7 +6,7 @@
 //! added later fails to compile here until someone says what layout 3 carries into it.
 
 use shaper_common::{
-    maps::{CAS_TRIES, Counters, Outcomes},
+    maps::{CAS_TRIES, Counters, Outcomes, Sightings},
     shape::DELAY_BUCKETS,
 };
 
@@ -64,6 +64,8 @@ impl Counters3 {
             shaped_bytes: 0,
             ce_marked_packets: 0,
             shape_delay: [0; DELAY_BUCKETS],
+            shape_delay_ns: 0,
+            sightings: Sightings::default(),
         }
     }
 }

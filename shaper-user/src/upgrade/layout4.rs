@@ -7,7 +7,7 @@
 
 use shaper_common::{
     gcra::Limit,
-    maps::{Admission, CAS_TRIES, Config, Counters, Outcomes, Shape},
+    maps::{Admission, CAS_TRIES, Config, Counters, Outcomes, Shape, Sightings},
     shape::DELAY_BUCKETS,
 };
 
@@ -85,6 +85,8 @@ impl Config4 {
             prefixes_v4: self.prefixes_v4,
             prefixes_v6: self.prefixes_v6,
             shape: Shape::default_settings(),
+            // Layouts before 6 had no traces: the new program's are seeded afresh.
+            trace_seed: crate::system::random_seed(),
         }
     }
 }
@@ -114,6 +116,8 @@ impl Counters4 {
             shaped_bytes: 0,
             ce_marked_packets: 0,
             shape_delay: [0; DELAY_BUCKETS],
+            shape_delay_ns: 0,
+            sightings: Sightings::default(),
         }
     }
 }
