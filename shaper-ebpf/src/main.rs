@@ -23,8 +23,9 @@
 //! would have been is counted instead.
 //!
 //! A key new to the table gets a cell only if its policy's new-source admission lets it
-//! (`meter`): a GCRA cell per policy, or the interface's, counts creations at N keys a
-//! second. A key refused one is *unadmitted*: nothing is inserted, and its frame is metered
+//! (`meter`): on its second sighting (`trace`, the doorkeeper: a spoofed address is
+//! almost never seen twice), and within a GCRA cell per policy, or the interface's, that
+//! counts creations at N keys a second. A key refused one is *unadmitted*: nothing is inserted, and its frame is metered
 //! in the policy's one shared cell for unadmitted frames at the per-source limit
 //! (`SHAPER_ADMIT`), so a flood of spoofed sources gets what one source gets and cannot
 //! churn the table.
@@ -45,19 +46,20 @@
 //!
 //! | function | what | called from |
 //! | --- | --- | --- |
-//! | `shaper_create_v4`, `shaper_create_v6` | admission, and the entry of a key new to the table, its first frame decided | the meter, for a key not in the table |
+//! | `shaper_admit` | new-source admission: the doorkeeper's trace (`trace`) and the admission rate | the meter, for a key not in the table whose policy limits admission |
+//! | `shaper_meter_raced` | a frame metered in the entry another CPU created first | the meter, when its insert of a new key finds the key there |
 //! | `shaper_retry` | a compare-and-swap's tries after the first lost | wherever a cell is charged, when another CPU charged it between the read and the swap |
 //! | `shaper_carry_over` | a cell's backlog carried over to a new rate | wherever a cell is charged, when its scale is not its limit's |
 //! | `shaper_sample` | a refused frame's event for `shaper watch` | the meter, only while someone watches |
 //!
 //! What is common stays in the program, inlined: parse, key, and a known key's meter and
-//! decision (`meter::meter`, `cell::decide`, one copy for both families), so a known key's
-//! frame makes no BPF-to-BPF call (a call and its return cost more than the arithmetic
+//! decision (`meter::meter`, `cell::decide`, one copy for both families, and one for the
+//! cells of new keys), so a known key's frame makes no BPF-to-BPF call (a call and its return cost more than the arithmetic
 //! they would save, above all where the return goes through a mitigation of speculative
 //! execution). The parse paths (VLAN tags, PPPoE, IPv4 options) converge once the key is
 //! read, so the verifier walks the meter about once per family. The calls nest at most
-//! three deep (entry, create, retry or carry-over), within the 512 bytes of stack the
-//! kernel allows a chain of calls. A global function takes
+//! three deep (entry, a global function, retry or carry-over), within the 512 bytes of
+//! stack the kernel allows a chain of calls. A global function takes
 //! scalars and pointers to memory (a map value, or the caller's stack), each maybe null
 //! as far as the verifier knows, and returns one scalar: a packed `outcome::Metered`.
 //!
