@@ -32,6 +32,9 @@ pub const PIN_EVENTS: &str = "events";
 pub const PIN_WATCH: &str = "watch";
 /// Traces of keys seen once, new-source admission's doorkeeper ([`TraceBucket`]).
 pub const PIN_TRACES: &str = "traces";
+/// The cells of the first-sighting allowance of new-source admission ([`Admission`]), by
+/// policy slot.
+pub const PIN_FIRSTS: &str = "first_sightings";
 /// While an upgrade is under way: the program the link is being switched to.
 pub const PIN_UPGRADE_PROG: &str = "upgrade_prog";
 /// A tc program attached with clsact and `cls_bpf`, which has no bpf_link to pin: the
@@ -55,6 +58,7 @@ pub const MAP_POLICY_STATS_CARRIED: &str = "SHAPER_PCARRIED";
 pub const MAP_EVENTS: &str = "SHAPER_EVENTS";
 pub const MAP_WATCH: &str = "SHAPER_WATCH";
 pub const MAP_TRACES: &str = "SHAPER_TRACES";
+pub const MAP_FIRSTS: &str = "SHAPER_FIRSTS";
 
 /// Program names in the object file.
 pub const PROG_XDP: &str = "shaper_xdp";
@@ -179,9 +183,9 @@ pub struct Config {
     pub trace_seed: u64,
 }
 
-const _: () = assert!(size_of::<Config>() == 160);
-const _: () = assert!(offset_of!(Config, shape) == 136);
-const _: () = assert!(offset_of!(Config, trace_seed) == 152);
+const _: () = assert!(size_of::<Config>() == 184);
+const _: () = assert!(offset_of!(Config, shape) == 160);
+const _: () = assert!(offset_of!(Config, trace_seed) == 176);
 
 /// How shaping treats a packet it holds back ([`MODE_SHAPE`]).
 #[repr(C)]
@@ -195,14 +199,18 @@ pub struct Shape {
 
 const _: () = assert!(size_of::<Shape>() == 16);
 
-/// New-source admission: a key new to the table gets a cell of its own only on its second
-/// sighting within [`TRACE_WINDOW_NS`] (the doorkeeper, [`TraceBucket`]), and at most
-/// `new_sources` keys a second (and `new_sources_burst` at once) do; the frames of keys
-/// refused one are *unadmitted* and share one cell per policy ([`AdmissionCells`]). All
-/// zero: every new key gets a cell on its first frame.
+/// New-source admission: a key new to the table gets a cell of its own on its second
+/// sighting within [`TRACE_WINDOW_NS`] (the doorkeeper, [`TraceBucket`]), or on its first
+/// within the first-sighting allowance (`first`, a [`FIRST_SIGHTING_SHARE`]th of the rate:
+/// new sources arriving slowly lose no frame), and at most `new_sources` keys a second (and
+/// `new_sources_burst` at once) do; the frames of keys refused one are *unadmitted* and
+/// share one cell per policy ([`AdmissionCells`]). All zero: every new key gets a cell on
+/// its first frame.
 ///
-/// The creations are metered by a GCRA cell like any other, with a key counted as one
-/// byte: `limit` is `Limit::new(8 × new_sources, new_sources_burst)`.
+/// The creations are metered by GCRA cells like any other, with a key counted as one
+/// byte: `limit` is `Limit::new(8 × new_sources, new_sources_burst)`, `first` is
+/// `Limit::new(8 × f, f)` with `f` a [`FIRST_SIGHTING_SHARE`]th of `new_sources` (at
+/// least 1).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Admission {
@@ -210,9 +218,17 @@ pub struct Admission {
     /// Keys a second; 0: unlimited (no admission control).
     pub new_sources: u64,
     pub new_sources_burst: u64,
+    /// The first-sighting allowance (its cells are `SHAPER_FIRSTS`').
+    pub first: Limit,
 }
 
-const _: () = assert!(size_of::<Admission>() == 40);
+const _: () = assert!(size_of::<Admission>() == 64);
+
+/// The first-sighting allowance is this fraction of the admission rate: with the default
+/// admission of a 262,144-key table (26,214 keys a second), 409 keys a second. A spoofed
+/// flood gets that many keys a second at most, and a second's worth at once: under 1% of
+/// the table in a 5-second flood.
+pub const FIRST_SIGHTING_SHARE: u64 = 64;
 
 impl Admission {
     /// Whether new keys are admitted by a meter at all.
@@ -326,7 +342,7 @@ pub struct Policy {
     pub admission: Admission,
 }
 
-const _: () = assert!(size_of::<Policy>() == 160);
+const _: () = assert!(size_of::<Policy>() == 184);
 
 /// A GCRA cell: the TAT, and the scale ([`Limit::scale`]) of the limit it is expressed in,
 /// so a rate change can carry it over (see [`crate::rescale`]). Zero scale: never charged.
@@ -361,7 +377,7 @@ pub struct PolicyStats {
     pub sightings: Sightings,
 }
 
-const _: () = assert!(size_of::<PolicyStats>() == 144);
+const _: () = assert!(size_of::<PolicyStats>() == 152);
 const _: () = assert!(offset_of!(PolicyStats, outcomes) == 0);
 const _: () = assert!(offset_of!(PolicyStats, aggregate_refused_packets) == 48);
 const _: () = assert!(offset_of!(PolicyStats, unadmitted) == 64);
@@ -388,18 +404,21 @@ pub struct Sightings {
     pub first: u64,
     /// Keys given a cell on a second sighting (their own trace found within the window).
     pub admitted: u64,
+    /// Keys given a cell on their first sighting, within the first-sighting allowance.
+    pub first_admitted: u64,
     /// First sightings whose trace took the place of another key's live one. Without the
     /// tag each trace carries, each would have been a false admission; with it, a flood
     /// can push real sources' traces out but not forge them.
     pub displaced: u64,
 }
 
-const _: () = assert!(size_of::<Sightings>() == 24);
+const _: () = assert!(size_of::<Sightings>() == 32);
 
 impl PerCpuSum for Sightings {
     fn add(&mut self, o: &Self) {
         self.first += o.first;
         self.admitted += o.admitted;
+        self.first_admitted += o.first_admitted;
         self.displaced += o.displaced;
     }
 }
@@ -529,7 +548,7 @@ pub struct Counters {
     pub sightings: Sightings,
 }
 
-const _: () = assert!(size_of::<Counters>() == 456);
+const _: () = assert!(size_of::<Counters>() == 464);
 const _: () = assert!(offset_of!(Counters, shaped_packets) == 240);
 const _: () = assert!(offset_of!(Counters, shape_delay) == 264);
 const _: () = assert!(offset_of!(Counters, outcomes) == 0);

@@ -82,3 +82,8 @@ pub static WATCH: Array<Watch> = Array::with_max_entries(WATCH_ENTRIES, 0);
 /// New-source admission's doorkeeper: traces of keys seen once (`crate::trace`).
 #[map(name = "SHAPER_TRACES")]
 pub static TRACES: Array<TraceBucket> = Array::with_max_entries(TRACE_BUCKETS, 0);
+
+/// The cells of new-source admission's first-sighting allowance, per policy slot (the
+/// default policy's at slot 0), metered where the slot's admission is.
+#[map(name = "SHAPER_FIRSTS")]
+pub static FIRSTS: Array<Cell> = Array::with_max_entries(MAX_POLICIES, 0);

@@ -21,7 +21,7 @@ use shaper_ebpf::atomic;
 
 use crate::{
     cell::{Count, count_policy, decide, take},
-    maps::{ADMISSION, AGGREGATES, CONFIG, POLICY_STATS, SOURCES, SOURCES6},
+    maps::{ADMISSION, AGGREGATES, CONFIG, FIRSTS, POLICY_STATS, SOURCES, SOURCES6},
     outcome::{Metered, Outcome, outcome_counters},
     policy,
     trace::{self, Sighting},
@@ -106,6 +106,8 @@ enum Admitted {
     Freely,
     /// On its second sighting (the doorkeeper found its trace), within the admission rate.
     Again,
+    /// On its first sighting, within the first-sighting allowance and the admission rate.
+    First,
 }
 
 /// Meters a `len`-byte frame of `key` at `now` (ticks) under `config`, counted in this
@@ -218,13 +220,16 @@ fn created(
         Ok(()) => {
             count_policy(slot, metered, len);
             let again = u64::from(admitted == Admitted::Again);
+            let first = u64::from(admitted == Admitted::First);
             counters.new_sources += 1;
             counters.sightings.admitted += again;
+            counters.sightings.first_admitted += first;
             if let Some(stats) = POLICY_STATS.get_ptr_mut(slot) {
                 // SAFETY: this CPU's entry (see `cell::count_policy`).
                 unsafe {
                     (*stats).new_sources += 1;
                     (*stats).sightings.admitted += again;
+                    (*stats).sightings.first_admitted += first;
                 }
             }
             metered
@@ -302,18 +307,23 @@ fn admit(key: Key, config: &Config, slot: u32, now: u64, counters: &mut Counters
     }
     match shaper_admit(key.hash(config), slot, now, ptr::from_mut(counters)) {
         ADMIT_AGAIN => Admitted::Again,
+        ADMIT_FIRST => Admitted::First,
         _ => Admitted::Not,
     }
 }
 
-/// [`shaper_admit`]'s answer: the key may have a cell.
+/// [`shaper_admit`]'s answers: the key may have a cell, on its second sighting, or on its
+/// first.
 const ADMIT_AGAIN: u32 = 1;
+const ADMIT_FIRST: u32 = 2;
 
 /// New-source admission of a key (whose trace `hash` places) new to the table under policy
-/// `slot`, whose admission is limited: the doorkeeper must find the key's trace
-/// (`trace`), left by an earlier frame within the window, and the policy's admission (or
-/// the interface's) must let one more key in at `now`. Returns [`ADMIT_AGAIN`] if so, 0
-/// if not; counts the sightings in `counters` (this CPU's) and the policy's counters.
+/// `slot`, whose admission is limited. The doorkeeper (`trace`) looks for the key's trace,
+/// left by an earlier frame within the window, and leaves it if it is not there; a key
+/// seen again may have a cell ([`ADMIT_AGAIN`]), a key seen for the first time only within
+/// the first-sighting allowance ([`ADMIT_FIRST`]), and either only if the policy's
+/// admission (or the interface's) lets one more key in at `now`. Returns 0 if not. Counts
+/// the sightings in `counters` (this CPU's) and the policy's counters.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_admit(hash: u64, slot: u32, now: u64, counters: *mut Counters) -> u32 {
@@ -325,8 +335,11 @@ pub extern "C" fn shaper_admit(hash: u64, slot: u32, now: u64, counters: *mut Co
     let Some(counters) = (unsafe { counters.as_mut() }) else {
         return 0;
     };
+    let (admission, admission_slot) = policy::admission(config, slot);
     let sighting = trace::sight(hash, now);
-    if sighting != Sighting::Again {
+    let answer = if sighting == Sighting::Again {
+        ADMIT_AGAIN
+    } else {
         let displaced = u64::from(sighting == Sighting::Displacing);
         counters.sightings.first += 1;
         counters.sightings.displaced += displaced;
@@ -337,13 +350,19 @@ pub extern "C" fn shaper_admit(hash: u64, slot: u32, now: u64, counters: *mut Co
                 (*stats).sightings.displaced += displaced;
             }
         }
-        return 0;
-    }
-    let (admission, admission_slot) = policy::admission(config, slot);
+        let Some(first) = FIRSTS.get_ptr_mut(admission_slot) else {
+            return 0;
+        };
+        // SAFETY: a live map value.
+        if unsafe { take(first, &admission.first, 1, now, 0, counters) }.is_none() {
+            return 0;
+        }
+        ADMIT_FIRST
+    };
     let Some(cells) = ADMISSION.get_ptr_mut(admission_slot) else {
         return 0;
     };
-    // SAFETY: `cells` points to a live map value.
+    // SAFETY: a live map value.
     let room = unsafe {
         take(
             &raw mut (*cells).admit,
@@ -354,5 +373,5 @@ pub extern "C" fn shaper_admit(hash: u64, slot: u32, now: u64, counters: *mut Co
             counters,
         )
     };
-    if room.is_some() { ADMIT_AGAIN } else { 0 }
+    if room.is_some() { answer } else { 0 }
 }

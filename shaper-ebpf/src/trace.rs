@@ -60,9 +60,25 @@ pub fn hash_v6(hi: u64, lo: u64, config: &Config) -> u64 {
 /// there.
 #[inline(always)]
 pub fn sight(hash: u64, now: u64) -> Sighting {
+    match shaper_sight(hash, now) {
+        SIGHTED_AGAIN => Sighting::Again,
+        SIGHTED_DISPLACING => Sighting::Displacing,
+        _ => Sighting::First,
+    }
+}
+
+/// [`shaper_sight`]'s answers, and [`Sighting::First`] for any other.
+const SIGHTED_AGAIN: u32 = 1;
+const SIGHTED_DISPLACING: u32 = 2;
+
+/// [`sight`], as a global function: the choice of the way to take forks the verifier's
+/// states at each of the sixteen, which its callers need not walk again.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_sight(hash: u64, now: u64) -> u32 {
     let Some(bucket) = TRACES.get_ptr_mut((hash as u32) & (TRACE_BUCKETS - 1)) else {
         // Cannot happen (the index is in range); refuse rather than admit.
-        return Sighting::First;
+        return 0;
     };
     let tag = (hash >> 32) as u32 | 1;
     let stamp = (now >> (TRACE_STAMP_SHIFT + shaper_common::gcra::TICK_SHIFT)) as u32;
@@ -74,7 +90,7 @@ pub fn sight(hash: u64, now: u64) -> Sighting {
         let age = stamp.wrapping_sub(way as u32);
         let live = way != 0 && age <= WINDOW;
         if live && (way >> 32) as u32 == tag {
-            return Sighting::Again;
+            return SIGHTED_AGAIN;
         }
         // An empty or expired way counts as older than any live one.
         let age = if live { age } else { u32::MAX };
@@ -88,8 +104,8 @@ pub fn sight(hash: u64, now: u64) -> Sighting {
         core::ptr::write_volatile(way, u64::from(tag) << 32 | u64::from(stamp));
     }
     if free_age == u32::MAX {
-        Sighting::First
+        0
     } else {
-        Sighting::Displacing
+        SIGHTED_DISPLACING
     }
 }

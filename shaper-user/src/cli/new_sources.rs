@@ -1,5 +1,6 @@
 //! `--new-sources N|unlimited` and `--new-sources-burst N`, taken by `attach` and
-//! `policy set`: how many keys a second may get a cell of their own.
+//! `policy set`: how many keys a second may get a cell of their own, on their second
+//! sighting; or, `unlimited`, every key on its first frame.
 
 use std::{fmt, str::FromStr};
 
@@ -38,8 +39,11 @@ impl fmt::Display for KeysPerSec {
 
 #[derive(Debug, clap::Args)]
 pub struct Flags {
-    /// At most N keys a second get a cell of their own; frames of the others share one
-    /// cell at the per-source rate ("unlimited" lifts it) [default: unlimited]
+    /// A key new to the table gets a cell of its own on its second sighting within 10 s,
+    /// and at most N keys a second do; the frames of the others share one cell at the
+    /// per-source rate. "unlimited": every key gets a cell on its first frame (no defence
+    /// against a spoofed flood) [default: the interface's; attach: a tenth of the table
+    /// a second, the whole table at once]
     #[arg(long, value_name = "N|unlimited")]
     pub new_sources: Option<KeysPerSec>,
     /// How many keys may get a cell at once [default: N]
@@ -69,10 +73,11 @@ impl Flags {
     }
 }
 
-/// `1000/s burst 5000` for `n` keys a second and `burst`, or `unlimited` (`n` zero).
+/// `second sighting, 1000/s burst 5000` for `n` keys a second and `burst`, or
+/// `unlimited` (`n` zero).
 pub fn describe(n: u64, burst: u64) -> String {
     if n != 0 {
-        format!("{n}/s burst {burst}")
+        format!("second sighting, {n}/s burst {burst}")
     } else {
         "unlimited".to_owned()
     }

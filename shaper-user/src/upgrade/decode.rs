@@ -129,6 +129,11 @@ pub fn read_settings(dir: &Path, l: &Layout) -> Result<Settings, DecodeError> {
             .iter()
             .map(layout1::Policy1::current)
             .collect()
+    } else if matches!(l.version, 2..=5) {
+        array_entries::<layout5::Policy5>(&path)?
+            .iter()
+            .map(layout5::Policy5::current)
+            .collect()
     } else {
         return Err(no_decoder(PIN_POLICIES, l));
     };

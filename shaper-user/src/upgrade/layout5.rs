@@ -8,9 +8,80 @@
 
 use shaper_common::{
     gcra::Limit,
-    maps::{Admission, CAS_TRIES, Config, Counters, Outcomes, PolicyStats, Shape, Sightings},
+    maps::{
+        Admission, CAS_TRIES, Config, Counters, Outcomes, Policy, PolicyStats, Shape, Sightings,
+    },
     shape::DELAY_BUCKETS,
 };
+
+/// `Admission` of the settings and policies of layouts 2 to 5 (40 bytes): without the
+/// first-sighting allowance.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Admission5 {
+    pub limit: Limit,
+    pub new_sources: u64,
+    pub new_sources_burst: u64,
+}
+
+const _: () = assert!(size_of::<Admission5>() == 40);
+
+impl Admission5 {
+    /// Today's: the same rate and burst, and the first-sighting allowance that goes with
+    /// them (what `Admission::new` makes of them now).
+    pub fn current(&self) -> Admission {
+        Admission::new(self.new_sources, self.new_sources_burst).unwrap_or(Admission {
+            limit: self.limit,
+            new_sources: self.new_sources,
+            new_sources_burst: self.new_sources_burst,
+            ..Admission::default()
+        })
+    }
+}
+
+/// `SHAPER_POLICIES`' value (160 bytes), layouts 2 to 5.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Policy5 {
+    pub limit: Limit,
+    pub aggregate: Limit,
+    pub rate_bps: u64,
+    pub burst_bytes: u64,
+    pub aggregate_rate_bps: u64,
+    pub aggregate_burst_bytes: u64,
+    pub action: u32,
+    pub mode: u32,
+    pub in_use: u32,
+    pub family: u32,
+    pub prefix_len: u32,
+    pub _pad: u32,
+    pub addr: [u8; 16],
+    pub admission: Admission5,
+}
+
+const _: () = assert!(size_of::<Policy5>() == 160);
+
+impl Policy5 {
+    /// Today's policy: the same, its admission given its first-sighting allowance.
+    pub fn current(&self) -> Policy {
+        Policy {
+            limit: self.limit,
+            aggregate: self.aggregate,
+            rate_bps: self.rate_bps,
+            burst_bytes: self.burst_bytes,
+            aggregate_rate_bps: self.aggregate_rate_bps,
+            aggregate_burst_bytes: self.aggregate_burst_bytes,
+            action: self.action,
+            mode: self.mode,
+            in_use: self.in_use,
+            family: self.family,
+            prefix_len: self.prefix_len,
+            _pad: self._pad,
+            addr: self.addr,
+            admission: self.admission.current(),
+        }
+    }
+}
 
 /// `SHAPER_CONFIG`'s value (152 bytes).
 #[repr(C)]
@@ -28,7 +99,7 @@ pub struct Config5 {
     pub mask_v6: [u8; 16],
     pub mode: u32,
     pub policy_gen: u32,
-    pub admission: Admission,
+    pub admission: Admission5,
     pub prefixes_v4: u32,
     pub prefixes_v6: u32,
     pub shape: Shape,
@@ -85,9 +156,11 @@ const _: () = assert!(size_of::<Counters5>() == 432);
 unsafe impl aya::Pod for Counters5 {}
 unsafe impl aya::Pod for Config5 {}
 unsafe impl aya::Pod for PolicyStats5 {}
+unsafe impl aya::Pod for Policy5 {}
 
 impl Config5 {
-    /// Today's settings entry: the traces (new in layout 6) get a seed of their own.
+    /// Today's settings entry: the traces (new in layout 6) get a seed of their own, the
+    /// admission its first-sighting allowance.
     pub fn current(&self) -> Config {
         Config {
             limit: self.limit,
@@ -102,7 +175,7 @@ impl Config5 {
             mask_v6: self.mask_v6,
             mode: self.mode,
             policy_gen: self.policy_gen,
-            admission: self.admission,
+            admission: self.admission.current(),
             prefixes_v4: self.prefixes_v4,
             prefixes_v6: self.prefixes_v6,
             shape: self.shape,

@@ -557,8 +557,9 @@ mod tests {
     use shaper_common::{
         layout::{LAYOUTS, SIZED_AT_ATTACH},
         maps::{
-            PIN_ADMISSION, PIN_AGGREGATES, PIN_EVENTS, PIN_LAYOUT, PIN_POLICY_STATS,
-            PIN_POLICY_STATS_CARRIED, PIN_SOURCES, PIN_SOURCES6, PIN_TRACES, PIN_WATCH,
+            PIN_ADMISSION, PIN_AGGREGATES, PIN_EVENTS, PIN_FIRSTS, PIN_LAYOUT, PIN_POLICIES,
+            PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_SOURCES, PIN_SOURCES6, PIN_TRACES,
+            PIN_WATCH,
         },
     };
 
@@ -641,17 +642,20 @@ mod tests {
             pins.sort_unstable();
             pins
         };
-        // Every layout before 6 lacks the traces, and its config, counters and policy
-        // counters (and so what carries them) changed since (the doorkeeper's seed and
-        // sightings, the shaping delays' sum).
+        // Every layout before 6 lacks the traces and the first-sighting cells, and its
+        // config, policies, counters and policy counters (and so what carries them)
+        // changed since (the doorkeeper's seed, allowance and sightings, the shaping
+        // delays' sum).
         let changed = [
             PIN_LAYOUT,
             PIN_CONFIG,
+            PIN_POLICIES,
             PIN_COUNTERS,
             PIN_COUNTERS_CARRIED,
             PIN_POLICY_STATS,
             PIN_POLICY_STATS_CARRIED,
             PIN_TRACES,
+            PIN_FIRSTS,
         ];
         // Layouts 2 to 4 lack the events and their control (`shaper watch`) too.
         let watch = [PIN_EVENTS, PIN_WATCH];
