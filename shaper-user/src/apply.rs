@@ -8,11 +8,13 @@
 use shaper_common::maps::Config;
 
 use crate::{
+    attach::{self, AttachError, Attached},
     config_file::DesiredInterface,
     journal::{self, Undo},
-    loader::{self, AdmissionRequest, AttachError, AttachRequest, Attached},
+    link,
     pins::Attachment,
     policy::{PolicySpec, PolicyTable},
+    request::{AdmissionRequest, AttachRequest, RequestError},
     system::{self, SystemError},
     upgrade,
 };
@@ -45,7 +47,7 @@ pub enum ApplyError {
 
 /// The attach error with its whole chain, a setting named as in the file.
 fn attach_message(index: usize, e: &AttachError) -> String {
-    if let AttachError::Setting { setting, problem } = e {
+    if let AttachError::Request(RequestError::Setting { setting, problem }) = e {
         return format!("interface[{index}].{setting}: {problem}");
     }
     let mut text = e.to_string();
@@ -122,7 +124,7 @@ pub fn apply(
         // A killed upgrade is finished before its settings are read (an error here drops
         // `change`, which puts back what was changed).
         upgrade::recover(&at).map_err(|e| attach_err(index, d, e.into()))?;
-        let previous = if loader::is_live(&at) {
+        let previous = if link::is_live(&at) {
             Some(snapshot(&at).map_err(|e| attach_err(index, d, e))?)
         } else {
             None
@@ -145,7 +147,7 @@ pub fn apply(
                 .map_or(AdmissionRequest::Default, AdmissionRequest::Exactly),
             policies: Some(d.policies.clone()),
         };
-        let outcome = loader::attach(&req).map_err(|e| attach_err(index, d, e))?;
+        let outcome = attach::attach(&req).map_err(|e| attach_err(index, d, e))?;
         let changed = match &previous {
             Some(before) => !snapshot(&at).is_ok_and(|after| same(before, &after)),
             None => true,

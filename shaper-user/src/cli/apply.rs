@@ -6,8 +6,8 @@ use super::Scope;
 use anyhow::{Context as _, Result};
 use shaper_user::{
     apply::{self, Applied},
+    attach::Attached,
     config_file::{self, DesiredInterface},
-    loader::Attached,
     pins::Direction,
     system,
 };

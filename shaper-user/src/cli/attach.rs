@@ -11,9 +11,10 @@ use shaper_common::{
     },
 };
 use shaper_user::{
+    attach::{self, AttachError, Attached},
     journal,
-    loader::{self, AdmissionRequest, AttachError, AttachRequest, Attached, Hook, KeyBy},
     policy::Mode,
+    request::{self, AdmissionRequest, AttachRequest, Hook, KeyBy, RequestError},
     setting::Setting,
     system,
     units::{Delay, Rate, Size},
@@ -89,7 +90,9 @@ pub fn check_burst_fits(flag: &str, burst: Size, iface: &str) -> Result<()> {
 /// The library's error, with a setting named by its flag.
 fn flagged(e: AttachError) -> anyhow::Error {
     match e {
-        AttachError::Setting { setting, problem } => anyhow!("{} {problem}", flag(setting)),
+        AttachError::Request(RequestError::Setting { setting, problem }) => {
+            anyhow!("{} {problem}", flag(setting))
+        }
         e => e.into(),
     }
 }
@@ -130,15 +133,15 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         None => String::new(),
     };
     let change = journal::begin("attach", journal::Undo::of(&req.at)?.into_iter().collect())?;
-    let attached = loader::attach(&req).map_err(flagged)?;
+    let attached = attach::attach(&req).map_err(flagged)?;
     change.commit()?;
     match attached {
         Attached::New { xdp_mode } => println!(
             "attached to {} ({}{}): rate {} burst {} per {} /{} (IPv6 /{}){admitted}",
             req.at.label(),
             match Hook::of_mode(xdp_mode) {
-                Hook::Xdp => format!("{} XDP", loader::mode_name(xdp_mode)),
-                Hook::Tc => format!("tc {}", loader::mode_name(xdp_mode)),
+                Hook::Xdp => format!("{} XDP", request::mode_name(xdp_mode)),
+                Hook::Tc => format!("tc {}", request::mode_name(xdp_mode)),
             },
             match req.mode {
                 Some(Mode::Monitor) => ", monitor only".to_owned(),
@@ -152,7 +155,7 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
             },
             args.rate,
             args.burst,
-            match req.key.unwrap_or(loader::default_key(req.at.direction)) {
+            match req.key.unwrap_or(request::default_key(req.at.direction)) {
                 KeyBy::Src => "source",
                 KeyBy::Dst => "destination",
             },

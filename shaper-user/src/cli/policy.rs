@@ -5,10 +5,10 @@ use anyhow::{Result, bail};
 use serde::Serialize;
 use shaper_common::{config::PolicyLimits, maps::DEFAULT_SLOT};
 use shaper_user::{
-    journal, loader,
+    journal, link,
     pins::Attachment,
     policy::{Action, Installed, Mode, PolicySpec, PolicyTable, parse_prefix},
-    system,
+    request, system,
     units::{Rate, Size},
     upgrade,
 };
@@ -92,8 +92,8 @@ fn open(iface: &str, scope: Scope<'_>) -> Result<(Attachment, PolicyTable)> {
 /// pins of a deleted interface would be in force nowhere.
 fn open_live(iface: &str, scope: Scope<'_>) -> Result<(Attachment, PolicyTable)> {
     let (at, table) = open(iface, scope)?;
-    if !loader::is_live(&at) {
-        bail!("{}", loader::gone(&at));
+    if !link::is_live(&at) {
+        bail!("{}", link::gone(&at));
     }
     Ok((at, table))
 }
@@ -155,9 +155,9 @@ fn set(args: &SetArgs, scope: Scope<'_>) -> Result<()> {
     upgrade::recover(&scope.at(&args.iface))?;
     let (at, mut table) = open_live(&args.iface, scope)?;
     let config = table.config()?;
-    loader::check_shape(
+    request::check_shape(
         &at,
-        loader::Hook::of_mode(config.xdp_mode),
+        request::Hook::of_mode(config.xdp_mode),
         &config,
         Some(&[spec]),
     )?;

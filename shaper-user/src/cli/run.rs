@@ -19,7 +19,9 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use sd_notify::NotifyState;
-use shaper_user::{apply, config_file::DesiredInterface, loader, pins::Attachment, system};
+use shaper_user::{
+    apply, config_file::DesiredInterface, detach, link, pins::Attachment, standby, system,
+};
 
 use super::Scope;
 use tokio::{
@@ -82,7 +84,7 @@ fn prepare(
     running: &[DesiredInterface],
     netns: Option<&str>,
     standbys: &mut Standbys,
-    ready: &tokio::sync::mpsc::UnboundedSender<(String, Option<loader::Standby>)>,
+    ready: &tokio::sync::mpsc::UnboundedSender<(String, Option<standby::Standby>)>,
 ) {
     standbys.ready.retain(|name, standby| {
         running.iter().any(|d| {
@@ -101,7 +103,7 @@ fn prepare(
             // had not pinned yet.
             let standby = system::lock()
                 .ok()
-                .and_then(|_lock| loader::standby(&at).ok());
+                .and_then(|_lock| standby::standby(&at).ok());
             let _ = ready.send((name, standby));
         });
     }
@@ -110,7 +112,7 @@ fn prepare(
 /// The daemon's standby programs, by interface name.
 #[derive(Default)]
 struct Standbys {
-    ready: HashMap<String, loader::Standby>,
+    ready: HashMap<String, standby::Standby>,
     /// Being loaded and verified.
     preparing: HashSet<String>,
     /// Interfaces back while their standby was being prepared: attached when it is
@@ -134,7 +136,7 @@ fn attach_again(
         ) {
             (Some(d), Some(mut standby)) => {
                 let at = Attachment::toward(name, netns, d.direction);
-                loader::relink(&at, &mut standby)?
+                standby::relink(&at, &mut standby)?
             }
             _ => false,
         };
@@ -278,7 +280,7 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                         // one that exists and has lost its program is attached.
                         if !running.iter().any(|d| d.name == name)
                             || system::ifindex(&name).is_err()
-                            || loader::is_live(&Attachment::toward(&name, netns, scope.direction))
+                            || link::is_live(&Attachment::toward(&name, netns, scope.direction))
                         {
                             continue;
                         }
@@ -334,7 +336,7 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     let _lock = system::lock()?;
     for d in &running {
         let at = Attachment::toward(&d.name, netns, d.direction);
-        loader::detach(&at)?;
+        detach::detach(&at)?;
         eprintln!("shaper: detached from {}", at.label());
     }
     Ok(())

@@ -2,9 +2,9 @@
 //! settings (flags).
 
 use shaper_user::{
-    loader::{Hook, KeyBy, XdpAttachMode},
     pins::Direction,
     policy::{Action, Mode},
+    request::{Hook, KeyBy, XdpAttachMode},
     setting::Setting,
     tc::TcAttachMode,
 };

@@ -14,9 +14,9 @@ use shaper_common::{
 use toml::Spanned;
 
 use crate::{
-    loader::{Hook, KeyBy, XdpAttachMode},
     pins::Direction,
     policy::{Action, Mode, PolicyError, PolicySpec, PolicyTable, parse_prefix},
+    request::{Hook, KeyBy, XdpAttachMode},
     tc::TcAttachMode,
     units::{Rate, Size},
 };

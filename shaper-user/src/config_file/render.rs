@@ -4,10 +4,10 @@ use serde::Serialize;
 
 use super::model::KeysPerSec;
 use crate::{
-    loader::{self, Hook, KeyBy},
     maps,
     pins::{Attachment, Direction},
     policy::{Action, Mode, PolicyError, PolicySpec, PolicyTable},
+    request::{self, Hook, KeyBy},
     units::{Delay, Rate, Size},
 };
 use shaper_common::maps::Shape;
@@ -110,7 +110,7 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
     };
     let a = config.admission;
     let tc = Hook::of_mode(config.xdp_mode) == Hook::Tc;
-    let mode = loader::mode_name(config.xdp_mode);
+    let mode = request::mode_name(config.xdp_mode);
     let policies = table.list()?;
     let shaping = config.mode == Mode::Shape.value()
         || policies.iter().any(|i| i.spec.mode() == Mode::Shape)
