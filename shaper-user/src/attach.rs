@@ -25,7 +25,7 @@ use crate::{
     link,
     maps::{self, PinnedMapError},
     object::{self, ObjectError},
-    policy::{PolicyError, PolicyTable},
+    policy::{PolicyError, PolicySet, PolicyTable},
     request::{self, AttachRequest, Hook, RequestError, XdpAttachMode},
     tc::{self, TcAttachError},
     upgrade::{self, UpgradeError},
@@ -111,10 +111,7 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
     }
     // Validate everything before creating anything.
     let (hook, config) = request::check_new(req)?;
-    if let Some(policies) = &req.policies {
-        PolicyTable::validate(policies, (config.prefix_v4, config.prefix_v6))?;
-    }
-    request::check_shape(&req.at, hook, &config, req.policies.as_deref())?;
+    check_policies(req, &config, hook)?;
     let result = attach_new(req, &config, hook);
     if result.is_err() {
         // Best effort: the original error is the one worth reporting.
@@ -129,19 +126,11 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
     // The limit, mode and admission change: the keys stay as attached.
     let config = request::check_over(req, &current, cap)?;
     let mut table = PolicyTable::open(&req.at)?;
-    if let Some(policies) = &req.policies {
-        PolicyTable::validate(policies, (config.prefix_v4, config.prefix_v6))?;
-    }
-    request::check_shape(
-        &req.at,
-        Hook::of_mode(current.xdp_mode),
-        &config,
-        req.policies.as_deref(),
-    )?;
+    check_policies(req, &config, Hook::of_mode(current.xdp_mode))?;
     table.set_config(&config)?;
     crate::crash::point("update-config");
     if let Some(policies) = &req.policies
-        && let Err(e) = table.replace_all(policies)
+        && let Err(e) = table.replace(policies)
     {
         // replace_all has undone its own steps; put the settings back too.
         let _ = table.set_config(&current);
@@ -150,6 +139,17 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
     Ok(Attached::Updated {
         xdp_mode: current.xdp_mode,
     })
+}
+
+/// Refuses the request's policies where they could never match (longer than the keys of
+/// `config`), and shaping (of `config` or of a policy) where it cannot work.
+fn check_policies(req: &AttachRequest, config: &Config, hook: Hook) -> Result<(), AttachError> {
+    if let Some(policies) = &req.policies {
+        policies.fits((config.prefix_v4, config.prefix_v6))?;
+    }
+    let specs = req.policies.iter().flat_map(PolicySet::specs);
+    request::check_shape(&req.at, hook, config, specs)?;
+    Ok(())
 }
 
 /// Upgrades an attachment whose pins have the older layout `from`, asked to keep its
@@ -202,7 +202,7 @@ fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attach
     // after attaching (auto may fall back to skb); it is recorded below, for `status`.
     object::configure(&mut ebpf, config)?;
     if let Some(policies) = &req.policies {
-        PolicyTable::open(at)?.replace_all(policies)?;
+        PolicyTable::open(at)?.replace(policies)?;
     }
 
     if hook == Hook::Tc {

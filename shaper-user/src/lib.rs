@@ -1,6 +1,7 @@
 //! shaper's userspace: loading, attaching and pinning the kernel programs, reading their
 //! maps, and the pieces the `shaper` command is made of.
 
+pub mod admission;
 pub mod apply;
 pub mod attach;
 pub mod bpf;

@@ -16,16 +16,19 @@ use shaper_common::{
 
 use crate::{
     pins::{Attachment, Direction},
-    policy::{Mode, PolicySpec},
+    policy::{Mode, PolicySet, PolicySpec},
     setting::Setting,
     system,
     tc::{self, TcAttachMode},
 };
 
 /// How to attach the XDP program.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum XdpAttachMode {
     /// Native if the driver supports it, otherwise generic (skb).
+    #[default]
     Auto,
     /// In the driver; fails if the driver has no XDP support.
     Native,
@@ -34,11 +37,13 @@ pub enum XdpAttachMode {
 }
 
 /// Where the program runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Hook {
-    /// XDP: ingress only, before the stack (the default for ingress).
+    /// XDP, before the network stack: ingress only.
     Xdp,
-    /// tc: either direction, on socket buffers (after GRO on ingress).
+    /// tc, on socket buffers: either direction (after GRO on ingress).
     Tc,
 }
 
@@ -70,8 +75,10 @@ pub fn default_key(direction: Direction) -> KeyBy {
     }
 }
 
-/// Which address of a frame picks its cell.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which address of a frame picks its bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum KeyBy {
     /// The source address: each sender (or sending network) gets its own bucket.
     Src,
@@ -141,7 +148,7 @@ pub struct AttachRequest {
     pub admission: AdmissionRequest,
     /// `Some`: make these the interface's prefix policies, in the same change. `None`:
     /// leave the policies as they are (none on a new attachment).
-    pub policies: Option<Vec<PolicySpec>>,
+    pub policies: Option<PolicySet>,
 }
 
 /// The new-source admission `attach` is asked for.
@@ -280,14 +287,13 @@ fn config_for(
 /// Refuses shape mode (of the interface, `config`, or of one of `policies`) where it
 /// cannot work: anywhere but tc egress, and on a device whose packets sch_fq does not
 /// hold (the departure time would be ignored). One line that says how to set fq up.
-pub fn check_shape(
+pub fn check_shape<'a>(
     at: &Attachment,
     hook: Hook,
     config: &Config,
-    policies: Option<&[PolicySpec]>,
+    mut policies: impl Iterator<Item = &'a PolicySpec>,
 ) -> Result<(), RequestError> {
-    let shaping = config.mode == MODE_SHAPE
-        || policies.is_some_and(|p| p.iter().any(|p| p.mode() == Mode::Shape));
+    let shaping = config.mode == MODE_SHAPE || policies.any(|p| p.mode() == Mode::Shape);
     if !shaping {
         return Ok(());
     }

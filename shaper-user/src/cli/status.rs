@@ -2,12 +2,10 @@
 
 use super::Scope;
 use anyhow::Result;
-
-use super::new_sources;
 use serde::Serialize;
 use shaper_common::layout::LAYOUT_VERSION;
 use shaper_user::{
-    link, maps,
+    admission, link, maps,
     pins::{self, Attachment},
     policy::Mode,
     request,
@@ -149,7 +147,7 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
             r.max_sources,
             r.ipv6_sources_tracked,
             r.max_sources,
-            new_sources::describe(r.new_sources_per_sec, r.new_sources_burst),
+            admission::describe(r.new_sources_per_sec, r.new_sources_burst),
             r.layout_version,
         );
     }

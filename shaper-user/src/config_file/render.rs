@@ -2,8 +2,8 @@
 
 use serde::Serialize;
 
-use super::model::KeysPerSec;
 use crate::{
+    admission::KeysPerSec,
     maps,
     pins::{Attachment, Direction},
     policy::{Action, Mode, PolicyError, PolicySpec, PolicyTable},
@@ -133,11 +133,7 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
             prefix_v6: config.prefix_v6,
             xdp_mode: (!tc).then_some(mode),
             max_sources: maps::sources_capacity(at)?,
-            new_sources: if a.limited() {
-                KeysPerSec::Keys(a.new_sources)
-            } else {
-                KeysPerSec::Word("unlimited".to_owned())
-            },
+            new_sources: KeysPerSec(a.new_sources),
             new_sources_burst: a.limited().then_some(a.new_sources_burst),
             policy: policies.iter().map(|i| policy_out(&i.spec)).collect(),
         }],
