@@ -367,7 +367,7 @@ pub fn render(netns: Option<&str>) -> Result<String, MetricsError> {
     let attachments = pins::list_all().map_err(MetricsError::List)?;
     for at in attachments
         .iter()
-        .filter(|at| at.netns.as_deref() == netns && crate::loader::is_live(at))
+        .filter(|at| at.netns.as_deref() == netns && crate::link::is_live(at))
     {
         collect(&mut families, at)?;
     }

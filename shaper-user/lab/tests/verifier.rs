@@ -5,7 +5,7 @@
 use anyhow::Result;
 use aya::programs::{SchedClassifier, Xdp};
 use shaper_common::maps::{DEFAULT_MAX_SOURCES, PROG_TC, PROG_XDP};
-use shaper_user::loader;
+use shaper_user::object;
 
 /// `BPF_COMPLEXITY_LIMIT_INSNS`.
 const LIMIT: u32 = 1_000_000;
@@ -13,9 +13,9 @@ const LIMIT: u32 = 1_000_000;
 #[test]
 #[ignore = "loads programs: run as root by `cargo xtask test`"]
 fn processed_instructions_under_the_limit() -> Result<()> {
-    let mut ebpf = loader::load(DEFAULT_MAX_SOURCES)?;
-    loader::xdp_program(&mut ebpf, PROG_XDP)?;
-    loader::tc_program(&mut ebpf)?;
+    let mut ebpf = object::load(DEFAULT_MAX_SOURCES)?;
+    object::xdp_program(&mut ebpf, PROG_XDP)?;
+    object::tc_program(&mut ebpf)?;
     let xdp: &Xdp = ebpf.program(PROG_XDP).unwrap().try_into()?;
     let tc: &SchedClassifier = ebpf.program(PROG_TC).unwrap().try_into()?;
     for (name, info) in [(PROG_XDP, xdp.info()?), (PROG_TC, tc.info()?)] {

@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use sd_notify::NotifyState;
-use shaper_user::{apply, config_file::DesiredInterface, loader, pins::Attachment, system};
+use shaper_user::{apply, detach, link, pins::Attachment, request::AttachRequest, standby, system};
 
 use super::Scope;
 use tokio::{
@@ -51,7 +51,7 @@ pub struct Args {
 
 /// Reads and applies the file under the lock; returns what it applied and a line saying
 /// what changed.
-fn apply_file(file: &std::path::Path, scope: Scope<'_>) -> Result<(Vec<DesiredInterface>, String)> {
+fn apply_file(file: &std::path::Path, scope: Scope<'_>) -> Result<(Vec<AttachRequest>, String)> {
     let desired = super::apply::read(file, scope.direction)?;
     let applied = {
         let _lock = system::lock()?;
@@ -79,29 +79,31 @@ fn apply_file(file: &std::path::Path, scope: Scope<'_>) -> Result<(Vec<DesiredIn
 /// A standby whose pins were removed or replaced (`shaper detach`, an attach afresh) is
 /// dropped first: it would keep the old maps alive.
 fn prepare(
-    running: &[DesiredInterface],
+    running: &[AttachRequest],
     netns: Option<&str>,
     standbys: &mut Standbys,
-    ready: &tokio::sync::mpsc::UnboundedSender<(String, Option<loader::Standby>)>,
+    ready: &tokio::sync::mpsc::UnboundedSender<(String, Option<standby::Standby>)>,
 ) {
     standbys.ready.retain(|name, standby| {
         running.iter().any(|d| {
-            &d.name == name && standby.is_over(&Attachment::toward(name, netns, d.direction))
+            &d.at.iface == name && standby.is_over(&Attachment::toward(name, netns, d.at.direction))
         })
     });
     for d in running.iter() {
-        if standbys.ready.contains_key(&d.name) || !standbys.preparing.insert(d.name.clone()) {
+        if standbys.ready.contains_key(&d.at.iface)
+            || !standbys.preparing.insert(d.at.iface.clone())
+        {
             continue;
         }
-        let at = Attachment::toward(&d.name, netns, d.direction);
-        let (name, ready) = (d.name.clone(), ready.clone());
+        let at = Attachment::toward(&d.at.iface, netns, d.at.direction);
+        let (name, ready) = (d.at.iface.clone(), ready.clone());
         tokio::task::spawn_blocking(move || {
             // None for a tc attachment, or pins that are not there: attached the usual way.
             // Under the lock: the loader would make and pin a map that a change under way
             // had not pinned yet.
             let standby = system::lock()
                 .ok()
-                .and_then(|_lock| loader::standby(&at).ok());
+                .and_then(|_lock| standby::standby(&at).ok());
             let _ = ready.send((name, standby));
         });
     }
@@ -110,7 +112,7 @@ fn prepare(
 /// The daemon's standby programs, by interface name.
 #[derive(Default)]
 struct Standbys {
-    ready: HashMap<String, loader::Standby>,
+    ready: HashMap<String, standby::Standby>,
     /// Being loaded and verified.
     preparing: HashSet<String>,
     /// Interfaces back while their standby was being prepared: attached when it is
@@ -122,19 +124,19 @@ struct Standbys {
 /// program when it has one, then applies the running configuration; says how.
 fn attach_again(
     name: &str,
-    running: &[DesiredInterface],
+    running: &[AttachRequest],
     netns: Option<&str>,
     standbys: &mut Standbys,
 ) -> String {
     let result = (|| -> Result<bool> {
         let _lock = system::lock()?;
         let relinked = match (
-            running.iter().find(|d| d.name == name),
+            running.iter().find(|d| d.at.iface == name),
             standbys.ready.remove(name),
         ) {
             (Some(d), Some(mut standby)) => {
-                let at = Attachment::toward(name, netns, d.direction);
-                loader::relink(&at, &mut standby)?
+                let at = Attachment::toward(name, netns, d.at.direction);
+                standby::relink(&at, &mut standby)?
             }
             _ => false,
         };
@@ -276,9 +278,9 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                     Some(name) = futures::StreamExt::next(&mut links) => {
                         // Deleting an interface sends a last RTM_NEWLINK too: only
                         // one that exists and has lost its program is attached.
-                        if !running.iter().any(|d| d.name == name)
+                        if !running.iter().any(|d| d.at.iface == name)
                             || system::ifindex(&name).is_err()
-                            || loader::is_live(&Attachment::toward(&name, netns, scope.direction))
+                            || link::is_live(&Attachment::toward(&name, netns, scope.direction))
                         {
                             continue;
                         }
@@ -333,8 +335,8 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     }
     let _lock = system::lock()?;
     for d in &running {
-        let at = Attachment::toward(&d.name, netns, d.direction);
-        loader::detach(&at)?;
+        let at = Attachment::toward(&d.at.iface, netns, d.at.direction);
+        detach::detach(&at)?;
         eprintln!("shaper: detached from {}", at.label());
     }
     Ok(())

@@ -46,7 +46,7 @@ use shaper_common::{
     },
 };
 use shaper_user::{
-    loader,
+    object,
     policy::{PolicySpec, PolicyTable, parse_prefix},
     watch::MAX_EVENTS_PER_SEC,
 };
@@ -626,7 +626,7 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
                 table.set_config(&c.config)?;
                 &mut with_policies
             } else {
-                loader::configure(&mut main, &c.config)?;
+                object::configure(&mut main, &c.config)?;
                 &mut main
             };
             if c.refused {
@@ -676,15 +676,15 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
             };
             let ebpf = match case.target {
                 Target::Main => {
-                    loader::configure(&mut main, &case.config)?;
+                    object::configure(&mut main, &case.config)?;
                     &mut main
                 }
                 Target::Admit => {
-                    loader::configure(&mut admit, &case.config)?;
+                    object::configure(&mut admit, &case.config)?;
                     &mut admit
                 }
                 Target::Refusing => {
-                    loader::configure(&mut refusing_plain, &case.config)?;
+                    object::configure(&mut refusing_plain, &case.config)?;
                     &mut refusing_plain
                 }
                 Target::RefusingPolicied => {
