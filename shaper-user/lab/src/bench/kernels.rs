@@ -23,7 +23,7 @@ use super::{
     attach::{self, AttachTiming},
     builds::Build,
     programs::{self, PROGRAMS, ProgramFigures},
-    report::Machine,
+    report::{self, Machine},
     spread::Summary,
 };
 
@@ -138,13 +138,14 @@ pub fn run(baseline: &Build, today: &Build, opts: &Options) -> Result<KernelResu
         attach: Vec::new(),
         times_not_measured: opts.emulated.as_ref().map(|how| {
             format!(
-                "under emulation ({how}) the verifier runs tens of times slower than on a CPU, \
-                 by a factor that moves with the host's load"
+                "this run was emulated ({how}), which runs the verifier tens of times slower \
+                 than a CPU, by a factor that moves with the host's load"
             )
         }),
     };
     if let Err(e) = kernel::check() {
         results.refused = Some(e.to_string());
+        results.machine.loadavg_end = report::loadavg();
         return Ok(results);
     }
     let builds = [baseline, today];
@@ -154,6 +155,7 @@ pub fn run(baseline: &Build, today: &Build, opts: &Options) -> Result<KernelResu
     if timed {
         results.attach = attach::measure(&builds, opts.attach_runs)?;
     }
+    results.machine.loadavg_end = report::loadavg();
     Ok(results)
 }
 
@@ -389,10 +391,13 @@ pub fn markdown(all: &AllKernels) -> String {
         if let Some(why) = &k.times_not_measured {
             let _ = writeln!(w, "No time is given: {why}.\n");
         }
+        let load = match k.times_not_measured {
+            None => format!("load and verify, ms: median (min–max) of {}", k.load_runs),
+            Some(_) => "load and verify".to_owned(),
+        };
         let _ = writeln!(
             w,
-            "| program | build | verified instructions | xlated bytes | jited bytes | BTF functions | global | load and verify, ms: median (min–max) of {} |",
-            k.load_runs
+            "| program | build | verified instructions | xlated bytes | jited bytes | BTF functions | global | {load} |"
         );
         let _ = writeln!(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
         for program in PROGRAMS {

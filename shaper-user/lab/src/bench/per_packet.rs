@@ -981,3 +981,53 @@ fn versus(baseline: &[CaseResult], today: &[CaseResult]) -> Vec<Versus> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(id: &'static str, runs: &[f64]) -> CaseResult {
+        CaseResult {
+            id,
+            case: id,
+            method: Method::Loop,
+            packets_per_run: 1,
+            tracked_sources: None,
+            measured_ns_median: median(runs),
+            measured_ns_runs: runs.to_vec(),
+            over_noop_ns: 0.0,
+            ns_per_packet: median(runs),
+            ratio_to_noop: 1.0,
+            ratio_to_floor: 1.0,
+            ns_per_packet_runs: runs.to_vec(),
+            packets_per_sec: 1.0,
+            note: None,
+        }
+    }
+
+    /// Rows pair the builds' runs (today / baseline, run by run), leave out the shared
+    /// baselines, and keep today's order.
+    #[test]
+    fn versus_pairs_runs_in_todays_order() {
+        let baseline = [
+            case("noop", &[10.0, 10.0]),
+            case("drop_existing", &[40.0, 80.0]),
+            case("pass_existing", &[50.0, 100.0]),
+        ];
+        let today = [
+            case("noop", &[10.0, 10.0]),
+            case("pass_existing", &[25.0, 100.0]),
+            case("drop_existing", &[40.0, 40.0]),
+            case("new_in_today", &[1.0, 1.0]),
+        ];
+        let rows = versus(&baseline, &today);
+        let ids: Vec<&str> = rows.iter().map(|v| v.id).collect();
+        assert_eq!(ids, ["pass_existing", "drop_existing"]);
+        assert_eq!(rows[0].ratio.runs, [0.5, 1.0]);
+        assert_eq!(rows[1].ratio.runs, [1.0, 0.5]);
+        assert_eq!(
+            (rows[1].baseline_ns.median, rows[1].today_ns.median),
+            (60.0, 40.0)
+        );
+    }
+}

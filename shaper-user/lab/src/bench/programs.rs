@@ -149,3 +149,40 @@ pub fn measure(builds: &[&Build], runs: usize, timed: bool) -> Result<Vec<Progra
     }
     Ok(figures)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// Read back from the loaded programs: the verifier's count, both sizes, and a
+    /// function record for every subprogram, the entry's first and global.
+    #[test]
+    #[ignore = "loads programs: run as root by `cargo xtask test`"]
+    fn figures_of_the_loaded_programs() -> Result<()> {
+        let today = Build::today(Path::new("shaper"));
+        let figures = measure(&[&today], 1, true)?;
+        assert_eq!(figures.len(), PROGRAMS.len());
+        for (f, name) in figures.iter().zip(PROGRAMS) {
+            assert_eq!((f.build.as_str(), f.program.as_str()), ("today", name));
+            assert!(f.verified_insns.is_some_and(|n| n > 0), "{f:?}");
+            assert!(
+                f.xlated_bytes.is_some_and(|n| n > 0) && f.jited_bytes > 0,
+                "{f:?}"
+            );
+            assert_eq!(
+                f.funcs.first(),
+                Some(&Func {
+                    name: name.to_owned(),
+                    global: true
+                }),
+                "{f:?}"
+            );
+            let load = f.load_ms.as_ref().expect("timed");
+            assert_eq!(load.runs.len(), 1);
+            assert!(load.min > 0.0);
+        }
+        Ok(())
+    }
+}
