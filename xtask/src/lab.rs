@@ -15,8 +15,8 @@ use crate::{cmd, host, old_shaper, setup, test, vm, workspace};
 /// under emulation; its results land in the work tree's bench/ all the same.
 ///
 /// `bench` also gets the baseline it measures today's build against (built here for
-/// release from its commit, once: `old_shaper::build_baseline`) and the workspace, whose
-/// generated tables in the docs it rewrites from the results.
+/// release from its commit, once: `old_shaper::build_baseline`) and, when it writes the
+/// committed results, the workspace, whose generated table in the docs it rewrites.
 pub fn run(subcommand: &str, args: &[String]) -> Result<ExitCode> {
     let (kernel, args) = split_kernel(args)?;
     let args = args.as_slice();
@@ -48,15 +48,17 @@ pub fn run(subcommand: &str, args: &[String]) -> Result<ExitCode> {
             args.iter()
                 .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
         };
-        // The committed results live in the workspace's bench/, wherever this is run from.
+        // The committed results live in the workspace's bench/, wherever this is run from,
+        // and the docs' generated table is rewritten from them (not from results
+        // written elsewhere).
         if !given("--out") {
             lab.arg("--out").arg(workspace::root().join("bench"));
+            if !given("--docs") {
+                lab.arg("--docs").arg(workspace::root());
+            }
         }
         if !given("--baseline") {
             lab.arg("--baseline").arg(old_shaper::build_baseline()?);
-        }
-        if !given("--docs") {
-            lab.arg("--docs").arg(workspace::root());
         }
     }
     lab.args(args);

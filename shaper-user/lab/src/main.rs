@@ -372,6 +372,11 @@ fn default_shaper() -> Result<PathBuf> {
     shaper_lab::bins::locate().context("pass --shaper PATH")
 }
 
+/// The shaper command the bench drives: `--shaper`, or [`default_shaper`].
+fn bench_shaper(args: &BenchArgs) -> Result<PathBuf> {
+    args.shaper.clone().map_or_else(default_shaper, Ok)
+}
+
 /// The baseline build (`--baseline`, or where `cargo xtask bench` builds it).
 fn baseline(args: &BenchArgs) -> Result<Build> {
     let dir = match &args.baseline {
@@ -511,7 +516,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
         if args.quick { ", --quick" } else { "" }
     );
     // The programs of both builds first, while no filled map holds memory.
-    let shaper = args.shaper.clone().map_or_else(default_shaper, Ok);
+    let shaper = bench_shaper(args);
     let today = Build::today(shaper.as_deref().unwrap_or(Path::new("shaper")));
     let baseline = baseline(args);
     let kernel_missing = match (&baseline, &shaper) {
@@ -614,7 +619,7 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
     use shaper_lab::bench::{accuracy, lru, per_packet};
 
     if args.only.contains(&LabPart::Kernel) {
-        let shaper = args.shaper.clone().map_or_else(default_shaper, Ok)?;
+        let shaper = bench_shaper(args)?;
         for path in bench_kernel(args, &baseline(args)?, &Build::today(&shaper))? {
             println!("wrote {}", path.display());
         }
@@ -661,10 +666,7 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
         return Ok(());
     }
     // The rest drive the shaper command.
-    let shaper = match &args.shaper {
-        Some(path) => path.clone(),
-        None => default_shaper()?,
-    };
+    let shaper = bench_shaper(args)?;
     if args.only.contains(&LabPart::Flood) {
         for line in
             shaper_lab::bench::flood::summary_lines(&shaper_lab::bench::flood::run(&shaper)?)
@@ -715,12 +717,9 @@ fn bench_flood(
 ) {
     use shaper_lab::bench::flood;
 
-    let shaper = match &args.shaper {
-        Some(path) => path.clone(),
-        None => match default_shaper() {
-            Ok(path) => path,
-            Err(e) => return (None, Some(format!("{e:#}"))),
-        },
+    let shaper = match bench_shaper(args) {
+        Ok(path) => path,
+        Err(e) => return (None, Some(format!("{e:#}"))),
     };
     println!("\nspoofed flood ...");
     match flood::run(&shaper) {
@@ -745,12 +744,9 @@ fn bench_accuracy(
     use shaper_lab::bench::accuracy;
 
     // The shaper command is needed only by the accuracy benchmarks.
-    let shaper = match &args.shaper {
-        Some(path) => path.clone(),
-        None => match default_shaper() {
-            Ok(path) => path,
-            Err(e) => return (None, Some(format!("{e:#}"))),
-        },
+    let shaper = match bench_shaper(args) {
+        Ok(path) => path,
+        Err(e) => return (None, Some(format!("{e:#}"))),
     };
     println!("\nrate accuracy and CPU cost in the namespace lab ...");
     let opts = accuracy::AccuracyOptions {
