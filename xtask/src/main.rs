@@ -42,7 +42,9 @@ enum Command {
     Dist,
     /// Build release binaries and run `shaper-lab demo` (needs root)
     Demo(LabArgs),
-    /// Build release binaries and run `shaper-lab bench` (needs root), e.g. `bench --quick`
+    /// Build release binaries and the baseline (the previous build, from its commit) and run
+    /// `shaper-lab bench` (needs root), e.g. `bench --quick`, `bench -- --only kernel`,
+    /// `bench --kernel 6.12 -- --only kernel`
     Bench(LabArgs),
     /// Build release binaries and run `shaper-lab lab` (needs root)
     Lab(LabArgs),

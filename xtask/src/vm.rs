@@ -531,7 +531,7 @@ fn build_suites() -> Result<Vec<GuestSuite>> {
 /// The string value of the first `"key":"..."` in a line of cargo's JSON output, unescaped.
 /// (Cargo writes compact JSON, and the keys we read occur once per artifact line; this
 /// keeps xtask free of a JSON dependency.)
-fn json_string(line: &str, key: &str) -> Option<String> {
+pub fn json_string(line: &str, key: &str) -> Option<String> {
     let start = line.find(&format!("\"{key}\":\""))? + key.len() + 4;
     let mut value = String::new();
     let mut chars = line[start..].chars();
