@@ -290,6 +290,12 @@ const SUITES: &[Suite] = &[
               deadlines",
     },
     Suite {
+        file: "tests/metrics.rs",
+        place: Place::Host,
+        why: "shaper run's listeners (/top apart from /metrics) and a scrape's cost at a \
+              full table, held to 50 ms: a time",
+    },
+    Suite {
         file: "tests/top.rs",
         place: Place::Host,
         why: "shaper top: rates read from live traffic, checked against what was offered",
