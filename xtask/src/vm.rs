@@ -296,6 +296,12 @@ const SUITES: &[Suite] = &[
               full table, held to 50 ms: a time",
     },
     Suite {
+        file: "tests/kubelet.rs",
+        place: Place::Host,
+        why: "shaper run against a ConfigMap volume's ..data swaps: the reloads are awaited \
+              with deadlines, as daemon.rs's are",
+    },
+    Suite {
         file: "tests/top.rs",
         place: Place::Host,
         why: "shaper top: rates read from live traffic, checked against what was offered",
