@@ -118,3 +118,22 @@ fn the_example_configuration_is_valid() {
     .unwrap();
     assert_eq!(interfaces.len(), 1);
 }
+
+/// The Prometheus rules (`dist/prometheus/`) load, and each recording rule and alert
+/// passes its unit tests (`promtool test rules`).
+#[test]
+fn the_prometheus_rules_pass_their_tests() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/prometheus");
+    for args in [
+        &["check", "rules", "shaper-rules.yml"][..],
+        &["test", "rules", "shaper-rules.test.yml"][..],
+    ] {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("promtool (Debian's prometheus package; cargo xtask setup installs it)");
+        println!("promtool {}:\n{}", args.join(" "), text(&out));
+        assert!(out.status.success(), "promtool {args:?}: {}", text(&out));
+    }
+}

@@ -85,6 +85,27 @@ const ITEMS: &[Item] = &[
             "/usr/lib/python3/dist-packages/prometheus_client/openmetrics/parser.py",
         ),
     },
+    // Production parts (issue 26): Prometheus scrapes the daemon in the lab and promtool
+    // tests dist/prometheus/'s rules; systemd-nspawn boots systemd as PID 1 on a Debian
+    // root that mmdebstrap builds, for the unit's test and `cargo xtask image`'s root;
+    // podman assembles and runs the image. (On a host run by systemd, the prometheus
+    // package enables and starts its own server on :9090; the tests start their own.)
+    Item::Apt {
+        package: "prometheus",
+        present: Present::Programs(&["prometheus", "promtool"]),
+    },
+    Item::Apt {
+        package: "systemd-container",
+        present: Present::Programs(&["systemd-nspawn"]),
+    },
+    Item::Apt {
+        package: "mmdebstrap",
+        present: Present::Programs(&["mmdebstrap"]),
+    },
+    Item::Apt {
+        package: "podman",
+        present: Present::Programs(&["podman"]),
+    },
     // The kernel matrix (`cargo xtask test --kernel`): Debian's kernels boot under QEMU with
     // a busybox initramfs; modprobe and depmod resolve their modules, and load them in the
     // guest (which runs on this machine's files).
