@@ -302,6 +302,12 @@ const SUITES: &[Suite] = &[
               with deadlines, as daemon.rs's are",
     },
     Suite {
+        file: "tests/prometheus.rs",
+        place: Place::Host,
+        why: "a Prometheus server scraping shaper run every second: its samples awaited \
+              with deadlines",
+    },
+    Suite {
         file: "tests/top.rs",
         place: Place::Host,
         why: "shaper top: rates read from live traffic, checked against what was offered",
