@@ -308,6 +308,12 @@ const SUITES: &[Suite] = &[
               with deadlines",
     },
     Suite {
+        file: "tests/image.rs",
+        place: Place::Host,
+        why: "the container image under podman (and the DaemonSet's pod under podman kube \
+              play): podman, and a rate held by live traffic",
+    },
+    Suite {
         file: "tests/top.rs",
         place: Place::Host,
         why: "shaper top: rates read from live traffic, checked against what was offered",
