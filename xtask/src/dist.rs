@@ -102,7 +102,9 @@ pub fn run() -> Result<PathBuf> {
          new-source admission under floods. The shaper service applies\n \
          /etc/shaper/shaper.toml and serves Prometheus metrics on localhost.\n",
         installed_kib(&stage)?,
-        depends(&stage.join(BINARY))?,
+        // procps: the unit's ExecReload runs /bin/kill, which a minimal system lacks (the
+        // test under systemd found `systemctl reload` failing without it).
+        format!("{}, procps", depends(&stage.join(BINARY))?),
     );
     fs::write(control.join("control"), control_text)?;
     let deb = dist.join(format!("{name}.deb"));

@@ -314,6 +314,12 @@ const SUITES: &[Suite] = &[
               play): podman, and a rate held by live traffic",
     },
     Suite {
+        file: "tests/systemd.rs",
+        place: Place::Host,
+        why: "systemd as PID 1 in systemd-nspawn on the host's kernel, and a rate held \
+              after systemctl stop",
+    },
+    Suite {
         file: "tests/top.rs",
         place: Place::Host,
         why: "shaper top: rates read from live traffic, checked against what was offered",
