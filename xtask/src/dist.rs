@@ -87,13 +87,15 @@ pub fn run() -> Result<PathBuf> {
     let control = stage.join("DEBIAN");
     fs::create_dir_all(&control)?;
     fs::write(control.join("conffiles"), format!("/{CONFIG}\n"))?;
+    // procps: the unit's ExecReload runs /bin/kill, which a minimal system lacks (the
+    // test under systemd found `systemctl reload` failing without it).
     let control_text = format!(
         "Package: shaper\n\
          Version: {version}\n\
          Architecture: {arch}\n\
          Maintainer: shaper developers <shaper@localhost>\n\
          Installed-Size: {}\n\
-         Depends: {}\n\
+         Depends: {}, procps\n\
          Section: net\n\
          Priority: optional\n\
          Description: per-source packet rate limits in the kernel (XDP)\n \
@@ -102,9 +104,7 @@ pub fn run() -> Result<PathBuf> {
          new-source admission under floods. The shaper service applies\n \
          /etc/shaper/shaper.toml and serves Prometheus metrics on localhost.\n",
         installed_kib(&stage)?,
-        // procps: the unit's ExecReload runs /bin/kill, which a minimal system lacks (the
-        // test under systemd found `systemctl reload` failing without it).
-        format!("{}, procps", depends(&stage.join(BINARY))?),
+        depends(&stage.join(BINARY))?,
     );
     fs::write(control.join("control"), control_text)?;
     let deb = dist.join(format!("{name}.deb"));
