@@ -100,6 +100,29 @@ impl Drop for Daemon {
     }
 }
 
+/// The workspace's root (the lab package is `shaper-user/lab`).
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs `cargo xtask ARGS` in the workspace (`dist`, `image`), panicking with its output if
+/// it fails; returns its standard output.
+pub fn xtask(args: &[&str]) -> String {
+    let out = Command::new("cargo")
+        .arg("xtask")
+        .args(args)
+        .current_dir(workspace())
+        .output()
+        .expect("cargo");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "cargo xtask {args:?}: {said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    said
+}
+
 /// A fresh directory under the temporary directory, named after `tag` and this process.
 pub fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("shaper-{tag}-{}", std::process::id()));

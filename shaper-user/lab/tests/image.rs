@@ -19,7 +19,7 @@ mod common;
 
 use std::{
     fs,
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Command, Output},
     sync::OnceLock,
     time::{Duration, Instant},
@@ -28,30 +28,16 @@ use std::{
 use common::assert_near;
 use serde_json::Value;
 use shaper_lab::{
-    daemon::{config, http_get, scratch},
+    daemon::{config, http_get, scratch, workspace, xtask},
     lab::{Flow, Lab, RX_ADDR, RunOptions, run_udp_with},
 };
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// `localhost/shaper:VERSION`, built once per run by `cargo xtask image`.
 fn image() -> &'static str {
     static IMAGE: OnceLock<String> = OnceLock::new();
     IMAGE.get_or_init(|| {
         let start = Instant::now();
-        let out = Command::new("cargo")
-            .args(["xtask", "image"])
-            .current_dir(workspace())
-            .output()
-            .expect("cargo");
-        let said = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "cargo xtask image: {said}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let said = xtask(&["image"]);
         let line = said
             .lines()
             .find(|l| l.starts_with("built localhost/"))
@@ -139,24 +125,6 @@ impl Drop for Removed<'_> {
     }
 }
 
-/// The id of the XDP program on the lab's receiving interface, if any.
-fn prog_id(lab: &Lab) -> Option<u64> {
-    let out = Command::new("ip")
-        .args([
-            "-n",
-            lab.rx_ns(),
-            "-j",
-            "link",
-            "show",
-            "dev",
-            lab.rx_iface(),
-        ])
-        .output()
-        .unwrap();
-    let links: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    links[0]["xdp"]["prog"]["id"].as_u64()
-}
-
 /// Waits (20 s at most) for `what` in the container's log.
 fn wait_for_log(scratch: &Scratch, name: &str, what: &str, times: usize) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -219,7 +187,7 @@ fn the_image_enforces_a_rate_and_survives_a_restart() {
     ]);
     let log = wait_for_log(&scratch, &name, &format!("{iface} attached"), 1);
     println!("{log}");
-    let program = prog_id(&lab).expect("attached");
+    let program = lab.xdp_prog_id().unwrap().expect("attached");
 
     let src = lab.sources()[0];
     let flow = Flow {
@@ -252,10 +220,10 @@ fn the_image_enforces_a_rate_and_survives_a_restart() {
     // the program and every counter.
     scratch.podman_ok(&["stop", "-t", "10", &name]);
     let log = wait_for_log(&scratch, &name, "the limits stay in force", 1);
-    assert_eq!(prog_id(&lab), Some(program), "{log}");
+    assert_eq!(lab.xdp_prog_id().unwrap(), Some(program), "{log}");
     scratch.podman_ok(&["start", &name]);
     wait_for_log(&scratch, &name, &format!("{iface} unchanged"), 1);
-    assert_eq!(prog_id(&lab), Some(program));
+    assert_eq!(lab.xdp_prog_id().unwrap(), Some(program));
     let again = stats(&scratch, &name, &iface);
     assert_eq!(
         again["totals"]["passed_bytes"],
@@ -352,7 +320,7 @@ fn the_daemonset_pod_runs_under_podman_kube_play() {
     );
     let log = wait_for_log(&scratch, "shaper-shaper", &format!("{iface} attached"), 1);
     println!("{log}");
-    assert!(prog_id(&lab).is_some());
+    assert!(lab.xdp_prog_id().unwrap().is_some());
     // /metrics on the node's (the lab's) address, from the other namespace, and no /top.
     let (code, body) = http_get(lab.tx_ns(), &format!("http://{RX_ADDR}:9753/metrics"));
     assert_eq!(code, 200, "{body}");

@@ -16,13 +16,13 @@ use std::{
 use common::{guard, stats};
 use serde_json::Value;
 use shaper_lab::{
-    daemon::{Daemon, config, scratch},
+    daemon::{Daemon, config, scratch, workspace},
     lab::{Flow, Lab, RunOptions, run_udp_with},
 };
 
 /// The rules the package ships.
 fn rules_file() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/prometheus/shaper-rules.yml")
+    workspace().join("dist/prometheus/shaper-rules.yml")
 }
 
 /// `prometheus` in namespace `ns`, on 127.0.0.1:9090, its data in `dir`; killed on drop.

@@ -32,30 +32,9 @@ use std::{
 use common::assert_near;
 use serde_json::Value;
 use shaper_lab::{
-    daemon::{config, scratch},
+    daemon::{config, scratch, workspace, xtask},
     lab::{Flow, Lab, RunOptions, run_udp_with},
 };
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Runs `cargo xtask ARGS` in the workspace; returns its standard output.
-fn xtask(args: &[&str]) -> String {
-    let out = Command::new("cargo")
-        .arg("xtask")
-        .args(args)
-        .current_dir(workspace())
-        .output()
-        .expect("cargo");
-    let said = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "cargo xtask {args:?}: {said}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    said
-}
 
 /// What the root holds beyond Essential: systemd, and what the package depends on
 /// (procps for the unit's /bin/kill).
@@ -277,24 +256,6 @@ fn descendants(pid: u32) -> Vec<u32> {
     all
 }
 
-/// The id of the XDP program on the lab's receiving interface, if any.
-fn prog_id(lab: &Lab) -> Option<u64> {
-    let out = Command::new("ip")
-        .args([
-            "-n",
-            lab.rx_ns(),
-            "-j",
-            "link",
-            "show",
-            "dev",
-            lab.rx_iface(),
-        ])
-        .output()
-        .unwrap();
-    let links: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    links[0]["xdp"]["prog"]["id"].as_u64()
-}
-
 #[test]
 #[ignore = "needs root: systemd-nspawn, XDP programs and network namespaces (cargo xtask test)"]
 fn the_unit_under_systemd() {
@@ -328,7 +289,7 @@ fn the_unit_under_systemd() {
         let start = container.run(&["systemctl", "start", "shaper"]);
         assert!(!start.status.success(), "started without {missing}");
         let journal = container.wait_journal(&format!("(missing {missing})"), 1);
-        assert!(prog_id(&lab).is_none(), "{journal}");
+        assert!(lab.xdp_prog_id().unwrap().is_none(), "{journal}");
         container.ok(&["systemctl", "reset-failed", "shaper"]);
     }
     container.ok(&["rm", "-r", "/run/systemd/system/shaper.service.d"]);
@@ -337,7 +298,10 @@ fn the_unit_under_systemd() {
     // Start: when systemctl returns, the interface is attached (READY=1 came after it).
     let start = container.run(&["systemctl", "start", "shaper"]);
     assert!(start.status.success(), "{start:?}: {}", container.journal());
-    let program = prog_id(&lab).expect("attached when systemctl start returned");
+    let program = lab
+        .xdp_prog_id()
+        .unwrap()
+        .expect("attached when systemctl start returned");
     assert_eq!(container.show("ActiveState"), "active");
     assert!(
         container
@@ -365,12 +329,12 @@ fn the_unit_under_systemd() {
     container.ok(&["systemctl", "daemon-reload"]);
     container.ok(&["systemctl", "restart", "shaper"]);
     container.wait_journal(&format!("{iface} unchanged"), 1);
-    assert_eq!(prog_id(&lab), Some(program));
+    assert_eq!(lab.xdp_prog_id().unwrap(), Some(program));
     container.write("/etc/shaper/shaper.toml", &config(&iface, "4mbit"));
     container.ok(&["systemctl", "reload", "shaper"]);
     container.wait_journal("SIGHUP: applied", 1);
     assert_eq!(container.status(&iface)["rate_bits_per_sec"], 4_000_000);
-    assert_eq!(prog_id(&lab), Some(program));
+    assert_eq!(lab.xdp_prog_id().unwrap(), Some(program));
 
     // A broken file: one journal line naming file:line and the field; still active.
     container.write(
@@ -392,7 +356,7 @@ fn the_unit_under_systemd() {
     // Stop: the unit is inactive, the limits stay and enforce.
     container.ok(&["systemctl", "stop", "shaper"]);
     assert_eq!(container.show("ActiveState"), "inactive");
-    assert_eq!(prog_id(&lab), Some(program));
+    assert_eq!(lab.xdp_prog_id().unwrap(), Some(program));
     let before = container.ok(&["shaper", "-j", "stats", &iface, "--top", "1"]);
     let before: Value = serde_json::from_str(&before).unwrap();
     let report = run_udp_with(
