@@ -9,7 +9,7 @@
 use anyhow::Result;
 use aya::programs::{SchedClassifier, Xdp};
 use shaper_common::maps::{DEFAULT_MAX_SOURCES, PROG_TC, PROG_XDP};
-use shaper_user::loader;
+use shaper_user::object;
 
 /// A quarter of `BPF_COMPLEXITY_LIMIT_INSNS`.
 const BUDGET: u32 = 250_000;
@@ -17,9 +17,9 @@ const BUDGET: u32 = 250_000;
 #[test]
 #[ignore = "loads programs: run as root by `cargo xtask test`"]
 fn processed_instructions_within_the_budget() -> Result<()> {
-    let mut ebpf = loader::load(DEFAULT_MAX_SOURCES)?;
-    loader::xdp_program(&mut ebpf, PROG_XDP)?;
-    loader::tc_program(&mut ebpf)?;
+    let mut ebpf = object::load(DEFAULT_MAX_SOURCES)?;
+    object::xdp_program(&mut ebpf, PROG_XDP)?;
+    object::tc_program(&mut ebpf)?;
     let xdp: &Xdp = ebpf.program(PROG_XDP).unwrap().try_into()?;
     let tc: &SchedClassifier = ebpf.program(PROG_TC).unwrap().try_into()?;
     let mut over = Vec::new();

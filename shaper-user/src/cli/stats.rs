@@ -9,10 +9,9 @@ use shaper_common::{
     shape::{bucket_bounds_ns, percentile_ns},
 };
 use shaper_user::{
-    loader,
     maps::{self, KeyNet},
     policy::{Mode, PolicyTable},
-    sources,
+    request, sources,
     units::Delay,
 };
 
@@ -256,7 +255,7 @@ pub fn top_json(iface: &str, scope: Scope<'_>, n: usize) -> Result<String> {
     let top = Top {
         interface: at.iface.clone(),
         netns: at.netns.clone(),
-        key: loader::key_name(config.key_by),
+        key: request::key_name(config.key_by),
         sources_tracked: sources.len(),
         top_sources: top(sources, n),
     };
@@ -278,7 +277,7 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
         interface: at.iface.clone(),
         netns: at.netns.clone(),
         direction: at.direction.name(),
-        key: loader::key_name(config.key_by),
+        key: request::key_name(config.key_by),
         totals: counters.into(),
         shape_delay: ShapeDelay::new(&counters),
         sources_tracked: sources.len(),
