@@ -19,7 +19,7 @@ use shaper_lab::{
     frame,
     lab::{
         Flow, FlowResult, Lab, LabOptions, RunOptions,
-        raw::{RawFlow, run_raw},
+        raw::{RawFlow, Sources, run_raw},
         run_udp_with,
     },
 };
@@ -117,7 +117,7 @@ fn vlan_and_qinq_frames_are_held_by_inner_address() {
         .map(|f| {
             assert_eq!(f.len(), FRAME);
             RawFlow {
-                spoofed: false,
+                sources: Sources::One,
                 frame: f.clone(),
                 offered_bps: 2 * RATE_BPS,
             }

@@ -34,7 +34,7 @@ use crate::{
     frame,
     lab::{
         Lab,
-        raw::{RawFlow, RawResult, run_raw},
+        raw::{RawFlow, RawResult, Sources, run_raw},
     },
 };
 
@@ -119,25 +119,25 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
     let (ns, iface) = (ns.name().to_owned(), iface.to_owned());
     // Addressed to the router, which forwards them to the receiver.
     let first_hop = lab.first_hop_mac()?;
-    let flow = |src: Ipv4Addr, len, offered_bps, spoofed| {
+    let flow = |src: Ipv4Addr, len, offered_bps, sources| {
         let mut frame = frame::ipv4_udp_to(src, lab.rx_addr(), len);
         frame[..6].copy_from_slice(&first_hop);
         RawFlow {
             frame,
             offered_bps,
-            spoofed,
+            sources,
         }
     };
     let s = lab.sources();
     let flows = [
-        flow(s[0], FRAME, 2 * RATE_BPS, false),
-        flow(s[1], FRAME, RATE_BPS / 2, false),
-        flow(s[2], FRAME, RATE_BPS / 2, false),
+        flow(s[0], FRAME, 2 * RATE_BPS, Sources::One),
+        flow(s[1], FRAME, RATE_BPS / 2, Sources::One),
+        flow(s[2], FRAME, RATE_BPS / 2, Sources::One),
         flow(
             Ipv4Addr::new(10, 64, 0, 0),
             FLOOD_FRAME,
             1_000_000_000,
-            true,
+            Sources::Spoofed,
         ),
     ];
     let clock = SoftirqClock::start()?;
