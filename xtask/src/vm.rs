@@ -226,15 +226,23 @@ const SUITES: &[Suite] = &[
               egress, tc ingress and XDP (exact byte counts, no rates)",
     },
     Suite {
+        file: "tests/shape_test_run.rs",
+        place: Place::Guest { skip: &[] },
+        why: "shape mode's departure stamps, CE marks and horizon drops through \
+              BPF_PROG_TEST_RUN of the tc program (bpf_skb_set_tstamp and \
+              bpf_skb_ecn_set_ce on each kernel), bounded by the clock around each run",
+    },
+    Suite {
         file: "tests/live_shape.rs",
         place: Place::GuestOnly {
             tests: &[
-                "shaped_tcp_reaches_the_rate_with_fewer_retransmits_than_policed",
-                "ecn_capable_flows_are_marked_not_dropped",
+                "shaped_tcp_is_held_to_the_rate_and_policed_tcp_is_dropped",
+                "ecn_capable_flows_held_past_the_threshold_are_marked",
             ],
         },
         why: "shape mode needs sch_fq, which this machine's kernel lacks and the guests \
-              have as a module; TCP at 4 Mbit/s, which the emulated guest carries easily",
+              have as a module: TCP policed is dropped, shaped is held to the rate (an \
+              upper bound) and marked CE with ECN; no timing",
     },
     Suite {
         file: "tests/watch.rs",
