@@ -203,6 +203,10 @@ const SUITES: &[Suite] = &[
                     "traffic_through_an_upgrade_from_layout_4_is_all_metered_and_never_refilled",
                     "holds passed bytes to rate x measured time + one burst within 4%",
                 ),
+                (
+                    "traffic_through_an_upgrade_from_layout_5_is_all_metered_and_never_refilled",
+                    "holds passed bytes to rate x measured time + one burst within 4%",
+                ),
             ],
         },
         why: "upgrades in place from earlier builds (BPF_LINK_UPDATE, RENAME_EXCHANGE on \
