@@ -467,7 +467,7 @@ fn a_recreated_interface_is_attached_again() {
         took
     };
 
-    let mut daemon = Daemon::start(lab.rx_ns(), &file, &["--no-metrics"]);
+    let daemon = Daemon::start(lab.rx_ns(), &file, &["--no-metrics"]);
     // The maps (every cell and counter) are the ones pinned before: the same map ids.
     let at = Attachment::new(DUMMY, Some(lab.rx_ns()));
     let maps =
