@@ -8,11 +8,12 @@
 use shaper_common::maps::Config;
 
 use crate::{
-    config_file::DesiredInterface,
+    attach::{self, AttachError, Attached},
     journal::{self, Undo},
-    loader::{self, AdmissionRequest, AttachError, AttachRequest, Attached},
+    link,
     pins::Attachment,
-    policy::{PolicySpec, PolicyTable},
+    policy::{PolicySet, PolicySpec, PolicyTable},
+    request::{AttachRequest, RequestError},
     system::{self, SystemError},
     upgrade,
 };
@@ -45,7 +46,7 @@ pub enum ApplyError {
 
 /// The attach error with its whole chain, a setting named as in the file.
 fn attach_message(index: usize, e: &AttachError) -> String {
-    if let AttachError::Setting { setting, problem } = e {
+    if let AttachError::Request(RequestError::Setting { setting, problem }) = e {
         return format!("interface[{index}].{setting}: {problem}");
     }
     let mut text = e.to_string();
@@ -69,18 +70,19 @@ pub struct Applied {
 
 /// Checks what needs the interfaces themselves: that they exist, and that every burst
 /// holds one full-size frame.
-pub fn check_interfaces(desired: &[DesiredInterface]) -> Result<(), ApplyError> {
+pub fn check_interfaces(desired: &[AttachRequest]) -> Result<(), ApplyError> {
     for d in desired {
+        let iface = &d.at.iface;
         let sys = |field: Option<String>| {
             move |error| ApplyError::System {
-                iface: d.name.clone(),
+                iface: iface.clone(),
                 field,
                 error,
             }
         };
-        system::ifindex(&d.name).map_err(sys(None))?;
+        system::ifindex(iface).map_err(sys(None))?;
         let mut bursts = vec![("burst".to_owned(), d.rate.burst_bytes())];
-        for p in &d.policies {
+        for p in d.policies.iter().flat_map(PolicySet::specs) {
             for (what, bytes) in [
                 ("burst", p.limits.burst_bytes),
                 ("aggregate_burst", p.limits.aggregate_burst_bytes),
@@ -91,24 +93,25 @@ pub fn check_interfaces(desired: &[DesiredInterface]) -> Result<(), ApplyError> 
             }
         }
         for (field, burst) in bursts {
-            system::check_burst_fits(&d.name, burst).map_err(sys(Some(field)))?;
+            system::check_burst_fits(iface, burst).map_err(sys(Some(field)))?;
         }
     }
     Ok(())
 }
 
-/// Applies `desired` in the current network namespace (named `netns` in pin paths).
-/// The caller holds the lock and has checked privileges and bpffs.
-pub fn apply(
-    desired: &[DesiredInterface],
-    netns: Option<&str>,
-) -> Result<Vec<Applied>, ApplyError> {
+/// Applies `desired` (requests as [`crate::config_file::parse`] makes them) in the
+/// current network namespace (named `netns` in pin paths). The caller holds the lock and
+/// has checked privileges and bpffs.
+pub fn apply(desired: &[AttachRequest], netns: Option<&str>) -> Result<Vec<Applied>, ApplyError> {
     check_interfaces(desired)?;
+    let in_netns = |d: &AttachRequest| Attachment {
+        netns: netns.map(str::to_owned),
+        ..d.at.clone()
+    };
     let mut undo = Vec::new();
     for d in desired {
-        let at = Attachment::toward(&d.name, netns, d.direction);
-        undo.extend(Undo::of(&at).map_err(|error| ApplyError::Journal {
-            iface: d.name.clone(),
+        undo.extend(Undo::of(&in_netns(d)).map_err(|error| ApplyError::Journal {
+            iface: d.at.iface.clone(),
             error: Box::new(error),
         })?);
     }
@@ -118,42 +121,28 @@ pub fn apply(
     })?;
     let mut applied = Vec::new();
     for (index, d) in desired.iter().enumerate() {
-        let at = Attachment::toward(&d.name, netns, d.direction);
+        let at = in_netns(d);
         // A killed upgrade is finished before its settings are read (an error here drops
         // `change`, which puts back what was changed).
         upgrade::recover(&at).map_err(|e| attach_err(index, d, e.into()))?;
-        let previous = if loader::is_live(&at) {
+        let previous = if link::is_live(&at) {
             Some(snapshot(&at).map_err(|e| attach_err(index, d, e))?)
         } else {
             None
         };
         let req = AttachRequest {
             at: at.clone(),
-            rate: d.rate,
-            hook: d.hook,
-            xdp_mode: d.xdp_mode,
-            tc_mode: d.tc_mode,
-            max_sources: d.max_sources,
-            key: d.key,
-            prefix_v4: d.prefix_v4,
-            prefix_v6: d.prefix_v6,
-            mode: Some(d.mode),
-            ecn_threshold_ns: Some(d.ecn_threshold_ns),
-            horizon_ns: Some(d.horizon_ns),
-            admission: d
-                .admission
-                .map_or(AdmissionRequest::Default, AdmissionRequest::Exactly),
-            policies: Some(d.policies.clone()),
+            ..d.clone()
         };
-        let outcome = loader::attach(&req).map_err(|e| attach_err(index, d, e))?;
+        let outcome = attach::attach(&req).map_err(|e| attach_err(index, d, e))?;
         let changed = match &previous {
             Some(before) => !snapshot(&at).is_ok_and(|after| same(before, &after)),
             None => true,
         };
         applied.push(Applied {
-            iface: d.label(),
+            iface: d.at.label(),
             outcome,
-            policies: d.policies.len(),
+            policies: d.policies.as_ref().map_or(0, PolicySet::len),
             changed,
         });
         crate::crash::point("apply-interface");
@@ -183,10 +172,10 @@ fn same(a: &(Config, Vec<PolicySpec>), b: &(Config, Vec<PolicySpec>)) -> bool {
     settings(&a.0) == settings(&b.0) && a.1 == b.1
 }
 
-fn attach_err(index: usize, d: &DesiredInterface, source: AttachError) -> ApplyError {
+fn attach_err(index: usize, d: &AttachRequest, source: AttachError) -> ApplyError {
     ApplyError::Attach {
         index,
-        iface: d.name.clone(),
+        iface: d.at.iface.clone(),
         error: Box::new(source),
     }
 }

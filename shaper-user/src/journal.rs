@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 use shaper_common::maps::{Config, Policy};
 
 use crate::{
-    loader::{self, DetachError},
+    detach::{self, DetachError},
+    link,
     pins::{Attachment, Direction},
     policy::{PolicyError, PolicyTable},
     upgrade,
@@ -82,7 +83,7 @@ impl Undo {
     /// settings, and recovers itself). The caller holds the lock.
     pub fn of(at: &Attachment) -> Result<Option<Self>, JournalError> {
         let (iface, netns, direction) = (at.iface.clone(), at.netns.clone(), at.direction);
-        if !at.exists() || !loader::is_live(at) {
+        if !at.exists() || !link::is_live(at) {
             return Ok(Some(Self::Detach {
                 iface,
                 netns,
@@ -129,7 +130,7 @@ impl Undo {
     fn run(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let at = self.attachment();
         match self {
-            Self::Detach { .. } => match loader::detach(&at) {
+            Self::Detach { .. } => match detach::detach(&at) {
                 Ok(()) | Err(DetachError::NotAttached(_)) => Ok(()),
                 Err(e) => Err(e.into()),
             },

@@ -1,20 +1,24 @@
 //! shaper's userspace: loading, attaching and pinning the kernel programs, reading their
 //! maps, and the pieces the `shaper` command is made of.
 
+pub mod admission;
 pub mod apply;
+pub mod attach;
 pub mod bpf;
 pub mod config_file;
 pub mod crash;
+pub mod detach;
 pub mod explain;
 pub mod journal;
 pub mod kernel;
 pub mod link;
-pub mod loader;
 pub mod maps;
 pub mod metrics;
 pub mod netns;
+pub mod object;
 pub mod pins;
 pub mod policy;
+pub mod request;
 pub mod setting;
 pub mod sources;
 pub mod system;

@@ -81,7 +81,7 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Completions(args) => return cli::completions::run(args),
         Command::Man(args) => return cli::man::run(args),
         Command::Apply(args) if args.check => {
-            return cli::apply::check(args, cli.direction.into());
+            return cli::apply::check(args, cli.direction);
         }
         _ => {}
     }
@@ -125,7 +125,7 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     }
     let scope = cli::Scope {
         netns: ns,
-        direction: cli.direction.into(),
+        direction: cli.direction,
     };
     match &cli.command {
         Command::Attach(args) => cli::attach::run(args, scope),

@@ -35,11 +35,12 @@ const EGRESS_DIR: &str = "egress";
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Direction {
-    /// What it receives (XDP, or tc ingress).
+    /// What it receives.
     #[default]
     Ingress,
-    /// What it sends (tc egress).
+    /// What it sends.
     Egress,
 }
 

@@ -29,12 +29,16 @@ use shaper_common::maps::{PROG_TC, TC_MODE_CLSACT, TC_MODE_CLSACT_OWN, TC_MODE_T
 use crate::pins::{Attachment, Direction};
 
 /// How to attach the tc program.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum TcAttachMode {
     /// TCX where the kernel has it (6.6 and later), clsact otherwise.
     #[default]
     Auto,
+    /// A TCX link (kernel 6.6 and later).
     Tcx,
+    /// A cls_bpf filter on the clsact qdisc (added if absent, removed on detach if added).
     Clsact,
 }
 

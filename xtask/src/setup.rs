@@ -85,6 +85,53 @@ const ITEMS: &[Item] = &[
             "/usr/lib/python3/dist-packages/prometheus_client/openmetrics/parser.py",
         ),
     },
+    // Production parts (issue 26): Prometheus scrapes the daemon in the lab and promtool
+    // tests dist/prometheus/'s rules; systemd-nspawn boots systemd as PID 1 on a Debian
+    // root that mmdebstrap builds, for the unit's test and `cargo xtask image`'s root;
+    // podman assembles and runs the image. (On a host run by systemd, the prometheus
+    // package enables and starts its own server on :9090; the tests start their own.)
+    Item::Apt {
+        package: "prometheus",
+        present: Present::Programs(&["prometheus", "promtool"]),
+    },
+    Item::Apt {
+        package: "systemd-container",
+        present: Present::Programs(&["systemd-nspawn"]),
+    },
+    Item::Apt {
+        package: "mmdebstrap",
+        present: Present::Programs(&["mmdebstrap"]),
+    },
+    Item::Apt {
+        package: "podman",
+        present: Present::Programs(&["podman"]),
+    },
+    // dist/kubernetes/ is checked against the Kubernetes API's JSON schemas by
+    // kubernetes-validate (PyPI, schemas bundled), installed in a venv of its own by pipx.
+    // podman's runtime: crun refuses hybrid cgroups (v1 controllers beside v2's), which
+    // some hosts have; runc runs there.
+    Item::Apt {
+        package: "runc",
+        present: Present::Programs(&["runc"]),
+    },
+    // `podman kube play` builds its pod's pause image around catatonit.
+    Item::Apt {
+        package: "catatonit",
+        present: Present::Programs(&["catatonit"]),
+    },
+    // image.rs turns the DaemonSet into the Pod `podman kube play` runs.
+    Item::Apt {
+        package: "python3-yaml",
+        present: Present::File("/usr/lib/python3/dist-packages/yaml/__init__.py"),
+    },
+    Item::Apt {
+        package: "pipx",
+        present: Present::Programs(&["pipx"]),
+    },
+    Item::Pipx {
+        package: "kubernetes-validate",
+        version: "1.37.0",
+    },
     // The kernel matrix (`cargo xtask test --kernel`): Debian's kernels boot under QEMU with
     // a busybox initramfs; modprobe and depmod resolve their modules, and load them in the
     // guest (which runs on this machine's files).
@@ -150,6 +197,12 @@ enum Item {
     },
     /// A bpf filesystem mounted at `path` (needs root).
     Bpffs { path: &'static str },
+    /// A PyPI package's command, in a venv of its own (`pipx install`), present when
+    /// `<package> --version` says `version`.
+    Pipx {
+        package: &'static str,
+        version: &'static str,
+    },
 }
 
 /// How to tell that a Debian package is installed without asking dpkg, which also works for
@@ -235,6 +288,7 @@ impl Item {
             Item::Component { name, toolchain } => format!("{name} ({toolchain})"),
             Item::Crate { name, version, .. } => format!("{name} {version}"),
             Item::Bpffs { path } => format!("bpffs at {path}"),
+            Item::Pipx { package, version } => format!("{package} {version} (pipx)"),
         }
     }
 
@@ -265,6 +319,10 @@ impl Item {
                     let mut fields = line.split_whitespace().skip(1);
                     fields.next() == Some(path) && fields.next() == Some("bpf")
                 }),
+            Item::Pipx { package, version } => pipx_binary(package).is_some_and(|binary| {
+                cmd::stdout(Command::new(binary).arg("--version"))
+                    .is_ok_and(|out| out.trim() == *version)
+            }),
             Item::Crate { name, version, .. } => crate_binaries(name).iter().any(|binary| {
                 // A binary that does not run counts as missing: reinstalling fixes it.
                 cmd::stdout(Command::new(binary).arg("--version"))
@@ -304,6 +362,17 @@ fn crate_binaries(name: &str) -> Vec<PathBuf> {
         }
     }
     binaries
+}
+
+/// Where pipx put a package's command: on PATH, or in pipx's default bin directory
+/// (`~/.local/bin`), which is not always on PATH. The tests look for it the same way.
+pub fn pipx_binary(name: &str) -> Option<PathBuf> {
+    host::find_program(name).or_else(|| {
+        let binary = PathBuf::from(env::var_os("HOME")?)
+            .join(".local/bin")
+            .join(name);
+        binary.exists().then_some(binary)
+    })
 }
 
 impl Installer {
@@ -351,6 +420,11 @@ impl Installer {
             Item::Bpffs { path } => {
                 cmd::run(Command::new("mount").args(["-t", "bpf", "bpf", path]))
             }
+            Item::Pipx { package, version } => cmd::run(Command::new("pipx").args([
+                "install",
+                "--force",
+                &format!("{package}=={version}"),
+            ])),
         }
     }
 }

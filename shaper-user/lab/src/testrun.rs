@@ -19,7 +19,7 @@ use shaper_common::{
         SourceState, sum_per_cpu,
     },
 };
-use shaper_user::{loader, policy::PolicyTable};
+use shaper_user::{object, policy::PolicyTable};
 
 /// The benchmark's kernel object (`shaper-ebpf`'s `shaper-ebpf-bench`), built by build.rs.
 pub static BENCH_OBJECT: &[u8] =
@@ -31,8 +31,8 @@ pub fn noop() -> Result<Ebpf> {
     let mut ebpf = EbpfLoader::new()
         .load(BENCH_OBJECT)
         .context("cannot load the bench object")?;
-    loader::xdp_program(&mut ebpf, PROG_NOOP)?;
-    loader::xdp_program(&mut ebpf, PROG_FLOOR)?;
+    object::xdp_program(&mut ebpf, PROG_NOOP)?;
+    object::xdp_program(&mut ebpf, PROG_FLOOR)?;
     Ok(ebpf)
 }
 
@@ -65,8 +65,8 @@ impl Harness {
     /// The program loaded with per-source maps of `max_sources` entries and `config` as
     /// its settings and default policy, or none at all.
     pub fn new(config: Option<&Config>, max_sources: u32) -> Result<Self> {
-        let mut ebpf = loader::load(max_sources)?;
-        loader::xdp_program(&mut ebpf, PROG_XDP)?;
+        let mut ebpf = object::load(max_sources)?;
+        object::xdp_program(&mut ebpf, PROG_XDP)?;
         let table = PolicyTable::take(&mut ebpf)?;
         let mut h = Self { ebpf, table };
         if let Some(config) = config {
@@ -174,13 +174,13 @@ pub fn open_config() -> Result<Config> {
 
 /// Loads the object with a `max_sources` map, its XDP program, and the open policy.
 pub fn load_open(max_sources: u32) -> Result<Ebpf> {
-    open(loader::load(max_sources)?)
+    open(object::load(max_sources)?)
 }
 
 /// Loads the XDP program of an object and sets the open policy.
 pub fn open(mut ebpf: Ebpf) -> Result<Ebpf> {
-    loader::xdp_program(&mut ebpf, PROG_XDP)?;
-    loader::configure(&mut ebpf, &open_config()?)?;
+    object::xdp_program(&mut ebpf, PROG_XDP)?;
+    object::configure(&mut ebpf, &open_config()?)?;
     Ok(ebpf)
 }
 

@@ -1,7 +1,12 @@
 //! The README's worked example is `examples/isp.toml`, word for word, and it is a valid
 //! configuration (host only: nothing is applied).
 
-use shaper_user::{config_file, pins::Direction, policy::Action};
+use shaper_user::{
+    config_file,
+    pins::Direction,
+    policy::{Action, PolicySet, PolicySpec},
+    request::AdmissionRequest,
+};
 
 const EXAMPLE: &str = include_str!("../../../examples/isp.toml");
 const README: &str = include_str!("../../../README.md");
@@ -20,13 +25,20 @@ fn the_example_is_valid_and_says_what_its_comments_say() {
     assert_eq!(interfaces.len(), 1);
     let eth1 = &interfaces[0];
     assert_eq!(eth1.rate.rate_bps(), 10_000_000);
-    let admission = eth1.admission.unwrap();
+    let AdmissionRequest::Exactly(admission) = eth1.admission else {
+        panic!("the example sets new_sources: {:?}", eth1.admission);
+    };
     assert_eq!(
         (admission.new_sources, admission.new_sources_burst),
         (2000, 100_000)
     );
-    let actions: Vec<(String, Action)> = eth1
+    let policies: Vec<PolicySpec> = eth1
         .policies
+        .iter()
+        .flat_map(PolicySet::specs)
+        .copied()
+        .collect();
+    let actions: Vec<(String, Action)> = policies
         .iter()
         .map(|p| (p.prefix.to_string(), p.action()))
         .collect();
@@ -40,5 +52,5 @@ fn the_example_is_valid_and_says_what_its_comments_say() {
             ("198.51.100.0/24".to_owned(), Action::Limit),
         ]
     );
-    assert_eq!(eth1.policies[0].limits.aggregate_rate_bps, 10_000_000);
+    assert_eq!(policies[0].limits.aggregate_rate_bps, 10_000_000);
 }

@@ -16,7 +16,7 @@ use shaper_lab::{
     frame,
     testrun::{Harness, XDP_DROP, XDP_PASS},
 };
-use shaper_user::policy::{PolicySpec, parse_prefix};
+use shaper_user::policy::{CheckedPolicy, PolicySpec, parse_prefix};
 
 // 10 B/s: a frame refills every 100 s, so no bucket drains a frame while a test runs,
 // even in an emulated guest where one test takes seconds.
@@ -146,7 +146,9 @@ fn longest_prefix_wins_across_nested_prefixes() {
         .unwrap();
     assert_eq!(send(&mut h, "10.1.2.4", 5), 0, "after del: blocked by /16");
     assert_eq!(send(&mut h, "10.1.2.3", 5), 5, "/32 still exempt");
-    h.policies().set(nested[2]).unwrap();
+    h.policies()
+        .set(CheckedPolicy::new(nested[2]).unwrap())
+        .unwrap();
     assert_eq!(send(&mut h, "10.1.2.5", 10), 5, "new source under the /24");
 }
 

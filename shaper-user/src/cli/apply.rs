@@ -6,9 +6,11 @@ use super::Scope;
 use anyhow::{Context as _, Result};
 use shaper_user::{
     apply::{self, Applied},
-    config_file::{self, DesiredInterface},
-    loader::Attached,
+    attach::Attached,
+    config_file,
     pins::Direction,
+    policy::PolicySet,
+    request::AttachRequest,
     system,
 };
 
@@ -25,16 +27,18 @@ pub struct Args {
 }
 
 /// Reads and checks the file; the error names its line and field.
-pub fn read(file: &Path, direction: Direction) -> Result<Vec<DesiredInterface>> {
+pub fn read(file: &Path, direction: Direction) -> Result<Vec<AttachRequest>> {
     let name = file.display().to_string();
     let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {name}"))?;
     Ok(config_file::parse(&name, &text, direction)?)
 }
 
-/// What was done to one interface, in a word: attached, updated, unchanged, upgraded.
+/// What was done to one interface, in a word: attached, updated, unchanged, upgraded,
+/// relinked (deleted and made again: linked again over its pins).
 pub fn outcome(applied: &Applied) -> &'static str {
     match applied.outcome {
         Attached::New { .. } => "attached",
+        Attached::Relinked { .. } => "relinked",
         Attached::Updated { .. } if applied.changed => "updated",
         Attached::Updated { .. } => "unchanged",
         Attached::Upgraded { .. } => "upgraded",
@@ -49,7 +53,10 @@ pub fn policies(n: usize) -> String {
 /// `--check`: the file alone, before any privilege or namespace is needed.
 pub fn check(args: &Args, direction: Direction) -> Result<()> {
     let desired = read(&args.file, direction)?;
-    let policies: usize = desired.iter().map(|d| d.policies.len()).sum();
+    let policies: usize = desired
+        .iter()
+        .map(|d| d.policies.as_ref().map_or(0, PolicySet::len))
+        .sum();
     println!(
         "{}: valid: {} interface{}, {policies} polic{}",
         args.file.display(),

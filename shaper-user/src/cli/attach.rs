@@ -11,18 +11,18 @@ use shaper_common::{
     },
 };
 use shaper_user::{
+    admission,
+    attach::{self, AttachError, Attached},
     journal,
-    loader::{self, AdmissionRequest, AttachError, AttachRequest, Attached, Hook, KeyBy},
     policy::Mode,
+    request::{self, AdmissionRequest, AttachRequest, Hook, KeyBy, RequestError, XdpAttachMode},
     setting::Setting,
     system,
+    tc::TcAttachMode,
     units::{Delay, Rate, Size},
 };
 
-use super::{
-    new_sources,
-    values::{HookArg, KeyArg, ModeArg, TcModeArg, XdpModeArg, flag},
-};
+use super::{flag, new_sources};
 
 /// Attach shaper to IFACE, or change its rate and burst in place if already attached.
 #[derive(Debug, clap::Args)]
@@ -37,15 +37,15 @@ pub struct Args {
     #[arg(long)]
     pub burst: Size,
     /// How to attach the XDP program.
-    #[arg(long, value_enum, default_value_t = XdpModeArg::Auto)]
-    pub xdp_mode: XdpModeArg,
+    #[arg(long, value_enum, default_value_t = XdpAttachMode::Auto)]
+    pub xdp_mode: XdpAttachMode,
     /// Where the program runs: xdp (ingress only) or tc (either direction) [default: xdp
     /// for ingress, tc for egress]
     #[arg(long, value_enum)]
-    pub hook: Option<HookArg>,
+    pub hook: Option<Hook>,
     /// How to attach the tc program.
-    #[arg(long, value_enum, default_value_t = TcModeArg::Auto)]
-    pub tc_mode: TcModeArg,
+    #[arg(long, value_enum, default_value_t = TcAttachMode::Auto)]
+    pub tc_mode: TcAttachMode,
     /// Sources tracked at once per address family (least recently seen are evicted beyond
     /// this) [default: 262144]
     #[arg(long)]
@@ -53,7 +53,7 @@ pub struct Args {
     /// Which address gets a bucket: the source (senders) or the destination (receivers)
     /// [default: src for ingress, dst for egress]
     #[arg(long, value_enum)]
-    pub key: Option<KeyArg>,
+    pub key: Option<KeyBy>,
     /// IPv4 prefix length keys are masked to: 24 gives each /24 one bucket [default: 32]
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=32))]
     pub prefix_v4: Option<u32>,
@@ -64,7 +64,7 @@ pub struct Args {
     /// dropped [default: enforce; unchanged when updating]
     /// [shape: egress only, needs sch_fq as the root qdisc]
     #[arg(long, value_enum)]
-    pub mode: Option<ModeArg>,
+    pub mode: Option<Mode>,
     /// Shape mode: mark ECN-capable packets CE when held back longer than this (tc
     /// times: 5ms, 500us) [default: 5ms; unchanged when updating]
     #[arg(long)]
@@ -89,7 +89,9 @@ pub fn check_burst_fits(flag: &str, burst: Size, iface: &str) -> Result<()> {
 /// The library's error, with a setting named by its flag.
 fn flagged(e: AttachError) -> anyhow::Error {
     match e {
-        AttachError::Setting { setting, problem } => anyhow!("{} {problem}", flag(setting)),
+        AttachError::Request(RequestError::Setting { setting, problem }) => {
+            anyhow!("{} {problem}", flag(setting))
+        }
         e => e.into(),
     }
 }
@@ -103,19 +105,19 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         };
         anyhow!("invalid --{} {given}: {e}", e.field())
     })?;
-    let admission = args.new_sources.admission()?;
+    let admission = args.new_sources.of_interface()?;
     check_burst_fits("--burst", args.burst, &args.iface)?;
     let req = AttachRequest {
         at: scope.at(&args.iface),
         rate,
-        hook: args.hook.map(Hook::from),
-        xdp_mode: args.xdp_mode.into(),
-        tc_mode: args.tc_mode.into(),
+        hook: args.hook,
+        xdp_mode: args.xdp_mode,
+        tc_mode: args.tc_mode,
         max_sources: args.max_sources,
-        key: args.key.map(KeyBy::from),
+        key: args.key,
         prefix_v4: args.prefix_v4,
         prefix_v6: args.prefix_v6,
-        mode: args.mode.map(Mode::from),
+        mode: args.mode,
         ecn_threshold_ns: args.ecn_threshold.map(Delay::ns),
         horizon_ns: args.horizon.map(Delay::ns),
         admission: admission.map_or(AdmissionRequest::Unchanged, AdmissionRequest::Exactly),
@@ -125,20 +127,20 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     let admitted = match admission.filter(Admission::limited) {
         Some(a) => format!(
             ", new sources {}",
-            new_sources::describe(a.new_sources, a.new_sources_burst)
+            admission::describe(a.new_sources, a.new_sources_burst)
         ),
         None => String::new(),
     };
     let change = journal::begin("attach", journal::Undo::of(&req.at)?.into_iter().collect())?;
-    let attached = loader::attach(&req).map_err(flagged)?;
+    let attached = attach::attach(&req).map_err(flagged)?;
     change.commit()?;
     match attached {
         Attached::New { xdp_mode } => println!(
             "attached to {} ({}{}): rate {} burst {} per {} /{} (IPv6 /{}){admitted}",
             req.at.label(),
             match Hook::of_mode(xdp_mode) {
-                Hook::Xdp => format!("{} XDP", loader::mode_name(xdp_mode)),
-                Hook::Tc => format!("tc {}", loader::mode_name(xdp_mode)),
+                Hook::Xdp => format!("{} XDP", request::mode_name(xdp_mode)),
+                Hook::Tc => format!("tc {}", request::mode_name(xdp_mode)),
             },
             match req.mode {
                 Some(Mode::Monitor) => ", monitor only".to_owned(),
@@ -152,7 +154,7 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
             },
             args.rate,
             args.burst,
-            match req.key.unwrap_or(loader::default_key(req.at.direction)) {
+            match req.key.unwrap_or(request::default_key(req.at.direction)) {
                 KeyBy::Src => "source",
                 KeyBy::Dst => "destination",
             },
@@ -166,6 +168,12 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         ),
         Attached::Updated { .. } => println!(
             "updated {}: rate {} burst {} per source{admitted}",
+            req.at.label(),
+            args.rate,
+            args.burst
+        ),
+        Attached::Relinked { .. } => println!(
+            "attached {} again over its pins (the interface was made again): every source's bucket, the policies and the counters kept; rate {} burst {} per source{admitted}",
             req.at.label(),
             args.rate,
             args.burst

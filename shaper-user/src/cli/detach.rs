@@ -2,7 +2,7 @@
 
 use super::Scope;
 use anyhow::Result;
-use shaper_user::{loader, system};
+use shaper_user::{detach, system};
 
 /// Detach shaper from IFACE and remove its pins.
 #[derive(Debug, clap::Args)]
@@ -13,7 +13,7 @@ pub struct Args {
 pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     let at = scope.at(&args.iface);
     let _lock = system::lock()?;
-    loader::detach(&at)?;
+    detach::detach(&at)?;
     println!("detached from {}", at.label());
     Ok(())
 }

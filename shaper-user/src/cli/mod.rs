@@ -14,12 +14,13 @@ pub mod run;
 pub mod stats;
 pub mod status;
 pub mod top;
-pub mod values;
 pub mod watch;
 
 use clap::{Parser, Subcommand};
-use shaper_user::pins::{Attachment, Direction};
-use values::DirectionArg;
+use shaper_user::{
+    pins::{Attachment, Direction},
+    setting::Setting,
+};
 
 /// Per-source byte-rate limiting in the kernel (XDP), held with GCRA.
 #[derive(Debug, Parser)]
@@ -30,8 +31,8 @@ pub struct Cli {
     pub netns: Option<String>,
     /// Which traffic of the interface: ingress (what it receives) or egress (what it
     /// sends); each is an attachment of its own
-    #[arg(long, global = true, value_enum, default_value_t = DirectionArg::Ingress)]
-    pub direction: DirectionArg,
+    #[arg(long, global = true, value_enum, default_value_t = Direction::Ingress)]
+    pub direction: Direction,
     /// Print JSON instead of text (status, stats, policy list, top; watch: JSON lines).
     #[arg(short = 'j', long, global = true)]
     pub json: bool,
@@ -77,11 +78,23 @@ impl Scope<'_> {
     }
 }
 
+/// The flag that sets `setting`: `--max-sources`.
+pub fn flag(setting: Setting) -> String {
+    format!("--{}", setting.name().replace('_', "-"))
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory as _;
 
-    use super::Cli;
+    use super::*;
+
+    #[test]
+    fn settings_are_named_by_their_flags() {
+        assert_eq!(flag(Setting::MaxSources), "--max-sources");
+        assert_eq!(flag(Setting::PrefixV4), "--prefix-v4");
+        assert_eq!(flag(Setting::NewSourcesBurst), "--new-sources-burst");
+    }
 
     /// clap checks a command's definition only when it is built: catch clashes (two flag
     /// groups of one name, ...) here rather than in the first run.

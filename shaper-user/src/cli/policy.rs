@@ -5,10 +5,10 @@ use anyhow::{Result, bail};
 use serde::Serialize;
 use shaper_common::{config::PolicyLimits, maps::DEFAULT_SLOT};
 use shaper_user::{
-    journal, loader,
+    admission, journal, link,
     pins::Attachment,
-    policy::{Action, Installed, Mode, PolicySpec, PolicyTable, parse_prefix},
-    system,
+    policy::{Action, CheckedPolicy, Installed, Mode, PolicySpec, PolicyTable, parse_prefix},
+    request, system,
     units::{Rate, Size},
     upgrade,
 };
@@ -16,8 +16,7 @@ use shaper_user::{
 use super::{
     attach::check_burst_fits,
     new_sources,
-    outcomes::{OutcomeFields, Unadmitted},
-    values::{ActionArg, ModeArg},
+    outcomes::{OutcomeFields, SightingFields, Unadmitted},
 };
 
 /// Per-prefix policies: limits, exemptions and blocks, longest prefix wins
@@ -38,8 +37,8 @@ pub struct SetArgs {
     /// 203.0.113.0/24, 2001:db8::/48, or one address (a /32 or /128)
     pub prefix: String,
     /// What to do with the prefix's sources
-    #[arg(long, value_enum, default_value_t = ActionArg::Limit)]
-    pub action: ActionArg,
+    #[arg(long, value_enum, default_value_t = Action::Limit)]
+    pub action: Action,
     /// Rate per source, in tc units (with --action limit)
     #[arg(long)]
     pub rate: Option<Rate>,
@@ -53,8 +52,8 @@ pub struct SetArgs {
     #[arg(long, requires = "aggregate_rate")]
     pub aggregate_burst: Option<Size>,
     /// monitor: drop nothing for this prefix, count what would be dropped
-    #[arg(long, value_enum, default_value_t = ModeArg::Enforce)]
-    pub mode: ModeArg,
+    #[arg(long, value_enum, default_value_t = Mode::Enforce)]
+    pub mode: Mode,
     #[command(flatten)]
     pub new_sources: new_sources::Flags,
 }
@@ -92,15 +91,15 @@ fn open(iface: &str, scope: Scope<'_>) -> Result<(Attachment, PolicyTable)> {
 /// pins of a deleted interface would be in force nowhere.
 fn open_live(iface: &str, scope: Scope<'_>) -> Result<(Attachment, PolicyTable)> {
     let (at, table) = open(iface, scope)?;
-    if !loader::is_live(&at) {
-        bail!("{}", loader::gone(&at));
+    if !link::is_live(&at) {
+        bail!("{}", link::gone(&at));
     }
     Ok((at, table))
 }
 
 /// The limits `set` asks for, checked against the action.
 fn limits(args: &SetArgs) -> Result<PolicyLimits> {
-    let action = Action::from(args.action);
+    let action = args.action;
     let limit = action == Action::Limit;
     if !limit {
         for (flag, given) in [
@@ -118,15 +117,10 @@ fn limits(args: &SetArgs) -> Result<PolicyLimits> {
         (true, Some(r), Some(b)) => (r.bits_per_sec(), b.bytes()),
         (true, _, _) => bail!("--action limit needs --rate and --burst"),
     };
-    let admission = match args.new_sources.admission()? {
-        Some(a) if !a.limited() => bail!(
-            "--new-sources unlimited: a policy without --new-sources shares the interface's admission"
-        ),
-        a => a.unwrap_or_default(),
-    };
+    let admission = args.new_sources.of_policy()?;
     Ok(PolicyLimits {
         action: action.value(),
-        mode: Mode::from(args.mode).value(),
+        mode: args.mode.value(),
         rate_bps: rate,
         burst_bytes: burst,
         aggregate_rate_bps: args.aggregate_rate.map_or(0, |r| r.bits_per_sec()),
@@ -138,13 +132,12 @@ fn limits(args: &SetArgs) -> Result<PolicyLimits> {
 
 fn set(args: &SetArgs, scope: Scope<'_>) -> Result<()> {
     let prefix = parse_prefix(&args.prefix)?;
-    let spec = PolicySpec {
+    // Names the bad value before anything else is looked at.
+    let policy = CheckedPolicy::new(PolicySpec {
         prefix,
         limits: limits(args)?,
-    };
-    // Names the bad value before anything else is looked at.
-    spec.to_policy()
-        .map_err(|e| anyhow::anyhow!("invalid policy for {prefix}: {e}"))?;
+    })?;
+    let spec = *policy.spec();
     if let Some(burst) = args.burst {
         check_burst_fits("--burst", burst, &args.iface)?;
     }
@@ -155,14 +148,14 @@ fn set(args: &SetArgs, scope: Scope<'_>) -> Result<()> {
     upgrade::recover(&scope.at(&args.iface))?;
     let (at, mut table) = open_live(&args.iface, scope)?;
     let config = table.config()?;
-    loader::check_shape(
+    request::check_shape(
         &at,
-        loader::Hook::of_mode(config.xdp_mode),
+        request::Hook::of_mode(config.xdp_mode),
         &config,
-        Some(&[spec]),
+        [spec].iter(),
     )?;
     let change = journal::begin("policy set", journal::Undo::of(&at)?.into_iter().collect())?;
-    let changes = table.set(spec)?;
+    let changes = table.set(policy)?;
     change.commit()?;
     let what = if !changes.added.is_empty() {
         "added"
@@ -208,7 +201,7 @@ pub fn describe(spec: &PolicySpec) -> String {
     }
     if l.new_sources != 0 {
         text += ", new sources ";
-        text += &new_sources::describe(l.new_sources, l.new_sources_burst);
+        text += &admission::describe(l.new_sources, l.new_sources_burst);
     }
     match spec.mode() {
         Mode::Monitor => text += " (monitor)",
@@ -242,6 +235,8 @@ struct Row {
     /// Keys given a cell under this policy.
     new_sources: u64,
     #[serde(flatten)]
+    sightings: SightingFields,
+    #[serde(flatten)]
     unadmitted: Unadmitted,
 }
 
@@ -268,6 +263,7 @@ fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Res
         new_sources_per_sec: l.new_sources,
         new_sources_burst: l.new_sources_burst,
         new_sources: s.new_sources,
+        sightings: (&s.sightings).into(),
         unadmitted: (&s.unadmitted).into(),
     })
 }
@@ -295,7 +291,7 @@ fn list(args: &ListArgs, scope: Scope<'_>, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>9} {:>9} {:>12} {:>12} {:>12} {:>10} {:>12}",
+        "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>9} {:>9} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12}",
         "prefix",
         "action",
         "mode",
@@ -308,12 +304,13 @@ fn list(args: &ListArgs, scope: Scope<'_>, json: bool) -> Result<()> {
         "dropped pkts",
         "would drop",
         "new keys",
+        "seen once",
         "unadmitted"
     );
     let or_dash = |v: u64, text: String| if v == 0 { "-".to_owned() } else { text };
     for r in &rows {
         println!(
-            "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>9} {:>9} {:>12} {:>12} {:>12} {:>10} {:>12}",
+            "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>9} {:>9} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12}",
             r.prefix,
             r.action,
             r.mode,
@@ -335,6 +332,7 @@ fn list(args: &ListArgs, scope: Scope<'_>, json: bool) -> Result<()> {
             r.outcomes.counts.dropped_packets,
             r.outcomes.counts.would_drop_packets,
             r.new_sources,
+            r.sightings.seen_once,
             r.unadmitted.unadmitted_packets
         );
     }

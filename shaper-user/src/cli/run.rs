@@ -1,9 +1,11 @@
-//! `shaper run -f FILE [--detach-on-exit] [--metrics ADDR:PORT] [--no-watch]`: the
-//! daemon. It applies the file as `apply` does (all or nothing), attaches an interface of
-//! the file again when it reappears (netlink link events), tells systemd it is
-//! ready (sd_notify), applies the file again on SIGHUP and when it changes (inotify on its
-//! directory; a file it refuses leaves the running configuration as it was, and says why
-//! in one line), and on SIGTERM or SIGINT exits, leaving the
+//! `shaper run -f FILE [--detach-on-exit] [--metrics ADDR:PORT] [--top [ADDR:PORT]]
+//! [--no-watch]`: the daemon. It applies the file as `apply` does (all or nothing),
+//! attaches an interface of the file again when it reappears (netlink link events), tells
+//! systemd it is ready (sd_notify), applies the file again on SIGHUP and when its content
+//! changes (inotify on its directory: an editor's rename over it, or the kubelet's swap of
+//! a ConfigMap volume's `..data` symlink, which the file reaches through; a file it
+//! refuses leaves the running configuration as it was, and says why in one line), and on
+//! SIGTERM or SIGINT exits, leaving the
 //! limits in force through their pins, or detaching what the file names with
 //! `--detach-on-exit`. One runs per host ([`system::daemon_lock`]); each change takes
 //! the same lock as every other command. It logs one line per event on stderr (the
@@ -12,14 +14,24 @@
 mod http;
 
 use std::{
-    collections::{HashMap, HashSet},
+    cell::RefCell,
     net::SocketAddr,
-    path::PathBuf,
+    path::{Path, PathBuf},
+    rc::Rc,
+    time::SystemTime,
 };
 
 use anyhow::{Context as _, Result};
 use sd_notify::NotifyState;
-use shaper_user::{apply, config_file::DesiredInterface, loader, pins::Attachment, system};
+use shaper_user::{
+    apply,
+    attach::Attached,
+    detach, link,
+    metrics::{self, SourceCounter},
+    pins::Attachment,
+    request::AttachRequest,
+    system,
+};
 
 use super::Scope;
 use tokio::{
@@ -37,13 +49,19 @@ pub struct Args {
     /// On exit, detach every interface the file names instead of leaving them attached
     #[arg(long)]
     pub detach_on_exit: bool,
-    /// Serve /metrics (Prometheus) and /top (JSON) over HTTP on this address, in the
-    /// daemon's namespace
+    /// Serve /metrics (Prometheus) over HTTP on this address, in the daemon's namespace:
+    /// counters and gauges by interface and policy, never an address
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9753")]
     pub metrics: SocketAddr,
     /// Serve no metrics
     #[arg(long, conflicts_with = "metrics")]
     pub no_metrics: bool,
+    /// Also serve /top (the addresses dropped most, as JSON) on a listener of its own,
+    /// on loopback unless an address is given: it shows every source's address and
+    /// traffic, so keep it off a /metrics port other hosts reach
+    #[arg(long, value_name = "ADDR:PORT", num_args = 0..=1,
+          default_missing_value = "127.0.0.1:9754")]
+    pub top: Option<SocketAddr>,
     /// Apply the file again only on SIGHUP, not whenever it changes
     #[arg(long)]
     pub no_watch: bool,
@@ -51,7 +69,7 @@ pub struct Args {
 
 /// Reads and applies the file under the lock; returns what it applied and a line saying
 /// what changed.
-fn apply_file(file: &std::path::Path, scope: Scope<'_>) -> Result<(Vec<DesiredInterface>, String)> {
+fn apply_file(file: &Path, scope: Scope<'_>) -> Result<(Vec<AttachRequest>, String)> {
     let desired = super::apply::read(file, scope.direction)?;
     let applied = {
         let _lock = system::lock()?;
@@ -72,80 +90,30 @@ fn apply_file(file: &std::path::Path, scope: Scope<'_>) -> Result<(Vec<DesiredIn
     Ok((desired, format!("applied {}: {what}", file.display())))
 }
 
-/// Loads and verifies, on a blocking thread, a program over the pins of each running
-/// interface that has none in `standbys` (XDP attachments only), and sends each one
-/// back: when an interface is deleted and made again, linking that program takes
-/// milliseconds where an attach spends a second or more in the verifier.
-/// A standby whose pins were removed or replaced (`shaper detach`, an attach afresh) is
-/// dropped first: it would keep the old maps alive.
-fn prepare(
-    running: &[DesiredInterface],
-    netns: Option<&str>,
-    standbys: &mut Standbys,
-    ready: &tokio::sync::mpsc::UnboundedSender<(String, Option<loader::Standby>)>,
-) {
-    standbys.ready.retain(|name, standby| {
-        running.iter().any(|d| {
-            &d.name == name && standby.is_over(&Attachment::toward(name, netns, d.direction))
-        })
-    });
-    for d in running.iter() {
-        if standbys.ready.contains_key(&d.name) || !standbys.preparing.insert(d.name.clone()) {
-            continue;
-        }
-        let at = Attachment::toward(&d.name, netns, d.direction);
-        let (name, ready) = (d.name.clone(), ready.clone());
-        tokio::task::spawn_blocking(move || {
-            // None for a tc attachment, or pins that are not there: attached the usual way.
-            // Under the lock: the loader would make and pin a map that a change under way
-            // had not pinned yet.
-            let standby = system::lock()
-                .ok()
-                .and_then(|_lock| loader::standby(&at).ok());
-            let _ = ready.send((name, standby));
-        });
-    }
-}
-
-/// The daemon's standby programs, by interface name.
-#[derive(Default)]
-struct Standbys {
-    ready: HashMap<String, loader::Standby>,
-    /// Being loaded and verified.
-    preparing: HashSet<String>,
-    /// Interfaces back while their standby was being prepared: attached when it is
-    /// ready, sooner than a load of their own would be.
-    waiting: HashSet<String>,
-}
-
-/// Attaches the running configuration's interface `name` again, through its standby
-/// program when it has one, then applies the running configuration; says how.
-fn attach_again(
-    name: &str,
-    running: &[DesiredInterface],
-    netns: Option<&str>,
-    standbys: &mut Standbys,
-) -> String {
+/// Attaches the running configuration's interface `name` again (deleted and made again,
+/// it lost its program: attach links one again over its pins, keeping every cell and
+/// counter), then applies the running configuration; says how.
+fn attach_again(name: &str, running: &[AttachRequest], netns: Option<&str>) -> String {
     let result = (|| -> Result<bool> {
         let _lock = system::lock()?;
-        let relinked = match (
-            running.iter().find(|d| d.name == name),
-            standbys.ready.remove(name),
-        ) {
-            (Some(d), Some(mut standby)) => {
-                let at = Attachment::toward(name, netns, d.direction);
-                loader::relink(&at, &mut standby)?
-            }
-            _ => false,
-        };
-        apply::apply(running, netns)?;
-        Ok(relinked)
+        let applied = apply::apply(running, netns)?;
+        Ok(applied
+            .iter()
+            .any(|a| a.iface == name && matches!(a.outcome, Attached::Relinked { .. })))
     })();
     match result {
         Ok(true) => format!("{name} appeared: attached it again (its program and maps kept)"),
         Ok(false) => format!("{name} appeared: attached it again"),
         Err(e) => format!("{name} appeared, but attaching it failed: {e:#}"),
     }
+}
+
+/// The interfaces and directions of a configuration, for the metrics.
+fn configured(running: &[AttachRequest]) -> Vec<(String, shaper_user::pins::Direction)> {
+    running
+        .iter()
+        .map(|d| (d.at.iface.clone(), d.at.direction))
+        .collect()
 }
 
 /// Tells systemd, when it supervises us; elsewhere NOTIFY_SOCKET is unset and this does
@@ -156,25 +124,24 @@ fn notify(states: &[NotifyState]) {
     }
 }
 
-/// Watches the file's directory (editors replace a file rather than write it) and sends
-/// a message when an event names the file. The watcher lives as long as the value.
-fn watch(file: &std::path::Path) -> Result<(notify::RecommendedWatcher, UnboundedReceiver<()>)> {
+/// Watches the file's directory and sends a message on any change in it: editors
+/// replace a file rather than write it, and a Kubernetes ConfigMap volume changes no file
+/// of its own, but swaps the `..data` symlink that `shaper.toml -> ..data/shaper.toml`
+/// goes through. Whether the file's content changed is for the receiver to tell
+/// ([`Content`]). The watcher lives as long as the value.
+fn watch(file: &Path) -> Result<(notify::RecommendedWatcher, UnboundedReceiver<()>)> {
     use notify::Watcher as _;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let name = file.file_name().map(ToOwned::to_owned);
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
-        if event.kind.is_access() {
-            return;
-        }
-        if event.paths.iter().any(|p| p.file_name() == name.as_deref()) {
+        if !event.kind.is_access() {
             let _ = tx.send(());
         }
     })
     .context("cannot watch the configuration file")?;
     let dir = match file.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => std::path::Path::new("."),
+        _ => Path::new("."),
     };
     watcher
         .watch(dir, notify::RecursiveMode::NonRecursive)
@@ -213,6 +180,17 @@ fn link_events() -> Result<(
 /// save is several events (write, rename, attributes).
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(300);
 
+/// The file's content as last read (through any symlinks), or why it could not be read:
+/// a change in its directory is applied only when this differs.
+#[derive(PartialEq, Eq)]
+struct Content(std::result::Result<Vec<u8>, std::io::ErrorKind>);
+
+impl Content {
+    fn read(file: &Path) -> Self {
+        Self(std::fs::read(file).map_err(|e| e.kind()))
+    }
+}
+
 pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     let netns = scope.netns;
     let _daemon = system::daemon_lock()?;
@@ -220,9 +198,23 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     let mut hup = signal(SignalKind::hangup()).context("cannot catch SIGHUP")?;
     let mut term = signal(SignalKind::terminate()).context("cannot catch SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot catch SIGINT")?;
+    if args
+        .top
+        .is_some_and(|top| !args.no_metrics && top.port() == args.metrics.port())
+    {
+        anyhow::bail!(
+            "--top {}: /top needs a port of its own, not the metrics port {}",
+            args.top.unwrap_or(args.metrics),
+            args.metrics.port()
+        );
+    }
     let listener = match args.no_metrics {
         true => None,
-        false => Some(http::bind(args.metrics).await?),
+        false => Some(http::bind(args.metrics, "metrics").await?),
+    };
+    let top_listener = match args.top {
+        Some(addr) => Some((addr, http::bind(addr, "/top").await?)),
+        None => None,
     };
     // Without a watcher, a channel nobody sends on (its sender kept, so it never closes).
     let (_watcher, mut changed) = match args.no_watch {
@@ -237,20 +229,41 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     };
     let (links_conn, links) = link_events()?;
     let mut links = std::pin::pin!(links);
+    let mut content = Content::read(&args.file);
     let (mut running, line) = apply_file(&args.file, scope)?;
     eprintln!("shaper: {line}");
-    let mut standbys = Standbys::default();
-    let (standby_tx, mut standby_rx) = tokio::sync::mpsc::unbounded_channel();
-    prepare(&running, netns, &mut standbys, &standby_tx);
+    let daemon_state = Rc::new(RefCell::new(metrics::Daemon {
+        configured: configured(&running),
+        last_reload: None,
+    }));
     // The server runs on this thread, between signals.
     let local = tokio::task::LocalSet::new();
     if let Some(listener) = listener {
-        eprintln!(
-            "shaper: serving /metrics and /top on http://{}",
-            args.metrics
-        );
+        eprintln!("shaper: serving /metrics on http://{}", args.metrics);
+        // The source maps are counted on a thread of their own, at most 1% of a CPU;
+        // a scrape serves the last count.
+        let sources = SourceCounter::default();
+        let (counter, ns) = (sources.clone(), netns.map(str::to_owned));
+        std::thread::Builder::new()
+            .name("count-sources".to_owned())
+            .spawn(move || counter.run(ns.as_deref()))
+            .context("cannot start the thread counting sources")?;
+        let serves = http::Serves::Metrics {
+            sources,
+            daemon: Rc::clone(&daemon_state),
+        };
         local.spawn_local(http::serve(
             listener,
+            serves,
+            netns.map(str::to_owned),
+            scope.direction,
+        ));
+    }
+    if let Some((addr, listener)) = top_listener {
+        eprintln!("shaper: serving /top on http://{addr}");
+        local.spawn_local(http::serve(
+            listener,
+            http::Serves::Top,
             netns.map(str::to_owned),
             scope.direction,
         ));
@@ -263,7 +276,8 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                 let why = tokio::select! {
                     _ = hup.recv() => "SIGHUP",
                     Some(()) = changed.recv() => {
-                        // Wait for the writes to settle, then apply what is there.
+                        // Wait for the writes to settle, then apply what is there if it
+                        // is not what was last read.
                         loop {
                             tokio::time::sleep(SETTLE).await;
                             if changed.try_recv().is_err() {
@@ -271,56 +285,50 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                             }
                             while changed.try_recv().is_ok() {}
                         }
+                        if Content::read(&args.file) == content {
+                            continue;
+                        }
                         "the file changed"
                     }
                     Some(name) = futures::StreamExt::next(&mut links) => {
                         // Deleting an interface sends a last RTM_NEWLINK too: only
                         // one that exists and has lost its program is attached.
-                        if !running.iter().any(|d| d.name == name)
+                        if !running.iter().any(|d| d.at.iface == name)
                             || system::ifindex(&name).is_err()
-                            || loader::is_live(&Attachment::toward(&name, netns, scope.direction))
+                            || link::is_live(&Attachment::toward(&name, netns, scope.direction))
                         {
                             continue;
                         }
                         // An interface of the file is back (deleted and made again, or its
                         // namespace's): attach it again, with what is running.
-                        if standbys.preparing.contains(&name) {
-                            standbys.waiting.insert(name);
-                            continue;
-                        }
-                        let said = attach_again(&name, &running, netns, &mut standbys);
+                        let said = attach_again(&name, &running, netns);
                         eprintln!("shaper: {said}");
                         notify(&[NotifyState::Status(&said)]);
-                        prepare(&running, netns, &mut standbys, &standby_tx);
-                        continue;
-                    }
-                    Some((name, standby)) = standby_rx.recv() => {
-                        standbys.preparing.remove(&name);
-                        if let Some(standby) = standby {
-                            standbys.ready.insert(name.clone(), standby);
-                            // For the tests (systemd keeps no unknown variable).
-                            notify(&[NotifyState::Custom(&format!("X_SHAPER_STANDBY={name}"))]);
-                        }
-                        if standbys.waiting.remove(&name) && system::ifindex(&name).is_ok() {
-                            let said = attach_again(&name, &running, netns, &mut standbys);
-                            eprintln!("shaper: {said}");
-                            notify(&[NotifyState::Status(&said)]);
-                            prepare(&running, netns, &mut standbys, &standby_tx);
-                        }
                         continue;
                     }
                     _ = term.recv() => break,
                     _ = int.recv() => break,
                 };
                 notify(&[NotifyState::Reloading]);
-                let status = match apply_file(&args.file, scope) {
+                content = Content::read(&args.file);
+                let (successful, status) = match apply_file(&args.file, scope) {
                     Ok((desired, line)) => {
                         running = desired;
-                        prepare(&running, netns, &mut standbys, &standby_tx);
-                        line
+                        (true, line)
                     }
-                    Err(e) => format!("reload refused, the running configuration stays: {e:#}"),
+                    Err(e) => (
+                        false,
+                        format!("reload refused, the running configuration stays: {e:#}"),
+                    ),
                 };
+                {
+                    let mut state = daemon_state.borrow_mut();
+                    state.configured = configured(&running);
+                    state.last_reload = Some(metrics::Reload {
+                        successful,
+                        at: SystemTime::now(),
+                    });
+                }
                 eprintln!("shaper: {why}: {status}");
                 notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
             }
@@ -333,8 +341,8 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     }
     let _lock = system::lock()?;
     for d in &running {
-        let at = Attachment::toward(&d.name, netns, d.direction);
-        loader::detach(&at)?;
+        let at = Attachment::toward(&d.at.iface, netns, d.at.direction);
+        detach::detach(&at)?;
         eprintln!("shaper: detached from {}", at.label());
     }
     Ok(())

@@ -2,14 +2,13 @@
 
 use super::Scope;
 use anyhow::Result;
-
-use super::new_sources;
 use serde::Serialize;
 use shaper_common::layout::LAYOUT_VERSION;
 use shaper_user::{
-    loader, maps,
+    admission, link, maps,
     pins::{self, Attachment},
     policy::Mode,
+    request,
     units::{Delay, Rate, Size},
     upgrade,
 };
@@ -70,15 +69,15 @@ fn row(at: &Attachment) -> Result<Row> {
         interface: at.iface.clone(),
         netns: at.netns.clone(),
         direction: at.direction.name(),
-        hook: loader::Hook::of_mode(config.xdp_mode).name(),
-        xdp_mode: loader::mode_name(config.xdp_mode),
-        interface_present: loader::is_live(at),
+        hook: request::Hook::of_mode(config.xdp_mode).name(),
+        xdp_mode: request::mode_name(config.xdp_mode),
+        interface_present: link::is_live(at),
         rate_bits_per_sec: config.rate_bps,
         burst_bytes: config.burst_bytes,
         mode: Mode::from_value(config.mode).name(),
         ecn_threshold_ns: config.shape.ecn_threshold_ns,
         horizon_ns: config.shape.horizon_ns,
-        key: loader::key_name(config.key_by),
+        key: request::key_name(config.key_by),
         prefix_v4_bits: config.prefix_v4,
         prefix_v6_bits: config.prefix_v6,
         sources_tracked: v4 + v6,
@@ -148,7 +147,7 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
             r.max_sources,
             r.ipv6_sources_tracked,
             r.max_sources,
-            new_sources::describe(r.new_sources_per_sec, r.new_sources_burst),
+            admission::describe(r.new_sources_per_sec, r.new_sources_burst),
             r.layout_version,
         );
     }

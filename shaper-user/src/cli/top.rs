@@ -18,8 +18,8 @@ use ratatui::{
 };
 use serde::Serialize;
 use shaper_user::{
-    loader,
     pins::Attachment,
+    request,
     sources::{self, Change, Sample, SortKey, SourceRate, TotalRates},
 };
 
@@ -82,7 +82,7 @@ fn snapshot(at: &Attachment, sort: SortKey, json: bool) -> Result<()> {
             interface: at.iface.clone(),
             netns: at.netns.clone(),
             direction: at.direction.name(),
-            key: loader::key_name(after.config.key_by),
+            key: request::key_name(after.config.key_by),
             interval_secs: totals.metered.secs,
             sort: sort.name(),
             totals: TotalsJson {
@@ -218,7 +218,7 @@ const WIDTHS: [usize; 7] = [24, 20, 14, 14, 10, 14, 10];
 
 /// The column titles.
 fn columns(s: &Sample) -> Vec<String> {
-    let key = if loader::key_name(s.config.key_by) == "dst" {
+    let key = if request::key_name(s.config.key_by) == "dst" {
         "destination"
     } else {
         "source"

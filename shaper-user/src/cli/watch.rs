@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 use shaper_common::maps::{Config, DEFAULT_SLOT, WatchEvent};
 use shaper_user::{
-    loader, maps,
+    link, maps,
     policy::{Installed, PolicyTable},
     watch::{self, Control, RENEW},
 };
@@ -163,8 +163,8 @@ pub async fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
     if !at.exists() {
         bail!("shaper is not attached to {}", at.label());
     }
-    if !loader::is_live(&at) {
-        bail!("{}", loader::gone(&at));
+    if !link::is_live(&at) {
+        bail!("{}", link::gone(&at));
     }
     let burst = args.burst.unwrap_or(args.rate.max(1));
     let config: Config = maps::read_config(&at)?;

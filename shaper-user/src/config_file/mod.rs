@@ -30,5 +30,5 @@
 mod model;
 mod render;
 
-pub use model::{DesiredInterface, FileError, parse};
+pub use model::{FileError, parse};
 pub use render::render;

@@ -1,24 +1,24 @@
-//! Reading a configuration file into what `apply` needs, every value checked, every error
-//! pointing at its line and field.
+//! Reading a configuration file into the requests `apply` makes, every value checked,
+//! every error pointing at its line and field. The settings are the library's own types
+//! (serde reads their names); what `attach` takes from flags, the file gives as fields.
 
 use std::ops::Range;
 
 use serde::Deserialize;
 use shaper_common::{
-    config::{ConfigError, PolicyLimits, RateLimit},
-    maps::{
-        Admission, DEFAULT_ECN_THRESHOLD_NS, DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4,
-        DEFAULT_PREFIX_V6,
-    },
+    config::{PolicyLimits, RateLimit},
+    maps::{DEFAULT_ECN_THRESHOLD_NS, DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
 };
-use toml::Spanned;
+use toml::{Spanned, Value};
 
 use crate::{
-    loader::{Hook, KeyBy, XdpAttachMode},
-    pins::Direction,
-    policy::{Action, Mode, PolicyError, PolicySpec, PolicyTable, parse_prefix},
+    admission::{self, KeysPerSec, NewSourcesError},
+    pins::{Attachment, Direction},
+    policy::{Action, CheckedPolicy, Mode, PolicyError, PolicySet, PolicySpec, parse_prefix},
+    request::{AdmissionRequest, AttachRequest, Hook, KeyBy, XdpAttachMode},
+    setting::Setting,
     tc::TcAttachMode,
-    units::{Rate, Size},
+    units::{Delay, Rate, Size, UnitError},
 };
 
 /// An error in a configuration file: `FILE:LINE: FIELD: what is wrong`.
@@ -30,41 +30,6 @@ pub struct FileError {
     /// `interface[0].policy[2].rate`, or the table or key the parser stopped at.
     pub field: String,
     pub message: String,
-}
-
-/// One interface as the file wants it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DesiredInterface {
-    pub name: String,
-    /// Which of the interface's traffic: each direction is an attachment of its own.
-    pub direction: Direction,
-    /// `None`: by direction (XDP for ingress, tc for egress).
-    pub hook: Option<Hook>,
-    pub tc_mode: TcAttachMode,
-    /// The default policy's rate and burst per source.
-    pub rate: RateLimit,
-    pub mode: Mode,
-    /// Shaping's ECN threshold and horizon, in nanoseconds (the defaults if not given).
-    pub ecn_threshold_ns: u64,
-    pub horizon_ns: u64,
-    pub key: Option<KeyBy>,
-    pub prefix_v4: Option<u32>,
-    pub prefix_v6: Option<u32>,
-    pub xdp_mode: XdpAttachMode,
-    pub max_sources: Option<u32>,
-    /// New-source admission of the interface; `None`: the default for its source maps.
-    pub admission: Option<Admission>,
-    pub policies: Vec<PolicySpec>,
-}
-
-impl DesiredInterface {
-    /// `eth0`, or `eth0 egress`.
-    pub fn label(&self) -> String {
-        match self.direction {
-            Direction::Ingress => self.name.clone(),
-            Direction::Egress => format!("{} egress", self.name),
-        }
-    }
 }
 
 #[derive(Deserialize)]
@@ -81,29 +46,29 @@ struct InterfaceModel {
     #[serde(default)]
     direction: Option<Direction>,
     #[serde(default)]
-    hook: Option<HookName>,
+    hook: Option<Hook>,
     #[serde(default)]
-    tc_mode: Option<TcModeName>,
+    tc_mode: Option<TcAttachMode>,
     rate: Spanned<String>,
     burst: Spanned<String>,
     #[serde(default)]
-    mode: Option<ModeName>,
+    mode: Option<Mode>,
     #[serde(default)]
     ecn_threshold: Option<Spanned<String>>,
     #[serde(default)]
     horizon: Option<Spanned<String>>,
     #[serde(default)]
-    key: Option<KeyName>,
+    key: Option<KeyBy>,
     #[serde(default)]
     prefix_v4: Option<Spanned<u32>>,
     #[serde(default)]
     prefix_v6: Option<Spanned<u32>>,
     #[serde(default)]
-    xdp_mode: Option<XdpModeName>,
+    xdp_mode: Option<XdpAttachMode>,
     #[serde(default)]
     max_sources: Option<Spanned<u32>>,
     #[serde(default)]
-    new_sources: Option<Spanned<KeysPerSec>>,
+    new_sources: Option<Spanned<Value>>,
     #[serde(default)]
     new_sources_burst: Option<Spanned<u64>>,
     #[serde(default, rename = "policy")]
@@ -115,7 +80,7 @@ struct InterfaceModel {
 struct PolicyModel {
     prefix: Spanned<String>,
     #[serde(default)]
-    action: Option<ActionName>,
+    action: Option<Action>,
     #[serde(default)]
     rate: Option<Spanned<String>>,
     #[serde(default)]
@@ -125,76 +90,11 @@ struct PolicyModel {
     #[serde(default)]
     aggregate_burst: Option<Spanned<String>>,
     #[serde(default)]
-    mode: Option<ModeName>,
+    mode: Option<Mode>,
     #[serde(default)]
-    new_sources: Option<Spanned<u64>>,
+    new_sources: Option<Spanned<Value>>,
     #[serde(default)]
     new_sources_burst: Option<Spanned<u64>>,
-}
-
-/// `new_sources` of an interface: keys a second, or "unlimited".
-#[derive(Clone, Deserialize, serde::Serialize)]
-#[serde(untagged)]
-pub(crate) enum KeysPerSec {
-    Keys(u64),
-    Word(String),
-}
-
-/// The names the file uses for the CLI's value enums (serde checks them, with a span).
-#[derive(Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum ModeName {
-    Enforce,
-    Monitor,
-    Shape,
-}
-
-#[derive(Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum KeyName {
-    Src,
-    Dst,
-}
-
-#[derive(Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum XdpModeName {
-    Auto,
-    Native,
-    Skb,
-}
-
-#[derive(Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum HookName {
-    Xdp,
-    Tc,
-}
-
-#[derive(Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum TcModeName {
-    Auto,
-    Tcx,
-    Clsact,
-}
-
-#[derive(Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum ActionName {
-    Limit,
-    Pass,
-    Drop,
-}
-
-impl From<ModeName> for Mode {
-    fn from(m: ModeName) -> Self {
-        match m {
-            ModeName::Enforce => Self::Enforce,
-            ModeName::Monitor => Self::Monitor,
-            ModeName::Shape => Self::Shape,
-        }
-    }
 }
 
 /// Points errors at lines of one file.
@@ -253,33 +153,33 @@ impl Source<'_> {
     }
 }
 
-/// Reads the file text `text` (named `file` in errors) into the interfaces it wants; an
-/// interface that names no direction is for `direction`.
+/// Reads the file text `text` (named `file` in errors) into what it asks of each
+/// interface it names: the request `attach` takes, the file being the whole truth (what
+/// it leaves out is the default, and its policies are all the interface has). An
+/// interface that names no direction is for `direction`; each request is for the
+/// namespace the command runs in (`apply` names it).
 pub fn parse(
     file: &str,
     text: &str,
     direction: Direction,
-) -> Result<Vec<DesiredInterface>, FileError> {
+) -> Result<Vec<AttachRequest>, FileError> {
     let src = Source { file, text };
     let model: FileModel = toml::from_str(text).map_err(|e| src.parse_error(&e))?;
     if model.interfaces.is_empty() {
         return Err(src.error(0..0, "interface".into(), "no [[interface]] in the file"));
     }
-    let mut out: Vec<DesiredInterface> = Vec::new();
+    let mut out: Vec<AttachRequest> = Vec::new();
     for (i, m) in model.interfaces.into_iter().enumerate() {
         let here = format!("interface[{i}]");
-        let name = m.name.get_ref().clone();
-        let direction = m.direction.unwrap_or(direction);
-        if out
-            .iter()
-            .any(|d| d.name == name && d.direction == direction)
-        {
+        let at = Attachment::toward(m.name.get_ref(), None, m.direction.unwrap_or(direction));
+        if out.iter().any(|r| r.at == at) {
             return Err(src.error(
                 m.name.span(),
                 format!("{here}.name"),
                 format!(
-                    "interface '{name}' is listed twice for {}",
-                    direction.name()
+                    "interface '{}' is listed twice for {}",
+                    at.iface,
+                    at.direction.name()
                 ),
             ));
         }
@@ -303,29 +203,31 @@ pub fn parse(
                 "must be at least 1",
             ));
         }
-        let admission = interface_admission(&src, &m, &here)?;
-        let key_v4 = prefix_v4.unwrap_or(DEFAULT_PREFIX_V4);
-        let key_v6 = prefix_v6.unwrap_or(DEFAULT_PREFIX_V6);
+        let given = NewSources::of(&src, &m.new_sources, &m.new_sources_burst, &here)?;
+        let admission = admission::of_interface(given.n, given.burst)
+            .map_err(|e| given.error(&src, &m.name, e))?;
         let policies = m
             .policies
             .iter()
             .enumerate()
             .map(|(j, p)| policy(&src, p, &format!("{here}.policy[{j}]")))
             .collect::<Result<Vec<_>, _>>()?;
+        let keys = (
+            prefix_v4.unwrap_or(DEFAULT_PREFIX_V4),
+            prefix_v6.unwrap_or(DEFAULT_PREFIX_V6),
+        );
+        let prefixes: Vec<_> = policies.iter().map(|p| p.spec().prefix).collect();
         // As a set (duplicates, prefixes longer than the keys), the way every change is.
-        PolicyTable::validate(&policies, (key_v4, key_v6)).map_err(|e| {
+        let policies = PolicySet::new(policies, keys).map_err(|e| {
             let prefix = match &e {
-                PolicyError::Invalid { prefix, .. }
-                | PolicyError::LongerThanKey { prefix, .. }
-                | PolicyError::Duplicate { prefix } => Some(*prefix),
+                PolicyError::LongerThanKey { prefix, .. } | PolicyError::Duplicate { prefix } => {
+                    Some(*prefix)
+                }
                 _ => None,
             };
             // The offending entry: a duplicate's second listing, otherwise the first.
             let at = prefix.and_then(|prefix| {
-                let mut same = policies
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, s)| s.prefix == prefix);
+                let mut same = prefixes.iter().enumerate().filter(|(_, p)| **p == prefix);
                 let first = same.next().map(|(j, _)| j);
                 let second = same.next().map(|(j, _)| j);
                 second.or(first)
@@ -339,42 +241,31 @@ pub fn parse(
                 None => src.error(m.name.span(), format!("{here}.policy"), e.to_string()),
             }
         })?;
-        out.push(DesiredInterface {
-            name,
-            direction,
-            hook: m.hook.map(|h| match h {
-                HookName::Xdp => Hook::Xdp,
-                HookName::Tc => Hook::Tc,
-            }),
-            tc_mode: match m.tc_mode {
-                None | Some(TcModeName::Auto) => TcAttachMode::Auto,
-                Some(TcModeName::Tcx) => TcAttachMode::Tcx,
-                Some(TcModeName::Clsact) => TcAttachMode::Clsact,
-            },
+        out.push(AttachRequest {
+            at,
             rate,
-            mode: m.mode.map_or(Mode::Enforce, Mode::from),
-            ecn_threshold_ns: delay(
-                &src,
-                m.ecn_threshold.as_ref(),
-                format!("{here}.ecn_threshold"),
-            )?
-            .unwrap_or(DEFAULT_ECN_THRESHOLD_NS),
-            horizon_ns: delay(&src, m.horizon.as_ref(), format!("{here}.horizon"))?
-                .unwrap_or(DEFAULT_HORIZON_NS),
-            key: m.key.map(|k| match k {
-                KeyName::Src => KeyBy::Src,
-                KeyName::Dst => KeyBy::Dst,
-            }),
+            hook: m.hook,
+            xdp_mode: m.xdp_mode.unwrap_or_default(),
+            tc_mode: m.tc_mode.unwrap_or_default(),
+            max_sources: m.max_sources.map(|n| *n.get_ref()),
+            key: m.key,
             prefix_v4,
             prefix_v6,
-            xdp_mode: match m.xdp_mode {
-                None | Some(XdpModeName::Auto) => XdpAttachMode::Auto,
-                Some(XdpModeName::Native) => XdpAttachMode::Native,
-                Some(XdpModeName::Skb) => XdpAttachMode::Skb,
-            },
-            max_sources: m.max_sources.map(|n| *n.get_ref()),
-            admission,
-            policies,
+            mode: Some(m.mode.unwrap_or_default()),
+            ecn_threshold_ns: Some(
+                delay(
+                    &src,
+                    m.ecn_threshold.as_ref(),
+                    format!("{here}.ecn_threshold"),
+                )?
+                .unwrap_or(DEFAULT_ECN_THRESHOLD_NS),
+            ),
+            horizon_ns: Some(
+                delay(&src, m.horizon.as_ref(), format!("{here}.horizon"))?
+                    .unwrap_or(DEFAULT_HORIZON_NS),
+            ),
+            admission: admission.map_or(AdmissionRequest::Default, AdmissionRequest::Exactly),
+            policies: Some(policies),
         });
     }
     Ok(out)
@@ -383,7 +274,7 @@ pub fn parse(
 fn rate(src: &Source, v: &Spanned<String>, field: String) -> Result<Rate, FileError> {
     v.get_ref()
         .parse()
-        .map_err(|e: crate::units::UnitError| src.error(v.span(), field, e.to_string()))
+        .map_err(|e: UnitError| src.error(v.span(), field, e.to_string()))
 }
 
 /// A time span field (`5ms`), in nanoseconds; `None` when absent.
@@ -394,8 +285,8 @@ fn delay(
 ) -> Result<Option<u64>, FileError> {
     v.map(|v| {
         v.get_ref()
-            .parse::<crate::units::Delay>()
-            .map(crate::units::Delay::ns)
+            .parse::<Delay>()
+            .map(Delay::ns)
             .map_err(|e| src.error(v.span(), field, e.to_string()))
     })
     .transpose()
@@ -404,82 +295,103 @@ fn delay(
 fn size(src: &Source, v: &Spanned<String>, field: String) -> Result<Size, FileError> {
     v.get_ref()
         .parse()
-        .map_err(|e: crate::units::UnitError| src.error(v.span(), field, e.to_string()))
+        .map_err(|e: UnitError| src.error(v.span(), field, e.to_string()))
 }
 
-/// `new_sources` and `new_sources_burst` of an interface: `None` for neither (the
-/// default), unlimited for "unlimited".
-fn interface_admission(
-    src: &Source,
-    m: &InterfaceModel,
-    here: &str,
-) -> Result<Option<Admission>, FileError> {
-    let n = match &m.new_sources {
-        None => None,
-        Some(v) => match v.get_ref() {
-            KeysPerSec::Keys(n) => Some(Spanned::new(v.span(), *n)),
-            KeysPerSec::Word(w) if w == "unlimited" => {
-                return match &m.new_sources_burst {
-                    Some(b) => Err(src.error(
-                        b.span(),
-                        format!("{here}.new_sources_burst"),
-                        "has no meaning with new_sources = \"unlimited\"",
-                    )),
-                    None => Ok(Some(Admission::default())),
-                };
-            }
-            KeysPerSec::Word(w) => {
-                return Err(src.error(
-                    v.span(),
-                    format!("{here}.new_sources"),
-                    format!(
-                        "'{}' is not a positive whole number of keys a second, or \"unlimited\"",
-                        w.escape_debug()
-                    ),
-                ));
-            }
-        },
-    };
-    if n.is_none() && m.new_sources_burst.is_none() {
-        return Ok(None);
-    }
-    admission(src, &n, &m.new_sources_burst, here).map(Some)
+/// `new_sources` and `new_sources_burst` of a table, as given.
+struct NewSources<'a> {
+    n: Option<KeysPerSec>,
+    burst: Option<u64>,
+    n_field: &'a Option<Spanned<Value>>,
+    burst_field: &'a Option<Spanned<u64>>,
+    here: &'a str,
 }
 
-/// `new_sources` and `new_sources_burst` of the table at `here` (the burst defaults to
-/// the rate; neither: none of its own).
-fn admission(
-    src: &Source,
-    n: &Option<Spanned<u64>>,
-    burst: &Option<Spanned<u64>>,
-    here: &str,
-) -> Result<Admission, FileError> {
-    let Some(n) = n else {
-        return match burst {
-            Some(b) => Err(src.error(
-                b.span(),
-                format!("{here}.new_sources_burst"),
-                "needs new_sources",
-            )),
-            None => Ok(Admission::default()),
+impl<'a> NewSources<'a> {
+    /// The fields of the table at `here`: `new_sources` a positive whole number or
+    /// "unlimited".
+    fn of(
+        src: &Source,
+        n: &'a Option<Spanned<Value>>,
+        burst: &'a Option<Spanned<u64>>,
+        here: &'a str,
+    ) -> Result<Self, FileError> {
+        let keys = match n {
+            None => None,
+            Some(v) => Some(match v.get_ref() {
+                Value::Integer(0) => {
+                    return Err(src.error(
+                        v.span(),
+                        format!("{here}.new_sources"),
+                        "must be at least 1 (leave it out for the default)",
+                    ));
+                }
+                Value::Integer(n) if *n > 0 => KeysPerSec(n.unsigned_abs()),
+                Value::String(w) if w == "unlimited" => KeysPerSec::UNLIMITED,
+                other => {
+                    let word = match other {
+                        Value::String(w) => w.clone(),
+                        v => v.to_string(),
+                    };
+                    return Err(src.error(
+                        v.span(),
+                        format!("{here}.new_sources"),
+                        format!(
+                            "'{}' is not a positive whole number of keys a second, or \"unlimited\"",
+                            word.escape_debug()
+                        ),
+                    ));
+                }
+            }),
         };
-    };
-    if *n.get_ref() == 0 {
-        return Err(src.error(
-            n.span(),
-            format!("{here}.new_sources"),
-            "must be at least 1 (leave it out for the default)",
-        ));
+        Ok(Self {
+            n: keys,
+            burst: burst.as_ref().map(|b| *b.get_ref()),
+            n_field: n,
+            burst_field: burst,
+            here,
+        })
     }
-    let b = burst.as_ref().map_or(*n.get_ref(), |b| *b.get_ref());
-    Admission::new(*n.get_ref(), b).map_err(|e| match (e, burst) {
-        (ConfigError::NewSources(_), Some(burst)) => src.error(
-            burst.span(),
-            format!("{here}.new_sources_burst"),
-            e.to_string(),
-        ),
-        _ => src.error(n.span(), format!("{here}.new_sources"), e.to_string()),
-    })
+
+    /// A refusal of the admission rules, at the field it is about (`name`, the table's
+    /// first field, if that one is not given).
+    fn error(&self, src: &Source, name: &Spanned<String>, e: NewSourcesError) -> FileError {
+        let n_span = self.n_field.as_ref().map(Spanned::span);
+        let burst_span = self.burst_field.as_ref().map(Spanned::span);
+        let (setting, message) = match &e {
+            NewSourcesError::BurstAlone { .. } => {
+                (Setting::NewSourcesBurst, "needs new_sources".to_owned())
+            }
+            NewSourcesError::BurstWhenUnlimited { .. } => (
+                Setting::NewSourcesBurst,
+                "has no meaning with new_sources = \"unlimited\"".to_owned(),
+            ),
+            NewSourcesError::UnlimitedPolicy => (
+                Setting::NewSources,
+                "\"unlimited\": a policy without new_sources shares the interface's admission"
+                    .to_owned(),
+            ),
+            // A burst refused although none was given is the default one: its rate's.
+            NewSourcesError::Invalid {
+                setting, reason, ..
+            } => (
+                match (setting, &burst_span) {
+                    (Setting::NewSourcesBurst, None) => Setting::NewSources,
+                    (s, _) => *s,
+                },
+                reason.to_string(),
+            ),
+        };
+        let span = match setting {
+            Setting::NewSourcesBurst => burst_span,
+            _ => n_span,
+        };
+        src.error(
+            span.unwrap_or_else(|| name.span()),
+            format!("{}.{setting}", self.here),
+            message,
+        )
+    }
 }
 
 fn bounded(
@@ -500,14 +412,10 @@ fn bounded(
 }
 
 /// One `[[interface.policy]]` table, checked the way `shaper policy set` checks its flags.
-fn policy(src: &Source, p: &PolicyModel, here: &str) -> Result<PolicySpec, FileError> {
+fn policy(src: &Source, p: &PolicyModel, here: &str) -> Result<CheckedPolicy, FileError> {
     let prefix = parse_prefix(p.prefix.get_ref())
         .map_err(|e| src.error(p.prefix.span(), format!("{here}.prefix"), e.to_string()))?;
-    let action = match p.action {
-        None | Some(ActionName::Limit) => Action::Limit,
-        Some(ActionName::Pass) => Action::Pass,
-        Some(ActionName::Drop) => Action::Drop,
-    };
+    let action = p.action.unwrap_or_default();
     let fields = [
         ("rate", &p.rate),
         ("burst", &p.burst),
@@ -523,10 +431,12 @@ fn policy(src: &Source, p: &PolicyModel, here: &str) -> Result<PolicySpec, FileE
             format!("has no meaning with action = \"{}\"", action.name()),
         ));
     }
-    let admission = admission(src, &p.new_sources, &p.new_sources_burst, here)?;
+    let given = NewSources::of(src, &p.new_sources, &p.new_sources_burst, here)?;
+    let admission =
+        admission::of_policy(given.n, given.burst).map_err(|e| given.error(src, &p.prefix, e))?;
     let mut limits = PolicyLimits {
         action: action.value(),
-        mode: p.mode.map_or(Mode::Enforce, Mode::from).value(),
+        mode: p.mode.unwrap_or_default().value(),
         new_sources: admission.new_sources,
         new_sources_burst: admission.new_sources_burst,
         ..PolicyLimits::default()
@@ -558,15 +468,28 @@ fn policy(src: &Source, p: &PolicyModel, here: &str) -> Result<PolicySpec, FileE
             }
         }
     }
-    let spec = PolicySpec { prefix, limits };
-    spec.to_policy()
-        .map_err(|e| src.error(p.prefix.span(), here.to_owned(), e.to_string()))?;
-    Ok(spec)
+    CheckedPolicy::new(PolicySpec { prefix, limits }).map_err(|e| match e {
+        PolicyError::Invalid { reason, .. } => {
+            src.error(p.prefix.span(), here.to_owned(), reason.to_string())
+        }
+        e => src.error(p.prefix.span(), here.to_owned(), e.to_string()),
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use shaper_common::maps::Admission;
+
     use super::*;
+
+    /// The policies a request names.
+    fn specs(r: &AttachRequest) -> Vec<PolicySpec> {
+        r.policies
+            .iter()
+            .flat_map(PolicySet::specs)
+            .copied()
+            .collect()
+    }
 
     const GOOD: &str = r#"
 [[interface]]
@@ -608,20 +531,21 @@ new_sources_burst = 200000
     fn a_good_file_reads_into_interfaces_and_policies() {
         let got = parse("isp.toml", GOOD, Direction::Ingress).unwrap();
         assert_eq!(got.len(), 2);
-        assert_eq!(got[0].name, "eth0");
+        assert_eq!(got[0].at, Attachment::new("eth0", None));
         assert_eq!(got[0].rate.rate_bps(), 10_000_000);
-        assert_eq!(got[0].policies.len(), 3);
-        assert_eq!(got[0].admission, None);
+        let policies = specs(&got[0]);
+        assert_eq!(policies.len(), 3);
+        assert_eq!(got[0].admission, AdmissionRequest::Default);
         assert_eq!(
             (
-                got[0].policies[2].limits.new_sources,
-                got[0].policies[2].limits.new_sources_burst
+                policies[2].limits.new_sources,
+                policies[2].limits.new_sources_burst
             ),
             (200, 200)
         );
         assert_eq!(
             got[1].admission,
-            Some(Admission::new(5000, 200_000).unwrap())
+            AdmissionRequest::Exactly(Admission::new(5000, 200_000).unwrap())
         );
         let unlimited = GOOD.replace(
             "new_sources = 5000\nnew_sources_burst = 200000",
@@ -629,11 +553,11 @@ new_sources_burst = 200000
         );
         assert_eq!(
             parse("isp.toml", &unlimited, Direction::Ingress).unwrap()[1].admission,
-            Some(Admission::default())
+            AdmissionRequest::Exactly(Admission::default())
         );
-        assert_eq!(got[0].policies[0].limits.aggregate_burst_bytes, 131_072);
-        assert_eq!(got[0].policies[1].action(), Action::Pass);
-        assert_eq!(got[1].mode, Mode::Monitor);
+        assert_eq!(policies[0].limits.aggregate_burst_bytes, 131_072);
+        assert_eq!(policies[1].action(), Action::Pass);
+        assert_eq!(got[1].mode, Some(Mode::Monitor));
         assert_eq!(got[1].key, Some(KeyBy::Dst));
         assert_eq!(got[1].prefix_v4, Some(24));
         assert_eq!(got[1].xdp_mode, XdpAttachMode::Skb);
@@ -728,7 +652,7 @@ new_sources_burst = 200000
         let got = parse("isp.toml", &both, Direction::Ingress).unwrap();
         assert_eq!(
             got.iter()
-                .map(|d| (d.label(), d.hook, d.tc_mode))
+                .map(|d| (d.at.label(), d.hook, d.tc_mode))
                 .collect::<Vec<_>>(),
             [
                 ("eth0".to_owned(), None, TcAttachMode::Auto),
@@ -759,5 +683,49 @@ new_sources_burst = 200000
             error_of(""),
             "isp.toml:1: interface: no [[interface]] in the file"
         );
+    }
+
+    #[test]
+    fn new_sources_follow_the_rules_the_flags_do() {
+        let word = GOOD.replace("new_sources = 5000\n", "new_sources = \"lots\"\n");
+        assert_eq!(
+            error_of(&word),
+            format!(
+                "isp.toml:{}: interface[1].new_sources: 'lots' is not a positive whole number of keys a second, or \"unlimited\"",
+                line(&word, "lots")
+            )
+        );
+        let negative = GOOD.replace("new_sources = 5000\n", "new_sources = -5\n");
+        assert_eq!(
+            error_of(&negative),
+            format!(
+                "isp.toml:{}: interface[1].new_sources: '-5' is not a positive whole number of keys a second, or \"unlimited\"",
+                line(&negative, "-5")
+            )
+        );
+        let unlimited_with_burst =
+            GOOD.replace("new_sources = 5000\n", "new_sources = \"unlimited\"\n");
+        assert_eq!(
+            error_of(&unlimited_with_burst),
+            format!(
+                "isp.toml:{}: interface[1].new_sources_burst: has no meaning with new_sources = \"unlimited\"",
+                line(&unlimited_with_burst, "new_sources_burst")
+            )
+        );
+        let policy_unlimited = GOOD.replace("new_sources = 200\n", "new_sources = \"unlimited\"\n");
+        assert_eq!(
+            error_of(&policy_unlimited),
+            format!(
+                "isp.toml:{}: interface[0].policy[2].new_sources: \"unlimited\": a policy without new_sources shares the interface's admission",
+                line(&policy_unlimited, "unlimited")
+            )
+        );
+        let burst_too_small = GOOD.replace("new_sources_burst = 200000", "new_sources_burst = 0");
+        let e = error_of(&burst_too_small);
+        let want = format!(
+            "isp.toml:{}: interface[1].new_sources_burst: new sources: ",
+            line(&burst_too_small, "new_sources_burst = 0")
+        );
+        assert!(e.starts_with(&want), "{e}");
     }
 }

@@ -2,12 +2,12 @@
 
 use serde::Serialize;
 
-use super::model::KeysPerSec;
 use crate::{
-    loader::{self, Hook, KeyBy},
+    admission::KeysPerSec,
     maps,
     pins::{Attachment, Direction},
     policy::{Action, Mode, PolicyError, PolicySpec, PolicyTable},
+    request::{self, Hook, KeyBy},
     units::{Delay, Rate, Size},
 };
 use shaper_common::maps::Shape;
@@ -110,7 +110,7 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
     };
     let a = config.admission;
     let tc = Hook::of_mode(config.xdp_mode) == Hook::Tc;
-    let mode = loader::mode_name(config.xdp_mode);
+    let mode = request::mode_name(config.xdp_mode);
     let policies = table.list()?;
     let shaping = config.mode == Mode::Shape.value()
         || policies.iter().any(|i| i.spec.mode() == Mode::Shape)
@@ -133,11 +133,7 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
             prefix_v6: config.prefix_v6,
             xdp_mode: (!tc).then_some(mode),
             max_sources: maps::sources_capacity(at)?,
-            new_sources: if a.limited() {
-                KeysPerSec::Keys(a.new_sources)
-            } else {
-                KeysPerSec::Word("unlimited".to_owned())
-            },
+            new_sources: KeysPerSec(a.new_sources),
             new_sources_burst: a.limited().then_some(a.new_sources_burst),
             policy: policies.iter().map(|i| policy_out(&i.spec)).collect(),
         }],

@@ -5,4 +5,4 @@ pub mod spec;
 pub mod table;
 
 pub use spec::{Action, Mode, PolicySpec, PrefixError, parse_prefix};
-pub use table::{Changes, Installed, PolicyError, PolicyTable};
+pub use table::{Changes, CheckedPolicy, Installed, PolicyError, PolicySet, PolicyTable};

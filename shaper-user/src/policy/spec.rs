@@ -11,7 +11,9 @@ use shaper_common::{
 };
 
 /// What a policy does with its sources' packets.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Action {
     /// Hold each source to the policy's rate and burst (and the prefix to its aggregate).
     #[default]
@@ -50,15 +52,17 @@ impl Action {
 }
 
 /// Whether drops are carried out.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Mode {
     /// Drop what does not conform.
     #[default]
     Enforce,
     /// Dry run: drop nothing, count what enforcement would drop.
     Monitor,
-    /// Hold back what does not conform until it does (tc egress, with sch_fq); mark it
-    /// CE past the ECN threshold, drop it only past the horizon.
+    /// Egress only, with sch_fq: delay what does not conform until it does (ECN marks
+    /// past --ecn-threshold, drops only past --horizon).
     Shape,
 }
 

@@ -1,8 +1,8 @@
 //! An interface's policy maps, and changing them as one step.
 //!
 //! Every change, from one `policy set` to a whole `apply`, goes through
-//! [`PolicyTable::replace_all`]: the new set of prefix policies is validated in full
-//! first; then new policies are written into free slots (invisible until a prefix points
+//! [`PolicyTable::replace`] with a [`PolicySet`]: each policy is checked once, into its
+//! map entry ([`CheckedPolicy`]), and the set as a whole when it is made; then new policies are written into free slots (invisible until a prefix points
 //! at them), changed ones are rewritten in place (so their sources keep their cells, and
 //! the kernel carries each cell over to a new rate), the prefix tries are updated, and the
 //! generation is bumped so every source resolves its prefix again on its next packet.
@@ -22,9 +22,10 @@ use ipnet::IpNet;
 use shaper_common::{
     config::ConfigError,
     maps::{
-        AdmissionCells, Cell, Config, Ipv4Key, Ipv6Key, MAP_ADMISSION, MAP_AGGREGATES, MAP_CONFIG,
-        MAP_POLICIES, MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6,
-        MAX_POLICIES, PerCpuSum as _, Policy, PolicyStats, sum_per_cpu,
+        AdmissionCells, Cell, Config, DEFAULT_SLOT, Ipv4Key, Ipv6Key, MAP_ADMISSION,
+        MAP_AGGREGATES, MAP_CONFIG, MAP_POLICIES, MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED,
+        MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAX_POLICIES, PerCpuSum as _, Policy, PolicyStats,
+        sum_per_cpu,
     },
 };
 
@@ -95,13 +96,101 @@ pub struct PolicyTable {
     carried: HashMap<MapData, u32, PolicyStats>,
 }
 
-/// The map entry of a spec, or why it cannot be one.
-fn map_entry(spec: &PolicySpec) -> Result<Policy, PolicyError> {
-    spec.to_policy().map_err(|reason| PolicyError::Invalid {
-        prefix: spec.prefix,
-        reason,
-    })
+/// A policy checked, with the map entry it is written as: made once per change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckedPolicy {
+    spec: PolicySpec,
+    entry: Policy,
 }
+
+impl CheckedPolicy {
+    pub fn new(spec: PolicySpec) -> Result<Self, PolicyError> {
+        let entry = spec.to_policy().map_err(|reason| PolicyError::Invalid {
+            prefix: spec.prefix,
+            reason,
+        })?;
+        Ok(Self { spec, entry })
+    }
+
+    pub fn spec(&self) -> &PolicySpec {
+        &self.spec
+    }
+}
+
+/// The prefix policies of an interface, checked as a set: each policy once, no prefix
+/// twice, every prefix no longer than the keys, no more than there is room for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicySet(Vec<CheckedPolicy>);
+
+impl PolicySet {
+    /// `policies` as the set of an interface whose keys are masked to `key_prefixes`
+    /// (IPv4, IPv6 lengths).
+    pub fn new(
+        policies: Vec<CheckedPolicy>,
+        key_prefixes: (u32, u32),
+    ) -> Result<Self, PolicyError> {
+        let mut seen = BTreeSet::new();
+        for p in &policies {
+            if !seen.insert(p.spec.prefix) {
+                return Err(PolicyError::Duplicate {
+                    prefix: p.spec.prefix,
+                });
+            }
+        }
+        let set = Self(policies);
+        set.fits(key_prefixes)?;
+        if set.0.len() > ROOM {
+            return Err(PolicyError::Full {
+                asked: set.0.len(),
+                room: ROOM,
+            });
+        }
+        Ok(set)
+    }
+
+    /// `specs`, each checked, as a set ([`PolicySet::new`]).
+    pub fn of_specs(specs: &[PolicySpec], key_prefixes: (u32, u32)) -> Result<Self, PolicyError> {
+        let policies = specs
+            .iter()
+            .map(|s| CheckedPolicy::new(*s))
+            .collect::<Result<_, _>>()?;
+        Self::new(policies, key_prefixes)
+    }
+
+    /// Refuses a prefix longer than the keys (IPv4, IPv6 lengths) it would be matched
+    /// against: it could never match.
+    pub fn fits(&self, key_prefixes: (u32, u32)) -> Result<(), PolicyError> {
+        for p in &self.0 {
+            let key_len = match p.spec.prefix {
+                IpNet::V4(_) => key_prefixes.0,
+                IpNet::V6(_) => key_prefixes.1,
+            };
+            if u32::from(p.spec.prefix.prefix_len()) > key_len {
+                return Err(PolicyError::LongerThanKey {
+                    prefix: p.spec.prefix,
+                    key_len,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The policies, in the order given.
+    pub fn specs(&self) -> impl Iterator<Item = &PolicySpec> {
+        self.0.iter().map(|p| &p.spec)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// How many prefix policies an interface has room for (slot 0 is the default's).
+const ROOM: usize = (MAX_POLICIES - 1) as usize;
 
 /// A prefix as the key of its family's LPM trie.
 enum TrieKey {
@@ -221,14 +310,17 @@ impl PolicyTable {
             .map_err(map_err("write the config"))
     }
 
-    /// Every prefix policy in force, IPv4 first, in address then length order.
+    /// Every prefix policy in force, IPv4 first, in address then length order. The
+    /// array is read in batches: a scrape of the metrics lists it.
     pub fn list(&self) -> Result<Vec<Installed>, PolicyError> {
+        use aya::maps::IterableMap as _;
         let mut found = Vec::new();
-        for slot in 1..MAX_POLICIES {
-            let p = self
-                .policies
-                .get(&slot, 0)
-                .map_err(map_err("read the policies"))?;
+        for (slot, p) in crate::maps::read_batched::<u32, Policy>(self.policies.map())
+            .map_err(map_err("read the policies"))?
+        {
+            if slot == DEFAULT_SLOT {
+                continue;
+            }
             if let Some(spec) = PolicySpec::from_policy(&p) {
                 found.push(Installed { slot, spec });
             }
@@ -253,84 +345,72 @@ impl PolicyTable {
         Ok(stats)
     }
 
-    /// Adds `spec`, or replaces the policy of its prefix.
-    pub fn set(&mut self, spec: PolicySpec) -> Result<Changes, PolicyError> {
-        let mut specs: Vec<PolicySpec> = self
-            .list()?
+    /// The policies in force, as they are written (the entries as read: not checked
+    /// again).
+    fn installed(&self) -> Result<Vec<CheckedPolicy>, PolicyError> {
+        Ok(self
+            .slots()?
             .into_iter()
-            .map(|i| i.spec)
-            .filter(|s| s.prefix != spec.prefix)
-            .collect();
-        specs.push(spec);
-        self.replace_all(&specs)
+            .filter_map(|(_, entry)| {
+                PolicySpec::from_policy(&entry).map(|spec| CheckedPolicy { spec, entry })
+            })
+            .collect())
+    }
+
+    /// The key prefixes (IPv4, IPv6 lengths) of the interface.
+    fn key_prefixes(&self) -> Result<(u32, u32), PolicyError> {
+        let config = self.config()?;
+        Ok((config.prefix_v4, config.prefix_v6))
+    }
+
+    /// Adds `policy`, or replaces the policy of its prefix.
+    pub fn set(&mut self, policy: CheckedPolicy) -> Result<Changes, PolicyError> {
+        let mut policies = self.installed()?;
+        policies.retain(|p| p.spec.prefix != policy.spec.prefix);
+        policies.push(policy);
+        self.replace(&PolicySet::new(policies, self.key_prefixes()?)?)
     }
 
     /// Removes the policy of `prefix`.
     pub fn del(&mut self, prefix: IpNet) -> Result<Changes, PolicyError> {
-        let current: Vec<PolicySpec> = self.list()?.into_iter().map(|i| i.spec).collect();
-        if !current.iter().any(|s| s.prefix == prefix) {
+        let mut policies = self.installed()?;
+        if !policies.iter().any(|p| p.spec.prefix == prefix) {
             return Err(PolicyError::NotFound(prefix));
         }
-        let rest: Vec<PolicySpec> = current.into_iter().filter(|s| s.prefix != prefix).collect();
-        self.replace_all(&rest)
+        policies.retain(|p| p.spec.prefix != prefix);
+        self.replace(&PolicySet::new(policies, self.key_prefixes()?)?)
     }
 
-    /// Checks `specs` as the policy set of an interface whose keys are masked to
-    /// `key_prefixes` (IPv4, IPv6 lengths), without touching anything.
-    pub fn validate(specs: &[PolicySpec], key_prefixes: (u32, u32)) -> Result<(), PolicyError> {
-        let mut seen = BTreeSet::new();
-        for spec in specs {
-            if !seen.insert(spec.prefix) {
-                return Err(PolicyError::Duplicate {
-                    prefix: spec.prefix,
-                });
-            }
-            map_entry(spec)?;
-            let key_len = match spec.prefix {
-                IpNet::V4(_) => key_prefixes.0,
-                IpNet::V6(_) => key_prefixes.1,
-            };
-            if u32::from(spec.prefix.prefix_len()) > key_len {
-                return Err(PolicyError::LongerThanKey {
-                    prefix: spec.prefix,
-                    key_len,
-                });
-            }
-        }
-        if specs.len() > (MAX_POLICIES - 1) as usize {
-            return Err(PolicyError::Full {
-                asked: specs.len(),
-                room: (MAX_POLICIES - 1) as usize,
-            });
-        }
-        Ok(())
-    }
-
-    /// Makes `specs` the interface's prefix policies, as one change (see the module docs).
+    /// Makes `specs`, checked as a set, the interface's prefix policies ([`PolicyTable::replace`]).
     pub fn replace_all(&mut self, specs: &[PolicySpec]) -> Result<Changes, PolicyError> {
-        let config = self.config()?;
-        Self::validate(specs, (config.prefix_v4, config.prefix_v6))?;
+        self.replace(&PolicySet::of_specs(specs, self.key_prefixes()?)?)
+    }
+
+    /// Makes `set` the interface's prefix policies, as one change (see the module docs).
+    pub fn replace(&mut self, set: &PolicySet) -> Result<Changes, PolicyError> {
+        set.fits(self.key_prefixes()?)?;
         let current: BTreeMap<IpNet, Installed> = self
             .list()?
             .into_iter()
             .map(|i| (i.spec.prefix, i))
             .collect();
-        let wanted: BTreeMap<IpNet, &PolicySpec> = specs.iter().map(|s| (s.prefix, s)).collect();
+        let wanted: BTreeMap<IpNet, &CheckedPolicy> =
+            set.0.iter().map(|p| (p.spec.prefix, p)).collect();
         let mut changes = Changes::default();
         let used: BTreeSet<u32> = current.values().map(|i| i.slot).collect();
         let mut free = (1..MAX_POLICIES).filter(|slot| !used.contains(slot));
         let mut added = Vec::new();
-        for (prefix, spec) in &wanted {
+        for (prefix, policy) in &wanted {
             match current.get(prefix) {
                 None => {
                     let slot = free.next().ok_or(PolicyError::Full {
-                        asked: specs.len(),
-                        room: (MAX_POLICIES - 1) as usize - used.len(),
+                        asked: set.len(),
+                        room: ROOM - used.len(),
                     })?;
-                    added.push((slot, **spec));
+                    added.push((slot, **policy));
                     changes.added.push(*prefix);
                 }
-                Some(i) if i.spec != **spec => changes.changed.push(*prefix),
+                Some(i) if i.spec != policy.spec => changes.changed.push(*prefix),
                 Some(_) => {}
             }
         }
@@ -364,34 +444,34 @@ impl PolicyTable {
     fn carry_out(
         &mut self,
         current: &BTreeMap<IpNet, Installed>,
-        wanted: &BTreeMap<IpNet, &PolicySpec>,
-        added: &[(u32, PolicySpec)],
+        wanted: &BTreeMap<IpNet, &CheckedPolicy>,
+        added: &[(u32, CheckedPolicy)],
         removed: &[Installed],
         undo: &mut Vec<Undo>,
     ) -> Result<(), PolicyError> {
         // New policies into free slots, with a fresh aggregate cell and counters: nothing
         // points at them yet.
-        for (slot, spec) in added {
+        for (slot, policy) in added {
             undo.push(Undo::Slot(*slot, Policy::default()));
             self.reset_slot(*slot)?;
-            self.write_slot(*slot, &map_entry(spec)?)?;
+            self.write_slot(*slot, &policy.entry)?;
             crate::crash::point("policy-step");
         }
         // Changed policies in place: their sources keep their cells.
         for (prefix, installed) in current {
-            if let Some(spec) = wanted.get(prefix).filter(|s| ***s != installed.spec) {
+            if let Some(policy) = wanted.get(prefix).filter(|p| p.spec != installed.spec) {
                 let old = self
                     .policies
                     .get(&installed.slot, 0)
                     .map_err(map_err("read the policies"))?;
                 undo.push(Undo::Slot(installed.slot, old));
-                self.write_slot(installed.slot, &map_entry(spec)?)?;
+                self.write_slot(installed.slot, &policy.entry)?;
                 crate::crash::point("policy-step");
             }
         }
-        for (slot, spec) in added {
-            undo.push(Undo::Unroute(spec.prefix));
-            self.route(spec.prefix, *slot)?;
+        for (slot, policy) in added {
+            undo.push(Undo::Unroute(policy.spec.prefix));
+            self.route(policy.spec.prefix, *slot)?;
             crate::crash::point("policy-step");
         }
         for gone in removed {

@@ -47,6 +47,7 @@ mod decode;
 mod layout1;
 mod layout3;
 mod layout4;
+mod layout5;
 mod pinned;
 
 use std::{
@@ -71,7 +72,7 @@ use shaper_common::{
         MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6,
         PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LINK, PIN_POLICIES, PIN_POLICY_STATS,
         PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_UPGRADE_PROG, PROG_XDP,
-        Policy, PolicyStats,
+        Policy, PolicyStats, is_tc_mode,
     },
 };
 
@@ -79,8 +80,7 @@ pub use decode::{Counts, DecodeError, Settings, read_counts, read_settings};
 pub use pinned::{LayoutError, identify};
 
 use crate::{
-    bpf,
-    loader::{self, AttachError, AttachRequest, Attached, Hook},
+    bpf, object,
     pins::{self, Attachment},
     units::{Rate, Size},
 };
@@ -245,51 +245,58 @@ fn plan(at: &Attachment, from: &Layout) -> Result<Vec<(&'static MapLayout, bool)
     Ok(plan)
 }
 
-/// Upgrades `req.at`, whose pins have the older layout `from`, in place (see the module
-/// docs). The caller holds the host lock and has found the link live.
-pub fn upgrade(req: &AttachRequest, from: &'static Layout) -> Result<Attached, AttachError> {
-    let at = &req.at;
-    let dir = at.dir();
-    let settings = read_settings(&dir, from).map_err(decode_err(at))?;
-    let current = &settings.config;
-    let cap = bpf::map_info(&at.sources())
-        .map_err(step(at, "read the size of the sources map"))?
-        .max_entries;
-    loader::check_unchangeable(req, current, cap)?;
-    let asked = loader::config_for(req, Some(current), cap, current.xdp_mode)?;
+/// Refuses an upgrade of `at` (pins of the older layout `from`, settings `current`) that
+/// is asked for other settings too (`asked`, as the request resolves them over
+/// `current`; `policies`: whether it names prefix policies): an upgrade changes nothing
+/// else.
+pub fn refuse_changes(
+    at: &Attachment,
+    from: &Layout,
+    current: &Config,
+    asked: &Config,
+    policies: bool,
+) -> Result<(), UpgradeError> {
     let as_is = Config {
         policy_gen: asked.policy_gen,
         prefixes_v4: asked.prefixes_v4,
         prefixes_v6: asked.prefixes_v6,
         ..*current
     };
-    if asked != as_is || req.policies.is_some() {
+    if *asked != as_is || policies {
         return Err(UpgradeError::SettingsDiffer {
             label: at.label(),
             from: from.version,
             command: attach_command(at, current),
-        }
-        .into());
+        });
     }
+    Ok(())
+}
+
+/// Upgrades `at`, whose pins have the older layout `from` and hold `settings` (their
+/// per-source maps `cap` keys), in place (see the module docs). The caller holds the host
+/// lock and has found the link live.
+pub fn upgrade(
+    at: &Attachment,
+    from: &'static Layout,
+    settings: &Settings,
+    cap: u32,
+) -> Result<(), UpgradeError> {
+    let dir = at.dir();
     if at.tc_prog().exists() {
-        return Err(UpgradeError::Clsact { label: at.label() }.into());
+        return Err(UpgradeError::Clsact { label: at.label() });
     }
     let plan = plan(at, from)?;
     let staging = at.staging();
-    if let Err(e) = stage(at, from, &settings, &plan, cap) {
+    if let Err(e) = stage(at, from, settings, &plan, cap) {
         // Best effort: the old attachment was never touched.
         let _ = pins::remove_dir_of_pins(&staging);
-        return Err(e.into());
+        return Err(e);
     }
     if let Err(e) = exchange(&staging, &dir) {
         let _ = pins::remove_dir_of_pins(&staging);
-        return Err(step(at, "swap the pins")(e).into());
+        return Err(step(at, "swap the pins")(e));
     }
-    finish(at)?;
-    Ok(Attached::Upgraded {
-        xdp_mode: current.xdp_mode,
-        from: from.version,
-    })
+    finish(at)
 }
 
 /// Loads the object on the reused and new maps and pins all of it, the link and the new
@@ -314,7 +321,7 @@ fn stage(
         load.map_pin_path(m.name, path);
     }
     let mut ebpf = load
-        .load(loader::EBPF_OBJECT)
+        .load(object::EBPF_OBJECT)
         .map_err(step(at, "load the new program's maps"))?;
     let fresh = |pin: &str| plan.iter().any(|&(m, reuse)| m.pin == pin && !reuse);
     for &(m, _) in plan.iter().filter(|(_, reuse)| *reuse) {
@@ -323,19 +330,19 @@ fn stage(
             .map_err(step(at, format!("pin map '{}' again", m.pin)))?;
     }
     write_settings(at, &mut ebpf, settings, &fresh)?;
-    loader::write_layout_version(&mut ebpf).map_err(step(at, "write the layout version"))?;
+    object::write_layout_version(&mut ebpf).map_err(step(at, "write the layout version"))?;
     if fresh(PIN_COUNTERS) || fresh(PIN_POLICY_STATS) {
         // What the old counters have counted so far; exact once the old program is gone.
         let counts = read_counts(&dir, from, settings).map_err(decode_err(at))?;
         write_carried(at, &mut ebpf, &counts, &fresh)?;
     }
     let upgrade_prog = staging.join(PIN_UPGRADE_PROG);
-    if Hook::of_mode(settings.config.xdp_mode) == Hook::Tc {
-        loader::tc_program(&mut ebpf)
+    if is_tc_mode(settings.config.xdp_mode) {
+        object::tc_program(&mut ebpf)
             .map_err(step(at, "load the new program"))?
             .pin(upgrade_prog)
     } else {
-        loader::xdp_program(&mut ebpf, PROG_XDP)
+        object::xdp_program(&mut ebpf, PROG_XDP)
             .map_err(step(at, "load the new program"))?
             .pin(upgrade_prog)
     }
@@ -556,7 +563,8 @@ mod tests {
     use shaper_common::{
         layout::{LAYOUTS, SIZED_AT_ATTACH},
         maps::{
-            PIN_ADMISSION, PIN_AGGREGATES, PIN_EVENTS, PIN_LAYOUT, PIN_SOURCES, PIN_SOURCES6,
+            PIN_ADMISSION, PIN_AGGREGATES, PIN_EVENTS, PIN_FIRSTS, PIN_LAYOUT, PIN_POLICIES,
+            PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_SOURCES, PIN_SOURCES6, PIN_TRACES,
             PIN_WATCH,
         },
     };
@@ -568,7 +576,7 @@ mod tests {
     /// layout (and with it, an upgrade path).
     #[test]
     fn the_object_file_has_the_newest_layout() {
-        let object = aya_obj::Object::parse(loader::EBPF_OBJECT).expect("the object parses");
+        let object = aya_obj::Object::parse(object::EBPF_OBJECT).expect("the object parses");
         let newest = layout::current();
         let mut names: Vec<&String> = object.maps.keys().collect();
         names.sort();
@@ -640,47 +648,32 @@ mod tests {
             pins.sort_unstable();
             pins
         };
-        // Layout 2 lacks the version and the carried counts; its counters and config
-        // changed since.
-        assert_eq!(
-            reused(2),
-            all_but(&[
-                PIN_LAYOUT,
-                PIN_CONFIG,
-                PIN_COUNTERS,
-                PIN_COUNTERS_CARRIED,
-                PIN_POLICY_STATS_CARRIED,
-                PIN_EVENTS,
-                PIN_WATCH,
-            ])
-        );
+        // Every layout before 6 lacks the traces and the first-sighting cells, and its
+        // config, policies, counters and policy counters (and so what carries them)
+        // changed since (the doorkeeper's seed, allowance and sightings, the shaping
+        // delays' sum).
+        let changed = [
+            PIN_LAYOUT,
+            PIN_CONFIG,
+            PIN_POLICIES,
+            PIN_COUNTERS,
+            PIN_COUNTERS_CARRIED,
+            PIN_POLICY_STATS,
+            PIN_POLICY_STATS_CARRIED,
+            PIN_TRACES,
+            PIN_FIRSTS,
+        ];
+        // Layouts 2 to 4 lack the events and their control (`shaper watch`) too.
+        let watch = [PIN_EVENTS, PIN_WATCH];
+        for from in 2..=4 {
+            assert_eq!(
+                reused(from),
+                all_but(&[&changed[..], &watch].concat()),
+                "layout {from}"
+            );
+        }
         assert!(reused(2).contains(&PIN_ADMISSION));
-        // Layout 3's counters (and so what carries them) and config (shaping) changed; the
-        // policies' did not.
-        assert_eq!(
-            reused(3),
-            all_but(&[
-                PIN_LAYOUT,
-                PIN_CONFIG,
-                PIN_COUNTERS,
-                PIN_COUNTERS_CARRIED,
-                PIN_EVENTS,
-                PIN_WATCH
-            ])
-        );
-        // Layout 4 lacks the events and their control (`shaper watch`); its config and
-        // counters changed (shaping).
-        assert_eq!(
-            reused(4),
-            all_but(&[
-                PIN_LAYOUT,
-                PIN_CONFIG,
-                PIN_COUNTERS,
-                PIN_COUNTERS_CARRIED,
-                PIN_EVENTS,
-                PIN_WATCH
-            ])
-        );
+        assert_eq!(reused(5), all_but(&changed));
         // The version is always written anew.
         assert!(!reused(LAYOUT_VERSION).contains(&PIN_LAYOUT));
     }

@@ -43,7 +43,7 @@ use shaper_common::{
     bench::PROG_NOOP,
     maps::{Ipv4Key, MAP_SOURCES, MAP_SOURCES6, PROG_XDP, SourceState},
 };
-use shaper_user::loader;
+use shaper_user::object;
 
 use super::spread::median;
 use crate::{
@@ -210,7 +210,7 @@ fn load_on(path: &Path, entries: u32) -> Result<Ebpf> {
         .map_pin_path(MAP_SOURCES, path)
         .map_max_entries(MAP_SOURCES, entries)
         .map_max_entries(MAP_SOURCES6, entries)
-        .load(loader::EBPF_OBJECT)
+        .load(object::EBPF_OBJECT)
         .context("loading the object on the pinned map")?;
     open(ebpf)
 }

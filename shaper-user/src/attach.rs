@@ -1,0 +1,331 @@
+//! Attaching shaper to an interface, or changing an attachment in place.
+//!
+//! Attach is all or nothing: the maps are configured and pinned, then the program is
+//! attached through a bpf_link and the link pinned; if any step fails, every pin made so
+//! far is removed and the unpinned link detaches when dropped. On an interface that
+//! already has shaper, attach rewrites the settings entry in place: the program stays, no
+//! packet goes unmetered, and every source keeps its cell (carried over to a new rate by
+//! the kernel, never refilled). With `policies`, the prefix policies are set in the same
+//! change: on a new attachment before the program is attached, on an existing one right
+//! after the settings, which are put back if the policies cannot be written. On an
+//! interface an older shaper attached, attach upgrades it in place ([`crate::upgrade`]).
+//! On an interface deleted and made again (its link went with it, its pins stayed), a
+//! program is loaded over this build's pins and linked again: every source's cell, the
+//! policies and the counters go on from where they were; pins of an older build, or a
+//! request for what cannot change (the hook, the table's size, ...), start afresh.
+//!
+//! What is asked is checked by [`crate::request`] before anything is made or changed.
+
+use aya::programs::{
+    XdpMode,
+    links::{FdLink, LinkError},
+};
+use shaper_common::{
+    layout::{self, LAYOUT_VERSION, Layout},
+    maps::{Config, DEFAULT_MAX_SOURCES, PROG_XDP, XDP_MODE_NATIVE, XDP_MODE_SKB},
+};
+
+use crate::{
+    link,
+    maps::{self, PinnedMapError},
+    object::{self, ObjectError},
+    policy::{PolicyError, PolicySet, PolicyTable},
+    request::{self, AttachRequest, Hook, RequestError, XdpAttachMode},
+    tc::{self, TcAttachError},
+    upgrade::{self, UpgradeError},
+};
+
+/// What attach did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attached {
+    /// Loaded and attached in this mode (`XDP_MODE_*`).
+    New { xdp_mode: u32 },
+    /// Shaper was already attached; its policy was updated in place.
+    Updated { xdp_mode: u32 },
+    /// An older shaper had attached it, with pins of layout `from`: its program was
+    /// replaced in place, every cell and counter kept ([`crate::upgrade`]).
+    Upgraded { xdp_mode: u32, from: u32 },
+    /// The interface had been deleted and made again: a program was linked to it over
+    /// the attachment's pins, every cell and counter kept, and its policy updated.
+    Relinked { xdp_mode: u32 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// What was asked cannot be: one setting, named ([`RequestError::Setting`]).
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error(
+        "native XDP was refused on '{iface}' (its driver may lack XDP support; try --xdp-mode skb or auto)"
+    )]
+    NativeRefused {
+        iface: String,
+        source: aya::programs::ProgramError,
+    },
+    #[error("cannot attach XDP to '{iface}' (another XDP program may be attached)")]
+    Attach {
+        iface: String,
+        source: aya::programs::ProgramError,
+    },
+    #[error(transparent)]
+    Tc(#[from] TcAttachError),
+    #[error(transparent)]
+    Object(#[from] ObjectError),
+    #[error("cannot pin {what} at {path}")]
+    Pin {
+        what: &'static str,
+        path: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error(transparent)]
+    Pinned(#[from] PinnedMapError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Upgrade(#[from] UpgradeError),
+}
+
+impl AttachError {
+    /// A step of attaching that failed with `e`, told as a failure to load.
+    pub(crate) fn load(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Object(ObjectError::load(e))
+    }
+}
+
+/// Attaches shaper as asked, or updates the policy of an existing attachment in place.
+///
+/// The caller has checked privileges, bpffs and the interface, and is in the
+/// interface's network namespace.
+pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
+    request::check(req)?;
+    // A killed upgrade is finished first; what it was asked is then asked again.
+    upgrade::recover(&req.at)?;
+    if req.at.exists() {
+        if link::is_live(&req.at) {
+            let l =
+                upgrade::identify(&req.at.dir(), &req.at.label()).map_err(UpgradeError::from)?;
+            return if l.version == LAYOUT_VERSION {
+                update(req)
+            } else {
+                upgrade_in_place(req, l)
+            };
+        }
+        // The interface these pins were made for was unregistered (the kernel detached
+        // the link): link a program to what they hold again, if it can be.
+        if let Some(attached) = relink(req)? {
+            return Ok(attached);
+        }
+        req.at
+            .remove_pins()
+            .map_err(pin_err("stale pins (removing)", &req.at.dir()))?;
+    }
+    // Validate everything before creating anything.
+    let (hook, config) = request::check_new(req)?;
+    check_policies(req, &config, hook)?;
+    let result = attach_new(req, &config, hook);
+    if result.is_err() {
+        // Best effort: the original error is the one worth reporting.
+        let _ = req.at.remove_pins();
+    }
+    result
+}
+
+fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
+    let current = maps::read_config(&req.at)?;
+    let cap = maps::sources_capacity(&req.at)?;
+    // The limit, mode and admission change: the keys stay as attached.
+    let config = request::check_over(req, &current, cap)?;
+    let mut table = PolicyTable::open(&req.at)?;
+    check_policies(req, &config, Hook::of_mode(current.xdp_mode))?;
+    table.set_config(&config)?;
+    crate::crash::point("update-config");
+    if let Some(policies) = &req.policies
+        && let Err(e) = table.replace(policies)
+    {
+        // replace_all has undone its own steps; put the settings back too.
+        let _ = table.set_config(&current);
+        return Err(e.into());
+    }
+    Ok(Attached::Updated {
+        xdp_mode: current.xdp_mode,
+    })
+}
+
+/// Refuses the request's policies where they could never match (longer than the keys of
+/// `config`), and shaping (of `config` or of a policy) where it cannot work.
+fn check_policies(req: &AttachRequest, config: &Config, hook: Hook) -> Result<(), AttachError> {
+    if let Some(policies) = &req.policies {
+        policies.fits((config.prefix_v4, config.prefix_v6))?;
+    }
+    let specs = req.policies.iter().flat_map(PolicySet::specs);
+    request::check_shape(&req.at, hook, config, specs)?;
+    Ok(())
+}
+
+/// Upgrades an attachment whose pins have the older layout `from`, asked to keep its
+/// settings as they are (an upgrade changes nothing else).
+fn upgrade_in_place(req: &AttachRequest, from: &'static Layout) -> Result<Attached, AttachError> {
+    let at = &req.at;
+    let (_, settings) = upgrade::settings_of(at)?;
+    let current = settings.config;
+    let cap = maps::sources_capacity(at)?;
+    let asked = request::check_over(req, &current, cap)?;
+    upgrade::refuse_changes(at, from, &current, &asked, req.policies.is_some())?;
+    upgrade::upgrade(at, from, &settings, cap)?;
+    Ok(Attached::Upgraded {
+        xdp_mode: current.xdp_mode,
+        from: from.version,
+    })
+}
+
+/// The error of a pin that could not be made (or removed) at `path`.
+pub(crate) fn pin_err<E: std::error::Error + Send + Sync + 'static>(
+    what: &'static str,
+    path: &std::path::Path,
+) -> impl FnOnce(E) -> AttachError {
+    let path = path.display().to_string();
+    move |e| AttachError::Pin {
+        what,
+        path,
+        source: Box::new(e),
+    }
+}
+
+/// Loads, configures with `config` (its mode recorded once known), pins and attaches.
+fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attached, AttachError> {
+    let at = &req.at;
+    let mut ebpf = object::load(req.max_sources.unwrap_or(DEFAULT_MAX_SOURCES))?;
+
+    std::fs::create_dir_all(at.dir()).map_err(pin_err("the pin directory", &at.dir()))?;
+    for m in layout::current().maps {
+        let path = at.dir().join(m.pin);
+        let map = ebpf
+            .map(m.name)
+            .ok_or_else(|| AttachError::load(format!("map {} missing", m.name)))?;
+        map.pin(&path).map_err(pin_err("a map", &path))?;
+    }
+    crate::crash::point("attach-pinned");
+    // Before anything opens the pins, which checks their layout.
+    object::write_layout_version(&mut ebpf)?;
+
+    // The policy is in place before the program can see a packet. The mode is known only
+    // after attaching (auto may fall back to skb); it is recorded below, for `status`.
+    object::configure(&mut ebpf, config)?;
+    if let Some(policies) = &req.policies {
+        PolicyTable::open(at)?.replace(policies)?;
+    }
+    let xdp_mode = link_program(req, &mut ebpf, config, hook)?;
+    Ok(Attached::New { xdp_mode })
+}
+
+/// Links a program to `req`'s interface again over the pins its deleted namesake left,
+/// if they are this build's (an older build's hold nothing this one can run over, as an
+/// upgrade would) and the request changes nothing that cannot change on a live
+/// attachment: the settings are updated as on one, the policies replaced if asked. `None`
+/// (nothing done) otherwise.
+fn relink(req: &AttachRequest) -> Result<Option<Attached>, AttachError> {
+    let at = &req.at;
+    let ours = upgrade::identify(&at.dir(), &at.label()).is_ok_and(|l| l.version == LAYOUT_VERSION);
+    if !ours || at.upgrade_prog().exists() {
+        return Ok(None);
+    }
+    let (Ok(current), Ok(cap)) = (maps::read_config(at), maps::sources_capacity(at)) else {
+        return Ok(None);
+    };
+    let Ok(config) = request::check_over(req, &current, cap) else {
+        return Ok(None);
+    };
+    let hook = Hook::of_mode(current.xdp_mode);
+    check_policies(req, &config, hook)?;
+    // The stale link's pin (or a clsact program's) makes way for the new one; the maps
+    // stay pinned. Killed from here on, the pins are stale as before.
+    for pin in [at.link(), at.tc_prog()] {
+        match std::fs::remove_file(&pin) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(pin_err("the stale link", &pin)(e));
+            }
+            _ => {}
+        }
+    }
+    let mut load = aya::EbpfLoader::new();
+    for m in layout::current().maps {
+        load.map_pin_path(m.name, at.dir().join(m.pin));
+    }
+    let mut ebpf = object::load_with(load, cap)?;
+    let mut table = PolicyTable::open(at)?;
+    table.set_config(&config)?;
+    if let Some(policies) = &req.policies {
+        table.replace(policies)?;
+    }
+    let xdp_mode = link_program(req, &mut ebpf, &config, hook)?;
+    Ok(Some(Attached::Relinked { xdp_mode }))
+}
+
+/// Attaches `ebpf`'s program for `hook` to `req`'s interface, pins its link (or, clsact,
+/// the program) and records the mode it took in the settings, which are `config`
+/// otherwise; returns the mode.
+fn link_program(
+    req: &AttachRequest,
+    ebpf: &mut aya::Ebpf,
+    config: &Config,
+    hook: Hook,
+) -> Result<u32, AttachError> {
+    let at = &req.at;
+    if hook == Hook::Tc {
+        object::tc_program(ebpf)?;
+        let record = |xdp_mode| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            // Through the pin, keeping the generation the policies were written under.
+            PolicyTable::open(at)?.set_config(&Config {
+                xdp_mode,
+                ..*config
+            })?;
+            Ok(())
+        };
+        let xdp_mode = tc::attach(ebpf, at, req.tc_mode, record)?;
+        crate::crash::point("attach-attached");
+        crate::crash::point("attach-linked");
+        return Ok(xdp_mode);
+    }
+    let iface = at.iface.as_str();
+    let prog = object::xdp_program(ebpf, PROG_XDP)?;
+    let (link_id, xdp_mode) = match req.xdp_mode {
+        XdpAttachMode::Native => prog
+            .attach(iface, XdpMode::Driver)
+            .map(|id| (id, XDP_MODE_NATIVE))
+            .map_err(|source| AttachError::NativeRefused {
+                iface: iface.to_owned(),
+                source,
+            })?,
+        XdpAttachMode::Skb => prog
+            .attach(iface, XdpMode::Skb)
+            .map(|id| (id, XDP_MODE_SKB))
+            .map_err(|source| AttachError::Attach {
+                iface: iface.to_owned(),
+                source,
+            })?,
+        XdpAttachMode::Auto => match prog.attach(iface, XdpMode::Driver) {
+            Ok(id) => (id, XDP_MODE_NATIVE),
+            Err(_) => prog
+                .attach(iface, XdpMode::Skb)
+                .map(|id| (id, XDP_MODE_SKB))
+                .map_err(|source| AttachError::Attach {
+                    iface: iface.to_owned(),
+                    source,
+                })?,
+        },
+    };
+    crate::crash::point("attach-attached");
+    let link = prog.take_link(link_id).map_err(AttachError::load)?;
+    // Through the pin, keeping the generation the policies were written under.
+    PolicyTable::open(at)?.set_config(&Config {
+        xdp_mode,
+        ..*config
+    })?;
+    let link: FdLink = link.try_into().map_err(|e: LinkError| {
+        AttachError::load(format!("XDP was attached without a bpf_link: {e}"))
+    })?;
+    link.pin(at.link())
+        .map_err(pin_err("the link", &at.link()))?;
+    crate::crash::point("attach-linked");
+    Ok(xdp_mode)
+}

@@ -1,0 +1,98 @@
+//! The kernel programs: the object build.rs embeds, loaded with its per-source maps sized
+//! as asked, the handles of its programs, and what a freshly loaded object is given before
+//! anything sees it (its settings, its layout version).
+//!
+//! Everything here works on a loaded object, pinned nowhere: attaching it
+//! ([`crate::attach`]), upgrading to it ([`crate::upgrade`]) and the lab's `test_run`
+//! harness build on it.
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, MapData},
+    programs::{SchedClassifier, Xdp},
+};
+use shaper_common::{
+    layout::LAYOUT_VERSION,
+    maps::{Config, MAP_CONFIG, MAP_LAYOUT, MAP_SOURCES, MAP_SOURCES6, PROG_TC},
+};
+
+use crate::kernel::{self, KernelError};
+
+/// The kernel programs, built by build.rs.
+pub static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shaper-ebpf"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    #[error("cannot load the kernel programs")]
+    Load(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+}
+
+impl ObjectError {
+    /// A step of loading (or of taking what was loaded) that failed with `e`.
+    pub fn load(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Load(e.into())
+    }
+}
+
+/// Loads the object with each per-source map (IPv4, IPv6) sized as asked, on a kernel
+/// that has what the program needs.
+pub fn load(max_sources: u32) -> Result<Ebpf, ObjectError> {
+    load_with(EbpfLoader::new(), max_sources)
+}
+
+/// Loads the object as `loader` says (maps reused from pins, say), each per-source map
+/// sized `max_sources`, on a kernel that has what the program needs.
+pub fn load_with(mut loader: EbpfLoader<'_>, max_sources: u32) -> Result<Ebpf, ObjectError> {
+    kernel::check()?;
+    loader
+        .map_max_entries(MAP_SOURCES, max_sources)
+        .map_max_entries(MAP_SOURCES6, max_sources)
+        .load(EBPF_OBJECT)
+        .map_err(ObjectError::load)
+}
+
+/// The XDP program `name` of a loaded object, loaded into the kernel.
+pub fn xdp_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp, ObjectError> {
+    let prog: &mut Xdp = ebpf
+        .program_mut(name)
+        .ok_or_else(|| ObjectError::load(format!("program {name} missing from the object")))?
+        .try_into()
+        .map_err(ObjectError::load)?;
+    prog.load()
+        .map_err(|e| ObjectError::Load(kernel::load_error(e)))?;
+    Ok(prog)
+}
+
+/// The tc classifier of a loaded object, loaded into the kernel.
+pub fn tc_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, ObjectError> {
+    let prog: &mut SchedClassifier = ebpf
+        .program_mut(PROG_TC)
+        .ok_or_else(|| ObjectError::load(format!("program {PROG_TC} missing from the object")))?
+        .try_into()
+        .map_err(ObjectError::load)?;
+    prog.load()
+        .map_err(|e| ObjectError::Load(kernel::load_error(e)))?;
+    Ok(prog)
+}
+
+/// Writes `config` into a freshly loaded object's settings map.
+pub fn configure(ebpf: &mut Ebpf, config: &Config) -> Result<(), ObjectError> {
+    write_first(ebpf, MAP_CONFIG, *config)
+}
+
+/// Records this build's layout version in a freshly loaded object's version map.
+pub fn write_layout_version(ebpf: &mut Ebpf) -> Result<(), ObjectError> {
+    write_first(ebpf, MAP_LAYOUT, LAYOUT_VERSION)
+}
+
+/// Writes `value` into entry 0 of the array map `name`.
+fn write_first<T: aya::Pod>(ebpf: &mut Ebpf, name: &str, value: T) -> Result<(), ObjectError> {
+    let map = ebpf
+        .map_mut(name)
+        .ok_or_else(|| ObjectError::load(format!("map {name} missing")))?;
+    let mut array: Array<&mut MapData, T> = Array::try_from(map).map_err(ObjectError::load)?;
+    array.set(0, value, 0).map_err(ObjectError::load)
+}
