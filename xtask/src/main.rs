@@ -32,9 +32,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install what building and testing need (LLVM 22, iproute2, bpftool, iperf3, nightly
-    /// rust-src, bpf-linker); does nothing when all is present
-    Setup,
+    /// Install what one command needs (default: test), saying what first; refuses to let
+    /// apt remove a package this machine has; does nothing when all is present
+    Setup(SetupArgs),
     /// Run setup, cargo fmt --check, clippy, host tests, then kernel tests (root only)
     Test(test::Args),
     /// Build target/dist/shaper_<version>_<arch>.deb: the binary, systemd unit, manual pages,
@@ -52,6 +52,13 @@ enum Command {
 }
 
 #[derive(clap::Args)]
+struct SetupArgs {
+    /// The command to set up for
+    #[arg(value_enum, default_value_t = setup::For::Test)]
+    r#for: setup::For,
+}
+
+#[derive(clap::Args)]
 struct LabArgs {
     /// Arguments passed on to shaper-lab (use `-- --help` for shaper-lab's own help)
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -61,9 +68,9 @@ struct LabArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Setup => setup::run().map(|()| ExitCode::SUCCESS),
+        Command::Setup(args) => setup::run(args.r#for).map(|()| ExitCode::SUCCESS),
         Command::Test(args) => test::run(&args),
-        Command::Dist => setup::run()
+        Command::Dist => setup::run(setup::For::Dist)
             .and_then(|()| dist::run())
             .map(|_| ExitCode::SUCCESS),
         Command::Demo(LabArgs { args }) => lab::run("demo", &args),
