@@ -112,6 +112,147 @@ fn read_keys<K: aya::Pod, A>(
     Ok(sources)
 }
 
+/// How many keys each per-source map holds (IPv4, IPv6), read in batches
+/// ([`read_batched`]): a few syscalls where walking the keys takes one per key. Measured on
+/// this project's 2-vCPU machines at a full default table (262,144 keys): 0.27 s, against
+/// 1.0 s for the keys alone (`BPF_MAP_GET_NEXT_KEY`) and 2.0 s for keys and values one by
+/// one. It still reads every entry: the daemon counts in the background
+/// ([`crate::metrics::SourceCounter`]), never in a scrape.
+pub fn count_sources(at: &Attachment) -> Result<(u64, u64), PinnedMapError> {
+    let count = |path: std::path::PathBuf, key_size: usize| -> Result<u64, PinnedMapError> {
+        let map = open(&path)?;
+        let data: &MapData = match &map {
+            Map::LruHashMap(data) | Map::HashMap(data) => data,
+            _ => {
+                return Err(PinnedMapError::Open {
+                    path: path.display().to_string(),
+                    source: MapError::InvalidMapType { map_type: 0 },
+                });
+            }
+        };
+        let mut n = 0;
+        batch::each(data, key_size, size_of::<SourceState>(), |entries, _, _| {
+            n += entries as u64;
+        })
+        .map_err(|e| read_err(&path)(batch_err(e)))?;
+        Ok(n)
+    };
+    Ok((
+        count(at.sources(), size_of::<Ipv4Key>())?,
+        count(at.sources6(), size_of::<Ipv6Key>())?,
+    ))
+}
+
+/// Every entry of a hash or array map, [`BATCH`] at a time (`BPF_MAP_LOOKUP_BATCH`):
+/// an array of 16,384 policies is read in 2 syscalls rather than 16,384.
+pub fn read_batched<K: aya::Pod, V: aya::Pod>(map: &MapData) -> Result<Vec<(K, V)>, MapError> {
+    let (ks, vs) = (size_of::<K>(), size_of::<V>());
+    let mut entries = Vec::new();
+    batch::each(map, ks, vs, |n, keys, values| {
+        for i in 0..n {
+            // SAFETY: the kernel wrote `n` keys of `ks` bytes and `n` values of `vs`
+            // bytes; K and V are plain data of those sizes (`Pod`), read unaligned.
+            let (k, v) = unsafe {
+                (
+                    keys.as_ptr().add(i * ks).cast::<K>().read_unaligned(),
+                    values.as_ptr().add(i * vs).cast::<V>().read_unaligned(),
+                )
+            };
+            entries.push((k, v));
+        }
+    })
+    .map_err(batch_err)?;
+    Ok(entries)
+}
+
+fn batch_err(io_error: std::io::Error) -> MapError {
+    MapError::SyscallError(aya::sys::SyscallError {
+        call: "BPF_MAP_LOOKUP_BATCH",
+        io_error,
+    })
+}
+
+/// Entries read per `BPF_MAP_LOOKUP_BATCH` call.
+const BATCH: u32 = 8192;
+
+mod batch {
+    //! `BPF_MAP_LOOKUP_BATCH`, which aya does not wrap: the entries of a hash or array
+    //! map, a bucket at a time, into buffers of the caller's.
+
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+
+    use aya::maps::MapData;
+
+    /// The `batch` member of the kernel's `union bpf_attr` (linux/bpf.h).
+    #[repr(C)]
+    #[derive(Default)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+    /// Calls `f(n, keys, values)` for each batch of `n` entries read, [`super::BATCH`]
+    /// at a time, until the map has no more.
+    pub fn each(
+        map: &MapData,
+        key_size: usize,
+        value_size: usize,
+        mut f: impl FnMut(usize, &[u8], &[u8]),
+    ) -> std::io::Result<()> {
+        let n = super::BATCH as usize;
+        let mut keys = vec![0u8; n * key_size];
+        let mut values = vec![0u8; n * value_size];
+        // The kernel's cursor: opaque, at most a u32 bucket or index for these maps.
+        let mut cursor = [0u8; 8];
+        let mut next = [0u8; 8];
+        let fd = map.fd().as_fd().as_raw_fd();
+        let mut first = true;
+        loop {
+            let mut attr = BatchAttr {
+                in_batch: if first { 0 } else { cursor.as_ptr() as u64 },
+                out_batch: next.as_mut_ptr() as u64,
+                keys: keys.as_mut_ptr() as u64,
+                values: values.as_mut_ptr() as u64,
+                count: n as u32,
+                map_fd: fd as u32,
+                ..BatchAttr::default()
+            };
+            // SAFETY: the attribute names buffers of `n` keys and values of the map's
+            // sizes and two cursors of 8 bytes, all alive across the call; the kernel
+            // writes no more than that.
+            let ret = unsafe {
+                libc::syscall(
+                    libc::SYS_bpf,
+                    BPF_MAP_LOOKUP_BATCH,
+                    &raw mut attr,
+                    size_of::<BatchAttr>() as libc::c_uint,
+                )
+            };
+            // On every return, `count` says how many entries were copied.
+            let got = (attr.count as usize).min(n);
+            f(got, &keys[..got * key_size], &values[..got * value_size]);
+            if ret < 0 {
+                let error = std::io::Error::last_os_error();
+                // ENOENT: the walk is over.
+                if error.raw_os_error() == Some(libc::ENOENT) {
+                    return Ok(());
+                }
+                return Err(error);
+            }
+            cursor = next;
+            first = false;
+        }
+    }
+}
+
 /// A tracked key as an operator reads it: the address, or the network when keys are
 /// masked to a shorter prefix (`198.51.100.0/24`, `2001:db8:1:2::/64`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

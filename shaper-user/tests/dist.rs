@@ -118,3 +118,103 @@ fn the_example_configuration_is_valid() {
     .unwrap();
     assert_eq!(interfaces.len(), 1);
 }
+
+/// The Prometheus rules (`dist/prometheus/`) load, and each recording rule and alert
+/// passes its unit tests (`promtool test rules`).
+#[test]
+fn the_prometheus_rules_pass_their_tests() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/prometheus");
+    for args in [
+        &["check", "rules", "shaper-rules.yml"][..],
+        &["test", "rules", "shaper-rules.test.yml"][..],
+    ] {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("promtool (Debian's prometheus package; cargo xtask setup installs it)");
+        println!("promtool {}:\n{}", args.join(" "), text(&out));
+        assert!(out.status.success(), "promtool {args:?}: {}", text(&out));
+    }
+}
+
+/// Where pipx put kubernetes-validate (`cargo xtask setup` installs it): on PATH or in
+/// `~/.local/bin`.
+fn kubernetes_validate() -> PathBuf {
+    let name = "kubernetes-validate";
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .chain(std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/bin")))
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .expect("kubernetes-validate (PyPI, through pipx: cargo xtask setup installs it)")
+}
+
+/// dist/kubernetes/ against the Kubernetes API's JSON schemas, strictly (an unknown or
+/// misspelt field, a wrong type, a missing required field fail), for the oldest and the
+/// newest release the validator carries schemas of.
+#[test]
+fn the_kubernetes_manifests_validate_against_the_api_types() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/kubernetes");
+    for version in ["1.25.0", "1.37.0"] {
+        let out = Command::new(kubernetes_validate())
+            .args(["--strict", "--kubernetes-version", version])
+            .args(["daemonset.yaml", "configmap.yaml"])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let said = text(&out);
+        println!("{said}");
+        assert!(
+            out.status.success() && said.matches(" passed ").count() == 2,
+            "{said}"
+        );
+    }
+}
+
+/// The manifests say what the rest of the tree says: the DaemonSet grants the unit's
+/// capabilities and no others, its metrics port is the one its annotations name, and the
+/// ConfigMap's shaper.toml is a valid file.
+#[test]
+fn the_kubernetes_manifests_agree_with_the_unit_and_the_daemon() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/kubernetes");
+    let daemonset = std::fs::read_to_string(dir.join("daemonset.yaml")).unwrap();
+    let unit_caps: Vec<&str> = UNIT
+        .lines()
+        .find_map(|l| l.strip_prefix("AmbientCapabilities="))
+        .unwrap()
+        .split_whitespace()
+        .map(|c| c.trim_start_matches("CAP_"))
+        .collect();
+    let added = daemonset
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("add: "))
+        .unwrap();
+    let added: Vec<&str> = added
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(|c| c.trim().trim_matches('"'))
+        .collect();
+    assert_eq!(added, unit_caps);
+    assert!(daemonset.contains("drop: [\"ALL\"]") && daemonset.contains("privileged: false"));
+    assert!(daemonset.contains("prometheus.io/port: \"9753\"") && daemonset.contains(":9753\"]"));
+
+    let configmap = std::fs::read_to_string(dir.join("configmap.yaml")).unwrap();
+    let (_, body) = configmap.split_once("shaper.toml: |\n").unwrap();
+    let toml: String = body
+        .lines()
+        .map(|l| l.strip_prefix("    ").unwrap_or(l))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let scratch =
+        std::env::temp_dir().join(format!("shaper-configmap-{}.toml", std::process::id()));
+    std::fs::write(&scratch, toml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_shaper"))
+        .args(["apply", "--check", "-f"])
+        .arg(&scratch)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&scratch);
+    assert!(out.status.success(), "{}", text(&out));
+}

@@ -87,13 +87,15 @@ pub fn run() -> Result<PathBuf> {
     let control = stage.join("DEBIAN");
     fs::create_dir_all(&control)?;
     fs::write(control.join("conffiles"), format!("/{CONFIG}\n"))?;
+    // procps: the unit's ExecReload runs /bin/kill, which a minimal system lacks (the
+    // test under systemd found `systemctl reload` failing without it).
     let control_text = format!(
         "Package: shaper\n\
          Version: {version}\n\
          Architecture: {arch}\n\
          Maintainer: shaper developers <shaper@localhost>\n\
          Installed-Size: {}\n\
-         Depends: {}\n\
+         Depends: {}, procps\n\
          Section: net\n\
          Priority: optional\n\
          Description: per-source packet rate limits in the kernel (XDP)\n \

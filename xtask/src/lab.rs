@@ -5,7 +5,7 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{Result, bail};
 
-use crate::{cmd, host, setup, test, vm, workspace};
+use crate::{cmd, host, old_shaper, setup, test, vm, workspace};
 
 /// Runs `shaper-lab <subcommand> --shaper <shaper> <args>` on freshly built release binaries
 /// (`fuzz` runs no shaper command, so it gets no `--shaper`).
@@ -13,6 +13,10 @@ use crate::{cmd, host, setup, test, vm, workspace};
 /// `bench --kernel 6.12 [--] ARGS` runs `shaper-lab bench ARGS` in a QEMU guest of that
 /// Debian kernel instead (as `cargo xtask test --kernel` runs the tests), told that it is
 /// under emulation; its results land in the work tree's bench/ all the same.
+///
+/// `bench` also gets the baseline it measures today's build against (built here for
+/// release from its commit, once: `old_shaper::build_baseline`) and, when it writes the
+/// committed results, the workspace, whose generated table in the docs it rewrites.
 pub fn run(subcommand: &str, args: &[String]) -> Result<ExitCode> {
     let (kernel, args) = split_kernel(args)?;
     let args = args.as_slice();
@@ -44,9 +48,23 @@ pub fn run(subcommand: &str, args: &[String]) -> Result<ExitCode> {
     if subcommand != "fuzz" {
         lab.arg("--shaper").arg(release.join("shaper"));
     }
-    // The committed results live in the workspace's bench/, wherever this is run from.
-    if subcommand == "bench" && !args.iter().any(|a| a == "--out" || a.starts_with("--out=")) {
-        lab.arg("--out").arg(workspace::root().join("bench"));
+    if subcommand == "bench" {
+        let given = |flag: &str| {
+            args.iter()
+                .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+        };
+        // The committed results live in the workspace's bench/, wherever this is run from,
+        // and the docs' generated table is rewritten from them (not from results
+        // written elsewhere).
+        if !given("--out") {
+            lab.arg("--out").arg(workspace::root().join("bench"));
+            if !given("--docs") {
+                lab.arg("--docs").arg(workspace::root());
+            }
+        }
+        if !given("--baseline") {
+            lab.arg("--baseline").arg(old_shaper::build_baseline()?);
+        }
     }
     lab.args(args);
     if let Some(test::Kernels::Guests(series)) = kernel {

@@ -8,6 +8,7 @@ mod apt;
 mod cmd;
 mod dist;
 mod host;
+mod image;
 mod lab;
 mod old_shaper;
 mod setup;
@@ -40,9 +41,14 @@ enum Command {
     /// Build target/dist/shaper_<version>_<arch>.deb: the binary, systemd unit, manual pages,
     /// shell completions and an example /etc/shaper/shaper.toml
     Dist,
+    /// Build the container image localhost/shaper:<version> (podman) from the package and
+    /// Debian's libraries (mmdebstrap), saved as target/dist/shaper_<version>_<arch>.oci.tar
+    Image,
     /// Build release binaries and run `shaper-lab demo` (needs root)
     Demo(LabArgs),
-    /// Build release binaries and run `shaper-lab bench` (needs root), e.g. `bench --quick`
+    /// Build release binaries and the baseline (the previous build, from its commit) and run
+    /// `shaper-lab bench` (needs root), e.g. `bench --quick`, `bench -- --only kernel`,
+    /// `bench --kernel 6.12 -- --only kernel`
     Bench(LabArgs),
     /// Build release binaries and run `shaper-lab lab` (needs root)
     Lab(LabArgs),
@@ -72,6 +78,9 @@ fn main() -> ExitCode {
         Command::Test(args) => test::run(&args),
         Command::Dist => setup::run(setup::For::Dist)
             .and_then(|()| dist::run())
+            .map(|_| ExitCode::SUCCESS),
+        Command::Image => setup::run(setup::For::Image)
+            .and_then(|()| image::run())
             .map(|_| ExitCode::SUCCESS),
         Command::Demo(LabArgs { args }) => lab::run("demo", &args),
         Command::Bench(LabArgs { args }) => lab::run("bench", &args),

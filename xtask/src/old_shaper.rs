@@ -1,27 +1,29 @@
-//! The earlier `shaper` builds the upgrade tests attach with
-//! (`shaper-user/lab/src/old_builds.rs`), built once each from their commits.
+//! The earlier `shaper` builds the upgrade tests attach with, and the baseline the bench
+//! measures against (`shaper-user/lab/src/old_builds.rs`), built once each from their
+//! commits.
 //!
 //! Each commit is exported with `git archive` (CI is a full clone, so every commit is
 //! there) into `target/old-shaper/src/COMMIT` and built there with its own lock file, in a
 //! target directory all old builds share (`target/old-shaper/target`: their dependencies
-//! are mostly the same crates, built once); the binary is then copied to
-//! `target/old-shaper/COMMIT/shaper` and the sources removed. A binary already there is
-//! not built again.
+//! are mostly the same crates, built once); what was built is then copied out and the
+//! sources removed: the debug binary to `target/old-shaper/COMMIT/shaper` (upgrade tests),
+//! the release binary and its kernel object to `target/old-shaper/COMMIT/release/` (bench).
+//! A build already there is not built again.
 
 use std::{
     fs,
-    path::Path,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
 };
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd, workspace};
+use crate::{cmd, vm::json_string, workspace};
 
 #[path = "../../shaper-user/lab/src/old_builds.rs"]
 mod old_builds;
 
-/// Builds every old shaper that is not built yet.
+/// Builds every old shaper the upgrade tests need that is not built yet.
 pub fn build_all() -> Result<()> {
     let target = workspace::target_dir();
     for build in old_builds::OLD_BUILDS {
@@ -33,26 +35,119 @@ pub fn build_all() -> Result<()> {
             "building the shaper of commit {} (pin layout {}) for the upgrade tests",
             build.commit, build.layout
         );
-        let dir = old_builds::dir(&target);
-        let src = dir.join("src").join(build.commit);
-        export(build.commit, &src)?;
-        cmd::run(
-            Command::new("cargo")
-                .current_dir(&src)
-                .env("CARGO_TARGET_DIR", dir.join("target"))
-                .args(["build", "--locked", "-p", "shaper-user", "--bin", "shaper"]),
-        )?;
-        let built = dir.join("target/debug/shaper");
-        let parent = bin.parent().context("a binary has a directory")?;
-        fs::create_dir_all(parent)?;
-        // Copied under another name and renamed: a binary at `bin` is always whole.
-        let partial = parent.join("shaper.partial");
-        fs::copy(&built, &partial)
-            .with_context(|| format!("copying {} to {}", built.display(), partial.display()))?;
-        fs::rename(&partial, &bin)?;
-        fs::remove_dir_all(&src)?;
+        let built = build_commit(build.commit, false)?;
+        copy_whole(&built.shaper, &bin)?;
+        remove_sources(build.commit)?;
     }
     Ok(())
+}
+
+/// Builds the bench's baseline ([`old_builds::BASELINE`]) for release unless it is built;
+/// returns its directory (`shaper` and `shaper-ebpf`).
+pub fn build_baseline() -> Result<PathBuf> {
+    let build = old_builds::BASELINE;
+    let dir = old_builds::release_dir(&workspace::target_dir(), build.commit);
+    let shaper = dir.join(old_builds::RELEASE_SHAPER);
+    let object = dir.join(old_builds::RELEASE_OBJECT);
+    if shaper.is_file() && object.is_file() {
+        return Ok(dir);
+    }
+    println!(
+        "building the shaper of commit {} (pin layout {}) for release: the bench's baseline",
+        build.commit, build.layout
+    );
+    let built = build_commit(build.commit, true)?;
+    // The object first: a binary in place says the build is whole.
+    copy_whole(&built.object, &object)?;
+    copy_whole(&built.shaper, &shaper)?;
+    remove_sources(build.commit)?;
+    Ok(dir)
+}
+
+/// What building one commit produced, in the shared target directory.
+struct Built {
+    shaper: PathBuf,
+    /// The kernel object shaper-user's build script built (and the binary embeds).
+    object: PathBuf,
+}
+
+/// Exports `commit` and builds its `shaper` (debug, or `release`), with its own lock file.
+fn build_commit(commit: &str, release: bool) -> Result<Built> {
+    let dir = old_builds::dir(&workspace::target_dir());
+    let src = dir.join("src").join(commit);
+    export(commit, &src)?;
+    let mut cargo = Command::new("cargo");
+    cargo
+        .current_dir(&src)
+        .env("CARGO_TARGET_DIR", dir.join("target"))
+        .args(["build", "--locked", "-p", "shaper-user", "--bin", "shaper"])
+        .args(release.then_some("--release"))
+        // Cargo's progress and errors go to the terminal; its JSON (stdout) says where
+        // the binary and the build script's output are.
+        .args(["--message-format=json-render-diagnostics"]);
+    let line = cmd::display(&cargo);
+    println!("$ {line}");
+    let output = cargo
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("could not start `{line}`"))?;
+    if !output.status.success() {
+        bail!("`{line}` failed ({})", output.status);
+    }
+    built(&String::from_utf8_lossy(&output.stdout))
+        .with_context(|| format!("`{line}` said nothing of the shaper binary or its object"))
+}
+
+/// The `shaper` executable and shaper-user's build script output in cargo's JSON messages.
+fn built(messages: &str) -> Option<Built> {
+    let mut shaper = None;
+    let mut object = None;
+    for line in messages.lines() {
+        let from_shaper_user = json_string(line, "package_id").is_some_and(|id| {
+            // `path+file:///.../shaper-user#0.1.0` (cargo 1.77 on) or
+            // `shaper-user 0.1.0 (path+file:///...)`.
+            id.contains("/shaper-user#") || id.starts_with("shaper-user ")
+        });
+        if !from_shaper_user {
+            continue;
+        }
+        match json_string(line, "reason").as_deref() {
+            Some("compiler-artifact") => {
+                if let Some(exe) = json_string(line, "executable") {
+                    shaper = Some(PathBuf::from(exe));
+                }
+            }
+            Some("build-script-executed") => {
+                object = json_string(line, "out_dir")
+                    .map(|out| Path::new(&out).join(old_builds::RELEASE_OBJECT));
+            }
+            _ => {}
+        }
+    }
+    Some(Built {
+        shaper: shaper?,
+        object: object?,
+    })
+}
+
+/// Copies `from` to `to` under another name and renames it: a file at `to` is always whole.
+fn copy_whole(from: &Path, to: &Path) -> Result<()> {
+    let parent = to.parent().context("a build output has a directory")?;
+    fs::create_dir_all(parent)?;
+    let name = to.file_name().context("a build output has a name")?;
+    let partial = parent.join(format!("{}.partial", name.to_string_lossy()));
+    fs::copy(from, &partial)
+        .with_context(|| format!("copying {} to {}", from.display(), partial.display()))?;
+    fs::rename(&partial, to)?;
+    Ok(())
+}
+
+fn remove_sources(commit: &str) -> Result<()> {
+    let src = old_builds::dir(&workspace::target_dir())
+        .join("src")
+        .join(commit);
+    fs::remove_dir_all(&src).with_context(|| format!("removing {}", src.display()))
 }
 
 /// The tree of `commit`, without the packages an old commit tracked by mistake, in `dst`.
@@ -89,8 +184,38 @@ fn export(commit: &str, dst: &Path) -> Result<()> {
     let archived = git.wait()?;
     if !archived.success() || !tar.success() {
         bail!(
-            "could not export commit {commit} (git archive: {archived}, tar: {tar}): the upgrade tests need the repository's history"
+            "could not export commit {commit} (git archive: {archived}, tar: {tar}): the upgrade tests and the bench need the repository's history"
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_binary_and_the_object_in_cargos_messages() {
+        let messages = [
+            r#"{"reason":"build-script-executed","package_id":"path+file:///t/src/c/shaper-common#0.1.0","out_dir":"/t/release/build/shaper-common-1/out"}"#,
+            r#"{"reason":"build-script-executed","package_id":"path+file:///t/src/c/shaper-user#0.1.0","linked_libs":[],"out_dir":"/t/release/build/shaper-user-2/out"}"#,
+            r#"{"reason":"compiler-artifact","package_id":"path+file:///t/src/c/shaper-user#0.1.0","target":{"name":"shaper"},"executable":"/t/release/shaper","fresh":false}"#,
+            r#"{"reason":"build-finished","success":true}"#,
+        ]
+        .join("\n");
+        let b = built(&messages).unwrap();
+        assert_eq!(b.shaper, Path::new("/t/release/shaper"));
+        assert_eq!(
+            b.object,
+            Path::new("/t/release/build/shaper-user-2/out/shaper-ebpf")
+        );
+        // The older package id form.
+        let old = messages.replace(
+            "path+file:///t/src/c/shaper-user#0.1.0",
+            "shaper-user 0.1.0 (path+file:///t/src/c/shaper-user)",
+        );
+        assert!(built(&old).is_some());
+        // No build script output: nothing to take the object from.
+        assert!(built(&messages.lines().skip(2).collect::<Vec<_>>().join("\n")).is_none());
+    }
 }

@@ -37,14 +37,16 @@ pub enum For {
     Matrix,
     /// `cargo xtask dist`: a build, and dpkg's tools
     Dist,
+    /// `cargo xtask image`: dist's, and what builds and runs the image
+    Image,
     /// Everything above
     All,
 }
 
-use For::{Bench, Build, Demo, Dist, Matrix, Test};
+use For::{Bench, Build, Demo, Dist, Image, Matrix, Test};
 
 /// Every command that builds shaper.
-const BUILDS: &[For] = &[Build, Demo, Bench, Test, Matrix, Dist];
+const BUILDS: &[For] = &[Build, Demo, Bench, Test, Matrix, Dist, Image];
 /// Every command that loads shaper into this machine's kernel and pins it.
 const RUNS: &[For] = &[Demo, Bench, Test];
 /// The tests, on this machine's kernel or in the guests (which run on this machine's
@@ -165,7 +167,7 @@ const NEEDS: &[Need] = &[
             package: "dpkg-dev",
             present: Present::Programs(&["dpkg-deb", "dpkg-shlibdeps"]),
         },
-        by: &[Test, Matrix, Dist],
+        by: &[Test, Matrix, Dist, Image],
     },
     // The daemon's tests scrape /metrics with curl and check it with the Prometheus
     // project's own OpenMetrics parser.
@@ -190,6 +192,80 @@ const NEEDS: &[Need] = &[
         item: Item::Apt {
             package: "tmux",
             present: Present::Programs(&["tmux"]),
+        },
+        by: &[Test],
+    },
+    // Production parts (issue 26): Prometheus scrapes the daemon in the lab and promtool
+    // tests dist/prometheus/'s rules; systemd-nspawn boots systemd as PID 1 on a Debian
+    // root that mmdebstrap builds, for the unit's test and `cargo xtask image`'s root;
+    // podman assembles and runs the image. (On a host run by systemd, the prometheus
+    // package enables and starts its own server on :9090; the tests start their own.)
+    Need {
+        item: Item::Apt {
+            package: "prometheus",
+            present: Present::Programs(&["prometheus", "promtool"]),
+        },
+        by: &[Test],
+    },
+    Need {
+        item: Item::Apt {
+            package: "systemd-container",
+            present: Present::Programs(&["systemd-nspawn"]),
+        },
+        by: &[Test],
+    },
+    Need {
+        item: Item::Apt {
+            package: "mmdebstrap",
+            present: Present::Programs(&["mmdebstrap"]),
+        },
+        by: &[Test, Image],
+    },
+    Need {
+        item: Item::Apt {
+            package: "podman",
+            present: Present::Programs(&["podman"]),
+        },
+        by: &[Test, Image],
+    },
+    // podman's runtime: crun refuses hybrid cgroups (v1 controllers beside v2's), which
+    // some hosts have; runc runs there.
+    Need {
+        item: Item::Apt {
+            package: "runc",
+            present: Present::Programs(&["runc"]),
+        },
+        by: &[Test, Image],
+    },
+    // `podman kube play` builds its pod's pause image around catatonit.
+    Need {
+        item: Item::Apt {
+            package: "catatonit",
+            present: Present::Programs(&["catatonit"]),
+        },
+        by: &[Test],
+    },
+    // image.rs turns the DaemonSet into the Pod `podman kube play` runs.
+    Need {
+        item: Item::Apt {
+            package: "python3-yaml",
+            present: Present::File("/usr/lib/python3/dist-packages/yaml/__init__.py"),
+        },
+        by: &[Test],
+    },
+    // dist/kubernetes/ is checked against the Kubernetes API's JSON schemas by
+    // kubernetes-validate (PyPI, schemas bundled), installed in a venv of its own by pipx.
+    Need {
+        item: Item::Apt {
+            package: "pipx",
+            present: Present::Programs(&["pipx"]),
+        },
+        by: &[Test],
+    },
+    Need {
+        item: Item::Pipx {
+            package: "kubernetes-validate",
+            version: "1.37.0",
         },
         by: &[Test],
     },
@@ -266,6 +342,7 @@ impl For {
             Test => "cargo xtask test",
             Matrix => "cargo xtask test --kernel",
             Dist => "cargo xtask dist",
+            Image => "cargo xtask image",
             For::All => "every command",
         }
     }
@@ -297,6 +374,12 @@ enum Item {
     },
     /// A bpf filesystem mounted at `path` (needs root).
     Bpffs { path: &'static str },
+    /// A PyPI package's command, in a venv of its own (`pipx install`), present when
+    /// `<package> --version` says `version`.
+    Pipx {
+        package: &'static str,
+        version: &'static str,
+    },
 }
 
 /// How to tell that a Debian package is installed without asking dpkg, which also works for
@@ -568,6 +651,7 @@ impl Item {
             Item::Component { name, toolchain } => format!("{name} ({toolchain})"),
             Item::Crate { name, version, .. } => format!("{name} {version}"),
             Item::Bpffs { path } => format!("bpffs at {path}"),
+            Item::Pipx { package, version } => format!("{package} {version} (pipx)"),
         }
     }
 
@@ -598,6 +682,10 @@ impl Item {
                     let mut fields = line.split_whitespace().skip(1);
                     fields.next() == Some(path) && fields.next() == Some("bpf")
                 }),
+            Item::Pipx { package, version } => pipx_binary(package).is_some_and(|binary| {
+                cmd::stdout(Command::new(binary).arg("--version"))
+                    .is_ok_and(|out| out.trim() == *version)
+            }),
             Item::Crate { name, version, .. } => crate_binaries(name).iter().any(|binary| {
                 // A binary that does not run counts as missing: reinstalling fixes it.
                 cmd::stdout(Command::new(binary).arg("--version"))
@@ -637,6 +725,17 @@ fn crate_binaries(name: &str) -> Vec<PathBuf> {
         }
     }
     binaries
+}
+
+/// Where pipx put a package's command: on PATH, or in pipx's default bin directory
+/// (`~/.local/bin`), which is not always on PATH. The tests look for it the same way.
+pub fn pipx_binary(name: &str) -> Option<PathBuf> {
+    host::find_program(name).or_else(|| {
+        let binary = PathBuf::from(env::var_os("HOME")?)
+            .join(".local/bin")
+            .join(name);
+        binary.exists().then_some(binary)
+    })
 }
 
 impl Item {
@@ -679,6 +778,11 @@ impl Item {
             Item::Bpffs { path } => {
                 cmd::run(Command::new("mount").args(["-t", "bpf", "bpf", path]))
             }
+            Item::Pipx { package, version } => cmd::run(Command::new("pipx").args([
+                "install",
+                "--force",
+                &format!("{package}=={version}"),
+            ])),
         }
     }
 

@@ -290,6 +290,36 @@ const SUITES: &[Suite] = &[
               deadlines",
     },
     Suite {
+        file: "tests/metrics.rs",
+        place: Place::Host,
+        why: "shaper run's listeners (/top apart from /metrics) and a scrape's cost at a \
+              full table, held to 50 ms: a time",
+    },
+    Suite {
+        file: "tests/kubelet.rs",
+        place: Place::Host,
+        why: "shaper run against a ConfigMap volume's ..data swaps: the reloads are awaited \
+              with deadlines, as daemon.rs's are",
+    },
+    Suite {
+        file: "tests/prometheus.rs",
+        place: Place::Host,
+        why: "a Prometheus server scraping shaper run every second: its samples awaited \
+              with deadlines",
+    },
+    Suite {
+        file: "tests/image.rs",
+        place: Place::Host,
+        why: "the container image under podman (and the DaemonSet's pod under podman kube \
+              play): podman, and a rate held by live traffic",
+    },
+    Suite {
+        file: "tests/systemd.rs",
+        place: Place::Host,
+        why: "systemd as PID 1 in systemd-nspawn on the host's kernel, and a rate held \
+              after systemctl stop",
+    },
+    Suite {
         file: "tests/top.rs",
         place: Place::Host,
         why: "shaper top: rates read from live traffic, checked against what was offered",
@@ -531,7 +561,7 @@ fn build_suites() -> Result<Vec<GuestSuite>> {
 /// The string value of the first `"key":"..."` in a line of cargo's JSON output, unescaped.
 /// (Cargo writes compact JSON, and the keys we read occur once per artifact line; this
 /// keeps xtask free of a JSON dependency.)
-fn json_string(line: &str, key: &str) -> Option<String> {
+pub fn json_string(line: &str, key: &str) -> Option<String> {
     let start = line.find(&format!("\"{key}\":\""))? + key.len() + 4;
     let mut value = String::new();
     let mut chars = line[start..].chars();

@@ -57,6 +57,19 @@ pub fn shaper() -> &'static Path {
     }
 }
 
+/// Where `cargo xtask bench` builds the baseline ([`old_builds::BASELINE`], for release)
+/// in the running executable's target directory.
+pub fn baseline_dir() -> Result<PathBuf> {
+    let target = profile_dir()?
+        .parent()
+        .context("the profile directory has a parent")?
+        .to_path_buf();
+    Ok(old_builds::release_dir(
+        &target,
+        old_builds::BASELINE.commit,
+    ))
+}
+
 /// The `shaper` built from an earlier commit that writes pin `layout`, as `cargo xtask
 /// test` builds it ([`crate::old_builds`]); panics with what to do if it is missing.
 pub fn old_shaper(layout: u32) -> PathBuf {

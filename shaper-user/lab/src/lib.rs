@@ -11,11 +11,13 @@
 //! - `bench`: `cargo xtask bench`.
 //! - `bins`: where the `shaper` binary under test is, and `old_builds`: the earlier
 //!   builds the upgrade tests start from.
-//! - `cli`: running that binary in a lab's namespace, and a guard that detaches on drop.
+//! - `cli`: running that binary in a lab's namespace, and a guard that detaches on drop;
+//!   `daemon`: running it as `shaper run`.
 
 pub mod bench;
 pub mod bins;
 pub mod cli;
+pub mod daemon;
 pub mod frame;
 pub mod fuzz;
 pub mod lab;

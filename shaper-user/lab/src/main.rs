@@ -11,7 +11,7 @@
 
 use std::{
     io::BufRead as _,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::ExitCode,
     sync::atomic::{AtomicBool, Ordering},
     thread,
@@ -21,6 +21,7 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 use clap::{Args, Parser, Subcommand};
 use shaper_lab::{
+    bench::builds::Build,
     cli::AttachGuard,
     lab::{Flow, FlowResult, Lab, run_udp},
 };
@@ -84,9 +85,18 @@ struct BenchArgs {
     #[arg(long)]
     runs: Option<usize>,
     /// Investigate: run only these lab benchmarks, print them, write nothing (but `tcp`,
-    /// which writes results-tcp.md under --out)
+    /// which writes results-tcp.md under --out, and `kernel`, which records this kernel
+    /// in results-kernels.json and .md and rewrites the docs' kernel table)
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<LabPart>,
+    /// The baseline's release build (its `shaper` and kernel object), measured next to
+    /// today's [default: target/old-shaper/COMMIT/release, which `cargo xtask bench` builds]
+    #[arg(long)]
+    baseline: Option<PathBuf>,
+    /// The workspace whose docs (README.md, docs/) hold the generated kernel table to
+    /// rewrite from the results [`cargo xtask bench` passes it; default: none rewritten]
+    #[arg(long)]
+    docs: Option<PathBuf>,
     /// Says the run is under emulation (how, e.g. "QEMU TCG"): `tcp` then gives no time
     /// figures (`cargo xtask bench --kernel` passes it)
     #[arg(long)]
@@ -105,7 +115,11 @@ struct BenchArgs {
 /// The benchmarks `--only` picks from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum LabPart {
-    /// Per-packet cost (test_run), without the cold-key cases that need filled maps
+    /// The programs of both builds on this kernel: verified instructions, sizes, BTF
+    /// functions, load time, `shaper attach` time; writes results-kernels.*
+    Kernel,
+    /// Per-packet cost (test_run) of both builds, without the cold-key cases that need
+    /// filled maps
     PerPacket,
     /// Rate accuracy against the incumbents
     Sweep,
@@ -358,6 +372,45 @@ fn default_shaper() -> Result<PathBuf> {
     shaper_lab::bins::locate().context("pass --shaper PATH")
 }
 
+/// The shaper command the bench drives: `--shaper`, or [`default_shaper`].
+fn bench_shaper(args: &BenchArgs) -> Result<PathBuf> {
+    args.shaper.clone().map_or_else(default_shaper, Ok)
+}
+
+/// The baseline build (`--baseline`, or where `cargo xtask bench` builds it).
+fn baseline(args: &BenchArgs) -> Result<Build> {
+    let dir = match &args.baseline {
+        Some(dir) => dir.clone(),
+        None => shaper_lab::bins::baseline_dir()?,
+    };
+    Build::baseline(&dir)
+}
+
+/// The programs of both builds on this kernel, recorded in results-kernels.* (and the
+/// docs' table); returns what was written.
+fn bench_kernel(args: &BenchArgs, baseline: &Build, today: &Build) -> Result<Vec<PathBuf>> {
+    use shaper_lab::bench::kernels;
+
+    println!(
+        "the programs of {} (baseline) and today's build on this kernel{} ...",
+        baseline.label,
+        if args.emulated.is_some() {
+            " (emulated: no times)"
+        } else {
+            ""
+        }
+    );
+    let opts = kernels::Options::new(args.quick, args.emulated.clone());
+    let run = kernels::run(baseline, today, &opts)?;
+    print!(
+        "{}",
+        kernels::markdown(&kernels::AllKernels {
+            kernels: vec![run.clone()]
+        })
+    );
+    kernels::write(&args.out, run, args.docs.as_deref())
+}
+
 // ---------------------------------------------------------------------------------------
 // lab
 
@@ -462,25 +515,66 @@ fn bench(args: &BenchArgs) -> Result<()> {
         machine.cpu_model,
         if args.quick { ", --quick" } else { "" }
     );
+    // The programs of both builds first, while no filled map holds memory.
+    let shaper = bench_shaper(args);
+    let today = Build::today(shaper.as_deref().unwrap_or(Path::new("shaper")));
+    let baseline = baseline(args);
+    let kernel_missing = match (&baseline, &shaper) {
+        (Err(e), _) => Some(format!("{e:#}")),
+        (_, Err(e)) => Some(format!("{e:#}")),
+        (Ok(baseline), Ok(_)) => match bench_kernel(args, baseline, &today) {
+            Ok(written) => {
+                for path in written {
+                    println!("wrote {}", path.display());
+                }
+                None
+            }
+            Err(e) => {
+                eprintln!("shaper-lab: the kernel figures failed: {e:#}");
+                Some(format!("the kernel figures failed: {e:#}"))
+            }
+        },
+    };
+
     // One CPU for the BPF_PROG_TEST_RUN figures: each and its baseline see the same core.
     let affinity = pin_to_current_cpu();
-
     println!(
         "filling maps of {} sources ...",
         population::SIZES.map(|n| n.to_string()).join(", ")
     );
-    let mut populations = scale::populations()?;
+    let mut populations = scale::populations(&today)?;
+    let mut baseline_populations = match &baseline {
+        Ok(b) => scale::populations(b)?,
+        Err(_) => Vec::new(),
+    };
     println!(
         "scale: memory and cost on a known source, repeat {}",
         opts.repeat
     );
     let scale_results = scale::run(&mut populations, opts.repeat, opts.runs)?;
     println!(
-        "per-packet cost: repeat {} (loop), {} frames (single shot), median of {} runs",
-        opts.repeat, opts.frames, opts.runs
+        "per-packet cost, today's build{}: repeat {} (loop), {} frames (single shot), median of {} runs",
+        baseline
+            .as_ref()
+            .map_or(String::new(), |b| format!(" and {}", b.label)),
+        opts.repeat,
+        opts.frames,
+        opts.runs
     );
-    let per_packet = per_packet::run(&opts, &mut populations)?;
+    let mut per_packet = per_packet::run(
+        &opts,
+        per_packet::Subject {
+            build: &today,
+            populations: &mut populations,
+        },
+        baseline.as_ref().ok().map(|b| per_packet::Subject {
+            build: b,
+            populations: &mut baseline_populations,
+        }),
+    )?;
+    per_packet.baseline_missing = baseline.as_ref().err().map(|e| format!("{e:#}"));
     drop(populations);
+    drop(baseline_populations);
     // The lab benchmarks need every CPU back (traffic threads, softirq accounting).
     restore_affinity(affinity);
     print_per_packet(&per_packet);
@@ -504,6 +598,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
         &report::Inputs {
             machine: &machine,
             quick: args.quick,
+            kernel_missing: kernel_missing.as_deref(),
             per_packet: &per_packet,
             scale: &scale_results,
             accuracy: accuracy.as_ref(),
@@ -523,6 +618,12 @@ fn bench(args: &BenchArgs) -> Result<()> {
 fn bench_only(args: &BenchArgs) -> Result<()> {
     use shaper_lab::bench::{accuracy, lru, per_packet};
 
+    if args.only.contains(&LabPart::Kernel) {
+        let shaper = bench_shaper(args)?;
+        for path in bench_kernel(args, &baseline(args)?, &Build::today(&shaper))? {
+            println!("wrote {}", path.display());
+        }
+    }
     if args.only.contains(&LabPart::PerPacket) {
         let mut opts = per_packet::Options::new(args.quick);
         opts.repeat = args.repeat.unwrap_or(opts.repeat);
@@ -531,8 +632,21 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
             opts.runs > 0 && opts.repeat > 0,
             "--runs and --repeat must be at least 1"
         );
+        // No shaper command runs here: only the objects are needed.
+        let today = Build::today(Path::new("shaper"));
+        let baseline = baseline(args)?;
         let affinity = pin_to_current_cpu();
-        let results = per_packet::run(&opts, &mut [])?;
+        let results = per_packet::run(
+            &opts,
+            per_packet::Subject {
+                build: &today,
+                populations: &mut [],
+            },
+            Some(per_packet::Subject {
+                build: &baseline,
+                populations: &mut [],
+            }),
+        )?;
         restore_affinity(affinity);
         print_per_packet(&results);
     }
@@ -544,10 +658,15 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
             println!("{line}");
         }
     }
-    let shaper = match &args.shaper {
-        Some(path) => path.clone(),
-        None => default_shaper()?,
-    };
+    if args
+        .only
+        .iter()
+        .all(|p| matches!(p, LabPart::Kernel | LabPart::PerPacket | LabPart::Lru))
+    {
+        return Ok(());
+    }
+    // The rest drive the shaper command.
+    let shaper = bench_shaper(args)?;
     if args.only.contains(&LabPart::Flood) {
         for line in
             shaper_lab::bench::flood::summary_lines(&shaper_lab::bench::flood::run(&shaper)?)
@@ -561,7 +680,7 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
     if args.only.iter().all(|p| {
         matches!(
             p,
-            LabPart::PerPacket | LabPart::Lru | LabPart::Flood | LabPart::Tcp
+            LabPart::Kernel | LabPart::PerPacket | LabPart::Lru | LabPart::Flood | LabPart::Tcp
         )
     }) {
         return Ok(());
@@ -598,12 +717,9 @@ fn bench_flood(
 ) {
     use shaper_lab::bench::flood;
 
-    let shaper = match &args.shaper {
-        Some(path) => path.clone(),
-        None => match default_shaper() {
-            Ok(path) => path,
-            Err(e) => return (None, Some(format!("{e:#}"))),
-        },
+    let shaper = match bench_shaper(args) {
+        Ok(path) => path,
+        Err(e) => return (None, Some(format!("{e:#}"))),
     };
     println!("\nspoofed flood ...");
     match flood::run(&shaper) {
@@ -628,12 +744,9 @@ fn bench_accuracy(
     use shaper_lab::bench::accuracy;
 
     // The shaper command is needed only by the accuracy benchmarks.
-    let shaper = match &args.shaper {
-        Some(path) => path.clone(),
-        None => match default_shaper() {
-            Ok(path) => path,
-            Err(e) => return (None, Some(format!("{e:#}"))),
-        },
+    let shaper = match bench_shaper(args) {
+        Ok(path) => path,
+        Err(e) => return (None, Some(format!("{e:#}"))),
     };
     println!("\nrate accuracy and CPU cost in the namespace lab ...");
     let opts = accuracy::AccuracyOptions {
@@ -681,6 +794,27 @@ fn print_per_packet(results: &shaper_lab::bench::per_packet::PerPacketResults) {
         if let Some(note) = &r.note {
             println!("    note: {note}");
         }
+    }
+    match (&results.baseline, &results.baseline_missing) {
+        (Some(b), _) => {
+            println!(
+                "\n{:<70} {:>10} {:>10} {:>10} {:>14}",
+                "case (ns/packet, median)", b.label, "today", "today/base", "ratio spread"
+            );
+            for v in &b.versus {
+                println!(
+                    "{:<70} {:>10.1} {:>10.1} {:>10.3} {:>6.3}–{:<6.3}",
+                    v.case,
+                    v.baseline_ns.median,
+                    v.today_ns.median,
+                    v.ratio.median,
+                    v.ratio.min,
+                    v.ratio.max
+                );
+            }
+        }
+        (None, Some(why)) => println!("\nno baseline measured: {why}"),
+        (None, None) => {}
     }
 }
 

@@ -4,6 +4,10 @@
 //! then `cargo build`, in a target directory of their own) into
 //! `target/old-shaper/COMMIT/shaper`.
 //!
+//! `cargo xtask bench` measures today's build against [`BASELINE`], built for release the
+//! same way into `target/old-shaper/COMMIT/release/` ([`release_dir`]): its `shaper` binary
+//! and its kernel object.
+//!
 //! xtask includes this file too (`#[path]`), so it uses nothing but std. A new layout adds
 //! the last commit of the layout it replaces here.
 
@@ -40,6 +44,19 @@ pub const OLD_BUILDS: &[OldBuild] = &[
     },
 ];
 
+/// The build `cargo xtask bench` measures today's against, in the same run (issue 21): the
+/// last commit before the kernel programs were verified in pieces. Moved forward when a
+/// later change is to be measured against its predecessor.
+pub const BASELINE: OldBuild = OldBuild {
+    layout: 5,
+    commit: "dd8a0a0058f57171920b89bcef1df1e42fbe50d3",
+};
+
+/// The file names of a release build in [`release_dir`]: the `shaper` binary and the kernel
+/// object it embeds (as shaper-user's build script wrote it).
+pub const RELEASE_SHAPER: &str = "shaper";
+pub const RELEASE_OBJECT: &str = "shaper-ebpf";
+
 /// Where the old builds live under a target directory.
 pub fn dir(target_dir: &Path) -> PathBuf {
     target_dir.join("old-shaper")
@@ -48,4 +65,9 @@ pub fn dir(target_dir: &Path) -> PathBuf {
 /// The `shaper` binary built from `commit`.
 pub fn binary(target_dir: &Path, commit: &str) -> PathBuf {
     dir(target_dir).join(commit).join("shaper")
+}
+
+/// The release build of `commit` ([`RELEASE_SHAPER`], [`RELEASE_OBJECT`]).
+pub fn release_dir(target_dir: &Path, commit: &str) -> PathBuf {
+    dir(target_dir).join(commit).join("release")
 }

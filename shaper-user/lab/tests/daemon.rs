@@ -11,118 +11,16 @@ mod common;
 
 use std::{
     fs,
-    os::unix::net::UnixDatagram,
-    path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use common::{assert_near, guard, shaper, shaper_ok, stats};
 use serde_json::Value;
 use shaper_lab::{
-    bins::shaper as shaper_bin,
+    daemon::{Daemon, config, scratch},
     lab::{Flow, FlowResult, Lab, RunOptions, run_udp_with},
 };
-
-/// A `shaper -n NS run -f FILE` started by a test, its stderr in a log file, its
-/// notifications on a datagram socket named by NOTIFY_SOCKET. Killed if still running
-/// when dropped.
-struct Daemon {
-    child: Child,
-    notify: UnixDatagram,
-    dir: PathBuf,
-}
-
-impl Daemon {
-    fn start(ns: &str, file: &Path, more: &[&str]) -> Self {
-        let dir = scratch(&format!("daemon-{ns}"));
-        // A path socket, not an abstract one: abstract sockets belong to a network
-        // namespace, and the daemon enters the lab's.
-        let socket = dir.join("notify");
-        let notify = UnixDatagram::bind(&socket).unwrap();
-        notify
-            .set_read_timeout(Some(Duration::from_millis(200)))
-            .unwrap();
-        let log = fs::File::create(dir.join("log")).unwrap();
-        let child = Command::new(shaper_bin())
-            .args(["-n", ns, "run", "-f"])
-            .arg(file)
-            .args(more)
-            .env("NOTIFY_SOCKET", &socket)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let mut daemon = Daemon { child, notify, dir };
-        daemon.wait_for("READY=1");
-        daemon
-    }
-
-    /// Waits (10 s at most) for a notification holding `what`; panics with the log if
-    /// the daemon exits or stays silent.
-    fn wait_for(&mut self, what: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut buf = [0u8; 4096];
-        while Instant::now() < deadline {
-            if let Ok(n) = self.notify.recv(&mut buf) {
-                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-                if text.lines().any(|l| l == what) {
-                    return text;
-                }
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("the daemon exited ({status}) before {what}: {}", self.log());
-            }
-        }
-        panic!("no {what} from the daemon in 10 s: {}", self.log());
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{signal}"), &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    /// SIGHUP, then the READY=1 that ends the reload; returns its STATUS line.
-    fn reload(&mut self) -> String {
-        self.signal("HUP");
-        self.wait_for("RELOADING=1");
-        self.wait_for("READY=1")
-    }
-
-    /// SIGTERM, and the exit status.
-    fn stop(mut self) -> (ExitStatus, String) {
-        self.signal("TERM");
-        let status = self.child.wait().unwrap();
-        (status, self.log())
-    }
-
-    fn log(&self) -> String {
-        fs::read_to_string(self.dir.join("log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("shaper-{tag}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn config(iface: &str, rate: &str) -> String {
-    format!("[[interface]]\nname = \"{iface}\"\nrate = \"{rate}\"\nburst = \"64k\"\n")
-}
 
 /// `status -j`'s row of `iface`.
 fn status(lab: &Lab, iface: &str) -> Value {
@@ -309,8 +207,10 @@ fn sigterm_leaves_enforcement_in_place() {
     let _ = fs::remove_dir_all(&dir);
 }
 
-/// Scrapes `path` from the daemon's server in the lab's namespace with curl.
+/// Scrapes `path` from the daemon's server in the lab's namespace with curl: `/top` on its
+/// own listener (`--top`), the rest on the metrics one.
 fn scrape(lab: &Lab, path: &str) -> String {
+    let port = if path.starts_with("/top") { 9754 } else { 9753 };
     let out = Command::new("ip")
         .args([
             "netns",
@@ -321,7 +221,7 @@ fn scrape(lab: &Lab, path: &str) -> String {
             "--max-time",
             "5",
         ])
-        .arg(format!("http://127.0.0.1:9753{path}"))
+        .arg(format!("http://127.0.0.1:{port}{path}"))
         .output()
         .expect("curl");
     assert!(
@@ -407,7 +307,7 @@ fn metrics_match_stats_and_parse() {
             ),
     )
     .unwrap();
-    let daemon = Daemon::start(lab.rx_ns(), &file, &["--no-watch"]);
+    let daemon = Daemon::start(lab.rx_ns(), &file, &["--no-watch", "--top"]);
     let labels = format!("direction=\"ingress\",interface=\"{iface}\"");
     let before = parse(&scrape(&lab, "/metrics"));
     assert_eq!(
@@ -444,9 +344,15 @@ fn metrics_match_stats_and_parse() {
             &format!("shaper_policy_dropped_bytes_total{{{policy}}}")
         ) > 0
     );
-    // Labels come sorted: direction, family, interface.
+    // Labels come sorted: direction, family, interface. The keys are counted in the
+    // background, every second at this size: the source is there within two.
     let family = format!("direction=\"ingress\",family=\"ipv4\",interface=\"{iface}\"");
-    assert!(sample(&after, &format!("shaper_sources_tracked{{{family}}}")) >= 1);
+    let tracked = format!("shaper_sources_tracked{{{family}}}");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while sample(&parse(&scrape(&lab, "/metrics")), &tracked) != 1 {
+        assert!(Instant::now() < deadline, "{tracked} is not 1 after 2 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     for (series, _) in &after {
         assert!(series.starts_with("shaper_"), "{series}");
         assert!(

@@ -1,9 +1,11 @@
-//! `shaper run -f FILE [--detach-on-exit] [--metrics ADDR:PORT] [--no-watch]`: the
-//! daemon. It applies the file as `apply` does (all or nothing), attaches an interface of
-//! the file again when it reappears (netlink link events), tells systemd it is
-//! ready (sd_notify), applies the file again on SIGHUP and when it changes (inotify on its
-//! directory; a file it refuses leaves the running configuration as it was, and says why
-//! in one line), and on SIGTERM or SIGINT exits, leaving the
+//! `shaper run -f FILE [--detach-on-exit] [--metrics ADDR:PORT] [--top [ADDR:PORT]]
+//! [--no-watch]`: the daemon. It applies the file as `apply` does (all or nothing),
+//! attaches an interface of the file again when it reappears (netlink link events), tells
+//! systemd it is ready (sd_notify), applies the file again on SIGHUP and when its content
+//! changes (inotify on its directory: an editor's rename over it, or the kubelet's swap of
+//! a ConfigMap volume's `..data` symlink, which the file reaches through; a file it
+//! refuses leaves the running configuration as it was, and says why in one line), and on
+//! SIGTERM or SIGINT exits, leaving the
 //! limits in force through their pins, or detaching what the file names with
 //! `--detach-on-exit`. One runs per host ([`system::daemon_lock`]); each change takes
 //! the same lock as every other command. It logs one line per event on stderr (the
@@ -12,14 +14,23 @@
 mod http;
 
 use std::{
+    cell::RefCell,
     collections::{HashMap, HashSet},
     net::SocketAddr,
-    path::PathBuf,
+    path::{Path, PathBuf},
+    rc::Rc,
+    time::SystemTime,
 };
 
 use anyhow::{Context as _, Result};
 use sd_notify::NotifyState;
-use shaper_user::{apply, detach, link, pins::Attachment, request::AttachRequest, standby, system};
+use shaper_user::{
+    apply, detach, link,
+    metrics::{self, SourceCounter},
+    pins::Attachment,
+    request::AttachRequest,
+    standby, system,
+};
 
 use super::Scope;
 use tokio::{
@@ -49,13 +60,19 @@ pub struct Args {
     /// On exit, detach every interface the file names instead of leaving them attached
     #[arg(long)]
     pub detach_on_exit: bool,
-    /// Serve /metrics (Prometheus) and /top (JSON) over HTTP on this address, in the
-    /// daemon's namespace
+    /// Serve /metrics (Prometheus) over HTTP on this address, in the daemon's namespace:
+    /// counters and gauges by interface and policy, never an address
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9753")]
     pub metrics: SocketAddr,
     /// Serve no metrics
     #[arg(long, conflicts_with = "metrics")]
     pub no_metrics: bool,
+    /// Also serve /top (the addresses dropped most, as JSON) on a listener of its own,
+    /// on loopback unless an address is given: it shows every source's address and
+    /// traffic, so keep it off a /metrics port other hosts reach
+    #[arg(long, value_name = "ADDR:PORT", num_args = 0..=1,
+          default_missing_value = "127.0.0.1:9754")]
+    pub top: Option<SocketAddr>,
     /// Apply the file again only on SIGHUP, not whenever it changes
     #[arg(long)]
     pub no_watch: bool,
@@ -71,7 +88,7 @@ Examples:
 
 /// Reads and applies the file under the lock; returns what it applied and a line saying
 /// what changed.
-fn apply_file(file: &std::path::Path, scope: Scope<'_>) -> Result<(Vec<AttachRequest>, String)> {
+fn apply_file(file: &Path, scope: Scope<'_>) -> Result<(Vec<AttachRequest>, String)> {
     let desired = super::apply::read(file, scope.direction)?;
     let applied = {
         let _lock = system::lock()?;
@@ -170,6 +187,14 @@ fn attach_again(
     }
 }
 
+/// The interfaces and directions of a configuration, for the metrics.
+fn configured(running: &[AttachRequest]) -> Vec<(String, shaper_user::pins::Direction)> {
+    running
+        .iter()
+        .map(|d| (d.at.iface.clone(), d.at.direction))
+        .collect()
+}
+
 /// Tells systemd, when it supervises us; elsewhere NOTIFY_SOCKET is unset and this does
 /// nothing.
 fn notify(states: &[NotifyState]) {
@@ -178,25 +203,24 @@ fn notify(states: &[NotifyState]) {
     }
 }
 
-/// Watches the file's directory (editors replace a file rather than write it) and sends
-/// a message when an event names the file. The watcher lives as long as the value.
-fn watch(file: &std::path::Path) -> Result<(notify::RecommendedWatcher, UnboundedReceiver<()>)> {
+/// Watches the file's directory and sends a message on any change in it: editors
+/// replace a file rather than write it, and a Kubernetes ConfigMap volume changes no file
+/// of its own, but swaps the `..data` symlink that `shaper.toml -> ..data/shaper.toml`
+/// goes through. Whether the file's content changed is for the receiver to tell
+/// ([`Content`]). The watcher lives as long as the value.
+fn watch(file: &Path) -> Result<(notify::RecommendedWatcher, UnboundedReceiver<()>)> {
     use notify::Watcher as _;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let name = file.file_name().map(ToOwned::to_owned);
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
-        if event.kind.is_access() {
-            return;
-        }
-        if event.paths.iter().any(|p| p.file_name() == name.as_deref()) {
+        if !event.kind.is_access() {
             let _ = tx.send(());
         }
     })
     .context("cannot watch the configuration file")?;
     let dir = match file.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => std::path::Path::new("."),
+        _ => Path::new("."),
     };
     watcher
         .watch(dir, notify::RecursiveMode::NonRecursive)
@@ -235,6 +259,17 @@ fn link_events() -> Result<(
 /// save is several events (write, rename, attributes).
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(300);
 
+/// The file's content as last read (through any symlinks), or why it could not be read:
+/// a change in its directory is applied only when this differs.
+#[derive(PartialEq, Eq)]
+struct Content(std::result::Result<Vec<u8>, std::io::ErrorKind>);
+
+impl Content {
+    fn read(file: &Path) -> Self {
+        Self(std::fs::read(file).map_err(|e| e.kind()))
+    }
+}
+
 pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     let netns = scope.netns;
     let _daemon = system::daemon_lock()?;
@@ -242,9 +277,23 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     let mut hup = signal(SignalKind::hangup()).context("cannot catch SIGHUP")?;
     let mut term = signal(SignalKind::terminate()).context("cannot catch SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot catch SIGINT")?;
+    if args
+        .top
+        .is_some_and(|top| !args.no_metrics && top.port() == args.metrics.port())
+    {
+        anyhow::bail!(
+            "--top {}: /top needs a port of its own, not the metrics port {}",
+            args.top.unwrap_or(args.metrics),
+            args.metrics.port()
+        );
+    }
     let listener = match args.no_metrics {
         true => None,
-        false => Some(http::bind(args.metrics).await?),
+        false => Some(http::bind(args.metrics, "metrics").await?),
+    };
+    let top_listener = match args.top {
+        Some(addr) => Some((addr, http::bind(addr, "/top").await?)),
+        None => None,
     };
     // Without a watcher, a channel nobody sends on (its sender kept, so it never closes).
     let (_watcher, mut changed) = match args.no_watch {
@@ -259,20 +308,44 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     };
     let (links_conn, links) = link_events()?;
     let mut links = std::pin::pin!(links);
+    let mut content = Content::read(&args.file);
     let (mut running, line) = apply_file(&args.file, scope)?;
     eprintln!("shaper: {line}");
+    let daemon_state = Rc::new(RefCell::new(metrics::Daemon {
+        configured: configured(&running),
+        last_reload: None,
+    }));
     let mut standbys = Standbys::default();
     let (standby_tx, mut standby_rx) = tokio::sync::mpsc::unbounded_channel();
     prepare(&running, netns, &mut standbys, &standby_tx);
     // The server runs on this thread, between signals.
     let local = tokio::task::LocalSet::new();
     if let Some(listener) = listener {
-        eprintln!(
-            "shaper: serving /metrics and /top on http://{}",
-            args.metrics
-        );
+        eprintln!("shaper: serving /metrics on http://{}", args.metrics);
+        // The source maps are counted on a thread of their own, at most 1% of a CPU;
+        // a scrape serves the last count.
+        let sources = SourceCounter::default();
+        let (counter, ns) = (sources.clone(), netns.map(str::to_owned));
+        std::thread::Builder::new()
+            .name("count-sources".to_owned())
+            .spawn(move || counter.run(ns.as_deref()))
+            .context("cannot start the thread counting sources")?;
+        let serves = http::Serves::Metrics {
+            sources,
+            daemon: Rc::clone(&daemon_state),
+        };
         local.spawn_local(http::serve(
             listener,
+            serves,
+            netns.map(str::to_owned),
+            scope.direction,
+        ));
+    }
+    if let Some((addr, listener)) = top_listener {
+        eprintln!("shaper: serving /top on http://{addr}");
+        local.spawn_local(http::serve(
+            listener,
+            http::Serves::Top,
             netns.map(str::to_owned),
             scope.direction,
         ));
@@ -285,13 +358,17 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                 let why = tokio::select! {
                     _ = hup.recv() => "SIGHUP",
                     Some(()) = changed.recv() => {
-                        // Wait for the writes to settle, then apply what is there.
+                        // Wait for the writes to settle, then apply what is there if it
+                        // is not what was last read.
                         loop {
                             tokio::time::sleep(SETTLE).await;
                             if changed.try_recv().is_err() {
                                 break;
                             }
                             while changed.try_recv().is_ok() {}
+                        }
+                        if Content::read(&args.file) == content {
+                            continue;
                         }
                         "the file changed"
                     }
@@ -335,14 +412,26 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                     _ = int.recv() => break,
                 };
                 notify(&[NotifyState::Reloading]);
-                let status = match apply_file(&args.file, scope) {
+                content = Content::read(&args.file);
+                let (successful, status) = match apply_file(&args.file, scope) {
                     Ok((desired, line)) => {
                         running = desired;
                         prepare(&running, netns, &mut standbys, &standby_tx);
-                        line
+                        (true, line)
                     }
-                    Err(e) => format!("reload refused, the running configuration stays: {e:#}"),
+                    Err(e) => (
+                        false,
+                        format!("reload refused, the running configuration stays: {e:#}"),
+                    ),
                 };
+                {
+                    let mut state = daemon_state.borrow_mut();
+                    state.configured = configured(&running);
+                    state.last_reload = Some(metrics::Reload {
+                        successful,
+                        at: SystemTime::now(),
+                    });
+                }
                 eprintln!("shaper: {why}: {status}");
                 notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
             }

@@ -22,9 +22,10 @@ use ipnet::IpNet;
 use shaper_common::{
     config::ConfigError,
     maps::{
-        AdmissionCells, Cell, Config, Ipv4Key, Ipv6Key, MAP_ADMISSION, MAP_AGGREGATES, MAP_CONFIG,
-        MAP_POLICIES, MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6,
-        MAX_POLICIES, PerCpuSum as _, Policy, PolicyStats, sum_per_cpu,
+        AdmissionCells, Cell, Config, DEFAULT_SLOT, Ipv4Key, Ipv6Key, MAP_ADMISSION,
+        MAP_AGGREGATES, MAP_CONFIG, MAP_POLICIES, MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED,
+        MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAX_POLICIES, PerCpuSum as _, Policy, PolicyStats,
+        sum_per_cpu,
     },
 };
 
@@ -309,14 +310,17 @@ impl PolicyTable {
             .map_err(map_err("write the config"))
     }
 
-    /// Every prefix policy in force, IPv4 first, in address then length order.
+    /// Every prefix policy in force, IPv4 first, in address then length order. The
+    /// array is read in batches: a scrape of the metrics lists it.
     pub fn list(&self) -> Result<Vec<Installed>, PolicyError> {
+        use aya::maps::IterableMap as _;
         let mut found = Vec::new();
-        for slot in 1..MAX_POLICIES {
-            let p = self
-                .policies
-                .get(&slot, 0)
-                .map_err(map_err("read the policies"))?;
+        for (slot, p) in crate::maps::read_batched::<u32, Policy>(self.policies.map())
+            .map_err(map_err("read the policies"))?
+        {
+            if slot == DEFAULT_SLOT {
+                continue;
+            }
             if let Some(spec) = PolicySpec::from_policy(&p) {
                 found.push(Installed { slot, spec });
             }

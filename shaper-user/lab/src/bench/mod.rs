@@ -1,7 +1,15 @@
 //! `cargo xtask bench`: shaper next to the incumbents (tc's tbf and htb, ifb for ingress) on
 //! the same machine, in one run. Each figure is measured in the same run as its baseline.
 //!
-//! - `per_packet`: cost per packet with BPF_PROG_TEST_RUN next to a no-op XDP program.
+//! - `builds`: today's build and the baseline (the previous build, from its commit),
+//!   measured side by side in one run.
+//! - `programs`, `attach`, `kernels`: per kernel, what the verifier makes of each program
+//!   of both builds (instructions walked, sizes, BTF functions, load time; `bpf_info` and
+//!   `btf` read what aya does not) and how long a whole `shaper attach` takes;
+//!   `results-kernels.json`, one entry per kernel, and the docs' kernel table generated
+//!   from it (`--only kernel`; in a guest with `cargo xtask bench --kernel K`).
+//! - `per_packet`: cost per packet with BPF_PROG_TEST_RUN next to a no-op XDP program,
+//!   for both builds.
 //! - `lru`: the common LRU against per-CPU LRU lists for the source map, under a flood
 //!   of new sources from every CPU.
 //! - `scale`: per-packet cost and kernel memory as tracked sources grow.
@@ -15,11 +23,17 @@
 //! - `report`: writes `bench/results.md`, `bench/results.json` and the plots.
 
 pub mod accuracy;
+pub mod attach;
+mod bpf_info;
+mod btf;
+pub mod builds;
 pub mod flood;
+pub mod kernels;
 pub mod lru;
 pub mod peers;
 pub mod per_packet;
 pub mod population;
+pub mod programs;
 pub mod report;
 pub mod scale;
 pub mod softirq;

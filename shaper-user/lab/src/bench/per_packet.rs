@@ -27,6 +27,13 @@
 //! Each case is measured `runs` times, interleaved with the others so drift in machine
 //! load touches all of them alike; the median is reported. Differences to the no-op are
 //! taken run by run (paired) before the median.
+//!
+//! Both builds ([`super::builds`]: the baseline, the previous build, and today's) are
+//! measured in the same runs, under the same settings and on the same frames: each case
+//! runs on one build's objects, then at once on the other's (which goes first alternates
+//! from run to run), so a row's ratio today/baseline is taken run by run, paired, like the
+//! differences to the no-op. The no-op and the floor are the bench object's, measured once
+//! per run for both.
 
 use std::net::Ipv4Addr;
 
@@ -51,13 +58,15 @@ use shaper_user::{
     watch::MAX_EVENTS_PER_SEC,
 };
 
-use super::{population::Population, spread::median};
+use super::{
+    builds::Build,
+    population::Population,
+    spread::{Summary, median},
+};
 use crate::{
     frame,
     rng::Rng,
-    testrun::{
-        XDP_DROP, XDP_PASS, config, counters, load_open, noop, open_config, prefill, test_run,
-    },
+    testrun::{XDP_DROP, XDP_PASS, config, noop, open, open_config, prefill, test_run},
 };
 
 /// How a case was measured (see the module docs).
@@ -91,6 +100,8 @@ pub struct CaseResult {
     pub ratio_to_noop: f64,
     /// `ns_per_packet` / the floor's loop figure (parse, clock, one LRU lookup, one CAS).
     pub ratio_to_floor: f64,
+    /// The headline figure of each run (as `ns_per_packet` is of their medians).
+    pub ns_per_packet_runs: Vec<f64>,
     /// Packets per second one core could handle at `ns_per_packet`.
     pub packets_per_sec: f64,
     /// Anything a reader must know (e.g. frames that found no free entry).
@@ -105,8 +116,38 @@ pub struct PerPacketResults {
     pub frames_per_run: usize,
     /// Size of the map for the eviction case.
     pub eviction_map_entries: u32,
+    /// Today's build.
     pub cases: Vec<CaseResult>,
+    /// The baseline, measured in the same runs; `None` when it was not (then
+    /// `baseline_missing` says why).
+    pub baseline: Option<BaselineResults>,
+    pub baseline_missing: Option<String>,
 }
+
+/// The baseline's cases, and each product case of both builds side by side.
+#[derive(Clone, Debug, Serialize)]
+pub struct BaselineResults {
+    /// Its short commit, as the tables name it, and its full commit.
+    pub label: String,
+    pub commit: String,
+    pub cases: Vec<CaseResult>,
+    /// Every case but the shared baselines (no-op, floor), in today's order.
+    pub versus: Vec<Versus>,
+}
+
+/// One case, both builds: the headline figure of each, run by run, and their ratio.
+#[derive(Clone, Debug, Serialize)]
+pub struct Versus {
+    pub id: &'static str,
+    pub case: &'static str,
+    pub baseline_ns: Summary,
+    pub today_ns: Summary,
+    /// today / baseline, run by run.
+    pub ratio: Summary,
+}
+
+/// The cases both builds share: the bench object's programs, measured once per run.
+const SHARED: [&str; 3] = ["noop", "floor", "noop_single"];
 
 impl PerPacketResults {
     pub fn case(&self, id: &str) -> Option<&CaseResult> {
@@ -190,13 +231,13 @@ fn admit_one() -> Result<Admission> {
     Admission::new(1, 1).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-/// Empties the admission cell of an object configured with [`admit_one`]: sends frames of
-/// new sources until one is refused (the first may still be admitted).
-fn drain_admission(ebpf: &mut Ebpf, fresh: &mut FreshAddrs) -> Result<()> {
+/// Empties the admission cell of an object of `build` configured with [`admit_one`]:
+/// sends frames of new sources until one is refused (the first may still be admitted).
+fn drain_admission(build: &Build, ebpf: &mut Ebpf, fresh: &mut FreshAddrs) -> Result<()> {
     for f in fresh.take(4) {
-        let before = counters(ebpf)?.unadmitted.packets();
+        let before = build.counters(ebpf)?.unadmitted.packets();
         test_run(ebpf, PROG_XDP, &f, 1, XDP_PASS)?;
-        if counters(ebpf)?.unadmitted.packets() > before {
+        if build.counters(ebpf)?.unadmitted.packets() > before {
             return Ok(());
         }
     }
@@ -246,10 +287,10 @@ fn set_watch(ebpf: &mut Ebpf, watch: Option<(u32, u32)>) -> Result<()> {
 /// every frame passes: a per-source limit, the same with an aggregate, an exemption.
 const POLICY_PREFIXES: [&str; 3] = ["198.18.1.0/24", "198.18.2.0/24", "198.18.3.0/24"];
 
-/// An object like [`load_open`]'s, with the prefix policies of [`POLICY_PREFIXES`] and
+/// An object of `build` open to all, with the prefix policies of [`POLICY_PREFIXES`] and
 /// its maps taken into a [`PolicyTable`].
-fn policied(max_sources: u32) -> Result<(Ebpf, PolicyTable)> {
-    let mut ebpf = load_open(max_sources)?;
+fn policied(build: &Build, max_sources: u32) -> Result<(Ebpf, PolicyTable)> {
+    let mut ebpf = open(build.load(max_sources)?)?;
     let mut table = PolicyTable::take(&mut ebpf)?;
     let open = PolicyLimits {
         action: ACTION_LIMIT,
@@ -317,9 +358,113 @@ enum Target {
     Population(usize),
 }
 
-/// Measures every per-packet case. `populations` are filled maps (1K, 64K, 1M sources)
-/// for the cold-key cases.
-pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketResults> {
+/// One build's objects, each loaded and configured for its cases.
+struct Rig<'a> {
+    build: &'a Build,
+    main: Ebpf,
+    evict: Ebpf,
+    with_policies: Ebpf,
+    table: PolicyTable,
+    refusing_plain: Ebpf,
+    refusing_policied: Ebpf,
+    refusing_table: PolicyTable,
+    admit: Ebpf,
+    populations: &'a mut [Population],
+}
+
+/// The refused newcomers' maps: the product's default size, full (as a flood finds them),
+/// with keys no measured frame uses (10.0.0.0/8). Refused frames insert nothing.
+const FULL_BASE: u32 = 0x0A00_0000;
+
+impl<'a> Rig<'a> {
+    /// `main_entries`: the size of the maps new sources go into, big enough that no
+    /// new-source frame of any run evicts anything.
+    fn new(subject: Subject<'a>, main_entries: u32) -> Result<Self> {
+        let build = subject.build;
+        let load_open = |max| open(build.load(max)?);
+        let mut evict = load_open(EVICTION_MAP_ENTRIES)?;
+        // Full before the first measurement, with keys no measured frame uses
+        // (172.16.0.0/12).
+        prefill(
+            &mut evict,
+            (0..EVICTION_MAP_ENTRIES).map(|i| Ipv4Addr::from(0xAC10_0000 + i)),
+        )?;
+        let (with_policies, table) = policied(build, 1024)?;
+        let full = || (0..DEFAULT_MAX_SOURCES).map(|i| Ipv4Addr::from(FULL_BASE + i));
+        let mut refusing_plain = load_open(DEFAULT_MAX_SOURCES)?;
+        prefill(&mut refusing_plain, full())?;
+        let (mut refusing_policied, refusing_table) = policied(build, DEFAULT_MAX_SOURCES)?;
+        prefill(&mut refusing_policied, full())?;
+        Ok(Rig {
+            build,
+            main: load_open(main_entries)?,
+            evict,
+            with_policies,
+            table,
+            refusing_plain,
+            refusing_policied,
+            refusing_table,
+            // The admitted newcomers' map: as big as the main one, for the same reason.
+            admit: load_open(main_entries)?,
+            populations: subject.populations,
+        })
+    }
+
+    /// The object a loop case runs on, configured for it.
+    fn looped(&mut self, c: &LoopCase) -> Result<&mut Ebpf> {
+        Ok(if c.policied {
+            self.table.set_config(&c.config)?;
+            &mut self.with_policies
+        } else {
+            object::configure(&mut self.main, &c.config)?;
+            &mut self.main
+        })
+    }
+
+    /// The object a single-shot case runs on, configured with `config` where its settings
+    /// are the case's.
+    fn target(&mut self, target: Target, config: Option<&Config>) -> Result<&mut Ebpf> {
+        Ok(match (target, config) {
+            (Target::Main, Some(c)) => {
+                object::configure(&mut self.main, c)?;
+                &mut self.main
+            }
+            (Target::Admit, Some(c)) => {
+                object::configure(&mut self.admit, c)?;
+                &mut self.admit
+            }
+            (Target::Refusing, Some(c)) => {
+                object::configure(&mut self.refusing_plain, c)?;
+                &mut self.refusing_plain
+            }
+            (Target::RefusingPolicied, Some(c)) => {
+                self.refusing_table.set_config(c)?;
+                &mut self.refusing_policied
+            }
+            (Target::Main, None) => &mut self.main,
+            (Target::Admit, None) => &mut self.admit,
+            (Target::Refusing, None) => &mut self.refusing_plain,
+            (Target::RefusingPolicied, None) => &mut self.refusing_policied,
+            (Target::Evict, _) => &mut self.evict,
+            (Target::Population(i), _) => &mut self.populations[i].ebpf,
+        })
+    }
+}
+
+/// A build to measure, and its filled maps for the cold-key cases (none: no such case).
+pub struct Subject<'a> {
+    pub build: &'a Build,
+    pub populations: &'a mut [Population],
+}
+
+/// Measures every per-packet case on `today`, and on `baseline` in the same runs.
+/// `populations` are filled maps (1K, 64K, 1M sources) for the cold-key cases; both
+/// builds must have the same sizes.
+pub fn run(
+    opts: &Options,
+    today: Subject<'_>,
+    baseline: Option<Subject<'_>>,
+) -> Result<PerPacketResults> {
     ensure!(opts.runs > 0 && opts.frames > 0 && opts.repeat > 0);
     let shut = config(8, 1514)?; // over the limit after the first frame: one byte per second
     let open = open_config()?;
@@ -332,30 +477,25 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
         admission: admit_one()?,
         ..open
     };
-    // Big enough that no new-source frame of any run evicts anything.
     let fresh_total = opts.runs * opts.frames;
     let main_entries = u32::try_from(2 * fresh_total + 1024).context("too many frames")?;
-    let mut main = load_open(main_entries)?;
-    let mut evict = load_open(EVICTION_MAP_ENTRIES)?;
-    // Full before the first measurement, with keys no measured frame uses (172.16.0.0/12).
-    prefill(
-        &mut evict,
-        (0..EVICTION_MAP_ENTRIES).map(|i| Ipv4Addr::from(0xAC10_0000 + i)),
-    )?;
-
-    let (mut with_policies, mut table) = policied(1024)?;
-    // The refused newcomers' maps: the product's default size, full (as a flood finds
-    // them), with keys no measured frame uses (10.0.0.0/8). Refused frames insert nothing.
-    const FULL_BASE: u32 = 0x0A00_0000;
-    let full = || (0..DEFAULT_MAX_SOURCES).map(|i| Ipv4Addr::from(FULL_BASE + i));
-    let mut refusing_plain = load_open(DEFAULT_MAX_SOURCES)?;
-    prefill(&mut refusing_plain, full())?;
-    let (mut refusing_policied, mut refusing_table) = policied(DEFAULT_MAX_SOURCES)?;
-    prefill(&mut refusing_policied, full())?;
-    // The admitted newcomers' map: as big as the main one, for the same reason.
-    let mut admit = load_open(main_entries)?;
-    // The baseline, from the bench object.
-    let mut baseline = noop()?;
+    // The baseline first, today's last.
+    let mut rigs = Vec::new();
+    for subject in baseline.into_iter().chain([today]) {
+        rigs.push(Rig::new(subject, main_entries)?);
+    }
+    let sizes = |r: &Rig<'_>| r.populations.iter().map(|p| p.capacity).collect::<Vec<_>>();
+    ensure!(
+        rigs.iter().all(|r| sizes(r) == sizes(&rigs[0])),
+        "the builds' filled maps differ in size"
+    );
+    let populations: Vec<(&'static str, &'static str, u32)> = rigs[0]
+        .populations
+        .iter()
+        .map(|p| (p.cold_id(), p.cold_name(), p.capacity))
+        .collect();
+    // The baselines, from the bench object.
+    let mut bench_object = noop()?;
 
     let hot = frame::ipv4_udp(Ipv4Addr::new(198, 18, 0, 11), FRAME_BYTES);
     let case = |id, name, program, frame, config, want, policied| LoopCase {
@@ -590,13 +730,13 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
             refused: false,
         },
     ];
-    for (i, p) in populations.iter().enumerate() {
+    for (i, &(id, name, capacity)) in populations.iter().enumerate() {
         singles.push(SingleCase {
-            id: p.cold_id(),
-            name: p.cold_name(),
+            id,
+            name,
             target: Target::Population(i),
             frames: Frames::Cold(i),
-            tracked: Some(p.capacity),
+            tracked: Some(capacity),
             config: open,
             refused: false,
         });
@@ -604,116 +744,158 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
 
     let mut rng = Rng::new(0x5eed);
     let mut fresh = FreshAddrs(0);
-    let mut loop_samples = vec![Vec::with_capacity(opts.runs); loop_cases.len()];
-    let mut single_samples = vec![Vec::with_capacity(opts.runs); singles.len()];
+    // Per case, per build: one sample per run.
+    let per_build = || vec![Vec::with_capacity(opts.runs); rigs.len()];
+    let mut loop_samples: Vec<Vec<Vec<f64>>> = loop_cases.iter().map(|_| per_build()).collect();
+    let mut single_samples: Vec<Vec<Vec<f64>>> = singles.iter().map(|_| per_build()).collect();
     let hot_frames = vec![hot.clone(); opts.frames];
     // Of the refused cases' frames, those admitted all the same (the cell refills at one
-    // key a second).
-    let mut admitted_anyway = vec![0; singles.len()];
-    for _ in 0..opts.runs {
+    // key a second), per case and build.
+    let mut admitted_anyway = vec![vec![0; rigs.len()]; singles.len()];
+    for run in 0..opts.runs {
+        // Which build goes first alternates from run to run.
+        let order: Vec<usize> = (0..rigs.len()).map(|i| (i + run) % rigs.len()).collect();
         for (c, samples) in loop_cases.iter().zip(&mut loop_samples) {
             if c.program == PROG_NOOP || c.program == PROG_FLOOR {
-                samples.push(test_run(
-                    &mut baseline,
-                    c.program,
-                    &c.frame,
-                    opts.repeat,
-                    c.want,
-                )?);
+                let ns = test_run(&mut bench_object, c.program, &c.frame, opts.repeat, c.want)?;
+                samples.iter_mut().for_each(|s| s.push(ns));
                 continue;
             }
-            let ebpf = if c.policied {
-                table.set_config(&c.config)?;
-                &mut with_policies
-            } else {
-                object::configure(&mut main, &c.config)?;
-                &mut main
-            };
-            if c.refused {
-                drain_admission(ebpf, &mut fresh)?;
+            for &r in &order {
+                let build = rigs[r].build;
+                let ebpf = rigs[r].looped(c)?;
+                if c.refused {
+                    drain_admission(build, ebpf, &mut fresh)?;
+                }
+                if c.watch.is_some() {
+                    set_watch(ebpf, c.watch)?;
+                }
+                let created = build.counters(ebpf)?.new_sources;
+                let measured = test_run(ebpf, c.program, &c.frame, opts.repeat, c.want);
+                if c.watch.is_some() {
+                    set_watch(ebpf, None)?;
+                }
+                samples[r].push(measured.with_context(|| build.label.clone())?);
+                ensure!(
+                    !c.refused || build.counters(ebpf)?.new_sources == created,
+                    "{} ({}): the newcomer was admitted while measured",
+                    c.id,
+                    build.label
+                );
             }
-            if c.watch.is_some() {
-                set_watch(ebpf, c.watch)?;
-            }
-            let created = counters(ebpf)?.new_sources;
-            let measured = test_run(ebpf, c.program, &c.frame, opts.repeat, c.want);
-            if c.watch.is_some() {
-                set_watch(ebpf, None)?;
-            }
-            samples.push(measured?);
-            ensure!(
-                !c.refused || counters(ebpf)?.new_sources == created,
-                "{}: the newcomer was admitted while measured",
-                c.id
-            );
         }
         for ((case, samples), admitted) in singles
             .iter()
             .zip(&mut single_samples)
             .zip(&mut admitted_anyway)
         {
-            let cold;
-            let fresh_frames;
-            let frames: &[Vec<u8>] = match case.frames {
-                Frames::Hot => &hot_frames,
-                Frames::Fresh => {
-                    fresh_frames = fresh.take(opts.frames);
-                    &fresh_frames
-                }
-                Frames::Cold(i) => {
-                    cold = populations[i].sample_frames(&mut rng, opts.frames, FRAME_BYTES);
-                    &cold
-                }
-                Frames::Full => {
-                    cold = (0..opts.frames)
-                        .map(|_| {
-                            let i = rng.below(DEFAULT_MAX_SOURCES as usize) as u32;
-                            frame::ipv4_udp(Ipv4Addr::from(FULL_BASE + i), FRAME_BYTES)
-                        })
-                        .collect();
-                    &cold
-                }
+            // The same frames for every build (but a population's keys, each its own).
+            let frames: Vec<Vec<u8>> = match case.frames {
+                Frames::Hot => hot_frames.clone(),
+                Frames::Fresh => fresh.take(opts.frames),
+                Frames::Cold(_) => Vec::new(),
+                Frames::Full => (0..opts.frames)
+                    .map(|_| {
+                        let i = rng.below(DEFAULT_MAX_SOURCES as usize) as u32;
+                        frame::ipv4_udp(Ipv4Addr::from(FULL_BASE + i), FRAME_BYTES)
+                    })
+                    .collect(),
             };
-            let ebpf = match case.target {
-                Target::Main => {
-                    object::configure(&mut main, &case.config)?;
-                    &mut main
-                }
-                Target::Admit => {
-                    object::configure(&mut admit, &case.config)?;
-                    &mut admit
-                }
-                Target::Refusing => {
-                    object::configure(&mut refusing_plain, &case.config)?;
-                    &mut refusing_plain
-                }
-                Target::RefusingPolicied => {
-                    refusing_table.set_config(&case.config)?;
-                    &mut refusing_policied
-                }
-                Target::Evict => &mut evict,
-                Target::Population(i) => &mut populations[i].ebpf,
-            };
-            if case.refused {
-                drain_admission(ebpf, &mut fresh)?;
-            }
             if case.id == "noop_single" {
-                samples.push(single_shot(&mut baseline, PROG_NOOP, frames)?);
+                let ns = single_shot(&mut bench_object, PROG_NOOP, &frames)?;
+                samples.iter_mut().for_each(|s| s.push(ns));
                 continue;
             }
-            let created = counters(ebpf)?.new_sources;
-            samples.push(single_shot(ebpf, PROG_XDP, frames)?);
-            if case.refused {
-                *admitted += counters(ebpf)?.new_sources - created;
+            for &r in &order {
+                let cold;
+                let frames = match case.frames {
+                    Frames::Cold(i) => {
+                        cold = rigs[r].populations[i].sample_frames(
+                            &mut rng,
+                            opts.frames,
+                            FRAME_BYTES,
+                        );
+                        &cold
+                    }
+                    _ => &frames,
+                };
+                let build = rigs[r].build;
+                let ebpf = rigs[r].target(case.target, Some(&case.config))?;
+                if case.refused {
+                    drain_admission(build, ebpf, &mut fresh)?;
+                }
+                let created = build.counters(ebpf)?.new_sources;
+                samples[r].push(
+                    single_shot(ebpf, PROG_XDP, frames).with_context(|| build.label.clone())?,
+                );
+                if case.refused {
+                    admitted[r] += build.counters(ebpf)?.new_sources - created;
+                }
             }
         }
     }
 
-    let noop_runs = &loop_samples[0];
+    let mut per_build = Vec::new();
+    for (r, rig) in rigs.iter_mut().enumerate() {
+        let loops: Vec<&[f64]> = loop_samples.iter().map(|s| s[r].as_slice()).collect();
+        let singles_r: Vec<&[f64]> = single_samples.iter().map(|s| s[r].as_slice()).collect();
+        let admitted: Vec<u64> = admitted_anyway.iter().map(|a| a[r]).collect();
+        let cases = results(
+            opts,
+            &loop_cases,
+            &loops,
+            &singles,
+            &singles_r,
+            &admitted,
+            rig,
+        )?;
+        // The eviction case must have evicted: the map never grows past its size, so every
+        // new source beyond it replaced an older one.
+        let created = rig.build.counters(&rig.evict)?.new_sources;
+        ensure!(
+            created as usize == fresh_total,
+            "eviction case ({}): {created} sources created of {fresh_total} frames",
+            rig.build.label
+        );
+        per_build.push(cases);
+    }
+    let cases = per_build.pop().context("today's build is measured")?;
+    let baseline = match (per_build.pop(), rigs.first()) {
+        (Some(base), Some(rig)) => Some(BaselineResults {
+            label: rig.build.label.clone(),
+            commit: rig.build.commit.clone().unwrap_or_default(),
+            versus: versus(&base, &cases),
+            cases: base,
+        }),
+        _ => None,
+    };
+    Ok(PerPacketResults {
+        repeat: opts.repeat,
+        runs: opts.runs,
+        frames_per_run: opts.frames,
+        eviction_map_entries: EVICTION_MAP_ENTRIES,
+        cases,
+        baseline,
+        baseline_missing: None,
+    })
+}
+
+/// Each case of one build from its samples (one per run; the loop no-op's first, and the
+/// single-shot no-op's).
+fn results(
+    opts: &Options,
+    loop_cases: &[LoopCase],
+    loop_samples: &[&[f64]],
+    singles: &[SingleCase],
+    single_samples: &[&[f64]],
+    admitted_anyway: &[u64],
+    rig: &mut Rig<'_>,
+) -> Result<Vec<CaseResult>> {
+    let noop_runs = loop_samples[0];
     let noop_loop = median(noop_runs);
-    let floor_loop = median(&loop_samples[1]);
+    let floor_loop = median(loop_samples[1]);
     let mut cases = Vec::new();
-    for (c, runs) in loop_cases.iter().zip(loop_samples.iter()) {
+    for (c, runs) in loop_cases.iter().zip(loop_samples) {
         let over: Vec<f64> = runs.iter().zip(noop_runs).map(|(c, n)| c - n).collect();
         let ns = median(runs);
         cases.push(CaseResult {
@@ -723,29 +905,25 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
             packets_per_run: opts.repeat.into(),
             tracked_sources: None,
             measured_ns_median: ns,
-            measured_ns_runs: runs.clone(),
+            measured_ns_runs: runs.to_vec(),
             over_noop_ns: median(&over),
             ns_per_packet: ns,
             ratio_to_noop: ns / noop_loop,
             ratio_to_floor: ns / floor_loop,
+            ns_per_packet_runs: runs.to_vec(),
             packets_per_sec: 1e9 / ns,
             note: None,
         });
     }
-    let noop_single = single_samples[0].clone();
-    for ((case, runs), admitted) in singles.iter().zip(single_samples).zip(admitted_anyway) {
-        let over: Vec<f64> = runs.iter().zip(&noop_single).map(|(c, n)| c - n).collect();
-        let over = median(&over);
+    let noop_single = single_samples[0];
+    for ((case, runs), &admitted) in singles.iter().zip(single_samples).zip(admitted_anyway) {
+        let over_runs: Vec<f64> = runs.iter().zip(noop_single).map(|(c, n)| c - n).collect();
+        let over = median(&over_runs);
         let ns = noop_loop + over;
-        let ebpf = match case.target {
-            Target::Main => &main,
-            Target::Admit => &admit,
-            Target::Refusing => &refusing_plain,
-            Target::RefusingPolicied => &refusing_policied,
-            Target::Evict => &evict,
-            Target::Population(i) => &populations[i].ebpf,
-        };
-        let untracked = counters(ebpf)?.untracked_packets;
+        let build = rig.build;
+        let untracked = build
+            .counters(rig.target(case.target, None)?)?
+            .untracked_packets;
         let mut notes = Vec::new();
         if untracked > 0 {
             notes.push(format!(
@@ -764,28 +942,92 @@ pub fn run(opts: &Options, populations: &mut [Population]) -> Result<PerPacketRe
             method: Method::Single,
             packets_per_run: opts.frames as u64,
             tracked_sources: case.tracked,
-            measured_ns_median: median(&runs),
-            measured_ns_runs: runs,
+            measured_ns_median: median(runs),
+            measured_ns_runs: runs.to_vec(),
             over_noop_ns: over,
             ns_per_packet: ns,
             ratio_to_noop: ns / noop_loop,
             ratio_to_floor: ns / floor_loop,
+            ns_per_packet_runs: noop_runs
+                .iter()
+                .zip(&over_runs)
+                .map(|(n, o)| n + o)
+                .collect(),
             packets_per_sec: 1e9 / ns,
             note: (!notes.is_empty()).then(|| notes.join("; ")),
         });
     }
-    // The eviction case must have evicted: the map never grows past its size, so every
-    // new source beyond it replaced an older one.
-    let created = counters(&evict)?.new_sources;
-    ensure!(
-        created as usize == fresh_total,
-        "eviction case: {created} sources created of {fresh_total} frames"
-    );
-    Ok(PerPacketResults {
-        repeat: opts.repeat,
-        runs: opts.runs,
-        frames_per_run: opts.frames,
-        eviction_map_entries: EVICTION_MAP_ENTRIES,
-        cases,
-    })
+    Ok(cases)
+}
+
+/// Every case of both builds but the shared baselines, side by side, in today's order.
+fn versus(baseline: &[CaseResult], today: &[CaseResult]) -> Vec<Versus> {
+    today
+        .iter()
+        .filter(|t| !SHARED.contains(&t.id))
+        .filter_map(|t| {
+            let b = baseline.iter().find(|b| b.id == t.id)?;
+            let (b_ns, t_ns) = (
+                Summary::of(b.ns_per_packet_runs.clone()),
+                Summary::of(t.ns_per_packet_runs.clone()),
+            );
+            Some(Versus {
+                id: t.id,
+                case: t.case,
+                ratio: t_ns.ratio_to(&b_ns),
+                baseline_ns: b_ns,
+                today_ns: t_ns,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(id: &'static str, runs: &[f64]) -> CaseResult {
+        CaseResult {
+            id,
+            case: id,
+            method: Method::Loop,
+            packets_per_run: 1,
+            tracked_sources: None,
+            measured_ns_median: median(runs),
+            measured_ns_runs: runs.to_vec(),
+            over_noop_ns: 0.0,
+            ns_per_packet: median(runs),
+            ratio_to_noop: 1.0,
+            ratio_to_floor: 1.0,
+            ns_per_packet_runs: runs.to_vec(),
+            packets_per_sec: 1.0,
+            note: None,
+        }
+    }
+
+    /// Rows pair the builds' runs (today / baseline, run by run), leave out the shared
+    /// baselines, and keep today's order.
+    #[test]
+    fn versus_pairs_runs_in_todays_order() {
+        let baseline = [
+            case("noop", &[10.0, 10.0]),
+            case("drop_existing", &[40.0, 80.0]),
+            case("pass_existing", &[50.0, 100.0]),
+        ];
+        let today = [
+            case("noop", &[10.0, 10.0]),
+            case("pass_existing", &[25.0, 100.0]),
+            case("drop_existing", &[40.0, 40.0]),
+            case("new_in_today", &[1.0, 1.0]),
+        ];
+        let rows = versus(&baseline, &today);
+        let ids: Vec<&str> = rows.iter().map(|v| v.id).collect();
+        assert_eq!(ids, ["pass_existing", "drop_existing"]);
+        assert_eq!(rows[0].ratio.runs, [0.5, 1.0]);
+        assert_eq!(rows[1].ratio.runs, [1.0, 0.5]);
+        assert_eq!(
+            (rows[1].baseline_ns.median, rows[1].today_ns.median),
+            (60.0, 40.0)
+        );
+    }
 }

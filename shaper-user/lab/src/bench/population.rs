@@ -14,10 +14,11 @@ use aya::{
 };
 use shaper_common::maps::{Ipv4Key, Ipv6Key, MAP_SOURCES, MAP_SOURCES6, SourceState};
 
+use super::builds::Build;
 use crate::{
     frame,
     rng::Rng,
-    testrun::{load_open, prefill},
+    testrun::{open, prefill},
 };
 
 /// Map sizes measured: 1K, 64K and 1M sources.
@@ -42,8 +43,9 @@ pub struct Population {
 const BASE: u32 = 0x0A00_0000;
 
 impl Population {
-    pub fn filled(capacity: u32) -> Result<Self> {
-        let mut ebpf = load_open(capacity)?;
+    /// An object of `build` whose map holds `capacity` sources.
+    pub fn filled(build: &Build, capacity: u32) -> Result<Self> {
+        let mut ebpf = open(build.load(capacity)?)?;
         let memlock_empty_bytes = memlock(&ebpf)?;
         let start = Instant::now();
         prefill(&mut ebpf, (0..capacity).map(|i| Ipv4Addr::from(BASE + i)))?;

@@ -25,7 +25,7 @@ use super::{
 };
 
 /// Where the figures were measured.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Machine {
     pub host: String,
     pub kernel: String,
@@ -152,10 +152,21 @@ struct AccuracySection<'a> {
 struct Json<'a> {
     machine: &'a Machine,
     quick: bool,
+    /// Where the kernel figures of this run are (`results-kernels.json`, this kernel's
+    /// entry), or why there are none.
+    kernel: KernelSection<'a>,
     per_packet: &'a PerPacketResults,
     scale: &'a ScaleResults,
     accuracy: AccuracySection<'a>,
     flood: Option<&'a [FloodRow]>,
+}
+
+#[derive(Serialize)]
+struct KernelSection<'a> {
+    /// "measured", or "missing" with the reason.
+    status: &'static str,
+    reason: Option<&'a str>,
+    results: &'static str,
 }
 
 /// Everything the report is made of.
@@ -163,6 +174,8 @@ pub struct Inputs<'a> {
     pub machine: &'a Machine,
     /// Whether this was a `--quick` run (too short for figures worth quoting).
     pub quick: bool,
+    /// Why the kernel figures (results-kernels.*) were not measured; `None` if they were.
+    pub kernel_missing: Option<&'a str>,
     pub per_packet: &'a PerPacketResults,
     pub scale: &'a ScaleResults,
     /// `None` when the accuracy part was not run or failed; `accuracy_missing` says why.
@@ -220,6 +233,15 @@ pub fn write(dir: &Path, inputs: &Inputs<'_>) -> Result<Vec<PathBuf>> {
     let json = Json {
         machine: inputs.machine,
         quick: inputs.quick,
+        kernel: KernelSection {
+            status: if inputs.kernel_missing.is_some() {
+                "missing"
+            } else {
+                "measured"
+            },
+            reason: inputs.kernel_missing,
+            results: super::kernels::JSON,
+        },
         per_packet: inputs.per_packet,
         scale: inputs.scale,
         accuracy,
@@ -406,6 +428,7 @@ fn markdown(inputs: &Inputs<'_>, plots: &[String]) -> String {
         "per_packet.svg",
         "per-packet cost against the no-op",
     );
+    versus_markdown(w, pp, inputs.kernel_missing);
 
     // Scale.
     let _ = writeln!(w, "\n## Scale\n");
@@ -524,6 +547,80 @@ fn flood_markdown(w: &mut String, rows: &[FloodRow]) {
             r.keys_created.map_or("n/a".to_owned(), |k| k.to_string()),
             r.net_rx_ns_per_flood_frame,
             r.softirq_ns_per_flood_frame
+        );
+    }
+}
+
+/// Today's build against the baseline: the per-packet table side by side, and where the
+/// kernel figures are.
+fn versus_markdown(w: &mut String, pp: &PerPacketResults, kernel_missing: Option<&str>) {
+    let _ = writeln!(
+        w,
+        "\n## Before and after: today's build against the baseline\n"
+    );
+    match kernel_missing {
+        None => {
+            let _ = writeln!(
+                w,
+                "What the verifier makes of each program of both builds on this kernel \
+                 (instructions walked, sizes, BTF functions, load time) and how long \
+                 `shaper attach` takes with each, from this run: \
+                 [{}]({}) (every kernel measured, one entry each).\n",
+                super::kernels::MARKDOWN,
+                super::kernels::MARKDOWN
+            );
+        }
+        Some(why) => {
+            let _ = writeln!(w, "Kernel figures: not measured in this run: {why}.\n");
+        }
+    }
+    let Some(b) = &pp.baseline else {
+        let _ = writeln!(
+            w,
+            "Per-packet cost of the baseline: not measured in this run: {}.",
+            pp.baseline_missing.as_deref().unwrap_or("not run")
+        );
+        return;
+    };
+    let _ = writeln!(
+        w,
+        "Per-packet cost of both builds, measured in the same runs on the same frames \
+         under the same settings, each case on one build then at once on the other \
+         (which goes first alternating): baseline **{}** (commit {}) against today's. \
+         ns/packet as in the table above, median of {} runs with their range; the ratio \
+         today/baseline is taken run by run, then its median and range. Below 1: today's \
+         is faster.\n",
+        b.label, b.commit, pp.runs
+    );
+    let _ = writeln!(
+        w,
+        "| case | {}: ns/packet (range) | today: ns/packet (range) | today / {} (range) |",
+        b.label, b.label
+    );
+    let _ = writeln!(w, "| --- | ---: | ---: | ---: |");
+    for v in &b.versus {
+        let _ = writeln!(
+            w,
+            "| {} | {:.1} ({:.1}–{:.1}) | {:.1} ({:.1}–{:.1}) | **{:.3}** ({:.3}–{:.3}) |",
+            v.case,
+            v.baseline_ns.median,
+            v.baseline_ns.min,
+            v.baseline_ns.max,
+            v.today_ns.median,
+            v.today_ns.min,
+            v.today_ns.max,
+            v.ratio.median,
+            v.ratio.min,
+            v.ratio.max
+        );
+    }
+    for c in b.cases.iter().filter(|c| c.note.is_some()) {
+        let _ = writeln!(
+            w,
+            "\n{} ({}): {}",
+            c.case,
+            b.label,
+            c.note.as_deref().unwrap_or_default()
         );
     }
 }
@@ -1097,7 +1194,12 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::bench::{AccuracyRow, CpuCost, TimeSeries, per_packet::CaseResult, scale::ScaleRow};
+    use crate::bench::{
+        AccuracyRow, CpuCost, TimeSeries,
+        per_packet::{BaselineResults, CaseResult, Versus},
+        scale::ScaleRow,
+        spread::Summary,
+    };
 
     fn case(id: &'static str, method: Method, ns: f64, tracked: Option<u32>) -> CaseResult {
         CaseResult {
@@ -1112,6 +1214,7 @@ mod tests {
             ns_per_packet: ns,
             ratio_to_noop: ns / 10.0,
             ratio_to_floor: ns / 20.0,
+            ns_per_packet_runs: vec![ns],
             packets_per_sec: 1e9 / ns,
             note: None,
         }
@@ -1130,6 +1233,19 @@ mod tests {
                 case("cold_1k", Method::Single, 30.0, Some(1024)),
                 case("cold_1m", Method::Single, 60.0, Some(1 << 20)),
             ],
+            baseline: Some(BaselineResults {
+                label: "0123abc".into(),
+                commit: "0123abcdef".into(),
+                cases: vec![case("pass_existing", Method::Loop, 50.0, None)],
+                versus: vec![Versus {
+                    id: "pass_existing",
+                    case: "pass_existing",
+                    baseline_ns: Summary::of(vec![50.0]),
+                    today_ns: Summary::of(vec![25.0]),
+                    ratio: Summary::of(vec![0.5]),
+                }],
+            }),
+            baseline_missing: None,
         };
         let row = |capacity: u32| ScaleRow {
             capacity,
@@ -1231,6 +1347,7 @@ mod tests {
         let inputs = Inputs {
             machine: &machine,
             quick: true,
+            kernel_missing: None,
             per_packet: &pp,
             scale: &scale,
             accuracy: Some(&acc),
@@ -1267,6 +1384,14 @@ mod tests {
         }
         let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
         assert!(md.contains("6.1.0") && md.contains("| shaper | drops |"));
+        // Both builds side by side, the ratio run by run.
+        assert!(
+            md.contains(
+                "| pass_existing | 50.0 (50.0–50.0) | 25.0 (25.0–25.0) | **0.500** (0.500–0.500) |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("results-kernels.md"));
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap())
                 .unwrap();
@@ -1281,6 +1406,7 @@ mod tests {
         let inputs = Inputs {
             machine: &machine,
             quick: false,
+            kernel_missing: Some("no baseline build"),
             per_packet: &pp,
             scale: &scale,
             accuracy: None,
@@ -1292,6 +1418,7 @@ mod tests {
         assert_eq!(files.len(), 4, "{files:?}");
         let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
         assert!(md.contains("Not measured in this run: it failed: no iperf3"));
+        assert!(md.contains("Kernel figures: not measured in this run: no baseline build."));
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap())
                 .unwrap();

@@ -15,6 +15,7 @@ use serde::Serialize;
 use shaper_common::{bench::PROG_NOOP, maps::PROG_XDP};
 
 use super::{
+    builds::Build,
     population::{Population, SIZES},
     spread::median,
 };
@@ -49,8 +50,11 @@ pub struct ScaleResults {
 }
 
 /// Fills one map per size in [`SIZES`].
-pub fn populations() -> Result<Vec<Population>> {
-    SIZES.iter().map(|&n| Population::filled(n)).collect()
+pub fn populations(build: &Build) -> Result<Vec<Population>> {
+    SIZES
+        .iter()
+        .map(|&n| Population::filled(build, n))
+        .collect()
 }
 
 /// Memory per source and hot per-packet cost for each population.

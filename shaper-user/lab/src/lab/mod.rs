@@ -520,6 +520,12 @@ impl Lab {
         let link = link_json(&self.rx, &self.rx_iface, true)?;
         Ok(link.get("xdp").is_some())
     }
+
+    /// The id of the XDP program attached to the rx veth, if any.
+    pub fn xdp_prog_id(&self) -> Result<Option<u64>> {
+        let link = link_json(&self.rx, &self.rx_iface, true)?;
+        Ok(link["xdp"]["prog"]["id"].as_u64())
+    }
 }
 
 /// A veth pair: `a_iface` in `a`, its peer `b_iface` moved straight into `b`, each end

@@ -1,9 +1,12 @@
-//! `shaper run`'s HTTP server (hyper, HTTP/1.1): `/metrics` in the Prometheus text format
-//! ([`shaper_user::metrics`]), and `/top?iface=IFACE&n=N`, the N keys dropped most on an
-//! interface as JSON (N at most [`TOP_MAX`], 10 by default): addresses are there and
-//! never in the metrics' labels.
+//! `shaper run`'s HTTP servers (hyper, HTTP/1.1), each on a listener of its own:
+//! `/metrics` in the Prometheus text format ([`shaper_user::metrics`]), and, only where
+//! the operator asks for it (`--top`), `/top?iface=IFACE&n=N`, the N keys dropped most on
+//! an interface as JSON (N at most [`TOP_MAX`], 10 by default). Addresses are in `/top`
+//! and never in the metrics' labels, so `/metrics` can be bound where a Prometheus on
+//! another host reaches it while `/top` stays on loopback: a listener answers 404 for the
+//! other's path.
 
-use std::{convert::Infallible, net::SocketAddr};
+use std::{cell::RefCell, convert::Infallible, net::SocketAddr, rc::Rc};
 
 use anyhow::{Context as _, Result};
 use http_body_util::Full;
@@ -15,7 +18,10 @@ use hyper::{
     service::service_fn,
 };
 use hyper_util::rt::TokioIo;
-use shaper_user::pins::Direction;
+use shaper_user::{
+    metrics::{Daemon, SourceCounter},
+    pins::Direction,
+};
 use tokio::net::TcpListener;
 
 use crate::cli::Scope;
@@ -26,15 +32,42 @@ pub const TOP_MAX: usize = 1000;
 /// What `/metrics` is served as: the encoder writes OpenMetrics text.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Binds `addr` (in the daemon's namespace), or says in one line why not.
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
+/// What a listener serves.
+#[derive(Clone)]
+pub enum Serves {
+    /// `/metrics`: the attachments' series, with the keys as last counted and the
+    /// daemon's own state.
+    Metrics {
+        sources: SourceCounter,
+        daemon: Rc<RefCell<Daemon>>,
+    },
+    /// `/top`: per-address data.
+    Top,
+}
+
+impl Serves {
+    pub fn path(&self) -> &'static str {
+        match self {
+            Self::Metrics { .. } => "/metrics",
+            Self::Top => "/top",
+        }
+    }
+}
+
+/// Binds `addr` (in the daemon's namespace) for `what`, or says in one line why not.
+pub async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
     TcpListener::bind(addr)
         .await
-        .with_context(|| format!("cannot listen on {addr} for metrics"))
+        .with_context(|| format!("cannot listen on {addr} for {what}"))
 }
 
 /// Serves connections until the task is dropped.
-pub async fn serve(listener: TcpListener, netns: Option<String>, direction: Direction) {
+pub async fn serve(
+    listener: TcpListener,
+    serves: Serves,
+    netns: Option<String>,
+    direction: Direction,
+) {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(conn) => conn,
@@ -43,16 +76,16 @@ pub async fn serve(listener: TcpListener, netns: Option<String>, direction: Dire
                 continue;
             }
         };
-        let netns = netns.clone();
+        let (netns, serves) = (netns.clone(), serves.clone());
         tokio::task::spawn_local(async move {
             let service = service_fn(move |req| {
-                let netns = netns.clone();
+                let (netns, serves) = (netns.clone(), serves.clone());
                 async move {
                     let scope = Scope {
                         netns: netns.as_deref(),
                         direction,
                     };
-                    Ok::<_, Infallible>(answer(&req, scope))
+                    Ok::<_, Infallible>(answer(&req, &serves, scope))
                 }
             });
             if let Err(e) = http1::Builder::new()
@@ -78,25 +111,27 @@ fn text(status: StatusCode, line: String) -> Response<Full<Bytes>> {
     reply(status, "text/plain; charset=utf-8", line + "\n")
 }
 
-fn answer(req: &Request<Incoming>, scope: Scope<'_>) -> Response<Full<Bytes>> {
+fn answer(req: &Request<Incoming>, serves: &Serves, scope: Scope<'_>) -> Response<Full<Bytes>> {
     if req.method() != hyper::Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET".to_owned());
     }
-    match req.uri().path() {
-        "/metrics" => match shaper_user::metrics::render(scope.netns) {
-            Ok(body) => reply(StatusCode::OK, OPENMETRICS, body),
-            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-        },
-        "/top" => match top_query(req.uri().query().unwrap_or("")) {
+    match (req.uri().path(), serves) {
+        ("/metrics", Serves::Metrics { sources, daemon }) => {
+            match shaper_user::metrics::render(scope.netns, sources, &daemon.borrow()) {
+                Ok(body) => reply(StatusCode::OK, OPENMETRICS, body),
+                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            }
+        }
+        ("/top", Serves::Top) => match top_query(req.uri().query().unwrap_or("")) {
             Err(e) => text(StatusCode::BAD_REQUEST, e),
             Ok((iface, n)) => match super::super::stats::top_json(&iface, scope, n) {
                 Ok(body) => reply(StatusCode::OK, "application/json", body + "\n"),
                 Err(e) => text(StatusCode::NOT_FOUND, format!("{e:#}")),
             },
         },
-        other => text(
+        (other, serves) => text(
             StatusCode::NOT_FOUND,
-            format!("no {other} here: /metrics, /top?iface=IFACE&n=N"),
+            format!("no {other} here: {}", serves.path()),
         ),
     }
 }
