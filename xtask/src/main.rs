@@ -7,6 +7,7 @@
 mod apt;
 mod cmd;
 mod dist;
+mod docs;
 mod host;
 mod image;
 mod lab;
@@ -38,6 +39,9 @@ enum Command {
     Setup(SetupArgs),
     /// Run setup, cargo fmt --check, clippy, host tests, then kernel tests (root only)
     Test(test::Args),
+    /// Rewrite the tables README.md and docs/ copy from bench/results*.md, and list the
+    /// figures that no longer match the bench/results.json entries they cite
+    Docs,
     /// Build target/dist/shaper_<version>_<arch>.deb: the binary, systemd unit, manual pages,
     /// shell completions and an example /etc/shaper/shaper.toml
     Dist,
@@ -76,6 +80,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Setup(args) => setup::run(args.r#for).map(|()| ExitCode::SUCCESS),
         Command::Test(args) => test::run(&args),
+        Command::Docs => docs::run().map(|()| ExitCode::SUCCESS),
         Command::Dist => setup::run(setup::For::Dist)
             .and_then(|()| dist::run())
             .map(|_| ExitCode::SUCCESS),
