@@ -65,21 +65,6 @@ struct Need {
 /// Everything setup makes sure of, in order. Order matters: bpf-linker is built against
 /// llvm-22-dev, and rust-src goes into the nightly toolchain.
 const NEEDS: &[Need] = &[
-    // Rust links host programs with the system's C toolchain.
-    Need {
-        item: Item::Apt {
-            package: "gcc",
-            present: Present::Programs(&["cc"]),
-        },
-        by: BUILDS,
-    },
-    Need {
-        item: Item::Apt {
-            package: "libc6-dev",
-            present: Present::File("/usr/include/stdio.h"),
-        },
-        by: BUILDS,
-    },
     // bpf-linker links to the system LLVM.
     Need {
         item: Item::Apt {
@@ -834,13 +819,10 @@ mod tests {
 
     #[test]
     fn each_command_installs_what_it_uses_only() {
-        // A C toolchain to link, LLVM for bpf-linker, iproute2 for the lab: no test, bench
-        // or QEMU package.
-        assert_eq!(
-            packages(Demo),
-            ["gcc", "libc6-dev", "llvm-22-dev", "iproute2"]
-        );
-        assert_eq!(packages(Build), ["gcc", "libc6-dev", "llvm-22-dev"]);
+        // LLVM for bpf-linker, iproute2 for the lab: no test, bench or QEMU package. (The
+        // C toolchain Rust links with must be there before xtask itself builds.)
+        assert_eq!(packages(Demo), ["llvm-22-dev", "iproute2"]);
+        assert_eq!(packages(Build), ["llvm-22-dev"]);
         assert!(!packages(Test).contains(&"qemu-system-x86"));
         assert!(packages(Matrix).contains(&"qemu-system-x86"));
         assert!(packages(Bench).contains(&"nftables"));
