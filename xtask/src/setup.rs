@@ -648,13 +648,16 @@ impl Item {
                 list.lines().any(|line| is_toolchain(line, name))
             }
             Item::Component { name, toolchain } => {
-                let list = cmd::stdout(Command::new("rustup").args([
+                // Not there either when its toolchain is not (rustup then fails).
+                let Ok(list) = cmd::stdout(Command::new("rustup").args([
                     "component",
                     "list",
                     "--toolchain",
                     toolchain,
                     "--installed",
-                ]))?;
+                ])) else {
+                    return Ok(false);
+                };
                 // Lines are `rust-src` or `rust-std-x86_64-unknown-linux-gnu`.
                 list.lines().any(|line| {
                     line.strip_prefix(name)
