@@ -65,7 +65,10 @@ pub fn kernels(arg: &str) -> Result<Kernels, String> {
 }
 
 fn run_all(args: &Args, tally: &mut Tally) -> Result<ExitCode> {
-    setup::run()?;
+    setup::run(match args.kernel {
+        Kernels::Host => setup::For::Test,
+        Kernels::Guests(_) => setup::For::Matrix,
+    })?;
     if let Kernels::Guests(series) = &args.kernel {
         // Formatting, lints and host tests are the same whatever the kernel: the host run
         // (`cargo xtask test`) has them.
