@@ -64,7 +64,11 @@ pub fn kernels(arg: &str) -> Result<Kernels, String> {
 }
 
 fn run_all(args: &Args, tally: &mut Tally, phases: &mut Phases) -> Result<ExitCode> {
-    phases.time("setup", setup::run)?;
+    let setup_for = match args.kernel {
+        Kernels::Host => setup::For::Test,
+        Kernels::Guests(_) => setup::For::Matrix,
+    };
+    phases.time("setup", || setup::run(setup_for))?;
     if let Kernels::Guests(series) = &args.kernel {
         // Formatting, lints and host tests are the same whatever the kernel: the host run
         // (`cargo xtask test`) has them.

@@ -41,7 +41,19 @@ use tokio::{
 
 /// Run as a daemon: apply a configuration file, re-apply it on SIGHUP, and leave the
 /// limits in force on exit
+///
+/// At start it applies the file as shaper-apply(8) does, all or nothing, or exits
+/// non-zero with the one-line error. On SIGHUP, and when the file changes (unless
+/// --no-watch), it applies it again: what changed is changed in place, every source
+/// keeping its bucket; a file it refuses is logged in one line naming file:line: field,
+/// and the running configuration stays. An interface the file names that is deleted and
+/// made again is attached again at once, with its sources, policies and counters, from
+/// a program verified ahead of time. It serves /metrics (OpenMetrics) and /top (the keys
+/// dropped most, as JSON) on --metrics. It tells systemd when it is ready and when it
+/// reloads (Type=notify). On SIGTERM it exits and the limits stay in force, unless
+/// --detach-on-exit. One runs per host; every other shaper command works beside it.
 #[derive(Debug, clap::Args)]
+#[command(after_long_help = EXAMPLES)]
 pub struct Args {
     /// The configuration file (`shaper config show` prints the format)
     #[arg(short = 'f', long = "file", value_name = "FILE.toml")]
@@ -66,6 +78,14 @@ pub struct Args {
     #[arg(long)]
     pub no_watch: bool,
 }
+
+const EXAMPLES: &str = "\
+Examples:
+  shaper run -f /etc/shaper/shaper.toml
+      What shaper.service runs: apply, serve 127.0.0.1:9753/metrics, reload on change.
+  curl -s 'localhost:9753/top?iface=eth1&n=10'
+      The 10 keys of eth1 dropped most, from a running daemon.
+";
 
 /// Reads and applies the file under the lock; returns what it applied and a line saying
 /// what changed.
