@@ -365,16 +365,20 @@ fn one_source_live_from_every_cpu_gets_one_bucket() {
         "no CPU ever found the cell changed under it: {}",
         cas_report(&total)
     );
-    // Each passed frame was charged once, and each key given a cell took a token from the
-    // admission cell, each with one compare-and-swap won; a CPU that found the key new
-    // but whose insert lost to another CPU's took a token and charged a fresh cell too.
+    // Each passed frame was charged once, each key given a cell took a token from the
+    // admission cell, and each admitted on its first sighting one from the first-sighting
+    // allowance before that, each with one compare-and-swap won; a CPU that found the key
+    // new but whose insert lost to another CPU's took those tokens and charged a fresh
+    // cell too.
     let won: u64 = total.cas_won.iter().sum();
-    let charged = total.outcomes.passed_packets + total.new_sources;
+    let charged =
+        total.outcomes.passed_packets + total.new_sources + total.sightings.first_admitted;
     assert!(
-        (charged..=charged + 2 * (cpus as u64 - 1)).contains(&won),
-        "{} passed, {} new sources; {}",
+        (charged..=charged + 3 * (cpus as u64 - 1)).contains(&won),
+        "{} passed, {} new sources, {} on their first sighting; {}",
         total.outcomes.passed_packets,
         total.new_sources,
+        total.sightings.first_admitted,
         cas_report(&total)
     );
 }

@@ -17,7 +17,7 @@ use shaper_common::{
     shape::{DELAY_BUCKETS, delay_bucket},
 };
 use shaper_lab::{frame, testrun};
-use shaper_user::loader;
+use shaper_user::object;
 
 /// `TC_ACT_UNSPEC` and `TC_ACT_SHOT`.
 const TC_ACT_UNSPEC: i32 = -1;
@@ -77,13 +77,13 @@ fn run(prog: &SchedClassifier, frame: &[u8], ecn_capable: bool) -> Run {
 #[test]
 #[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
 fn departure_stamps_are_the_rate_within_the_horizon_and_marks_past_the_threshold() {
-    let mut ebpf = loader::load(1024).unwrap();
-    loader::tc_program(&mut ebpf).unwrap();
+    let mut ebpf = object::load(1024).unwrap();
+    object::tc_program(&mut ebpf).unwrap();
     let mut config = Config::per_source(RATE_BPS, BURST).unwrap();
     config.mode = MODE_SHAPE;
     config.xdp_mode = TC_MODE_TCX;
     config.shape = Shape::new(ECN_THRESHOLD_NS, HORIZON_NS).unwrap();
-    loader::configure(&mut ebpf, &config).unwrap();
+    object::configure(&mut ebpf, &config).unwrap();
     let prog: &SchedClassifier = ebpf
         .program(shaper_common::maps::PROG_TC)
         .unwrap()
