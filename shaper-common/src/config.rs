@@ -7,8 +7,8 @@ use crate::{
     gcra::{Limit, LimitError, MAX_RATE_BPS},
     maps::{
         ACTION_DROP, ACTION_LIMIT, ACTION_PASS, Admission, Config, DEFAULT_ECN_THRESHOLD_NS,
-        DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST, KEY_BY_SRC,
-        MAX_HORIZON_NS, MODE_ENFORCE, MODE_MONITOR, MODE_SHAPE, Policy, Shape,
+        DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, FIRST_SIGHTING_SHARE, KEY_BY_DST,
+        KEY_BY_SRC, MAX_HORIZON_NS, MODE_ENFORCE, MODE_MONITOR, MODE_SHAPE, Policy, Shape,
     },
 };
 
@@ -103,11 +103,19 @@ impl Admission {
         // One byte a key: the limit's byte rate is the key rate (so never below the
         // minimum rate, nor above the maximum); only the burst can be refused.
         let limit = Limit::new(new_sources * 8, burst).map_err(ConfigError::NewSources)?;
+        let first = Self::first_sightings_per_sec(new_sources);
         Ok(Self {
             limit,
             new_sources,
             new_sources_burst: burst,
+            first: Limit::new(first * 8, first).map_err(ConfigError::NewSources)?,
         })
+    }
+
+    /// The first-sighting allowance of an admission of `new_sources` keys a second: keys
+    /// a second (and at once) that may get a cell on their first sighting.
+    pub fn first_sightings_per_sec(new_sources: u64) -> u64 {
+        (new_sources / FIRST_SIGHTING_SHARE).max(1)
     }
 }
 
@@ -244,6 +252,8 @@ impl Config {
             prefixes_v4: 0,
             prefixes_v6: 0,
             shape: Shape::default_settings(),
+            // Set per attachment by the loader; 0 hashes as well, only predictably.
+            trace_seed: 0,
         })
     }
 

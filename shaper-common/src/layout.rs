@@ -24,15 +24,16 @@
 
 use crate::maps::{
     MAP_ADMISSION, MAP_AGGREGATES, MAP_CONFIG, MAP_COUNTERS, MAP_COUNTERS_CARRIED, MAP_EVENTS,
-    MAP_LAYOUT, MAP_POLICIES, MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4,
-    MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6, MAP_WATCH, MAX_POLICIES, PIN_ADMISSION,
-    PIN_AGGREGATES, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_EVENTS, PIN_LAYOUT,
-    PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6,
-    PIN_SOURCES, PIN_SOURCES6, PIN_WATCH,
+    MAP_FIRSTS, MAP_LAYOUT, MAP_POLICIES, MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED,
+    MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6, MAP_TRACES, MAP_WATCH,
+    MAX_POLICIES, PIN_ADMISSION, PIN_AGGREGATES, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED,
+    PIN_EVENTS, PIN_FIRSTS, PIN_LAYOUT, PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED,
+    PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES, PIN_SOURCES6, PIN_TRACES, PIN_WATCH,
+    TRACE_BUCKETS,
 };
 
 /// The layout this build pins.
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 
 /// The first layout whose pins record their version in [`PIN_LAYOUT`].
 pub const FIRST_VERSIONED: u32 = 3;
@@ -71,6 +72,10 @@ pub enum Holds {
     /// program, read by the watcher): reused when unchanged, otherwise made anew (a
     /// watcher running across such an upgrade sees no more events and must be restarted).
     Events,
+    /// New-source admission's traces of keys seen once (written by the program): reused
+    /// when unchanged, otherwise made anew (a key seen once before the upgrade is seen once
+    /// more after it).
+    Traces,
 }
 
 /// One pinned map, as the kernel describes it (`bpf_map_info`).
@@ -187,6 +192,12 @@ const CONFIG_152: MapLayout = map(
     (ARRAY, 4, 152, 1, 0),
     Holds::Settings,
 );
+const CONFIG_184: MapLayout = map(
+    PIN_CONFIG,
+    MAP_CONFIG,
+    (ARRAY, 4, 184, 1, 0),
+    Holds::Settings,
+);
 const SOURCES: MapLayout = map(PIN_SOURCES, MAP_SOURCES, (LRU, 4, 72, ANY, 0), Holds::Cells);
 const SOURCES6: MapLayout = map(
     PIN_SOURCES6,
@@ -218,6 +229,12 @@ const COUNTERS_432: MapLayout = map(
     (PERCPU, 4, 432, 1, 0),
     Holds::Counters,
 );
+const COUNTERS_464: MapLayout = map(
+    PIN_COUNTERS,
+    MAP_COUNTERS,
+    (PERCPU, 4, 464, 1, 0),
+    Holds::Counters,
+);
 const POLICIES_120: MapLayout = map(
     PIN_POLICIES,
     MAP_POLICIES,
@@ -228,6 +245,12 @@ const POLICIES_160: MapLayout = map(
     PIN_POLICIES,
     MAP_POLICIES,
     (ARRAY, 4, 160, SLOTS, 0),
+    Holds::Settings,
+);
+const POLICIES_184: MapLayout = map(
+    PIN_POLICIES,
+    MAP_POLICIES,
+    (ARRAY, 4, 184, SLOTS, 0),
     Holds::Settings,
 );
 const PREFIXES_V4: MapLayout = map(
@@ -260,6 +283,12 @@ const POLICY_STATS_120: MapLayout = map(
     (PERCPU, 4, 120, SLOTS, 0),
     Holds::Counters,
 );
+const POLICY_STATS_152: MapLayout = map(
+    PIN_POLICY_STATS,
+    MAP_POLICY_STATS,
+    (PERCPU, 4, 152, SLOTS, 0),
+    Holds::Counters,
+);
 const ADMISSION: MapLayout = map(
     PIN_ADMISSION,
     MAP_ADMISSION,
@@ -285,10 +314,22 @@ const COUNTERS_CARRIED_432: MapLayout = map(
     (ARRAY, 4, 432, 1, 0),
     Holds::Carried,
 );
+const COUNTERS_CARRIED_464: MapLayout = map(
+    PIN_COUNTERS_CARRIED,
+    MAP_COUNTERS_CARRIED,
+    (ARRAY, 4, 464, 1, 0),
+    Holds::Carried,
+);
 const POLICY_STATS_CARRIED_120: MapLayout = map(
     PIN_POLICY_STATS_CARRIED,
     MAP_POLICY_STATS_CARRIED,
     (HASH, 4, 120, SLOTS, BPF_F_NO_PREALLOC),
+    Holds::Carried,
+);
+const POLICY_STATS_CARRIED_152: MapLayout = map(
+    PIN_POLICY_STATS_CARRIED,
+    MAP_POLICY_STATS_CARRIED,
+    (HASH, 4, 152, SLOTS, BPF_F_NO_PREALLOC),
     Holds::Carried,
 );
 
@@ -299,6 +340,18 @@ const EVENTS_256K: MapLayout = map(
     Holds::Events,
 );
 const WATCH_72: MapLayout = map(PIN_WATCH, MAP_WATCH, (ARRAY, 4, 72, 2, 0), Holds::Events);
+const FIRSTS: MapLayout = map(
+    PIN_FIRSTS,
+    MAP_FIRSTS,
+    (ARRAY, 4, 16, SLOTS, 0),
+    Holds::Cells,
+);
+const TRACES_8M: MapLayout = map(
+    PIN_TRACES,
+    MAP_TRACES,
+    (ARRAY, 4, 128, TRACE_BUCKETS, 0),
+    Holds::Traces,
+);
 
 /// Every layout shaper has pinned since prefix policies, oldest first; the last is
 /// [`LAYOUT_VERSION`].
@@ -395,6 +448,33 @@ pub const LAYOUTS: &[Layout] = &[
             WATCH_72,
         ],
     },
+    // The kernel programs verified in pieces: the departure time of a shaped packet comes
+    // back from the metering, no longer through a scratch field of the counters, which
+    // sum the shaping delays instead. New-source admission's doorkeeper: the traces of keys
+    // seen once, the seed of their hash in the settings, what it saw in the counters; its
+    // first-sighting allowance in the settings and the policies, and its cells.
+    Layout {
+        version: 6,
+        maps: &[
+            VERSION,
+            CONFIG_184,
+            SOURCES,
+            SOURCES6,
+            COUNTERS_464,
+            COUNTERS_CARRIED_464,
+            POLICIES_184,
+            PREFIXES_V4,
+            PREFIXES_V6,
+            AGGREGATES,
+            POLICY_STATS_152,
+            POLICY_STATS_CARRIED_152,
+            ADMISSION,
+            EVENTS_256K,
+            WATCH_72,
+            TRACES_8M,
+            FIRSTS,
+        ],
+    },
 ];
 
 #[cfg(test)]
@@ -402,7 +482,7 @@ mod tests {
     use super::*;
     use crate::maps::{
         AdmissionCells, Cell, Config, Counters, EVENTS_BYTES, Ipv4Key, Ipv6Key, Policy,
-        PolicyStats, SourceState, WATCH_ENTRIES, Watch,
+        PolicyStats, SourceState, TraceBucket, WATCH_ENTRIES, Watch,
     };
 
     /// An LPM trie's key: the prefix length, then the address.
@@ -467,6 +547,13 @@ mod tests {
             // A ring buffer has no key or value: its size is its bytes.
             (PIN_EVENTS, 0, 0, EVENTS_BYTES),
             (PIN_WATCH, u32_size, size_of::<Watch>(), WATCH_ENTRIES),
+            (
+                PIN_TRACES,
+                u32_size,
+                size_of::<TraceBucket>(),
+                TRACE_BUCKETS,
+            ),
+            (PIN_FIRSTS, u32_size, size_of::<Cell>(), MAX_POLICIES),
         ];
         let newest = current();
         assert_eq!(newest.version, LAYOUT_VERSION);

@@ -30,6 +30,11 @@ pub const PIN_POLICY_STATS_CARRIED: &str = "policy_stats_carried";
 pub const PIN_EVENTS: &str = "events";
 /// Whether and how fast the program samples them ([`Watch`]).
 pub const PIN_WATCH: &str = "watch";
+/// Traces of keys seen once, new-source admission's doorkeeper ([`TraceBucket`]).
+pub const PIN_TRACES: &str = "traces";
+/// The cells of the first-sighting allowance of new-source admission ([`Admission`]), by
+/// policy slot.
+pub const PIN_FIRSTS: &str = "first_sightings";
 /// While an upgrade is under way: the program the link is being switched to.
 pub const PIN_UPGRADE_PROG: &str = "upgrade_prog";
 /// A tc program attached with clsact and `cls_bpf`, which has no bpf_link to pin: the
@@ -52,6 +57,8 @@ pub const MAP_COUNTERS_CARRIED: &str = "SHAPER_CARRIED";
 pub const MAP_POLICY_STATS_CARRIED: &str = "SHAPER_PCARRIED";
 pub const MAP_EVENTS: &str = "SHAPER_EVENTS";
 pub const MAP_WATCH: &str = "SHAPER_WATCH";
+pub const MAP_TRACES: &str = "SHAPER_TRACES";
+pub const MAP_FIRSTS: &str = "SHAPER_FIRSTS";
 
 /// Program names in the object file.
 pub const PROG_XDP: &str = "shaper_xdp";
@@ -170,10 +177,15 @@ pub struct Config {
     /// Shaping: what [`MODE_SHAPE`] does with what it holds back, for the interface and
     /// every policy in shape mode.
     pub shape: Shape,
+    /// The seed of the hash that places a key's trace in `SHAPER_TRACES` ([`TraceBucket`]),
+    /// random per attachment: without it, a flood could aim at the bucket of a source it
+    /// wants kept out.
+    pub trace_seed: u64,
 }
 
-const _: () = assert!(size_of::<Config>() == 152);
-const _: () = assert!(offset_of!(Config, shape) == 136);
+const _: () = assert!(size_of::<Config>() == 184);
+const _: () = assert!(offset_of!(Config, shape) == 160);
+const _: () = assert!(offset_of!(Config, trace_seed) == 176);
 
 /// How shaping treats a packet it holds back ([`MODE_SHAPE`]).
 #[repr(C)]
@@ -187,12 +199,18 @@ pub struct Shape {
 
 const _: () = assert!(size_of::<Shape>() == 16);
 
-/// New-source admission: at most `new_sources` keys a second (and `new_sources_burst` at
-/// once) get a cell of their own; the frames of keys refused one are *unadmitted* and
-/// share one cell per policy ([`AdmissionCells`]). All zero: every new key gets a cell.
+/// New-source admission: a key new to the table gets a cell of its own on its second
+/// sighting within [`TRACE_WINDOW_NS`] (the doorkeeper, [`TraceBucket`]), or on its first
+/// within the first-sighting allowance (`first`, a [`FIRST_SIGHTING_SHARE`]th of the rate:
+/// new sources arriving slowly lose no frame), and at most `new_sources` keys a second (and
+/// `new_sources_burst` at once) do; the frames of keys refused one are *unadmitted* and
+/// share one cell per policy ([`AdmissionCells`]). All zero: every new key gets a cell on
+/// its first frame.
 ///
-/// The creations are metered by a GCRA cell like any other, with a key counted as one
-/// byte: `limit` is `Limit::new(8 × new_sources, new_sources_burst)`.
+/// The creations are metered by GCRA cells like any other, with a key counted as one
+/// byte: `limit` is `Limit::new(8 × new_sources, new_sources_burst)`, `first` is
+/// `Limit::new(8 × f, f)` with `f` a [`FIRST_SIGHTING_SHARE`]th of `new_sources` (at
+/// least 1).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Admission {
@@ -200,9 +218,17 @@ pub struct Admission {
     /// Keys a second; 0: unlimited (no admission control).
     pub new_sources: u64,
     pub new_sources_burst: u64,
+    /// The first-sighting allowance (its cells are `SHAPER_FIRSTS`').
+    pub first: Limit,
 }
 
-const _: () = assert!(size_of::<Admission>() == 40);
+const _: () = assert!(size_of::<Admission>() == 64);
+
+/// The first-sighting allowance is this fraction of the admission rate: with the default
+/// admission of a 262,144-key table (26,214 keys a second), 409 keys a second. A spoofed
+/// flood gets that many keys a second at most, and a second's worth at once: under 1% of
+/// the table in a 5-second flood.
+pub const FIRST_SIGHTING_SHARE: u64 = 64;
 
 impl Admission {
     /// Whether new keys are admitted by a meter at all.
@@ -316,7 +342,7 @@ pub struct Policy {
     pub admission: Admission,
 }
 
-const _: () = assert!(size_of::<Policy>() == 160);
+const _: () = assert!(size_of::<Policy>() == 184);
 
 /// A GCRA cell: the TAT, and the scale ([`Limit::scale`]) of the limit it is expressed in,
 /// so a rate change can carry it over (see [`crate::rescale`]). Zero scale: never charged.
@@ -347,9 +373,11 @@ pub struct PolicyStats {
     pub unadmitted: Outcomes,
     /// Keys given a cell under this policy.
     pub new_sources: u64,
+    /// New-source admission's doorkeeper: the traces it counts ([`Sightings`]).
+    pub sightings: Sightings,
 }
 
-const _: () = assert!(size_of::<PolicyStats>() == 120);
+const _: () = assert!(size_of::<PolicyStats>() == 152);
 const _: () = assert!(offset_of!(PolicyStats, outcomes) == 0);
 const _: () = assert!(offset_of!(PolicyStats, aggregate_refused_packets) == 48);
 const _: () = assert!(offset_of!(PolicyStats, unadmitted) == 64);
@@ -362,8 +390,70 @@ impl PerCpuSum for PolicyStats {
         self.aggregate_refused_bytes += o.aggregate_refused_bytes;
         self.unadmitted.add(&o.unadmitted);
         self.new_sources += o.new_sources;
+        self.sightings.add(&o.sightings);
     }
 }
+
+/// What new-source admission's doorkeeper ([`TraceBucket`]) saw, of the interface's keys
+/// ([`Counters::sightings`]) or a policy's ([`PolicyStats::sightings`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sightings {
+    /// Keys seen for the first time (none of their own trace found): a trace left, the
+    /// frame metered as unadmitted.
+    pub first: u64,
+    /// Keys given a cell on a second sighting (their own trace found within the window).
+    pub admitted: u64,
+    /// Keys given a cell on their first sighting, within the first-sighting allowance.
+    pub first_admitted: u64,
+    /// First sightings whose trace took the place of another key's live one. Without the
+    /// tag each trace carries, each would have been a false admission; with it, a flood
+    /// can push real sources' traces out but not forge them.
+    pub displaced: u64,
+}
+
+const _: () = assert!(size_of::<Sightings>() == 32);
+
+impl PerCpuSum for Sightings {
+    fn add(&mut self, o: &Self) {
+        self.first += o.first;
+        self.admitted += o.admitted;
+        self.first_admitted += o.first_admitted;
+        self.displaced += o.displaced;
+    }
+}
+
+/// Ways of a [`TraceBucket`]: two cache lines.
+pub const TRACE_WAYS: usize = 16;
+/// Buckets of `SHAPER_TRACES`: 2^16, so 2^20 traces in 8 MiB, four for each source of the
+/// default table. A trace is lost only when more than 16 keys of its bucket arrive within
+/// its window: with a warm start of 200,000 new sources (3 a bucket on average) that is
+/// about one chance in 500 for the whole table, where 8 ways in twice as many buckets
+/// lost 63 of them.
+pub const TRACE_BUCKETS: u32 = 1 << 16;
+/// How long a trace counts, in nanoseconds: a key seen again within this gets its cell. It
+/// covers the retries of a frame lost on the first sighting (TCP's first SYN retransmission
+/// after 1 s, the next after 3 s; DNS resolvers retry after 1 to 5 s).
+pub const TRACE_WINDOW_NS: u64 = 10_000_000_000;
+/// A trace's time stamp is `bpf_ktime_get_ns() >> TRACE_STAMP_SHIFT` in 32 bits: units of
+/// 1.05 ms, wrapping after 52 days.
+pub const TRACE_STAMP_SHIFT: u32 = 20;
+
+/// One bucket of `SHAPER_TRACES`, an array indexed by a seeded hash of the key: the traces of
+/// up to [`TRACE_WAYS`] keys seen once, each a `u64` holding a 32-bit tag of the key (the
+/// hash's other half, never 0) in its high half and its time stamp in its low half
+/// ([`TRACE_STAMP_SHIFT`]); 0 is an empty way. A key's first sighting takes the way of an
+/// empty, expired or else the oldest trace; a later sighting within [`TRACE_WINDOW_NS`]
+/// that finds its own tag admits it. So the doorkeeper costs one lookup and a cache line,
+/// never fills up (a flood overwrites traces), and cannot be made to admit a key it has not
+/// seen, but with the chance of a tag collision (2^-28 per fresh key).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceBucket {
+    pub ways: [u64; TRACE_WAYS],
+}
+
+const _: () = assert!(size_of::<TraceBucket>() == 128);
 
 /// A key's GCRA cell and counters: value of the LRU hash maps `SHAPER_SOURCES` (IPv4,
 /// keyed by [`Ipv4Key`]) and `SHAPER_SOURCES6` (IPv6, keyed by [`Ipv6Key`]).
@@ -449,18 +539,18 @@ pub struct Counters {
     /// Of the shaped packets, those marked CE (ECN-capable and held back longer than the
     /// ECN threshold).
     pub ce_marked_packets: u64,
-    /// Not a count: where the program leaves the departure time of the frame it is
-    /// metering (the TAT its charge published, less τ, in ticks) between metering and the
-    /// tc entry point. Zero between frames; summing it means nothing.
-    pub departure_ticks: u64,
     /// How long shaped packets were held back: a log2 histogram
     /// ([`crate::shape::delay_bucket`]).
     pub shape_delay: [u64; DELAY_BUCKETS],
+    /// The sum of those delays, in nanoseconds.
+    pub shape_delay_ns: u64,
+    /// New-source admission's doorkeeper: the traces it counts ([`Sightings`]).
+    pub sightings: Sightings,
 }
 
-const _: () = assert!(size_of::<Counters>() == 432);
+const _: () = assert!(size_of::<Counters>() == 464);
 const _: () = assert!(offset_of!(Counters, shaped_packets) == 240);
-const _: () = assert!(offset_of!(Counters, shape_delay) == 272);
+const _: () = assert!(offset_of!(Counters, shape_delay) == 264);
 const _: () = assert!(offset_of!(Counters, outcomes) == 0);
 const _: () = assert!(offset_of!(Counters, ipv4_packets) == 48);
 const _: () = assert!(offset_of!(Counters, unadmitted) == 64);
@@ -517,6 +607,8 @@ impl PerCpuSum for Counters {
         for (n, o) in self.shape_delay.iter_mut().zip(o.shape_delay) {
             *n += o;
         }
+        self.shape_delay_ns += o.shape_delay_ns;
+        self.sightings.add(&o.sightings);
     }
 }
 
@@ -533,6 +625,7 @@ mod pod {
     unsafe impl aya::Pod for super::AdmissionCells {}
     unsafe impl aya::Pod for super::Watch {}
     unsafe impl aya::Pod for super::WatchEvent {}
+    unsafe impl aya::Pod for super::TraceBucket {}
 }
 
 /// The size of the ring buffer of sampled events (`SHAPER_EVENTS`), in bytes: a power of

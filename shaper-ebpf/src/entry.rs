@@ -6,16 +6,15 @@
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use shaper_common::{
     gcra::{TICK_SHIFT, ticks_from_ns},
-    shape::delay_ticks,
+    maps::Counters,
 };
 
 use crate::{
-    cell::{Metered, Verdict, count_outcome, meter},
-    counters::bump,
     key,
-    maps::{CONFIG, SOURCES, SOURCES6},
+    maps::{CONFIG, COUNTERS},
+    meter::{Key, meter},
+    outcome::{Verdict, count_outcome},
     parse::{Frame, classify, header_len},
-    policy, watch,
 };
 
 /// A frame as a hook saw it.
@@ -46,13 +45,15 @@ impl Seen {
 #[derive(Clone, Copy)]
 pub struct Decision {
     pub verdict: Verdict,
-    /// Shaping: the earliest time (ticks) the frame conforms, as its charge left its cell;
-    /// at or before `now` whenever it may leave at once (always when policing).
-    pub departure: u64,
+    /// Shaping: how long the frame is held back, in ticks (0: it may leave now, always
+    /// when policing).
+    pub delay: u64,
     pub now: u64,
     /// Its wire bytes.
     pub len: u64,
     pub ecn_threshold_ns: u64,
+    /// This CPU's global counters (null when the frame was not metered).
+    pub counters: *mut Counters,
 }
 
 impl Decision {
@@ -60,17 +61,18 @@ impl Decision {
     fn now(verdict: Verdict) -> Self {
         Self {
             verdict,
-            departure: 0,
+            delay: 0,
             now: 0,
             len: 0,
             ecn_threshold_ns: 0,
+            counters: core::ptr::null_mut(),
         }
     }
 
     /// How long the frame is held back, in nanoseconds (0: it leaves now).
     #[inline(always)]
     pub fn delay_ns(&self) -> u64 {
-        delay_ticks(self.departure, self.now, 0) >> TICK_SHIFT
+        self.delay >> TICK_SHIFT
     }
 }
 
@@ -79,23 +81,28 @@ impl Decision {
 pub fn meter_frame(seen: &Seen) -> Decision {
     let frame = classify(seen.start, seen.end);
     let len64 = seen.wire_len(&frame);
+    // This CPU's counters, looked up once and handed down to the metering.
+    let Some(counters) = COUNTERS.get_ptr_mut(0) else {
+        return Decision::now(Verdict::Pass);
+    };
+    // SAFETY: a per-CPU entry is only touched by programs on this CPU, and BPF programs
+    // are not preempted by each other on one CPU.
+    let c = unsafe { &mut *counters };
     if !matches!(frame, Frame::Ipv4(_) | Frame::Ipv6(_)) {
-        bump(|c| {
-            let (packets, bytes) = match frame {
-                Frame::NotIp => (&mut c.not_ip_packets, &mut c.not_ip_bytes),
-                Frame::PppoeOther => (&mut c.pppoe_other_packets, &mut c.pppoe_other_bytes),
-                Frame::VlanTooDeep => (&mut c.vlan_too_deep_packets, &mut c.vlan_too_deep_bytes),
-                _ => (&mut c.malformed_packets, &mut c.malformed_bytes),
-            };
-            *packets += 1;
-            *bytes += len64;
-        });
+        let (packets, bytes) = match frame {
+            Frame::NotIp => (&mut c.not_ip_packets, &mut c.not_ip_bytes),
+            Frame::PppoeOther => (&mut c.pppoe_other_packets, &mut c.pppoe_other_bytes),
+            Frame::VlanTooDeep => (&mut c.vlan_too_deep_packets, &mut c.vlan_too_deep_bytes),
+            _ => (&mut c.malformed_packets, &mut c.malformed_bytes),
+        };
+        *packets += 1;
+        *bytes += len64;
         return Decision::now(Verdict::Pass);
     }
     let config = match CONFIG.get(0) {
         Some(config) if config.active != 0 => config,
         _ => {
-            bump(|c| c.unconfigured_packets += 1);
+            c.unconfigured_packets += 1;
             return Decision::now(Verdict::Pass);
         }
     };
@@ -103,52 +110,36 @@ pub fn meter_frame(seen: &Seen) -> Decision {
     let len = len64 as u32;
     // SAFETY: a helper with no preconditions.
     let now = ticks_from_ns(unsafe { bpf_ktime_get_ns() });
-    let (metered, v4) = match frame {
-        // SAFETY: `classify` returned pointers to headers it checked lie in the frame.
+    // SAFETY: `classify` returned pointers to headers it checked lie in the frame.
+    let key = match frame {
         Frame::Ipv4(ip) => {
-            let key = unsafe { key::v4(ip, config) };
-            let lookup = || policy::slot_v4(&key, config);
-            let metered = meter(&SOURCES, &key, len, now, config, lookup);
-            watch::refused(&metered, len, now, |info| {
-                watch::sample_v4(key, config, info, now)
-            });
-            (metered, 1)
+            c.ipv4_packets += 1;
+            Key::V4(unsafe { key::v4(ip, config) })
         }
         Frame::Ipv6(ip) => {
-            let key = unsafe { key::v6(ip, config) };
-            let lookup = || policy::slot_v6(&key, config);
-            let metered = meter(&SOURCES6, &key, len, now, config, lookup);
-            watch::refused(&metered, len, now, |info| {
-                watch::sample_v6(&key, config, info, now)
-            });
-            (metered, 0)
+            c.ipv6_packets += 1;
+            let (hi, lo) = unsafe { key::v6(ip, config) };
+            Key::V6(hi, lo)
         }
         _ => return Decision::now(Verdict::Pass),
     };
-    let Metered {
-        outcome,
-        unadmitted,
-    } = metered;
-    let mut departure = 0;
-    bump(|c| {
-        c.ipv4_packets += v4;
-        c.ipv6_packets += 1 - v4;
-        let outcomes = if unadmitted {
-            &mut c.unadmitted
-        } else {
-            &mut c.outcomes
-        };
-        count_outcome(outcomes, outcome, len64);
-        // What the frame's charge left (see `cell::publish`), read and cleared without a
-        // branch: a frame that charged nothing must not find the last one's.
-        departure = c.departure_ticks;
-        c.departure_ticks = 0;
-    });
+    let metered = meter(key, len, now, config, c);
+    if metered.is_untracked() {
+        c.untracked_packets += 1;
+    }
+    let outcomes = if metered.is_unadmitted() {
+        &mut c.unadmitted
+    } else {
+        &mut c.outcomes
+    };
+    let outcome = metered.outcome();
+    count_outcome(outcomes, outcome, len64);
     Decision {
         verdict: outcome.verdict(),
-        departure,
+        delay: metered.delay_ticks(),
         now,
         len: len64,
         ecn_threshold_ns: config.shape.ecn_threshold_ns,
+        counters,
     }
 }

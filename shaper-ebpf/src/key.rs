@@ -3,7 +3,7 @@
 //! ANDs.
 
 use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
-use shaper_common::maps::{Config, Ipv4Key, Ipv6Key, KEY_BY_DST};
+use shaper_common::maps::{Config, Ipv4Key, KEY_BY_DST};
 
 /// # Safety
 /// `ip` points to a whole IPv4 header inside the frame (`parse::classify` checked it).
@@ -19,10 +19,13 @@ pub unsafe fn v4(ip: *const Ipv4Hdr, config: &Config) -> Ipv4Key {
     u32::from_ne_bytes(addr) & config.mask_v4
 }
 
+/// The IPv6 key in two halves, its bytes in memory order (`u64::from_ne_bytes`), as the
+/// meter takes it (`meter::Key::V6`).
+///
 /// # Safety
 /// `ip` points to a whole IPv6 fixed header inside the frame.
 #[inline(always)]
-pub unsafe fn v6(ip: *const Ipv6Hdr, config: &Config) -> Ipv6Key {
+pub unsafe fn v6(ip: *const Ipv6Hdr, config: &Config) -> (u64, u64) {
     let addr = unsafe {
         if config.key_by == KEY_BY_DST {
             &(*ip).dst_addr
@@ -30,9 +33,12 @@ pub unsafe fn v6(ip: *const Ipv6Hdr, config: &Config) -> Ipv6Key {
             &(*ip).src_addr
         }
     };
-    let mut key = [0u8; 16];
-    for ((k, a), m) in key.iter_mut().zip(addr).zip(&config.mask_v6) {
-        *k = a & m;
-    }
-    key
+    let half = |at: usize| {
+        let mut bytes = [0u8; 8];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = addr[at + i] & config.mask_v6[at + i];
+        }
+        u64::from_ne_bytes(bytes)
+    };
+    (half(0), half(8))
 }

@@ -23,9 +23,10 @@
 //! would have been is counted instead.
 //!
 //! A key new to the table gets a cell only if its policy's new-source admission lets it
-//! (`cell::create`): a GCRA cell per policy, or the interface's, counts creations at N
-//! keys a second. A key refused one is *unadmitted*: nothing is inserted, and its frame is
-//! metered in the policy's one shared cell for unadmitted frames at the per-source limit
+//! (`meter`): on its second sighting (`trace`, the doorkeeper: a spoofed address is
+//! almost never seen twice), and within a GCRA cell per policy, or the interface's, that
+//! counts creations at N keys a second. A key refused one is *unadmitted*: nothing is inserted, and its frame is metered
+//! in the policy's one shared cell for unadmitted frames at the per-source limit
 //! (`SHAPER_ADMIT`), so a flood of spoofed sources gets what one source gets and cannot
 //! churn the table.
 //!
@@ -33,7 +34,34 @@
 //! (`cell`), so all CPUs meter one bucket per key, and the scale of the limit it is
 //! expressed in: when a policy's rate changes, the cell is carried over with its backlog
 //! in bytes intact (`shaper_common::rescale`), never refilled. Per-key counters are
-//! atomic adds, per-policy and global ones per-CPU arrays (`counters`).
+//! atomic adds, per-policy and global ones per-CPU arrays; the entry point looks this
+//! CPU's global counters up once per frame and hands them down.
+//!
+//! # Verified in pieces
+//! The verifier walks every path of a program, and a function inlined into several places
+//! is walked once per place and per state reaching it. So what is rare on the per-packet
+//! path is cut out into global BPF functions (`#[no_mangle]`, `#[inline(never)]`:
+//! bpf-linker keeps their BTF linkage global), which the verifier checks once each, with
+//! any arguments of their types, whoever calls them:
+//!
+//! | function | what | called from |
+//! | --- | --- | --- |
+//! | `shaper_admit` | new-source admission: the doorkeeper's trace (`trace`) and the admission rate | the meter, for a key not in the table whose policy limits admission |
+//! | `shaper_meter_raced` | a frame metered in the entry another CPU created first | the meter, when its insert of a new key finds the key there |
+//! | `shaper_retry` | a compare-and-swap's tries after the first lost | wherever a cell is charged, when another CPU charged it between the read and the swap |
+//! | `shaper_carry_over` | a cell's backlog carried over to a new rate | wherever a cell is charged, when its scale is not its limit's |
+//! | `shaper_sample` | a refused frame's event for `shaper watch` | the meter, only while someone watches |
+//!
+//! What is common stays in the program, inlined: parse, key, and a known key's meter and
+//! decision (`meter::meter`, `cell::decide`, one copy for both families, and one for the
+//! cells of new keys), so a known key's frame makes no BPF-to-BPF call (a call and its return cost more than the arithmetic
+//! they would save, above all where the return goes through a mitigation of speculative
+//! execution). The parse paths (VLAN tags, PPPoE, IPv4 options) converge once the key is
+//! read, so the verifier walks the meter about once per family. The calls nest at most
+//! three deep (entry, a global function, retry or carry-over), within the 512 bytes of
+//! stack the kernel allows a chain of calls. A global function takes
+//! scalars and pointers to memory (a map value, or the caller's stack), each maybe null
+//! as far as the verifier knows, and returns one scalar: a packed `outcome::Metered`.
 //!
 //! A frame costs its whole length: Ethernet header to end of payload, every buffer of a
 //! multi-buffer (jumbo) frame included, no FCS — what tc counts. A GSO packet (tc only)
@@ -46,13 +74,15 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 mod cell;
-mod counters;
 mod entry;
 mod key;
 mod maps;
+mod meter;
+mod outcome;
 mod parse;
 mod policy;
 mod tc;
+mod trace;
 mod watch;
 mod xdp;
 

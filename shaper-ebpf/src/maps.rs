@@ -7,7 +7,8 @@ use aya_ebpf::{
 };
 use shaper_common::maps::{
     AdmissionCells, Cell, Config, Counters, DEFAULT_MAX_SOURCES, EVENTS_BYTES, Ipv4Key, Ipv6Key,
-    MAX_POLICIES, Policy, PolicyStats, SourceState, WATCH_ENTRIES, Watch,
+    MAX_POLICIES, Policy, PolicyStats, SourceState, TRACE_BUCKETS, TraceBucket, WATCH_ENTRIES,
+    Watch,
 };
 
 /// The interface's settings and default policy: one entry, written by userspace (also
@@ -77,3 +78,12 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
 /// Whether anyone watches, and the meter of the events (`shaper_common::maps::Watch`).
 #[map(name = "SHAPER_WATCH")]
 pub static WATCH: Array<Watch> = Array::with_max_entries(WATCH_ENTRIES, 0);
+
+/// New-source admission's doorkeeper: traces of keys seen once (`crate::trace`).
+#[map(name = "SHAPER_TRACES")]
+pub static TRACES: Array<TraceBucket> = Array::with_max_entries(TRACE_BUCKETS, 0);
+
+/// The cells of new-source admission's first-sighting allowance, per policy slot (the
+/// default policy's at slot 0), metered where the slot's admission is.
+#[map(name = "SHAPER_FIRSTS")]
+pub static FIRSTS: Array<Cell> = Array::with_max_entries(MAX_POLICIES, 0);

@@ -18,8 +18,6 @@ use crate::maps::{AGGREGATES, POLICIES, PREFIXES_V4, PREFIXES_V6};
 
 /// What to do with a source's packet.
 pub struct Rule<'a> {
-    /// Where its policy counters go.
-    pub slot: u32,
     /// `ACTION_*`.
     pub action: u32,
     /// Count what would be dropped, drop nothing.
@@ -33,10 +31,6 @@ pub struct Rule<'a> {
     /// pointer of a `None` undefined and may spill it, which the verifier refuses.
     pub aggregate_cell: *mut Cell,
     pub aggregate_limit: &'a Limit,
-    /// How keys new to the table get a cell: the policy's own admission, or the
-    /// interface's; and the slot whose admission cell meters it.
-    pub admission: &'a Admission,
-    pub admission_slot: u32,
 }
 
 /// The slot of the longest prefix policy covering an IPv4 key, or the default; no search
@@ -121,7 +115,6 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
         && let Some(p) = POLICIES.get(slot)
         && p.in_use != 0
     {
-        let own_admission = p.admission.limited();
         let aggregate_cell = if p.action == ACTION_LIMIT && p.aggregate_rate_bps != 0 {
             AGGREGATES
                 .get_ptr_mut(slot)
@@ -130,30 +123,34 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
             core::ptr::null_mut()
         };
         return Rule {
-            slot,
             action: p.action,
             monitor: interface_monitor || p.mode == MODE_MONITOR,
             slack: horizon * shapes(p.mode) * (1 - monitors(config.mode)),
             limit: &p.limit,
             aggregate_cell,
             aggregate_limit: &p.aggregate,
-            admission: if own_admission {
-                &p.admission
-            } else {
-                &config.admission
-            },
-            admission_slot: if own_admission { slot } else { DEFAULT_SLOT },
         };
     }
     Rule {
-        slot: DEFAULT_SLOT,
         action: ACTION_LIMIT,
         monitor: interface_monitor,
         slack: horizon * shapes(config.mode),
         limit: &config.limit,
         aggregate_cell: core::ptr::null_mut(),
         aggregate_limit: &config.limit,
-        admission: &config.admission,
-        admission_slot: DEFAULT_SLOT,
     }
+}
+
+/// How keys new to the table under policy `slot` get a cell: the policy's own admission,
+/// or the interface's; and the slot whose admission cell meters it.
+#[inline(always)]
+pub fn admission(config: &Config, slot: u32) -> (&Admission, u32) {
+    if slot != DEFAULT_SLOT
+        && let Some(p) = POLICIES.get(slot)
+        && p.in_use != 0
+        && p.admission.limited()
+    {
+        return (&p.admission, slot);
+    }
+    (&config.admission, DEFAULT_SLOT)
 }

@@ -12,9 +12,8 @@ use aya_ebpf::{
 use shaper_common::{gcra::TICK_SHIFT, shape::delay_bucket};
 
 use crate::{
-    cell::Verdict,
-    counters::bump,
     entry::{Decision, Seen, meter_frame},
+    outcome::Verdict,
 };
 
 /// `TC_ACT_SHOT` (the bindings' type of it differs between the host and BPF targets).
@@ -64,14 +63,16 @@ fn shape(ctx: &TcContext, decision: &Decision, delay_ns: u64) {
             marked = 1;
         }
     }
-    bump(|c| {
+    // SAFETY: this CPU's counters, as the metering found them (see `entry`).
+    if let Some(c) = unsafe { decision.counters.as_mut() } {
         c.shaped_packets += 1;
         c.shaped_bytes += decision.len;
         c.ce_marked_packets += marked;
         if let Some(n) = c.shape_delay.get_mut(delay_bucket(delay_ns)) {
             *n += 1;
         }
-    });
+        c.shape_delay_ns += delay_ns;
+    }
 }
 
 #[inline(always)]

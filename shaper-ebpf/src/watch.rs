@@ -1,158 +1,101 @@
 //! Sampled events of refused frames, for `shaper watch`.
 //!
-//! The entry (`entry::meter_frame`) calls [`refused`] with each metered frame's outcome;
-//! a passed frame returns at once. For a frame dropped (or that would have been, in
-//! monitor mode) while nobody watches, it costs one array lookup and one compare: the
-//! lease in the control entry of `SHAPER_WATCH` has run out, or was never taken. While a
-//! watcher holds it, each refused frame is metered in the watch's GCRA cell (an event
-//! counts as one byte, at the watcher's events per second and burst) and, if it
-//! conforms, described and written to the ring buffer `SHAPER_EVENTS`: the ring buffer
-//! receives at most rate × time + burst events however hard the interface is flooded,
-//! and only those frames pay for the description.
-//!
-//! The description is found again rather than carried out of the metering (which would
-//! cost the per-packet path registers and the verifier states): the policy slot from the
-//! prefix tries, the reason from the policy (blocked), the key's cell (full: its own
-//! limit; room left: its prefix's aggregate) and the unadmitted flag.
+//! The metering functions (`meter`) ask [`watched`] about each frame they metered; a
+//! passed frame returns at once. For a frame dropped (or that would have been, in monitor
+//! mode) while nobody watches, it costs one array lookup and one compare: the lease in the
+//! control entry of `SHAPER_WATCH` has run out, or was never taken. While a watcher holds
+//! it, the metering function describes the frame (key, policy slot, reason, bytes: all
+//! known to it already) and hands it to [`shaper_sample`], which meters the event in the
+//! watch's GCRA cell (an event counts as one byte, at the watcher's events per second and
+//! burst) and, if it conforms, writes it to the ring buffer `SHAPER_EVENTS`: the ring
+//! buffer receives at most rate × time + burst events however hard the interface is
+//! flooded.
 
 use shaper_common::{
     gcra::TICK_SHIFT,
-    maps::{
-        ACTION_DROP, Config, Ipv4Key, Ipv6Key, REASON_AGGREGATE, REASON_BLOCKED, REASON_SOURCE,
-        REASON_UNADMITTED, SourceState, WATCH_CONTROL, WATCH_METER, WatchEvent,
-    },
+    maps::{REASON_UNADMITTED, WATCH_CONTROL, WATCH_METER, WatchEvent},
 };
 use shaper_ebpf::atomic;
 
 use crate::{
-    cell::{Metered, Outcome},
-    maps::{EVENTS, SOURCES, SOURCES6, WATCH},
-    policy,
+    maps::{EVENTS, WATCH},
+    outcome::{Metered, Outcome},
 };
 
-/// `sample_*`'s `info`: the frame's length in the low 32 bits, and these flags: the key
-/// was refused a cell, the frame was passed in monitor mode.
-const UNADMITTED: u64 = 1 << 32;
-const WOULD_DROP: u64 = 1 << 33;
-
-/// A metered frame of `len` bytes at `now` (ticks): if it was refused and someone
-/// watches, `sample` (`sample_v4` or `sample_v6` with the key) is called with its `info`.
-///
-/// Called where the key is still at hand, as a scalar or on the stack: the sampling
-/// function then takes no packet pointer, so the verifier's states at its call prune
-/// as well as the rest of the per-packet path's.
+/// Whether a frame metered at `now` (ticks) was refused while someone watches.
 #[inline(always)]
-pub fn refused(metered: &Metered, len: u32, now: u64, sample: impl FnOnce(u64)) {
-    if matches!(metered.outcome, Outcome::Passed) {
-        return;
+pub fn watched(metered: Metered, now: u64) -> bool {
+    if metered.outcome() == Outcome::Passed {
+        return false;
     }
-    let Some(control) = WATCH.get(WATCH_CONTROL) else {
-        return;
-    };
     // The one check the refused path pays while nobody watches.
-    if now >= control.until {
-        return;
-    }
-    let mut info = u64::from(len);
-    if metered.unadmitted {
-        info |= UNADMITTED;
-    }
-    if matches!(metered.outcome, Outcome::WouldDrop) {
-        info |= WOULD_DROP;
-    }
-    sample(info);
+    WATCH
+        .get(WATCH_CONTROL)
+        .is_some_and(|control| now < control.until)
 }
 
-/// Samples a refused frame of IPv4 key `key` (see [`sample`]). A function of its own (a
-/// BPF-to-BPF call): none of it is inlined into the per-packet path.
-#[inline(never)]
-pub fn sample_v4(key: Ipv4Key, config: &Config, info: u64, now: u64) {
-    let Some(mut event) = take(info, now) else {
-        return;
-    };
-    event.key[..4].copy_from_slice(&key.to_ne_bytes());
-    event.family = 4;
-    event.slot = policy::slot_v4(&key, config);
-    let state = SOURCES.get_ptr_mut(key);
-    emit(event, config, info, state, now);
-}
-
-/// Samples a refused frame of IPv6 key `key`, as [`sample_v4`].
-#[inline(never)]
-pub fn sample_v6(key: &Ipv6Key, config: &Config, info: u64, now: u64) {
-    let Some(mut event) = take(info, now) else {
-        return;
-    };
-    event.key = *key;
-    event.family = 6;
-    event.slot = policy::slot_v6(key, config);
-    let state = SOURCES6.get_ptr_mut(key);
-    emit(event, config, info, state, now);
-}
-
-/// Meters an event in the watch's cell: the event to fill in if it conforms.
+/// A refused frame of `len` bytes under policy `slot`, for [`shaper_sample`]: its length in
+/// bits 0–31, the slot in 32–47, the `REASON_*` in 48–55, would-drop in bit 56 and an IPv6
+/// key in bit 57.
 #[inline(always)]
-fn take(info: u64, now: u64) -> Option<WatchEvent> {
-    let control = WATCH.get(WATCH_CONTROL)?;
-    let meter = WATCH.get_ptr_mut(WATCH_METER)?;
+pub fn info(metered: Metered, slot: u32, len: u32, family: u8) -> u64 {
+    let reason = if metered.is_unadmitted() {
+        REASON_UNADMITTED
+    } else {
+        metered.reason()
+    };
+    u64::from(len)
+        | u64::from(slot & 0xffff) << 32
+        | u64::from(reason) << 48
+        | u64::from(metered.outcome() == Outcome::WouldDrop) << 56
+        | u64::from(family == 6) << 57
+}
+
+/// Meters the event of a refused frame seen at `now` (key `hi` ‖ `lo`: an IPv4 key in
+/// the low 32 bits of `hi`; the rest in `info`, see [`info`]) in the watch's cell and, if
+/// it conforms, writes it to the ring buffer. A global function, called only while
+/// someone watches: none of it is inlined into the per-packet path. Returns 1 if the event
+/// was written.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_sample(hi: u64, lo: u64, info: u64, now: u64) -> u32 {
+    let (Some(control), Some(meter)) = (WATCH.get(WATCH_CONTROL), WATCH.get_ptr_mut(WATCH_METER))
+    else {
+        return 0;
+    };
     // SAFETY: `meter` points to a live map value; its TAT is only ever swapped.
     unsafe {
         let tat = &raw mut (*meter).cell.tat;
         let old = atomic::load(tat);
         // One try: a lost race means another CPU just took an event, and a sample may
         // miss one.
-        let new = control.limit.admit(old, now, 1)?;
-        atomic::compare_exchange(tat, old, new).ok()?;
+        let Some(new) = control.limit.admit(old, now, 1) else {
+            return 0;
+        };
+        if atomic::compare_exchange(tat, old, new).is_err() {
+            return 0;
+        }
     }
-    Some(WatchEvent {
+    let ipv6 = info >> 57 & 1 != 0;
+    let mut event = WatchEvent {
         time_ns: now >> TICK_SHIFT,
         bytes: info as u32,
-        would_drop: u8::from(info & WOULD_DROP != 0),
+        slot: (info >> 32) as u32 & 0xffff,
+        reason: (info >> 48) as u8,
+        would_drop: (info >> 56) as u8 & 1,
+        family: if ipv6 { 6 } else { 4 },
         ..WatchEvent::default()
-    })
-}
-
-/// Gives the event its reason and writes it to the ring buffer.
-#[inline(always)]
-fn emit(
-    mut event: WatchEvent,
-    config: &Config,
-    info: u64,
-    state: Option<*mut SourceState>,
-    now: u64,
-) {
-    event.reason = if info & UNADMITTED != 0 {
-        REASON_UNADMITTED
-    } else {
-        reason(config, event.slot, state, info as u32, now)
     };
-    if EVENTS.output::<WatchEvent>(&event, 0).is_err()
-        && let Some(meter) = WATCH.get_ptr_mut(WATCH_METER)
-    {
+    if ipv6 {
+        event.key[..8].copy_from_slice(&hi.to_ne_bytes());
+        event.key[8..].copy_from_slice(&lo.to_ne_bytes());
+    } else {
+        event.key[..4].copy_from_slice(&(hi as u32).to_ne_bytes());
+    }
+    if EVENTS.output::<WatchEvent>(&event, 0).is_err() {
         // SAFETY: a live map value.
         unsafe { atomic::add(&raw mut (*meter).lost, 1) };
+        return 0;
     }
-}
-/// Why a frame of a key with a cell of its own (`state`) was refused under the policy
-/// of `slot`: blocked, or its own cell full, or else its prefix's aggregate.
-#[inline(always)]
-fn reason(config: &Config, slot: u32, state: Option<*mut SourceState>, len: u32, now: u64) -> u8 {
-    let rule = policy::rule(config, slot);
-    if rule.action == ACTION_DROP {
-        return REASON_BLOCKED;
-    }
-    if rule.aggregate_cell.is_null() {
-        return REASON_SOURCE;
-    }
-    // The source's cell had room for the frame: its prefix's cell had not.
-    let Some(state) = state else {
-        return REASON_SOURCE;
-    };
-    // SAFETY: a live map value; a racy read is good enough for a description.
-    let tat = unsafe { atomic::load(&raw const (*state).cell.tat) };
-    if rule.limit.admit(tat, now, len).is_some() {
-        REASON_AGGREGATE
-    } else {
-        REASON_SOURCE
-    }
+    1
 }

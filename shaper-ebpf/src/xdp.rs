@@ -8,8 +8,8 @@ use aya_ebpf::{
 };
 
 use crate::{
-    cell::Verdict,
     entry::{Decision, Seen, meter_frame},
+    outcome::Verdict,
 };
 
 #[xdp(frags)]

@@ -147,10 +147,11 @@ fn limited(n: Option<KeysPerSec>, burst: Option<u64>) -> Result<Admission, NewSo
     })
 }
 
-/// `1000/s burst 5000` for `n` keys a second and `burst`, or `unlimited` (`n` zero).
+/// `second sighting, 1000/s burst 5000` for `n` keys a second and `burst`, or `unlimited`
+/// (`n` zero).
 pub fn describe(n: u64, burst: u64) -> String {
     if n != 0 {
-        format!("{n}/s burst {burst}")
+        format!("second sighting, {n}/s burst {burst}")
     } else {
         "unlimited".to_owned()
     }

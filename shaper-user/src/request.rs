@@ -280,6 +280,8 @@ fn config_for(
         admission: req
             .admission
             .resolve(max_sources, current.map(|c| c.admission)),
+        // Kept for the life of the attachment: a new seed would lose every trace.
+        trace_seed: current.map_or_else(system::random_seed, |c| c.trace_seed),
         ..config
     })
 }

@@ -214,6 +214,15 @@ pub fn mtu(iface: &str) -> Result<u32, SystemError> {
     Ok(unsafe { req.ifr_ifru.ifru_mtu } as u32)
 }
 
+/// A seed no one outside this host can guess: std's hash keys, which come from the
+/// operating system's random source (`getrandom`). Each call gives another.
+pub fn random_seed() -> u64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

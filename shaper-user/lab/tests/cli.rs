@@ -297,7 +297,10 @@ fn attach_reattach_detach() {
         &lab,
         &with(&["--new-sources", "500", "--new-sources-burst", "700"]),
     );
-    assert!(out.ends_with("new sources 500/s burst 700\n"), "{out}");
+    assert!(
+        out.ends_with("new sources second sighting, 500/s burst 700\n"),
+        "{out}"
+    );
     assert_eq!(admission(&lab), (500, 700));
     ok(&lab, &base);
     assert_eq!(admission(&lab), (500, 700));

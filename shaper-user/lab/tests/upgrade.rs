@@ -322,6 +322,12 @@ fn an_upgrade_from_layout_4_keeps_every_cell_and_counter() {
     upgrade_keeps_every_cell_and_counter(4);
 }
 
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_upgrade_from_layout_5_keeps_every_cell_and_counter() {
+    upgrade_keeps_every_cell_and_counter(5);
+}
+
 /// Upgrades an attachment of pin layout `layout` in the middle of live traffic.
 fn traffic_through_an_upgrade(layout: u32) {
     const SECS: f64 = 4.0;
@@ -468,6 +474,12 @@ fn traffic_through_an_upgrade_from_layout_3_is_all_metered_and_never_refilled() 
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn traffic_through_an_upgrade_from_layout_4_is_all_metered_and_never_refilled() {
     traffic_through_an_upgrade(4);
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn traffic_through_an_upgrade_from_layout_5_is_all_metered_and_never_refilled() {
+    traffic_through_an_upgrade(5);
 }
 
 /// The version recorded in an attachment's `layout` map, overwritten.

@@ -60,10 +60,12 @@ pub fn read(file: &Path, direction: Direction) -> Result<Vec<AttachRequest>> {
     Ok(config_file::parse(&name, &text, direction)?)
 }
 
-/// What was done to one interface, in a word: attached, updated, unchanged, upgraded.
+/// What was done to one interface, in a word: attached, updated, unchanged, upgraded,
+/// relinked (deleted and made again: linked again over its pins).
 pub fn outcome(applied: &Applied) -> &'static str {
     match applied.outcome {
         Attached::New { .. } => "attached",
+        Attached::Relinked { .. } => "relinked",
         Attached::Updated { .. } if applied.changed => "updated",
         Attached::Updated { .. } => "unchanged",
         Attached::Upgraded { .. } => "upgraded",

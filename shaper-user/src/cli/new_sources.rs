@@ -1,5 +1,6 @@
 //! `--new-sources N|unlimited` and `--new-sources-burst N`, taken by `attach` and
-//! `policy set`: how many keys a second may get a cell of their own.
+//! `policy set`: how many keys a second may get a cell of their own, on their second
+//! sighting; or, `unlimited`, every key on its first frame.
 
 use anyhow::{Error, Result, anyhow};
 use shaper_common::{config::ConfigError, maps::Admission};
@@ -7,8 +8,11 @@ use shaper_user::admission::{self, KeysPerSec, NewSourcesError};
 
 #[derive(Debug, clap::Args)]
 pub struct Flags {
-    /// At most N keys a second get a cell of their own; frames of the others share one
-    /// cell at the per-source rate ("unlimited" lifts it) [default: unlimited]
+    /// A key new to the table gets a cell of its own on its second sighting within 10 s
+    /// (on its first, within a 64th of N a second), and at most N keys a second do; the
+    /// frames of the others share one cell at the per-source rate. "unlimited": every key
+    /// gets a cell on its first frame, no defence against a spoofed flood [default: the
+    /// interface's; attach: a tenth of the table a second, the whole table at once]
     #[arg(long, value_name = "N|unlimited")]
     pub new_sources: Option<KeysPerSec>,
     /// How many keys may get a cell at once [default: N]

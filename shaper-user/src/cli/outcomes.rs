@@ -4,7 +4,7 @@
 //! refused a cell.
 
 use serde::{Serialize, Serializer, ser::SerializeMap as _};
-use shaper_common::maps::Outcomes;
+use shaper_common::maps::{Outcomes, Sightings};
 
 /// [`Outcomes`] as the JSON fields `PREFIX{passed,dropped,would_drop}_{packets,bytes}`
 /// (flatten it into a row).
@@ -65,6 +65,29 @@ impl From<&Outcomes> for Unadmitted {
                 prefix: "unadmitted_",
                 counts: *o,
             },
+        }
+    }
+}
+
+/// What new-source admission's doorkeeper saw (`shaper_common::maps::Sightings`): keys
+/// whose first frame left a trace, keys given a cell on their second sighting, and on
+/// their first (within the first-sighting allowance), and first sightings whose trace took
+/// the place of another key's live one.
+#[derive(Debug, Serialize)]
+pub struct SightingFields {
+    pub seen_once: u64,
+    pub admitted_on_second_sighting: u64,
+    pub admitted_on_first_sighting: u64,
+    pub traces_displaced: u64,
+}
+
+impl From<&Sightings> for SightingFields {
+    fn from(s: &Sightings) -> Self {
+        Self {
+            seen_once: s.first,
+            admitted_on_second_sighting: s.admitted,
+            admitted_on_first_sighting: s.first_admitted,
+            traces_displaced: s.displaced,
         }
     }
 }

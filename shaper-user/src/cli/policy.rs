@@ -16,7 +16,7 @@ use shaper_user::{
 use super::{
     attach::check_burst_fits,
     new_sources,
-    outcomes::{OutcomeFields, Unadmitted},
+    outcomes::{OutcomeFields, SightingFields, Unadmitted},
 };
 
 /// Per-prefix policies: limits, exemptions and blocks, longest prefix wins
@@ -299,6 +299,8 @@ struct Row {
     /// Keys given a cell under this policy.
     new_sources: u64,
     #[serde(flatten)]
+    sightings: SightingFields,
+    #[serde(flatten)]
     unadmitted: Unadmitted,
 }
 
@@ -325,6 +327,7 @@ fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Res
         new_sources_per_sec: l.new_sources,
         new_sources_burst: l.new_sources_burst,
         new_sources: s.new_sources,
+        sightings: (&s.sightings).into(),
         unadmitted: (&s.unadmitted).into(),
     })
 }
@@ -352,7 +355,7 @@ fn list(args: &ListArgs, scope: Scope<'_>, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>9} {:>9} {:>12} {:>12} {:>12} {:>10} {:>12}",
+        "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>9} {:>9} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12}",
         "prefix",
         "action",
         "mode",
@@ -365,12 +368,13 @@ fn list(args: &ListArgs, scope: Scope<'_>, json: bool) -> Result<()> {
         "dropped pkts",
         "would drop",
         "new keys",
+        "seen once",
         "unadmitted"
     );
     let or_dash = |v: u64, text: String| if v == 0 { "-".to_owned() } else { text };
     for r in &rows {
         println!(
-            "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>9} {:>9} {:>12} {:>12} {:>12} {:>10} {:>12}",
+            "{:<24} {:<7} {:<8} {:>10} {:>8} {:>10} {:>9} {:>9} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12}",
             r.prefix,
             r.action,
             r.mode,
@@ -392,6 +396,7 @@ fn list(args: &ListArgs, scope: Scope<'_>, json: bool) -> Result<()> {
             r.outcomes.counts.dropped_packets,
             r.outcomes.counts.would_drop_packets,
             r.new_sources,
+            r.sightings.seen_once,
             r.unadmitted.unadmitted_packets
         );
     }

@@ -1,7 +1,7 @@
 //! `shaper stats IFACE [--top N]`: global counters and the sources dropped most.
 
 use super::Scope;
-use super::outcomes::{OutcomeFields, Unadmitted};
+use super::outcomes::{OutcomeFields, SightingFields, Unadmitted};
 use anyhow::{Result, bail};
 use serde::Serialize;
 use shaper_common::{
@@ -60,6 +60,8 @@ struct Totals {
     unadmitted: Unadmitted,
     /// Keys given a cell.
     new_sources: u64,
+    #[serde(flatten)]
+    sightings: SightingFields,
     #[serde(flatten)]
     cas_won: CasWon,
     cas_exhausted_packets: u64,
@@ -188,6 +190,7 @@ impl From<Counters> for Totals {
             malformed_bytes: c.malformed_bytes,
             unadmitted: (&c.unadmitted).into(),
             new_sources: c.new_sources,
+            sightings: (&c.sightings).into(),
             cas_won: CasWon::from(c.cas_won),
             cas_exhausted_packets: c.cas_exhausted,
             untracked_packets: c.untracked_packets,
@@ -348,6 +351,14 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
     println!(
         "  sources {} tracked, {} created; untracked {}",
         stats.sources_tracked, t.new_sources, t.untracked_packets
+    );
+    let s = &t.sightings;
+    println!(
+        "  new keys   {} seen once; admitted {} on a second sighting, {} on a first; {} traces displaced",
+        s.seen_once,
+        s.admitted_on_second_sighting,
+        s.admitted_on_first_sighting,
+        s.traces_displaced
     );
     let w = &t.cas_won;
     println!(

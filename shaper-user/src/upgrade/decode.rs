@@ -1,7 +1,7 @@
 //! Reading the settings and counters of pins of any known layout as today's types.
 //!
 //! A map whose layout is today's is read as it is; one that changed since is read with the
-//! frozen types of its layout (`layout1`, `layout3`, `layout4`) and carried into today's. A layout with no
+//! frozen types of its layout (`layout1`, `layout3`, `layout4`, `layout5`) and carried into today's. A layout with no
 //! decoder for a changed map cannot be upgraded from, and says so.
 
 use std::{collections::BTreeMap, path::Path};
@@ -19,7 +19,7 @@ use shaper_common::{
     },
 };
 
-use super::{layout1, layout3, layout4};
+use super::{layout1, layout3, layout4, layout5};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
@@ -92,6 +92,21 @@ fn per_cpu_sums<T: Pod, U: PerCpuSum>(
         .collect()
 }
 
+/// Every entry of the hash map pinned at `path` (keyed by slot) as today's type (`now`).
+fn hash_entries<T: Pod, U>(
+    path: &Path,
+    now: impl Fn(&T) -> U,
+) -> Result<Vec<(u32, U)>, DecodeError> {
+    let map: HashMap<MapData, u32, T> = HashMap::try_from(open(path)?).map_err(read_err(path))?;
+    map.iter()
+        .map(|entry| {
+            entry
+                .map(|(slot, v)| (slot, now(&v)))
+                .map_err(read_err(path))
+        })
+        .collect()
+}
+
 /// Whether `pin` is the same map in `l` as in today's layout.
 fn as_today(l: &Layout, pin: &str) -> bool {
     l.map(pin).is_some() && l.map(pin) == layout::current().map(pin)
@@ -113,6 +128,11 @@ pub fn read_settings(dir: &Path, l: &Layout) -> Result<Settings, DecodeError> {
         array_entries::<layout1::Policy1>(&path)?
             .iter()
             .map(layout1::Policy1::current)
+            .collect()
+    } else if matches!(l.version, 2..=5) {
+        array_entries::<layout5::Policy5>(&path)?
+            .iter()
+            .map(layout5::Policy5::current)
             .collect()
     } else {
         return Err(no_decoder(PIN_POLICIES, l));
@@ -139,6 +159,11 @@ pub fn read_settings(dir: &Path, l: &Layout) -> Result<Settings, DecodeError> {
             .get(&0, 0)
             .map_err(read_err(&path))?
             .current()
+    } else if l.version == 5 {
+        array::<layout5::Config5>(&path)?
+            .get(&0, 0)
+            .map_err(read_err(&path))?
+            .current()
     } else {
         return Err(no_decoder(PIN_CONFIG, l));
     };
@@ -157,6 +182,8 @@ pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts
         per_cpu_sums(&path, &global, layout3::Counters3::current)?
     } else if l.version == 4 {
         per_cpu_sums(&path, &global, layout4::Counters4::current)?
+    } else if l.version == 5 {
+        per_cpu_sums(&path, &global, layout5::Counters5::current)?
     } else {
         return Err(no_decoder(PIN_COUNTERS, l));
     }
@@ -170,6 +197,8 @@ pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts
         per_cpu_sums(&path, &slots, |s: &PolicyStats| *s)?
     } else if l.version == 1 {
         per_cpu_sums(&path, &slots, layout1::PolicyStats1::current)?
+    } else if matches!(l.version, 2..=5) {
+        per_cpu_sums(&path, &slots, layout5::PolicyStats5::current)?
     } else {
         return Err(no_decoder(PIN_POLICY_STATS, l));
     };
@@ -190,20 +219,25 @@ pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts
             array::<layout4::Counters4>(&path)?
                 .get(&0, 0)
                 .map(|c| c.current())
+        } else if l.version == 5 {
+            array::<layout5::Counters5>(&path)?
+                .get(&0, 0)
+                .map(|c| c.current())
         } else {
             return Err(no_decoder(PIN_COUNTERS_CARRIED, l));
         };
         counters.add(&carried.map_err(read_err(&path))?);
     }
     if l.map(PIN_POLICY_STATS_CARRIED).is_some() {
-        if !as_today(l, PIN_POLICY_STATS_CARRIED) {
-            return Err(no_decoder(PIN_POLICY_STATS_CARRIED, l));
-        }
         let path = dir.join(PIN_POLICY_STATS_CARRIED);
-        let carried: HashMap<MapData, u32, PolicyStats> =
-            HashMap::try_from(open(&path)?).map_err(read_err(&path))?;
-        for entry in carried.iter() {
-            let (slot, stats) = entry.map_err(read_err(&path))?;
+        let carried: Vec<(u32, PolicyStats)> = if as_today(l, PIN_POLICY_STATS_CARRIED) {
+            hash_entries(&path, |s: &PolicyStats| *s)?
+        } else if matches!(l.version, 3..=5) {
+            hash_entries(&path, layout5::PolicyStats5::current)?
+        } else {
+            return Err(no_decoder(PIN_POLICY_STATS_CARRIED, l));
+        };
+        for (slot, stats) in carried {
             if slots.contains(&slot) {
                 policy_stats.entry(slot).or_default().add(&stats);
             }

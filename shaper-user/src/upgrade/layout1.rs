@@ -6,7 +6,9 @@
 
 use shaper_common::{
     gcra::Limit,
-    maps::{Admission, CAS_TRIES, Config, Counters, Outcomes, Policy, PolicyStats, Shape},
+    maps::{
+        Admission, CAS_TRIES, Config, Counters, Outcomes, Policy, PolicyStats, Shape, Sightings,
+    },
     shape::DELAY_BUCKETS,
 };
 
@@ -125,6 +127,8 @@ impl Config1 {
             prefixes_v6: prefixes.1,
             // Layout 1 did not shape: the defaults, unused until shape mode is asked for.
             shape: Shape::default_settings(),
+            // Layouts before 6 had no traces: the new program's are seeded afresh.
+            trace_seed: crate::system::random_seed(),
         }
     }
 }
@@ -169,6 +173,7 @@ impl PolicyStats1 {
             aggregate_refused_bytes: self.aggregate_refused_bytes,
             unadmitted: Outcomes::default(),
             new_sources: 0,
+            sightings: Sightings::default(),
         }
     }
 }
@@ -205,8 +210,9 @@ impl Counters1 {
             shaped_packets: 0,
             shaped_bytes: 0,
             ce_marked_packets: 0,
-            departure_ticks: 0,
             shape_delay: [0; DELAY_BUCKETS],
+            shape_delay_ns: 0,
+            sightings: Sightings::default(),
         }
     }
 }

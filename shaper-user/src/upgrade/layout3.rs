@@ -6,7 +6,7 @@
 //! added later fails to compile here until someone says what layout 3 carries into it.
 
 use shaper_common::{
-    maps::{CAS_TRIES, Counters, Outcomes},
+    maps::{CAS_TRIES, Counters, Outcomes, Sightings},
     shape::DELAY_BUCKETS,
 };
 
@@ -63,8 +63,9 @@ impl Counters3 {
             shaped_packets: 0,
             shaped_bytes: 0,
             ce_marked_packets: 0,
-            departure_ticks: 0,
             shape_delay: [0; DELAY_BUCKETS],
+            shape_delay_ns: 0,
+            sightings: Sightings::default(),
         }
     }
 }

@@ -5,9 +5,10 @@
 //! Every field of today's types is spelled out (no `..Default::default()`), so a field
 //! added later fails to compile here until someone says what layout 4 carries into it.
 
+use super::layout5::Admission5;
 use shaper_common::{
     gcra::Limit,
-    maps::{Admission, CAS_TRIES, Config, Counters, Outcomes, Shape},
+    maps::{CAS_TRIES, Config, Counters, Outcomes, Shape, Sightings},
     shape::DELAY_BUCKETS,
 };
 
@@ -27,7 +28,7 @@ pub struct Config4 {
     pub mask_v6: [u8; 16],
     pub mode: u32,
     pub policy_gen: u32,
-    pub admission: Admission,
+    pub admission: Admission5,
     pub prefixes_v4: u32,
     pub prefixes_v6: u32,
 }
@@ -81,10 +82,12 @@ impl Config4 {
             mask_v6: self.mask_v6,
             mode: self.mode,
             policy_gen: self.policy_gen,
-            admission: self.admission,
+            admission: self.admission.current(),
             prefixes_v4: self.prefixes_v4,
             prefixes_v6: self.prefixes_v6,
             shape: Shape::default_settings(),
+            // Layouts before 6 had no traces: the new program's are seeded afresh.
+            trace_seed: crate::system::random_seed(),
         }
     }
 }
@@ -113,8 +116,9 @@ impl Counters4 {
             shaped_packets: 0,
             shaped_bytes: 0,
             ce_marked_packets: 0,
-            departure_ticks: 0,
             shape_delay: [0; DELAY_BUCKETS],
+            shape_delay_ns: 0,
+            sightings: Sightings::default(),
         }
     }
 }

@@ -47,6 +47,7 @@ mod decode;
 mod layout1;
 mod layout3;
 mod layout4;
+mod layout5;
 mod pinned;
 
 use std::{
@@ -562,7 +563,8 @@ mod tests {
     use shaper_common::{
         layout::{LAYOUTS, SIZED_AT_ATTACH},
         maps::{
-            PIN_ADMISSION, PIN_AGGREGATES, PIN_EVENTS, PIN_LAYOUT, PIN_SOURCES, PIN_SOURCES6,
+            PIN_ADMISSION, PIN_AGGREGATES, PIN_EVENTS, PIN_FIRSTS, PIN_LAYOUT, PIN_POLICIES,
+            PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_SOURCES, PIN_SOURCES6, PIN_TRACES,
             PIN_WATCH,
         },
     };
@@ -646,47 +648,32 @@ mod tests {
             pins.sort_unstable();
             pins
         };
-        // Layout 2 lacks the version and the carried counts; its counters and config
-        // changed since.
-        assert_eq!(
-            reused(2),
-            all_but(&[
-                PIN_LAYOUT,
-                PIN_CONFIG,
-                PIN_COUNTERS,
-                PIN_COUNTERS_CARRIED,
-                PIN_POLICY_STATS_CARRIED,
-                PIN_EVENTS,
-                PIN_WATCH,
-            ])
-        );
+        // Every layout before 6 lacks the traces and the first-sighting cells, and its
+        // config, policies, counters and policy counters (and so what carries them)
+        // changed since (the doorkeeper's seed, allowance and sightings, the shaping
+        // delays' sum).
+        let changed = [
+            PIN_LAYOUT,
+            PIN_CONFIG,
+            PIN_POLICIES,
+            PIN_COUNTERS,
+            PIN_COUNTERS_CARRIED,
+            PIN_POLICY_STATS,
+            PIN_POLICY_STATS_CARRIED,
+            PIN_TRACES,
+            PIN_FIRSTS,
+        ];
+        // Layouts 2 to 4 lack the events and their control (`shaper watch`) too.
+        let watch = [PIN_EVENTS, PIN_WATCH];
+        for from in 2..=4 {
+            assert_eq!(
+                reused(from),
+                all_but(&[&changed[..], &watch].concat()),
+                "layout {from}"
+            );
+        }
         assert!(reused(2).contains(&PIN_ADMISSION));
-        // Layout 3's counters (and so what carries them) and config (shaping) changed; the
-        // policies' did not.
-        assert_eq!(
-            reused(3),
-            all_but(&[
-                PIN_LAYOUT,
-                PIN_CONFIG,
-                PIN_COUNTERS,
-                PIN_COUNTERS_CARRIED,
-                PIN_EVENTS,
-                PIN_WATCH
-            ])
-        );
-        // Layout 4 lacks the events and their control (`shaper watch`); its config and
-        // counters changed (shaping).
-        assert_eq!(
-            reused(4),
-            all_but(&[
-                PIN_LAYOUT,
-                PIN_CONFIG,
-                PIN_COUNTERS,
-                PIN_COUNTERS_CARRIED,
-                PIN_EVENTS,
-                PIN_WATCH
-            ])
-        );
+        assert_eq!(reused(5), all_but(&changed));
         // The version is always written anew.
         assert!(!reused(LAYOUT_VERSION).contains(&PIN_LAYOUT));
     }
