@@ -435,7 +435,8 @@ pub fn run(purpose: For) -> Result<()> {
         apt_install(&packages)?;
     }
     for item in missing {
-        if !matches!(item, Item::Apt { .. }) {
+        // An earlier step may have brought it (the toolchain its component).
+        if !matches!(item, Item::Apt { .. }) && !item.is_present()? {
             println!("install {} ...", item.label());
             item.install()?;
         }

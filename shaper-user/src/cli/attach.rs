@@ -42,7 +42,9 @@ use super::{flag, new_sources};
 /// (rescaled to the new rate, never refilled). What a bucket is kept for cannot change
 /// that way and is refused in one line: --max-sources, --hook, --xdp-mode, --tc-mode,
 /// --key and the prefixes (detach first). On an interface an older shaper attached,
-/// attach with the same settings upgrades it in place, every bucket and counter kept.
+/// attach with the same settings upgrades it in place, every bucket and counter kept. On
+/// an interface deleted and made again, whose pins stayed, attach links the program to
+/// them again: its sources, policies and counters go on from where they were.
 ///
 /// All or nothing: an error is one line naming the bad value, and leaves nothing
 /// attached or pinned. A burst below one full-size frame of IFACE is refused (such a

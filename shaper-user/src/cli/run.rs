@@ -47,8 +47,8 @@ use tokio::{
 /// --no-watch), it applies it again: what changed is changed in place, every source
 /// keeping its bucket; a file it refuses is logged in one line naming file:line: field,
 /// and the running configuration stays. An interface the file names that is deleted and
-/// made again is attached again at once, with its sources, policies and counters, from
-/// a program verified ahead of time. It serves /metrics (OpenMetrics) and /top (the keys
+/// made again is attached again at once, over its own pins: its sources, policies and
+/// counters go on from where they were. It serves /metrics (OpenMetrics) and /top (the keys
 /// dropped most, as JSON) on --metrics. It tells systemd when it is ready and when it
 /// reloads (Type=notify). On SIGTERM it exits and the limits stay in force, unless
 /// --detach-on-exit. One runs per host; every other shaper command works beside it.
