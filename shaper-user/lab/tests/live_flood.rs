@@ -25,13 +25,13 @@ mod common;
 
 use std::{collections::HashMap, net::Ipv4Addr, time::Duration};
 
-use common::{attach, attach_with, shaper_ok, stats};
+use common::{assert_near, attach, attach_with, limit_gives, shaper_ok, stats};
 use shaper_common::maps::Admission;
 use shaper_lab::{
     cli::{Counts, Stats},
     frame,
     lab::{
-        Lab,
+        Lab, Late,
         raw::{RawFlow, RawResult, Sources, run_raw},
     },
 };
@@ -56,11 +56,25 @@ fn first_sightings() -> u64 {
     Admission::first_sightings_per_sec(Admission::for_table(TABLE as u32).new_sources)
 }
 
+/// A raw flow of `len`-byte frames to the receiver; a late sender sends its overdue frames
+/// at once.
 fn flow(src: Ipv4Addr, lab: &Lab, len: usize, offered_bps: u64, sources: Sources) -> RawFlow {
     RawFlow {
         frame: frame::ipv4_udp_to(src, lab.rx_addr(), len),
         offered_bps,
         sources,
+        late: Late::CatchUp,
+    }
+}
+
+/// [`flow`] whose late sender skips its overdue frames instead: its frames never come
+/// closer together than the rate has them, however busy the machine (a real-time sender
+/// was held up for 160 ms under a load of 9 on 2 vCPUs, then sent 160 frames at once),
+/// so what it claims of a rate of arrivals is tested at that rate.
+fn paced(src: Ipv4Addr, lab: &Lab, len: usize, offered_bps: u64, sources: Sources) -> RawFlow {
+    RawFlow {
+        late: Late::Skip,
+        ..flow(src, lab, len, offered_bps, sources)
     }
 }
 
@@ -210,8 +224,8 @@ fn with_no_admission_flag_a_spoofed_flood_gets_one_sources_share_and_real_source
     let s = lab.sources();
     let real = [
         flow(s[0], &lab, FRAME, 2 * RATE_BPS, Sources::One),
-        flow(s[1], &lab, FRAME, RATE_BPS / 2, Sources::One),
-        flow(s[2], &lab, FRAME, RATE_BPS / 2, Sources::One),
+        paced(s[1], &lab, FRAME, RATE_BPS / 2, Sources::One),
+        paced(s[2], &lab, FRAME, RATE_BPS / 2, Sources::One),
     ];
     // The real sources first, alone: each gets its cell on its first frame, within the
     // first-sighting allowance.
@@ -248,12 +262,14 @@ fn with_no_admission_flag_a_spoofed_flood_gets_one_sources_share_and_real_source
         flood.received_packets
     );
 
-    // The lab did its part: the flood offered at least twice what the shared cell passes
-    // (a busy machine's sender is slow: what shaper should make of the flood follows what
-    // it sent), the receiver counted everything, and no real source's sender was held up
-    // for as long as the burst lasts at the rate (a bucket refills to its burst in that
-    // time; a longer gap would cost the over-limit source its share, for the generator's
-    // sake, not shaper's).
+    // The lab did its part: the flood offered at least twice what its shared cell passes
+    // (so a cell passing twice its rate, or none at all, fails below; a sender on a busy
+    // machine of this kind manages 2 to 40 times that: it runs at normal priority and may
+    // stall, so what shaper should make of the flood follows what it sent, millisecond by
+    // millisecond), the receiver counted everything, and the over-limit source's sender was
+    // never held up for as long as the burst lasts at the rate (a bucket refills to its
+    // burst in that time: a longer gap would cost the source its share, for the
+    // generator's sake, not shaper's). The under-limit sources skip what a stall held up.
     assert!(
         flood.sent_l2_bytes() as f64 >= 2.0 * (RATE_BYTES * flood.offered_secs + BURST as f64),
         "the flood was too weak to mean anything: {flood:?}"
@@ -261,13 +277,13 @@ fn with_no_admission_flag_a_spoofed_flood_gets_one_sources_share_and_real_source
     assert_eq!(alone.receiver_drops, 0, "the receiver lost frames");
     assert_eq!(run.receiver_drops, 0, "the receiver lost frames");
     let refill_secs = BURST as f64 / RATE_BYTES;
-    for r in alone.flows.iter().chain(with_flood) {
-        assert!(
-            r.max_gap_secs < refill_secs,
-            "a sender stalled for {:.1} ms (the lab, not shaper: a busy machine?): {r:?}",
-            r.max_gap_secs * 1e3
-        );
-    }
+    assert!(
+        with_flood[0].max_gap_secs < refill_secs,
+        "the over-limit source's sender stalled for {:.1} ms (the lab, not shaper: a busy \
+         machine?): {:?}",
+        with_flood[0].max_gap_secs * 1e3,
+        with_flood[0]
+    );
 
     // Real sources tracked before the flood keep their cells and lose nothing to it.
     for (i, &src) in s.iter().enumerate() {
@@ -286,10 +302,12 @@ fn with_no_admission_flag_a_spoofed_flood_gets_one_sources_share_and_real_source
         if i == 0 {
             // Over its limit: the flood changes nothing of its rate. From a full bucket
             // (idle between the runs), shaper's own count of the second run.
-            assert_within_half_a_burst(
+            let passed = now.passed_bytes - was.passed_bytes;
+            let expected = limit_gives(RATE_BPS, BURST, &[&with_flood[0]]);
+            assert_near(
                 &format!("{src}, over its limit, passed during the flood"),
-                (now.passed_bytes - was.passed_bytes) as f64,
-                RATE_BYTES * with_flood[0].offered_secs + BURST as f64,
+                passed as f64,
+                expected,
                 BURST as f64,
             );
         } else {
@@ -521,18 +539,20 @@ fn new_sources_arriving_at_1000_a_second_lose_nothing() {
     // 1,000 new sources a second for 3 s, each sending a 1,500-byte frame, then each
     // once more. Beyond the first-sighting allowance (409 a second), their first frames
     // share one cell at the per-source rate: 591 a second of 1,500 bytes is 7.1 Mbit/s,
-    // under the 8 Mbit/s it passes. The second frames find their traces.
+    // under the 8 Mbit/s it passes. The second frames find their traces. Never faster
+    // than 1,000 a second: a sender held up skips what it missed rather than sending it
+    // at once (so it is given 2 s more than it needs to send each source's two frames).
     const SOURCES: u32 = 3000;
     const FPS: u64 = 1000;
     const LEN: usize = 1500;
-    const SECONDS: u64 = 6;
+    const SECONDS: u64 = 8;
     let lab = Lab::new("arrive", 1).unwrap();
     let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
     let _attached = attach(ns, iface, RATE, BURST_ARG);
     let first = Ipv4Addr::new(10, 33, 0, 0);
     let run = run_raw(
         &lab,
-        &[flow(
+        &[paced(
             first,
             &lab,
             LEN,
@@ -548,23 +568,18 @@ fn new_sources_arriving_at_1000_a_second_lose_nothing() {
         r.sent_packets >= 2 * u64::from(SOURCES),
         "not every source sent twice: {r:?}"
     );
-    // A stalled sender sends its backlog at once: the shared cell (full, at its burst)
-    // takes what the allowance does not of a stall's worth up to this long.
-    let allowance = first_sightings() as f64;
-    let stall_secs = BURST as f64 / (LEN as f64 * (FPS as f64 - allowance));
-    assert!(
-        r.max_gap_secs < stall_secs,
-        "the sender stalled for {:.1} ms (the lab, not shaper: a busy machine?): {r:?}",
-        r.max_gap_secs * 1e3
-    );
     let st = stats(ns, iface);
     let on_first = st.total("admitted_on_first_sighting");
     println!(
         "{SOURCES} new sources at {FPS}/s: {on_first} tracked from their first frame, {} \
-         from their second; {} first frames shared a cell, {} lost",
+         from their second; {} first frames shared a cell, {} lost; {} frames sent, {} \
+         skipped (the sender held up for {:.1} ms at worst)",
         st.total("admitted_on_second_sighting"),
         st.total("unadmitted_packets"),
-        st.total("unadmitted_dropped_packets")
+        st.total("unadmitted_dropped_packets"),
+        r.sent_packets,
+        r.skipped_packets,
+        r.max_gap_secs * 1e3
     );
     assert_eq!(
         (

@@ -33,7 +33,7 @@ use super::{
 use crate::{
     frame,
     lab::{
-        Lab,
+        Lab, Late,
         raw::{RawFlow, RawResult, Sources, run_raw},
     },
 };
@@ -126,6 +126,7 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
             frame,
             offered_bps,
             sources,
+            late: Late::CatchUp,
         }
     };
     let s = lab.sources();
