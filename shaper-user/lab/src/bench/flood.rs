@@ -65,7 +65,7 @@ const CONFIGS: [(&str, Setup, Flood); 11] = [
         Flood::Spoofed,
     ),
     (
-        "shaper, --new-sources unlimited",
+        "shaper, admission unlimited",
         Setup::Shaper(&["--new-sources", "unlimited"]),
         Flood::Spoofed,
     ),
