@@ -41,7 +41,7 @@ pub enum Count {
 /// aggregate cell; counted in the policy's counters as `count` says and, for the
 /// compare-and-swap, in `counters`. For a charged aggregate, the [`Metered`] says what it
 /// was charged, so a caller that finds the frame must be metered elsewhere after all can
-/// give it back.
+/// give it back. A policy with a second meter is not decided here (`meter2`).
 ///
 /// # Safety
 /// `cell` points to a live map value, or to a value on the stack.
@@ -179,7 +179,7 @@ unsafe fn charge(
     reason = "the first try's whole state, kept in registers"
 )]
 #[inline(always)]
-unsafe fn publish(
+pub unsafe fn publish(
     tat: *mut u64,
     old: u64,
     new: u64,
@@ -284,7 +284,7 @@ pub extern "C" fn shaper_retry(
 /// # Safety
 /// `cell` points to a live map value, or to a value on a caller's stack.
 #[inline(always)]
-unsafe fn carry_over(cell: *mut Cell, limit: &Limit, now: u64) {
+pub unsafe fn carry_over(cell: *mut Cell, limit: &Limit, now: u64) {
     // SAFETY: the caller's.
     if unsafe { atomic::load(&raw const (*cell).scale) } != limit.scale() {
         shaper_carry_over(cell, limit, now);

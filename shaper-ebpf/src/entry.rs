@@ -13,6 +13,7 @@ use crate::{
     key,
     maps::{CONFIG, COUNTERS},
     meter::{Key, meter},
+    meter2,
     outcome::{Verdict, count_outcome},
     parse::{Frame, classify, header_len},
 };
@@ -54,6 +55,8 @@ pub struct Decision {
     pub ecn_threshold_ns: u64,
     /// This CPU's global counters (null when the frame was not metered).
     pub counters: *mut Counters,
+    /// A yellow frame (`meter2`): the DSCP to write into its IP header.
+    pub remark: Option<u8>,
 }
 
 impl Decision {
@@ -66,6 +69,7 @@ impl Decision {
             len: 0,
             ecn_threshold_ns: 0,
             counters: core::ptr::null_mut(),
+            remark: None,
         }
     }
 
@@ -123,7 +127,7 @@ pub fn meter_frame(seen: &Seen) -> Decision {
         }
         _ => return Decision::now(Verdict::Pass),
     };
-    let metered = meter(key, len, now, config, c);
+    let (metered, slot) = meter(key, len, now, config, c);
     if metered.is_untracked() {
         c.untracked_packets += 1;
     }
@@ -141,5 +145,11 @@ pub fn meter_frame(seen: &Seen) -> Decision {
         len: len64,
         ecn_threshold_ns: config.shape.ecn_threshold_ns,
         counters,
+        // The header is found again by the entry point that rewrites it: a packet pointer
+        // kept across the metering would keep apart, for the verifier, the paths of every
+        // encapsulation, which otherwise meet once the key is read.
+        remark: metered
+            .remarks()
+            .then(|| meter2::dscp(config, slot)),
     }
 }

@@ -78,6 +78,7 @@ mod entry;
 mod key;
 mod maps;
 mod meter;
+mod meter2;
 mod outcome;
 mod parse;
 mod policy;

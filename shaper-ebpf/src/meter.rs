@@ -22,6 +22,7 @@ use shaper_ebpf::atomic;
 use crate::{
     cell::{Count, count_policy, decide, take},
     maps::{ADMISSION, AGGREGATES, CONFIG, FIRSTS, POLICY_STATS, SOURCES, SOURCES6},
+    meter2::{self, shaper_meter2},
     outcome::{Metered, Outcome, outcome_counters},
     policy,
     trace::{self, Sighting},
@@ -78,9 +79,9 @@ impl Key {
         }
     }
 
-    /// The halves and family `watch::shaper_sample` takes.
+    /// The halves and family `watch::shaper_sample` and `meter2::shaper_meter2` take.
     #[inline(always)]
-    fn halves(self) -> (u64, u64, u8) {
+    pub fn halves(self) -> (u64, u64, u8) {
         match self {
             Self::V4(key) => (u64::from(key), 0, 4),
             Self::V6(hi, lo) => (hi, lo, 6),
@@ -90,7 +91,7 @@ impl Key {
 
 /// The IPv6 key of its halves.
 #[inline(always)]
-fn join(hi: u64, lo: u64) -> Ipv6Key {
+pub fn join(hi: u64, lo: u64) -> Ipv6Key {
     let mut key = [0u8; 16];
     key[..8].copy_from_slice(&hi.to_ne_bytes());
     key[8..].copy_from_slice(&lo.to_ne_bytes());
@@ -111,14 +112,23 @@ enum Admitted {
 }
 
 /// Meters a `len`-byte frame of `key` at `now` (ticks) under `config`, counted in this
-/// CPU's global `counters`.
+/// CPU's global `counters`: what became of it, and the slot of its policy.
 #[inline(always)]
-pub fn meter(key: Key, len: u32, now: u64, config: &Config, counters: &mut Counters) -> Metered {
+pub fn meter(
+    key: Key,
+    len: u32,
+    now: u64,
+    config: &Config,
+    counters: &mut Counters,
+) -> (Metered, u32) {
     let (metered, slot) = match key.state() {
         Some(state) => {
             // SAFETY: a live map value.
             let slot = unsafe { policy::resolve(state, config, || key.slot(config)) };
-            (known(state, config, slot, len, now, counters), slot)
+            (
+                known::<true>(state, key, config, slot, len, now, counters),
+                slot,
+            )
         }
         None => {
             let slot = key.slot(config);
@@ -129,14 +139,17 @@ pub fn meter(key: Key, len: u32, now: u64, config: &Config, counters: &mut Count
         let (hi, lo, family) = key.halves();
         watch::shaper_sample(hi, lo, watch::info(metered, slot, len, family), now);
     }
-    metered
+    (metered, slot)
 }
 
 /// Meters the frame of a key with an entry of its own, `state` (a live map value), under
-/// policy `slot`: the hot path.
+/// policy `slot`: the hot path. A policy with a second meter is metered by
+/// `meter2::shaper_meter2` if `METER2` (a caller that is itself a global function passes
+/// `false`, and must not meter such a policy: the call would be a fourth level).
 #[inline(always)]
-fn known(
+fn known<const METER2: bool>(
     state: *mut SourceState,
+    key: Key,
     config: &Config,
     slot: u32,
     len: u32,
@@ -146,7 +159,13 @@ fn known(
     // SAFETY: a live map value (found by this program run).
     unsafe {
         let cell = &raw mut (*state).cell;
-        let metered = decide(cell, config, slot, Count::Policy, len, now, counters);
+        let metered = if METER2 && meter2::configured(config, slot) {
+            let (hi, lo, family) = key.halves();
+            let frame = meter2::frame(len, slot, family, false, true);
+            Metered(shaper_meter2(cell, hi, lo, frame, now))
+        } else {
+            decide(cell, config, slot, Count::Policy, len, now, counters)
+        };
         count_source(state, metered.outcome(), len);
         metered
     }
@@ -182,20 +201,33 @@ fn new_key(
         // meanwhile, the frame is metered (and counted) in that CPU's entry instead.
         (&raw mut fresh.cell, Count::Later)
     };
-    // SAFETY: a live map value or this program's own.
-    let metered = unsafe { decide(cell, config, slot, count, len, now, counters) };
+    let metered = if meter2::configured(config, slot) {
+        let (hi, lo, family) = key.halves();
+        let unadmitted = count == Count::Unadmitted;
+        Metered(shaper_meter2(
+            cell,
+            hi,
+            lo,
+            meter2::frame(len, slot, family, unadmitted, unadmitted),
+            now,
+        ))
+    } else {
+        // SAFETY: a live map value or this program's own.
+        unsafe { decide(cell, config, slot, count, len, now, counters) }
+    };
     if admitted == Admitted::Not {
         return metered;
     }
     // SAFETY: written above, for a key given a cell.
     let fresh = unsafe { fresh.assume_init_mut() };
-    created(key, fresh, admitted, metered, slot, len, now, counters)
+    created(key, fresh, admitted, metered, config, slot, len, now, counters)
 }
 
 /// The entry of a key new to the table, `fresh`, whose cell has metered its first frame
 /// (`metered`): inserted, and counted. If another CPU created the key first, what the
 /// aggregate was charged for the fresh cell is given back and the frame is metered in that
-/// CPU's entry instead.
+/// CPU's entry instead (with a second meter, by `meter2::shaper_meter2` directly:
+/// `shaper_meter_raced` calling it would be a fourth level of calls).
 ///
 /// The entry is inserted and not looked up again: a lookup would mark it referenced, and
 /// the kernel's LRU evicts unreferenced entries first.
@@ -209,6 +241,7 @@ fn created(
     fresh: &mut SourceState,
     admitted: Admitted,
     metered: Metered,
+    config: &Config,
     slot: u32,
     len: u32,
     now: u64,
@@ -242,16 +275,31 @@ fn created(
                 // SAFETY: the aggregate's TAT, a live map value.
                 unsafe { atomic::add(&raw mut (*aggregate).tat, refund.wrapping_neg()) };
             }
-            match key.state() {
-                Some(state) => Metered(shaper_meter_raced(
-                    state,
-                    slot,
-                    len,
+            let Some(state) = key.state() else {
+                return Metered::UNTRACKED;
+            };
+            if meter2::configured(config, slot) {
+                let (hi, lo, family) = key.halves();
+                let frame = meter2::frame(len, slot, family, false, true);
+                // SAFETY: a live map value.
+                let metered = Metered(shaper_meter2(
+                    unsafe { &raw mut (*state).cell },
+                    hi,
+                    lo,
+                    frame,
                     now,
-                    ptr::from_mut(counters),
-                )),
-                None => Metered::UNTRACKED,
+                ));
+                // SAFETY: a live map value.
+                unsafe { count_source(state, metered.outcome(), len) };
+                return metered;
             }
+            Metered(shaper_meter_raced(
+                state,
+                slot,
+                len,
+                now,
+                ptr::from_mut(counters),
+            ))
         }
         Err(_) => Metered::UNTRACKED,
     }
@@ -281,7 +329,9 @@ pub extern "C" fn shaper_meter_raced(
     if state.is_null() {
         return Metered::UNTRACKED.0;
     }
-    known(state, config, slot, len, now, counters).0
+    // The key is not looked at: without a second meter, a key's own cell is all there is
+    // (`created` meters a policy with one itself).
+    known::<false>(state, Key::V4(0), config, slot, len, now, counters).0
 }
 
 /// Adds the frame to the key's own counters, atomically: every CPU shares them.
