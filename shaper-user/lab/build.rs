@@ -1,16 +1,10 @@
-use aya_build::{Package, Toolchain};
+//! The kernel programs are built once, by shaper-user's build script, which says where
+//! (`links`): the lab embeds the bench object (`shaper-ebpf-bench`: the no-op, the floor
+//! and the softirq tracepoints) from there with `include_bytes_aligned!`.
 
-/// Builds the kernel programs (shaper-ebpf) with the nightly toolchain and bpf-linker,
-/// so the lab can embed the bench object (`shaper-ebpf-bench`: the no-op, the floor and the softirq
-/// tracepoints; the product object comes from shaper-user) with `include_bytes_aligned!`.
-fn main() -> anyhow::Result<()> {
-    let root_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shaper-ebpf");
-    aya_build::build_ebpf(
-        [Package {
-            name: "shaper-ebpf",
-            root_dir,
-            ..Default::default()
-        }],
-        Toolchain::default(),
-    )
+fn main() {
+    let dir = std::env::var("DEP_SHAPER_EBPF_OUT_DIR")
+        .expect("shaper-user's build script names where it built the kernel programs");
+    println!("cargo::rerun-if-env-changed=DEP_SHAPER_EBPF_OUT_DIR");
+    println!("cargo::rustc-env=SHAPER_EBPF_DIR={dir}");
 }

@@ -9,6 +9,10 @@
 //! change: on a new attachment before the program is attached, on an existing one right
 //! after the settings, which are put back if the policies cannot be written. On an
 //! interface an older shaper attached, attach upgrades it in place ([`crate::upgrade`]).
+//! On an interface deleted and made again (its link went with it, its pins stayed), a
+//! program is loaded over this build's pins and linked again: every source's cell, the
+//! policies and the counters go on from where they were; pins of an older build, or a
+//! request for what cannot change (the hook, the table's size, ...), start afresh.
 //!
 //! What is asked is checked by [`crate::request`] before anything is made or changed.
 
@@ -41,6 +45,9 @@ pub enum Attached {
     /// An older shaper had attached it, with pins of layout `from`: its program was
     /// replaced in place, every cell and counter kept ([`crate::upgrade`]).
     Upgraded { xdp_mode: u32, from: u32 },
+    /// The interface had been deleted and made again: a program was linked to it over
+    /// the attachment's pins, every cell and counter kept, and its policy updated.
+    Relinked { xdp_mode: u32 },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,8 +110,11 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
                 upgrade_in_place(req, l)
             };
         }
-        // The interface these pins were made for is gone (the kernel detached the link
-        // when it was unregistered): they hold nothing, so start afresh.
+        // The interface these pins were made for was unregistered (the kernel detached
+        // the link): link a program to what they hold again, if it can be.
+        if let Some(attached) = relink(req)? {
+            return Ok(attached);
+        }
         req.at
             .remove_pins()
             .map_err(pin_err("stale pins (removing)", &req.at.dir()))?;
@@ -204,9 +214,65 @@ fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attach
     if let Some(policies) = &req.policies {
         PolicyTable::open(at)?.replace(policies)?;
     }
+    let xdp_mode = link_program(req, &mut ebpf, config, hook)?;
+    Ok(Attached::New { xdp_mode })
+}
 
+/// Links a program to `req`'s interface again over the pins its deleted namesake left,
+/// if they are this build's (an older build's hold nothing this one can run over, as an
+/// upgrade would) and the request changes nothing that cannot change on a live
+/// attachment: the settings are updated as on one, the policies replaced if asked. `None`
+/// (nothing done) otherwise.
+fn relink(req: &AttachRequest) -> Result<Option<Attached>, AttachError> {
+    let at = &req.at;
+    let ours = upgrade::identify(&at.dir(), &at.label()).is_ok_and(|l| l.version == LAYOUT_VERSION);
+    if !ours || at.upgrade_prog().exists() {
+        return Ok(None);
+    }
+    let (Ok(current), Ok(cap)) = (maps::read_config(at), maps::sources_capacity(at)) else {
+        return Ok(None);
+    };
+    let Ok(config) = request::check_over(req, &current, cap) else {
+        return Ok(None);
+    };
+    let hook = Hook::of_mode(current.xdp_mode);
+    check_policies(req, &config, hook)?;
+    // The stale link's pin (or a clsact program's) makes way for the new one; the maps
+    // stay pinned. Killed from here on, the pins are stale as before.
+    for pin in [at.link(), at.tc_prog()] {
+        match std::fs::remove_file(&pin) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(pin_err("the stale link", &pin)(e));
+            }
+            _ => {}
+        }
+    }
+    let mut load = aya::EbpfLoader::new();
+    for m in layout::current().maps {
+        load.map_pin_path(m.name, at.dir().join(m.pin));
+    }
+    let mut ebpf = object::load_with(load, cap)?;
+    let mut table = PolicyTable::open(at)?;
+    table.set_config(&config)?;
+    if let Some(policies) = &req.policies {
+        table.replace(policies)?;
+    }
+    let xdp_mode = link_program(req, &mut ebpf, &config, hook)?;
+    Ok(Some(Attached::Relinked { xdp_mode }))
+}
+
+/// Attaches `ebpf`'s program for `hook` to `req`'s interface, pins its link (or, clsact,
+/// the program) and records the mode it took in the settings, which are `config`
+/// otherwise; returns the mode.
+fn link_program(
+    req: &AttachRequest,
+    ebpf: &mut aya::Ebpf,
+    config: &Config,
+    hook: Hook,
+) -> Result<u32, AttachError> {
+    let at = &req.at;
     if hook == Hook::Tc {
-        object::tc_program(&mut ebpf)?;
+        object::tc_program(ebpf)?;
         let record = |xdp_mode| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             // Through the pin, keeping the generation the policies were written under.
             PolicyTable::open(at)?.set_config(&Config {
@@ -215,13 +281,13 @@ fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attach
             })?;
             Ok(())
         };
-        let xdp_mode = tc::attach(&mut ebpf, at, req.tc_mode, record)?;
+        let xdp_mode = tc::attach(ebpf, at, req.tc_mode, record)?;
         crate::crash::point("attach-attached");
         crate::crash::point("attach-linked");
-        return Ok(Attached::New { xdp_mode });
+        return Ok(xdp_mode);
     }
     let iface = at.iface.as_str();
-    let prog = object::xdp_program(&mut ebpf, PROG_XDP)?;
+    let prog = object::xdp_program(ebpf, PROG_XDP)?;
     let (link_id, xdp_mode) = match req.xdp_mode {
         XdpAttachMode::Native => prog
             .attach(iface, XdpMode::Driver)
@@ -261,5 +327,5 @@ fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attach
     link.pin(at.link())
         .map_err(pin_err("the link", &at.link()))?;
     crate::crash::point("attach-linked");
-    Ok(Attached::New { xdp_mode })
+    Ok(xdp_mode)
 }

@@ -21,7 +21,6 @@ pub mod policy;
 pub mod request;
 pub mod setting;
 pub mod sources;
-pub mod standby;
 pub mod system;
 pub mod tc;
 pub mod units;

@@ -26,7 +26,12 @@ pub fn run(subcommand: &str, args: &[String]) -> Result<ExitCode> {
             "`cargo xtask {subcommand}` needs root (shaper-lab loads eBPF programs and creates network namespaces)"
         );
     }
-    setup::run()?;
+    setup::run(match (subcommand, &kernel) {
+        (_, Some(_)) => setup::For::Matrix,
+        ("bench", None) => setup::For::Bench,
+        ("fuzz", None) => setup::For::Build,
+        _ => setup::For::Demo,
+    })?;
     cmd::run(workspace::cargo().args([
         "build",
         "--release",

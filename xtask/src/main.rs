@@ -7,11 +7,14 @@
 mod apt;
 mod cmd;
 mod dist;
+mod docs;
 mod host;
 mod image;
 mod lab;
 mod old_shaper;
+mod phases;
 mod setup;
+mod tally;
 mod test;
 mod vm;
 mod workspace;
@@ -33,11 +36,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install what building and testing need (LLVM 22, iproute2, bpftool, iperf3, nightly
-    /// rust-src, bpf-linker); does nothing when all is present
-    Setup,
+    /// Install what one command needs (default: test), saying what first; refuses to let
+    /// apt remove a package this machine has; does nothing when all is present
+    Setup(SetupArgs),
     /// Run setup, cargo fmt --check, clippy, host tests, then kernel tests (root only)
     Test(test::Args),
+    /// Rewrite the tables README.md and docs/ copy from bench/results*.md, and list the
+    /// figures that no longer match the bench/results.json entries they cite
+    Docs,
     /// Build target/dist/shaper_<version>_<arch>.deb: the binary, systemd unit, manual pages,
     /// shell completions and an example /etc/shaper/shaper.toml
     Dist,
@@ -58,6 +64,13 @@ enum Command {
 }
 
 #[derive(clap::Args)]
+struct SetupArgs {
+    /// The command to set up for
+    #[arg(value_enum, default_value_t = setup::For::Test)]
+    r#for: setup::For,
+}
+
+#[derive(clap::Args)]
 struct LabArgs {
     /// Arguments passed on to shaper-lab (use `-- --help` for shaper-lab's own help)
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -67,12 +80,13 @@ struct LabArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Setup => setup::run().map(|()| ExitCode::SUCCESS),
+        Command::Setup(args) => setup::run(args.r#for).map(|()| ExitCode::SUCCESS),
         Command::Test(args) => test::run(&args),
-        Command::Dist => setup::run()
+        Command::Docs => docs::run().map(|()| ExitCode::SUCCESS),
+        Command::Dist => setup::run(setup::For::Dist)
             .and_then(|()| dist::run())
             .map(|_| ExitCode::SUCCESS),
-        Command::Image => setup::run()
+        Command::Image => setup::run(setup::For::Image)
             .and_then(|()| image::run())
             .map(|_| ExitCode::SUCCESS),
         Command::Demo(LabArgs { args }) => lab::run("demo", &args),

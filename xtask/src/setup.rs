@@ -1,175 +1,337 @@
-//! `cargo xtask setup`: installs what building, testing and the demo need, and does nothing
-//! (printing one `ok` line per item) when everything is already there.
+//! `cargo xtask setup [FOR]`: installs what one command needs, and nothing else; does
+//! nothing (one `ok` line per item) when all of it is there. Every command that builds or
+//! runs something sets itself up first (`cargo xtask demo` for the demo, ...).
 //!
-//! What gets installed is the [`ITEMS`] table; extend it there.
+//! What each command needs is the [`NEEDS`] table: an item, why, and the commands that
+//! need it ([`For`]). Add a command to [`For`], or an item to the table, there.
+//!
+//! Debian packages are installed in one apt transaction, simulated first
+//! (`apt-get -s`): one that would remove a package this machine has is refused, naming
+//! it, unless asking for the new packages at that package's own version keeps it (a
+//! `qemu-utils` from bookworm-backports, say, breaks bookworm's `qemu-system-common`:
+//! the backports `qemu-system-x86` of the same version keeps it, where apt's sources have it).
 
 use std::env;
 use std::path::PathBuf;
 use std::process::Command;
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 
 use crate::{cmd, host};
 
 /// Where Debian's llvm-22-dev puts LLVM; bpf-linker is built against it.
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
+/// The commands setup prepares for. Each needs what [`NEEDS`] lists for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum For {
+    /// Building shaper: nightly's rust-src, bpf-linker and the LLVM it links (also `fuzz`)
+    Build,
+    /// `cargo xtask demo` and `lab`: a build, iproute2 and bpffs
+    Demo,
+    /// `cargo xtask bench`: the demo's, and the peers and tools it measures with
+    Bench,
+    /// `cargo xtask test`: what every test uses
+    Test,
+    /// `cargo xtask test --kernel` (and `bench --kernel`): the tests', and QEMU's
+    Matrix,
+    /// `cargo xtask dist`: a build, and dpkg's tools
+    Dist,
+    /// `cargo xtask image`: dist's, and what builds and runs the image
+    Image,
+    /// Everything above
+    All,
+}
+
+use For::{Bench, Build, Demo, Dist, Image, Matrix, Test};
+
+/// Every command that builds shaper.
+const BUILDS: &[For] = &[Build, Demo, Bench, Test, Matrix, Dist, Image];
+/// Every command that loads shaper into this machine's kernel and pins it.
+const RUNS: &[For] = &[Demo, Bench, Test];
+/// The tests, on this machine's kernel or in the guests (which run on this machine's
+/// files: a program the tests spawn there is this machine's).
+const TESTS: &[For] = &[Test, Matrix];
+/// The tests and the benchmarks.
+const MEASURES: &[For] = &[Bench, Test, Matrix];
+
+/// One thing a command needs.
+struct Need {
+    item: Item,
+    /// The commands that need it.
+    by: &'static [For],
+}
+
 /// Everything setup makes sure of, in order. Order matters: bpf-linker is built against
 /// llvm-22-dev, and rust-src goes into the nightly toolchain.
-const ITEMS: &[Item] = &[
+const NEEDS: &[Need] = &[
     // bpf-linker links to the system LLVM.
-    Item::Apt {
-        package: "llvm-22-dev",
-        // llvm-config itself belongs to llvm-22; this file only to llvm-22-dev.
-        present: Present::File("/usr/lib/llvm-22/lib/cmake/llvm/LLVMConfig.cmake"),
+    Need {
+        item: Item::Apt {
+            package: "llvm-22-dev",
+            // llvm-config itself belongs to llvm-22; this file only to llvm-22-dev.
+            present: Present::File("/usr/lib/llvm-22/lib/cmake/llvm/LLVMConfig.cmake"),
+        },
+        by: BUILDS,
     },
-    // Tools the kernel tests and shaper-lab spawn.
-    Item::Apt {
-        package: "iproute2",
-        present: Present::Programs(&["ip", "tc"]),
+    // The lab's namespaces, veths and qdiscs.
+    Need {
+        item: Item::Apt {
+            package: "iproute2",
+            present: Present::Programs(&["ip", "tc"]),
+        },
+        by: &[Demo, Bench, Test, Matrix],
     },
-    Item::Apt {
-        package: "util-linux",
-        present: Present::Programs(&["setpriv"]),
+    // The tests run shaper without privileges, and with exactly the unit's capabilities.
+    Need {
+        item: Item::Apt {
+            package: "util-linux",
+            present: Present::Programs(&["setpriv"]),
+        },
+        by: TESTS,
     },
-    Item::Apt {
-        package: "bpftool",
-        present: Present::Programs(&["bpftool"]),
+    // The fault tests read maps; the bench reads the maps' memory.
+    Need {
+        item: Item::Apt {
+            package: "bpftool",
+            present: Present::Programs(&["bpftool"]),
+        },
+        by: MEASURES,
     },
-    Item::Apt {
-        package: "iperf3",
-        present: Present::Programs(&["iperf3"]),
+    // TCP through police and shape (live_shape, bench tcp).
+    Need {
+        item: Item::Apt {
+            package: "iperf3",
+            present: Present::Programs(&["iperf3"]),
+        },
+        by: MEASURES,
     },
     // live_vlan.rs turns the veth's VLAN offload off, so the tags are in the frames.
-    Item::Apt {
-        package: "ethtool",
-        present: Present::Programs(&["ethtool"]),
+    Need {
+        item: Item::Apt {
+            package: "ethtool",
+            present: Present::Programs(&["ethtool"]),
+        },
+        by: TESTS,
+    },
+    // The bench's per-source peers: an nft meter in netdev ingress, iptables hashlimit
+    // (the bench's own tests run them too).
+    Need {
+        item: Item::Apt {
+            package: "nftables",
+            present: Present::Programs(&["nft"]),
+        },
+        by: MEASURES,
+    },
+    Need {
+        item: Item::Apt {
+            package: "iptables",
+            present: Present::Programs(&["iptables"]),
+        },
+        by: MEASURES,
     },
     // The service's files: its unit is checked with systemd-analyze (verify looks the
-    // unit's man pages up with man), and `cargo xtask dist` packs a .deb with dpkg-deb.
-    Item::Apt {
-        package: "systemd",
-        present: Present::Programs(&["systemd-analyze"]),
+    // unit's man pages up with man), and the package's test installs a .deb.
+    Need {
+        item: Item::Apt {
+            package: "systemd",
+            present: Present::Programs(&["systemd-analyze"]),
+        },
+        by: &[Test],
     },
-    Item::Apt {
-        package: "man-db",
-        present: Present::Programs(&["man"]),
+    Need {
+        item: Item::Apt {
+            package: "man-db",
+            present: Present::Programs(&["man"]),
+        },
+        by: &[Test],
     },
-    Item::Apt {
-        package: "dpkg-dev",
-        present: Present::Programs(&["dpkg-deb", "dpkg-shlibdeps"]),
-    },
-    // The bench's per-source peers: an nft meter in netdev ingress, iptables hashlimit.
-    Item::Apt {
-        package: "nftables",
-        present: Present::Programs(&["nft"]),
-    },
-    Item::Apt {
-        package: "iptables",
-        present: Present::Programs(&["iptables"]),
+    // `cargo xtask dist` packs the .deb; the kernel matrix unpacks Debian's kernels.
+    Need {
+        item: Item::Apt {
+            package: "dpkg-dev",
+            present: Present::Programs(&["dpkg-deb", "dpkg-shlibdeps"]),
+        },
+        by: &[Test, Matrix, Dist, Image],
     },
     // The daemon's tests scrape /metrics with curl and check it with the Prometheus
     // project's own OpenMetrics parser.
-    Item::Apt {
-        package: "curl",
-        present: Present::Programs(&["curl"]),
+    Need {
+        item: Item::Apt {
+            package: "curl",
+            present: Present::Programs(&["curl"]),
+        },
+        by: &[Test],
+    },
+    Need {
+        item: Item::Apt {
+            package: "python3-prometheus-client",
+            present: Present::File(
+                "/usr/lib/python3/dist-packages/prometheus_client/openmetrics/parser.py",
+            ),
+        },
+        by: &[Test],
     },
     // `shaper top`'s test drives it in a terminal: tmux's send-keys and capture-pane.
-    Item::Apt {
-        package: "tmux",
-        present: Present::Programs(&["tmux"]),
-    },
-    Item::Apt {
-        package: "python3-prometheus-client",
-        present: Present::File(
-            "/usr/lib/python3/dist-packages/prometheus_client/openmetrics/parser.py",
-        ),
+    Need {
+        item: Item::Apt {
+            package: "tmux",
+            present: Present::Programs(&["tmux"]),
+        },
+        by: &[Test],
     },
     // Production parts (issue 26): Prometheus scrapes the daemon in the lab and promtool
     // tests dist/prometheus/'s rules; systemd-nspawn boots systemd as PID 1 on a Debian
     // root that mmdebstrap builds, for the unit's test and `cargo xtask image`'s root;
     // podman assembles and runs the image. (On a host run by systemd, the prometheus
     // package enables and starts its own server on :9090; the tests start their own.)
-    Item::Apt {
-        package: "prometheus",
-        present: Present::Programs(&["prometheus", "promtool"]),
+    Need {
+        item: Item::Apt {
+            package: "prometheus",
+            present: Present::Programs(&["prometheus", "promtool"]),
+        },
+        by: &[Test],
     },
-    Item::Apt {
-        package: "systemd-container",
-        present: Present::Programs(&["systemd-nspawn"]),
+    Need {
+        item: Item::Apt {
+            package: "systemd-container",
+            present: Present::Programs(&["systemd-nspawn"]),
+        },
+        by: &[Test],
     },
-    Item::Apt {
-        package: "mmdebstrap",
-        present: Present::Programs(&["mmdebstrap"]),
+    Need {
+        item: Item::Apt {
+            package: "mmdebstrap",
+            present: Present::Programs(&["mmdebstrap"]),
+        },
+        by: &[Test, Image],
     },
-    Item::Apt {
-        package: "podman",
-        present: Present::Programs(&["podman"]),
+    Need {
+        item: Item::Apt {
+            package: "podman",
+            present: Present::Programs(&["podman"]),
+        },
+        by: &[Test, Image],
+    },
+    // podman's runtime: crun refuses hybrid cgroups (v1 controllers beside v2's), which
+    // some hosts have; runc runs there.
+    Need {
+        item: Item::Apt {
+            package: "runc",
+            present: Present::Programs(&["runc"]),
+        },
+        by: &[Test, Image],
+    },
+    // `podman kube play` builds its pod's pause image around catatonit.
+    Need {
+        item: Item::Apt {
+            package: "catatonit",
+            present: Present::Programs(&["catatonit"]),
+        },
+        by: &[Test],
+    },
+    // image.rs turns the DaemonSet into the Pod `podman kube play` runs.
+    Need {
+        item: Item::Apt {
+            package: "python3-yaml",
+            present: Present::File("/usr/lib/python3/dist-packages/yaml/__init__.py"),
+        },
+        by: &[Test],
     },
     // dist/kubernetes/ is checked against the Kubernetes API's JSON schemas by
     // kubernetes-validate (PyPI, schemas bundled), installed in a venv of its own by pipx.
-    // podman's runtime: crun refuses hybrid cgroups (v1 controllers beside v2's), which
-    // some hosts have; runc runs there.
-    Item::Apt {
-        package: "runc",
-        present: Present::Programs(&["runc"]),
+    Need {
+        item: Item::Apt {
+            package: "pipx",
+            present: Present::Programs(&["pipx"]),
+        },
+        by: &[Test],
     },
-    // `podman kube play` builds its pod's pause image around catatonit.
-    Item::Apt {
-        package: "catatonit",
-        present: Present::Programs(&["catatonit"]),
+    Need {
+        item: Item::Pipx {
+            package: "kubernetes-validate",
+            version: "1.37.0",
+        },
+        by: &[Test],
     },
-    // image.rs turns the DaemonSet into the Pod `podman kube play` runs.
-    Item::Apt {
-        package: "python3-yaml",
-        present: Present::File("/usr/lib/python3/dist-packages/yaml/__init__.py"),
-    },
-    Item::Apt {
-        package: "pipx",
-        present: Present::Programs(&["pipx"]),
-    },
-    Item::Pipx {
-        package: "kubernetes-validate",
-        version: "1.37.0",
-    },
-    // The kernel matrix (`cargo xtask test --kernel`): Debian's kernels boot under QEMU with
-    // a busybox initramfs; modprobe and depmod resolve their modules, and load them in the
-    // guest (which runs on this machine's files).
-    Item::Apt {
-        package: "qemu-system-x86",
-        present: Present::Programs(&["qemu-system-x86_64"]),
+    // The kernel matrix: Debian's kernels boot under QEMU with a busybox initramfs;
+    // modprobe and depmod resolve their modules, and load them in the guest.
+    Need {
+        item: Item::Apt {
+            package: "qemu-system-x86",
+            present: Present::Programs(&["qemu-system-x86_64"]),
+        },
+        by: &[Matrix],
     },
     // Static: the initramfs holds this one binary and no libraries.
-    Item::Apt {
-        package: "busybox-static",
-        present: Present::StaticProgram("busybox"),
+    Need {
+        item: Item::Apt {
+            package: "busybox-static",
+            present: Present::StaticProgram("busybox"),
+        },
+        by: &[Matrix],
     },
-    Item::Apt {
-        package: "kmod",
-        present: Present::Programs(&["modprobe", "depmod"]),
+    Need {
+        item: Item::Apt {
+            package: "kmod",
+            present: Present::Programs(&["modprobe", "depmod"]),
+        },
+        by: &[Matrix],
     },
     // The eBPF crate is built with nightly's -Z build-std, which needs rust-src.
-    Item::Toolchain {
-        name: "nightly",
-        components: &["rust-src"],
+    Need {
+        item: Item::Toolchain {
+            name: "nightly",
+            components: &["rust-src"],
+        },
+        by: BUILDS,
     },
-    Item::Component {
-        name: "rust-src",
-        toolchain: "nightly",
+    Need {
+        item: Item::Component {
+            name: "rust-src",
+            toolchain: "nightly",
+        },
+        by: BUILDS,
     },
-    Item::Crate {
-        name: "bpf-linker",
-        version: "0.13.0",
-        // The default feature links LLVM 23; Debian bookworm ships 22.
-        args: &["--no-default-features", "--features", "llvm-22"],
-        env: &[("LLVM_PREFIX", LLVM_PREFIX)],
+    Need {
+        item: Item::Crate {
+            name: "bpf-linker",
+            version: "0.13.0",
+            // The default feature links LLVM 23; Debian bookworm ships 22.
+            args: &["--no-default-features", "--features", "llvm-22"],
+            env: &[("LLVM_PREFIX", LLVM_PREFIX)],
+        },
+        by: BUILDS,
     },
     // shaper pins its link and maps there; systemd mounts it on most hosts, a bare
     // container or VM may not (bpftool mounts it on demand the same way).
-    Item::Bpffs {
-        path: "/sys/fs/bpf",
+    Need {
+        item: Item::Bpffs {
+            path: "/sys/fs/bpf",
+        },
+        by: RUNS,
     },
 ];
+
+impl For {
+    /// Whether a need of `by` is one of this command's.
+    fn needs(self, by: &[For]) -> bool {
+        self == For::All || by.contains(&self)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Build => "building",
+            Demo => "cargo xtask demo",
+            Bench => "cargo xtask bench",
+            Test => "cargo xtask test",
+            Matrix => "cargo xtask test --kernel",
+            Dist => "cargo xtask dist",
+            Image => "cargo xtask image",
+            For::All => "every command",
+        }
+    }
+}
 
 /// One thing setup installs.
 enum Item {
@@ -227,49 +389,236 @@ impl Present {
     }
 }
 
-/// State shared by the installs of one setup run.
-#[derive(Default)]
-struct Installer {
-    /// `apt-get update` is slow, so it runs once per setup run, and only if something is missing.
-    apt_updated: bool,
-}
-
-pub fn run() -> Result<()> {
-    // Check for root before installing anything, so a non-root run fails at once, in one line
-    // naming every missing package, rather than at the first one.
-    let missing_apt: Vec<&str> = ITEMS
+/// Makes sure of everything `purpose` needs; says first what it will install.
+pub fn run(purpose: For) -> Result<()> {
+    let needs: Vec<&Item> = NEEDS
         .iter()
-        .filter_map(|item| match item {
-            Item::Apt { package, present } if !present.holds() => Some(*package),
+        .filter(|n| purpose.needs(n.by))
+        .map(|n| &n.item)
+        .collect();
+    let mut missing = Vec::new();
+    for item in &needs {
+        if item.is_present()? {
+            println!("ok   {}", item.label());
+        } else {
+            missing.push(*item);
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let labels: Vec<String> = missing.iter().map(|i| i.label()).collect();
+    println!(
+        "setup for {}: installs {}",
+        purpose.name(),
+        labels.join(", ")
+    );
+    // Check for root before installing anything, so a non-root run fails at once, in one
+    // line naming all that is missing, rather than at the first one.
+    let root_needed = missing.iter().any(|i| i.needs_root());
+    if root_needed && !host::is_root()? {
+        bail!(
+            "setting up {} needs root: missing {} (run `cargo xtask setup {}` as root)",
+            purpose.name(),
+            labels.join(", "),
+            format!("{purpose:?}").to_lowercase(),
+        );
+    }
+    let packages: Vec<&str> = missing
+        .iter()
+        .filter_map(|i| match i {
+            Item::Apt { package, .. } => Some(*package),
             _ => None,
         })
         .collect();
-    let needs_root = !missing_apt.is_empty()
-        || ITEMS
-            .iter()
-            .any(|item| matches!(item, Item::Bpffs { .. }) && !item.is_present().unwrap_or(false));
-    if needs_root && !host::is_root()? {
-        bail!(
-            "missing Debian packages ({}) or the bpffs mount; setting them up needs root (run `cargo xtask setup` as root)",
-            missing_apt.join(" ")
-        );
+    if !packages.is_empty() {
+        apt_install(&packages)?;
     }
-
-    let mut installer = Installer::default();
-    for item in ITEMS {
-        let label = item.label();
-        if item.is_present()? {
-            println!("ok   {label}");
-            continue;
+    for item in missing {
+        // An earlier step may have brought it (the toolchain its component).
+        if !matches!(item, Item::Apt { .. }) && !item.is_present()? {
+            println!("install {} ...", item.label());
+            item.install()?;
         }
-        println!("install {label} ...");
-        installer.install(item)?;
         // Catches a package that installed fine but does not provide what we look for.
         if !item.is_present()? {
-            bail!("installed {label}, but it is still not found");
+            bail!("installed {}, but it is still not found", item.label());
         }
     }
     Ok(())
+}
+
+/// Installs `packages` in one apt transaction, simulated first: refused if it would
+/// remove a package this machine has, or apt cannot make it, unless asking for the
+/// packages at the version of the package at odds with them makes it whole; says every
+/// package it installs, those pulled in with them too.
+fn apt_install(packages: &[&str]) -> Result<()> {
+    cmd::run(apt_get().arg("update"))?;
+    let asked: Vec<String> = packages.iter().map(|p| (*p).to_owned()).collect();
+    let mut plan = simulate(&asked)?;
+    let mut install = asked.clone();
+    if !plan.whole() {
+        let pinned = pin_to(&asked, &plan.at_odds())?;
+        let repinned = simulate(&pinned)?;
+        if pinned != asked && repinned.whole() {
+            println!(
+                "asking for {} keeps {} as it is",
+                pinned.join(" "),
+                plan.at_odds().join(", ")
+            );
+            install = pinned;
+            plan = repinned;
+        } else {
+            bail!(
+                "refused: installing {} would {}; nothing was installed (apt's sources have no {} of the release that would keep it): install them yourself in a way that keeps it",
+                packages.join(" "),
+                plan.harm(),
+                packages.join(", "),
+            );
+        }
+    }
+    println!("apt installs: {}", plan.installs().join(" "));
+    cmd::run(
+        apt_get()
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&install),
+    )
+}
+
+/// What `apt-get -s install` said it would do.
+struct Simulation {
+    ok: bool,
+    /// Its output, stdout then stderr: `Inst`/`Remv` lines, or why it cannot.
+    text: String,
+}
+
+/// `apt-get -s install` of `packages`.
+fn simulate(packages: &[String]) -> Result<Simulation> {
+    let mut apt = apt_get();
+    apt.args(["-s", "install", "--no-install-recommends"])
+        .args(packages);
+    let out = apt
+        .output()
+        .with_context(|| format!("could not start `{}`", cmd::display(&apt)))?;
+    Ok(Simulation {
+        ok: out.status.success(),
+        text: String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr),
+    })
+}
+
+impl Simulation {
+    /// Whether apt can do it and removes nothing.
+    fn whole(&self) -> bool {
+        self.ok && self.removals().is_empty()
+    }
+
+    /// The packages it removes, with their installed versions.
+    fn removals(&self) -> Vec<(String, String)> {
+        self.text
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix("Remv ")?;
+                let (name, rest) = rest.split_once(' ').unwrap_or((rest, ""));
+                let version = rest
+                    .strip_prefix('[')
+                    .and_then(|r| r.split_once(']'))
+                    .map_or("", |(v, _)| v);
+                Some((name.to_owned(), version.to_owned()))
+            })
+            .collect()
+    }
+
+    /// The installed packages in the way: those it removes, or those whose dependencies
+    /// apt cannot meet (` qemu-utils : Breaks: qemu-system-common (< 1:8.0) ...`).
+    fn at_odds(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.removals().into_iter().map(|(n, _)| n).collect();
+        if !self.ok {
+            names.extend(self.text.lines().filter_map(|line| {
+                let (name, rest) = line.trim_start().split_once(" : ")?;
+                rest.contains(':').then(|| name.to_owned())
+            }));
+        }
+        names.dedup();
+        names
+    }
+
+    /// What it would do that setup refuses, in words.
+    fn harm(&self) -> String {
+        let removed = self.removals();
+        if removed.is_empty() {
+            return format!(
+                "not go through apt ({})",
+                self.text
+                    .lines()
+                    .filter(|l| l.contains(" : ") || l.starts_with("E:"))
+                    .map(str::trim)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+        }
+        let removed: Vec<String> = removed
+            .iter()
+            .map(|(name, version)| format!("{name} ({version})"))
+            .collect();
+        format!(
+            "remove {}, which this machine has installed",
+            removed.join(", ")
+        )
+    }
+
+    /// The packages it installs or upgrades.
+    fn installs(&self) -> Vec<&str> {
+        self.text
+            .lines()
+            .filter_map(|line| line.strip_prefix("Inst ")?.split(' ').next())
+            .collect()
+    }
+}
+
+/// `packages`, each asked for from the release (`qemu-system-x86/bookworm-backports`)
+/// that has it at the installed version of one of `at_odds`, where apt's sources have
+/// one: apt then takes its dependencies from that release too.
+fn pin_to(packages: &[String], at_odds: &[String]) -> Result<Vec<String>> {
+    let mut versions = Vec::new();
+    for name in at_odds {
+        let policy = cmd::stdout(Command::new("apt-cache").args(["policy", name]))?;
+        if let Some(v) = installed_version(&policy) {
+            versions.push(v.to_owned());
+        }
+    }
+    let mut pinned = Vec::new();
+    for package in packages {
+        let madison = cmd::stdout(Command::new("apt-cache").args(["madison", package]))?;
+        let release = versions
+            .iter()
+            .find_map(|v| release_of(&madison, v).map(str::to_owned));
+        pinned.push(match release {
+            Some(release) => format!("{package}/{release}"),
+            None => package.clone(),
+        });
+    }
+    Ok(pinned)
+}
+
+/// The release of an `apt-cache madison` text (` qemu-system-x86 | VERSION |
+/// http://deb.debian.org/debian bookworm-backports/main amd64 Packages`) that offers
+/// `version`.
+fn release_of<'a>(madison: &'a str, version: &str) -> Option<&'a str> {
+    madison.lines().find_map(|line| {
+        let mut fields = line.split('|').map(str::trim);
+        let (_, v, from) = (fields.next()?, fields.next()?, fields.next()?);
+        let suite = from.split_whitespace().nth(1)?;
+        (v == version).then(|| suite.split('/').next().unwrap_or(suite))
+    })
+}
+
+/// The `Installed:` version of an `apt-cache policy` text, if any.
+fn installed_version(policy: &str) -> Option<&str> {
+    policy
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("Installed: "))
+        .filter(|v| *v != "(none)")
 }
 
 impl Item {
@@ -300,13 +649,16 @@ impl Item {
                 list.lines().any(|line| is_toolchain(line, name))
             }
             Item::Component { name, toolchain } => {
-                let list = cmd::stdout(Command::new("rustup").args([
+                // Not there either when its toolchain is not (rustup then fails).
+                let Ok(list) = cmd::stdout(Command::new("rustup").args([
                     "component",
                     "list",
                     "--toolchain",
                     toolchain,
                     "--installed",
-                ]))?;
+                ])) else {
+                    return Ok(false);
+                };
                 // Lines are `rust-src` or `rust-std-x86_64-unknown-linux-gnu`.
                 list.lines().any(|line| {
                     line.strip_prefix(name)
@@ -375,16 +727,11 @@ pub fn pipx_binary(name: &str) -> Option<PathBuf> {
     })
 }
 
-impl Installer {
-    fn install(&mut self, item: &Item) -> Result<()> {
-        match item {
-            Item::Apt { package, .. } => {
-                if !self.apt_updated {
-                    cmd::run(apt_get().arg("update"))?;
-                    self.apt_updated = true;
-                }
-                cmd::run(apt_get().args(["install", "-y", "--no-install-recommends", package]))
-            }
+impl Item {
+    /// Installs what is not an apt package (those go in one transaction: [`apt_install`]).
+    fn install(&self) -> Result<()> {
+        match self {
+            Item::Apt { package, .. } => apt_install(&[package]),
             Item::Toolchain { name, components } => {
                 let mut rustup = Command::new("rustup");
                 rustup.args(["toolchain", "install", name, "--profile", "minimal"]);
@@ -427,6 +774,11 @@ impl Installer {
             ])),
         }
     }
+
+    /// Whether installing it needs root.
+    fn needs_root(&self) -> bool {
+        matches!(self, Item::Apt { .. } | Item::Bpffs { .. })
+    }
 }
 
 /// apt-get that never stops to ask: iperf3's postinst, for one, asks whether to start a daemon.
@@ -458,10 +810,123 @@ mod tests {
         ));
     }
 
+    fn packages(purpose: For) -> Vec<&'static str> {
+        NEEDS
+            .iter()
+            .filter(|n| purpose.needs(n.by))
+            .filter_map(|n| match n.item {
+                Item::Apt { package, .. } => Some(package),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_command_installs_what_it_uses_only() {
+        // LLVM for bpf-linker, iproute2 for the lab: no test, bench or QEMU package. (The
+        // C toolchain Rust links with must be there before xtask itself builds.)
+        assert_eq!(packages(Demo), ["llvm-22-dev", "iproute2"]);
+        assert_eq!(packages(Build), ["llvm-22-dev"]);
+        assert!(!packages(Test).contains(&"qemu-system-x86"));
+        assert!(packages(Matrix).contains(&"qemu-system-x86"));
+        assert!(packages(Bench).contains(&"nftables"));
+        assert!(!packages(Dist).contains(&"iproute2"));
+        // Every item is some command's.
+        for need in NEEDS {
+            assert!(!need.by.is_empty(), "{} is nobody's", need.item.label());
+        }
+        assert_eq!(
+            packages(For::All).len(),
+            NEEDS
+                .iter()
+                .filter(|n| matches!(n.item, Item::Apt { .. }))
+                .count()
+        );
+    }
+
     #[test]
     fn labels() {
-        assert_eq!(ITEMS[0].label(), "llvm-22-dev");
-        assert_eq!(ITEMS[1].label(), "iproute2 (ip, tc)");
-        assert_eq!(ITEMS[3].label(), "bpftool");
+        let label = |package| {
+            NEEDS
+                .iter()
+                .find(|n| matches!(n.item, Item::Apt { package: p, .. } if p == package))
+                .unwrap()
+                .item
+                .label()
+        };
+        assert_eq!(label("llvm-22-dev"), "llvm-22-dev");
+        assert_eq!(label("iproute2"), "iproute2 (ip, tc)");
+        assert_eq!(label("busybox-static"), "busybox-static (busybox, static)");
+    }
+
+    /// What `apt-get -s install qemu-system-x86` printed on a machine with bookworm's
+    /// sources and qemu-utils from bookworm-backports (its Inst lines shortened).
+    const SIMULATION: &str = "NOTE: This is only a simulation!
+Reading package lists...
+Remv qemu-utils [1:10.0.2+ds-2+deb13u1~bpo12+1]
+Inst libfdt1 (1.6.1-4+b1 Debian:12.12/oldstable [amd64])
+Inst qemu-system-common (1:7.2+dfsg-7+deb12u18+b3 Debian:12.12/oldstable [amd64])
+Inst qemu-system-x86 (1:7.2+dfsg-7+deb12u18+b3 Debian:12.12/oldstable [amd64])
+Conf libfdt1 (1.6.1-4+b1 Debian:12.12/oldstable [amd64])
+";
+
+    #[test]
+    fn a_simulation_says_what_goes_and_what_comes() {
+        let sim = |ok, text: &str| Simulation {
+            ok,
+            text: text.to_owned(),
+        };
+        let removing = sim(true, SIMULATION);
+        assert!(!removing.whole());
+        assert_eq!(
+            removing.removals(),
+            [(
+                "qemu-utils".to_owned(),
+                "1:10.0.2+ds-2+deb13u1~bpo12+1".to_owned()
+            )]
+        );
+        assert_eq!(
+            removing.installs(),
+            ["libfdt1", "qemu-system-common", "qemu-system-x86"]
+        );
+        assert_eq!(removing.at_odds(), ["qemu-utils"]);
+        assert!(
+            removing
+                .harm()
+                .starts_with("remove qemu-utils (1:10.0.2+ds-2+deb13u1~bpo12+1)")
+        );
+        assert!(
+            sim(
+                true,
+                "Inst iproute2 (6.1.0-3 Debian:12.12/oldstable [amd64])"
+            )
+            .whole()
+        );
+        // With bookworm-backports in the sources, apt cannot downgrade qemu-utils and says
+        // so rather than remove it.
+        let stuck = sim(
+            false,
+            "The following packages have unmet dependencies:
+ qemu-utils : Breaks: qemu-system-common (< 1:8.0+dfsg-5~) but 1:7.2+dfsg-7+deb12u18+b3 is to be installed
+E: Error, pkgProblemResolver::Resolve generated breaks, this may be caused by held packages.
+",
+        );
+        assert!(!stuck.whole());
+        assert_eq!(stuck.at_odds(), ["qemu-utils"]);
+        assert_eq!(
+            installed_version(
+                "qemu-utils:\n  Installed: 1:10.0.2+ds-2+deb13u1~bpo12+1\n  Candidate: 1:10.0.2+ds-2+deb13u1~bpo12+1\n"
+            ),
+            Some("1:10.0.2+ds-2+deb13u1~bpo12+1")
+        );
+        assert_eq!(installed_version("  Installed: (none)\n"), None);
+        let madison = " qemu-system-x86 | 1:10.0.2+ds-2+deb13u1~bpo12+1 | http://deb.debian.org/debian bookworm-backports/main amd64 Packages
+ qemu-system-x86 | 1:7.2+dfsg-7+deb12u18+b3 | http://deb.debian.org/debian bookworm/main amd64 Packages
+";
+        assert_eq!(
+            release_of(madison, "1:10.0.2+ds-2+deb13u1~bpo12+1"),
+            Some("bookworm-backports")
+        );
+        assert_eq!(release_of(madison, "1:9.0"), None);
     }
 }

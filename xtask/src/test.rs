@@ -1,14 +1,11 @@
 //! `cargo xtask test`: setup, then formatting, lints, host tests and (as root) kernel tests, in
 //! that order, stopping at the first failure.
 
-use std::{
-    io::{BufRead as _, BufReader},
-    process::{Command, ExitCode, Stdio},
-};
+use std::process::ExitCode;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::Result;
 
-use crate::{cmd, host, old_shaper, setup, vm, workspace};
+use crate::{cmd, host, old_shaper, phases::Phases, setup, tally::Tally, vm, workspace};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -27,7 +24,9 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<ExitCode> {
     let mut tally = Tally::default();
-    let result = run_all(args, &mut tally);
+    let mut phases = Phases::default();
+    let result = run_all(args, &mut tally, &mut phases);
+    phases.finish();
     // One closing line over every test binary, in the plain form CI reads.
     println!("summary: {} passed, {} failed", tally.passed, tally.failed);
     result
@@ -64,30 +63,41 @@ pub fn kernels(arg: &str) -> Result<Kernels, String> {
     Ok(Kernels::Guests(series))
 }
 
-fn run_all(args: &Args, tally: &mut Tally) -> Result<ExitCode> {
-    setup::run()?;
+fn run_all(args: &Args, tally: &mut Tally, phases: &mut Phases) -> Result<ExitCode> {
+    let setup_for = match args.kernel {
+        Kernels::Host => setup::For::Test,
+        Kernels::Guests(_) => setup::For::Matrix,
+    };
+    phases.time("setup", || setup::run(setup_for))?;
     if let Kernels::Guests(series) = &args.kernel {
         // Formatting, lints and host tests are the same whatever the kernel: the host run
         // (`cargo xtask test`) has them.
-        old_shaper::build_all()?;
-        let (counted, code) = vm::run(series, &args.kernel_test_args)?;
+        phases.time("old builds (upgrade tests)", old_shaper::build_all)?;
+        let (counted, code) = vm::run(series, &args.kernel_test_args, phases)?;
         tally.passed += counted.passed;
         tally.failed += counted.failed;
         return Ok(code);
     }
-    cmd::run(workspace::cargo().args(["fmt", "--all", "--check"]))?;
-    cmd::run(workspace::cargo().args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    // The lab's tests drive the `shaper` binary, which is another package's.
-    cmd::run(&mut workspace::build_bins())?;
+    phases.time("fmt + clippy", || {
+        cmd::run(workspace::cargo().args(["fmt", "--all", "--check"]))?;
+        cmd::run(workspace::cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))
+    })?;
+    phases.time("build", || {
+        // The lab's tests drive the `shaper` binary, which is another package's.
+        cmd::run(&mut workspace::build_bins())?;
+        cmd::run(workspace::cargo().args(["test", "--workspace", "--no-run"]))
+    })?;
     // Kernel tests are #[ignore]d, so this runs only what needs no privileges.
-    tally.run(workspace::cargo().args(["test", "--workspace"]))?;
+    phases.time("host tests", || {
+        tally.run(workspace::cargo().args(["test", "--workspace"]))
+    })?;
 
     let root = host::is_root()?;
     if !root {
@@ -107,7 +117,7 @@ fn run_all(args: &Args, tally: &mut Tally) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     // The upgrade tests attach with earlier builds.
-    old_shaper::build_all()?;
+    phases.time("old builds (upgrade tests)", old_shaper::build_all)?;
     // One thread: the tests share the kernel (namespaces, interfaces, qdiscs). Those that
     // need what this kernel lacks run in the guests only.
     let mut cargo = workspace::cargo();
@@ -116,84 +126,7 @@ fn run_all(args: &Args, tally: &mut Tally) -> Result<ExitCode> {
         println!("left to the kernel matrix (--kernel): {test}");
         cargo.args(["--skip", test]);
     }
-    tally.run(cargo.args(&args.kernel_test_args))?;
+    cargo.args(&args.kernel_test_args);
+    phases.time("kernel tests on host", || tally.run(&mut cargo))?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Tests counted over all `cargo test` runs, from libtest's `test result:` lines.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Tally {
-    pub passed: u64,
-    pub failed: u64,
-}
-
-impl Tally {
-    /// Runs `cmd` like `cmd::run`, echoing its stdout as it comes while counting.
-    fn run(&mut self, cmd: &mut Command) -> Result<()> {
-        let line = cmd::display(cmd);
-        println!("$ {line}");
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("could not start `{line}`"))?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        for out in BufReader::new(stdout).lines() {
-            let out = out.context("reading test output")?;
-            println!("{out}");
-            self.count(&out);
-        }
-        let status = child.wait()?;
-        if !status.success() {
-            bail!("`{line}` failed ({status})");
-        }
-        Ok(())
-    }
-
-    /// Adds what a libtest `test result:` line counts; other lines count nothing.
-    pub fn count(&mut self, line: &str) {
-        if let Some(counted) = Self::of_result_line(line) {
-            self.passed += counted.passed;
-            self.failed += counted.failed;
-        }
-    }
-
-    /// The counts of `test result: ok. 5 passed; 0 failed; 2 ignored; ...`, or `None` for
-    /// any other line.
-    pub fn of_result_line(line: &str) -> Option<Tally> {
-        let rest = line.strip_prefix("test result: ")?;
-        let mut tally = Tally::default();
-        for part in rest.split(';') {
-            let mut words = part.split_whitespace().rev();
-            let (Some(what), Some(n)) = (words.next(), words.next()) else {
-                continue;
-            };
-            let Ok(n) = n.parse::<u64>() else { continue };
-            match what {
-                "passed" => tally.passed += n,
-                "failed" => tally.failed += n,
-                _ => {}
-            }
-        }
-        Some(tally)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counts_libtest_result_lines() {
-        let mut t = Tally::default();
-        t.count("test result: ok. 5 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.35s");
-        t.count("test result: FAILED. 1 passed; 3 failed; 0 ignored; 0 measured; 0 filtered out");
-        t.count("test foo ... ok");
-        assert_eq!(
-            t,
-            Tally {
-                passed: 6,
-                failed: 3
-            }
-        );
-    }
 }

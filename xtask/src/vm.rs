@@ -27,7 +27,12 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{apt, cmd, host, test::Tally, workspace};
+use crate::{
+    apt, cmd, host,
+    phases::{Phases, minutes},
+    tally::Tally,
+    workspace,
+};
 
 /// A guest that has not powered off after this long is killed, and its kernel fails.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(15 * 60);
@@ -203,6 +208,10 @@ const SUITES: &[Suite] = &[
                     "traffic_through_an_upgrade_from_layout_4_is_all_metered_and_never_refilled",
                     "holds passed bytes to rate x measured time + one burst within 4%",
                 ),
+                (
+                    "traffic_through_an_upgrade_from_layout_5_is_all_metered_and_never_refilled",
+                    "holds passed bytes to rate x measured time + one burst within 4%",
+                ),
             ],
         },
         why: "upgrades in place from earlier builds (BPF_LINK_UPDATE, RENAME_EXCHANGE on \
@@ -221,15 +230,23 @@ const SUITES: &[Suite] = &[
               egress, tc ingress and XDP (exact byte counts, no rates)",
     },
     Suite {
+        file: "tests/shape_test_run.rs",
+        place: Place::Guest { skip: &[] },
+        why: "shape mode's departure stamps, CE marks and horizon drops through \
+              BPF_PROG_TEST_RUN of the tc program (bpf_skb_set_tstamp and \
+              bpf_skb_ecn_set_ce on each kernel), bounded by the clock around each run",
+    },
+    Suite {
         file: "tests/live_shape.rs",
         place: Place::GuestOnly {
             tests: &[
-                "shaped_tcp_reaches_the_rate_with_fewer_retransmits_than_policed",
-                "ecn_capable_flows_are_marked_not_dropped",
+                "shaped_tcp_is_held_to_the_rate_and_policed_tcp_is_dropped",
+                "ecn_capable_flows_held_past_the_threshold_are_marked",
             ],
         },
         why: "shape mode needs sch_fq, which this machine's kernel lacks and the guests \
-              have as a module; TCP at 4 Mbit/s, which the emulated guest carries easily",
+              have as a module: TCP policed is dropped, shaped is held to the rate (an \
+              upper bound) and marked CE with ECN; no timing",
     },
     Suite {
         file: "tests/watch.rs",
@@ -374,14 +391,22 @@ struct SuiteResult {
     failed_tests: Vec<String>,
     /// The binary's exit status, once it has ended.
     exit: Option<i32>,
+    /// When its begin marker reached the console (this machine's clock), and how long it
+    /// ran once it has ended.
+    began: Option<Instant>,
+    took: Option<Duration>,
 }
 
 /// Runs the guest suites under each kernel of `series`, one guest at a time; `extra` goes to
 /// every test binary after our own arguments (a filter, say). Prints each kernel's results
 /// and returns the total; fails only when nothing could run at all.
-pub fn run(series: &[&'static Series], extra: &[String]) -> Result<(Tally, ExitCode)> {
+pub fn run(
+    series: &[&'static Series],
+    extra: &[String],
+    phases: &mut Phases,
+) -> Result<(Tally, ExitCode)> {
     print_plan();
-    let suites = build_suites()?;
+    let suites = phases.time("build (kernel matrix)", build_suites)?;
     let mut results = Vec::new();
     for series in series {
         let start = Instant::now();
@@ -401,6 +426,11 @@ pub fn run(series: &[&'static Series], extra: &[String]) -> Result<(Tally, ExitC
             },
         };
         print_kernel(&result);
+        phases.record(
+            &format!("guest {}", series.name),
+            result.wall,
+            result.error.is_none() && result.tally.failed == 0,
+        );
         results.push(result);
     }
 
@@ -1155,13 +1185,18 @@ impl Console {
             match words.as_slice() {
                 ["begin", name] => {
                     self.current = Some((*name).to_owned());
-                    result
-                        .suites
-                        .push(((*name).to_owned(), SuiteResult::default()));
+                    result.suites.push((
+                        (*name).to_owned(),
+                        SuiteResult {
+                            began: Some(Instant::now()),
+                            ..SuiteResult::default()
+                        },
+                    ));
                 }
                 ["end", name, code] => {
                     if let Some((_, suite)) = result.suites.iter_mut().find(|(n, _)| n == name) {
                         suite.exit = code.parse().ok();
+                        suite.took = suite.began.map(|began| began.elapsed());
                     }
                     self.current = None;
                 }
@@ -1203,8 +1238,9 @@ fn print_kernel(result: &KernelResult) {
     );
     let mut failures = Vec::new();
     for (name, suite) in &result.suites {
+        let took = suite.took.map(minutes).unwrap_or_default();
         println!(
-            "  {name:<20} {:>3} passed {:>3} failed",
+            "  {name:<20} {:>3} passed {:>3} failed  {took:>7}",
             suite.passed, suite.failed
         );
         failures.extend(
@@ -1276,12 +1312,6 @@ fn print_plan() {
             println!("  {}: {}", suite.file, suite.why);
         }
     }
-}
-
-/// `4m07s`.
-fn minutes(d: Duration) -> String {
-    let secs = d.as_secs();
-    format!("{}m{:02}s", secs / 60, secs % 60)
 }
 
 /// The tests only the guests run ([`Place::GuestOnly`]), for the host run to skip.

@@ -262,6 +262,24 @@ pub fn ipv6_fragment(src: Ipv6Addr, dst: Ipv6Addr, first: bool, payload_len: usi
 }
 
 /// The one's-complement sum of `bytes` as 16-bit words, complemented (RFC 1071).
+/// An untagged IPv4 frame with the ECN field of its header set to `ecn` (0: Not-ECT,
+/// 2: ECT(0), 1: ECT(1), 3: CE), its header checksum made valid again.
+pub fn with_ecn(frame: &[u8], ecn: u8) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    let ip = ETH_HLEN..ETH_HLEN + IPV4_HLEN;
+    f[ETH_HLEN + 1] = (f[ETH_HLEN + 1] & !3) | (ecn & 3);
+    f[ETH_HLEN + 10..ETH_HLEN + 12].fill(0);
+    let checksum = internet_checksum(&f[ip]);
+    f[ETH_HLEN + 10..ETH_HLEN + 12].copy_from_slice(&checksum.to_be_bytes());
+    f
+}
+
+/// The ECN field of an untagged IPv4 frame, and whether its header checksum is valid.
+pub fn ecn_of(frame: &[u8]) -> (u8, bool) {
+    let header = &frame[ETH_HLEN..ETH_HLEN + IPV4_HLEN];
+    (header[1] & 3, internet_checksum(header) == 0)
+}
+
 fn internet_checksum(bytes: &[u8]) -> u16 {
     let mut sum: u32 = bytes
         .chunks(2)

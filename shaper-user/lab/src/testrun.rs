@@ -21,9 +21,10 @@ use shaper_common::{
 };
 use shaper_user::{object, policy::PolicyTable};
 
-/// The benchmark's kernel object (`shaper-ebpf`'s `shaper-ebpf-bench`), built by build.rs.
+/// The benchmark's kernel object (`shaper-ebpf`'s `shaper-ebpf-bench`), built by
+/// shaper-user's build.rs (see build.rs).
 pub static BENCH_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shaper-ebpf-bench"));
+    aya::include_bytes_aligned!(concat!(env!("SHAPER_EBPF_DIR"), "/shaper-ebpf-bench"));
 
 /// The bench object with its no-op and floor XDP programs loaded: the baselines of
 /// per-packet costs.

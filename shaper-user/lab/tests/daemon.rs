@@ -10,17 +10,19 @@
 mod common;
 
 use std::{
+    collections::BTreeMap,
     fs,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use common::{assert_near, guard, shaper, shaper_ok, stats};
+use common::{assert_near, guard, limit_gives, shaper, shaper_ok, stats};
 use serde_json::Value;
 use shaper_lab::{
     daemon::{Daemon, config, scratch},
-    lab::{Flow, FlowResult, Lab, RunOptions, run_udp_with},
+    lab::{Flow, FlowResult, Lab, LabOptions, RunOptions, run_udp_with},
 };
+use shaper_user::pins::Attachment;
 
 /// `status -j`'s row of `iface`.
 fn status(lab: &Lab, iface: &str) -> Value {
@@ -102,7 +104,7 @@ fn sighup_applies_a_changed_file_in_place() {
     assert_near(
         "passed at 4mbit after the reload",
         passed as f64,
-        4e6 / 8.0 * result.offered_secs + 65_536.0,
+        limit_gives(4_000_000, 65_536, &[&result]),
         65_536.0,
     );
     let (exit, log) = daemon.stop();
@@ -232,17 +234,36 @@ fn scrape(lab: &Lab, path: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Now, in seconds of Unix time.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// One sample of a scrape: its name, its labels and its value.
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+impl std::fmt::Display for Sample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{:?} {}", self.name, self.labels, self.value)
+    }
+}
+
 /// Parses a scrape with the Prometheus project's own OpenMetrics parser (Debian's
-/// python3-prometheus-client), which refuses anything off the format; returns each
-/// sample as `name{label="value",...}` (labels sorted) and its value.
-fn parse(text: &str) -> Vec<(String, f64)> {
+/// python3-prometheus-client), which refuses anything off the format.
+fn parse(text: &str) -> Vec<Sample> {
     const SCRIPT: &str = r#"
-import sys
+import json, sys
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 for family in text_string_to_metric_families(sys.stdin.read()):
     for s in family.samples:
-        labels = ",".join('%s="%s"' % kv for kv in sorted(s.labels.items()))
-        print("%s{%s} %r" % (s.name, labels, s.value))
+        print(json.dumps([s.name, s.labels, s.value]))
 "#;
     let mut child = Command::new("/usr/bin/python3")
         .args(["-c", SCRIPT])
@@ -268,105 +289,241 @@ for family in text_string_to_metric_families(sys.stdin.read()):
         .unwrap()
         .lines()
         .map(|l| {
-            let (name, value) = l.rsplit_once(' ').unwrap();
-            (name.to_owned(), value.parse().unwrap())
+            let (name, labels, value): (String, BTreeMap<String, String>, f64) =
+                serde_json::from_str(l).unwrap();
+            Sample {
+                name,
+                labels,
+                value,
+            }
         })
         .collect()
 }
 
-fn sample(samples: &[(String, f64)], series: &str) -> u64 {
-    samples
-        .iter()
-        .find(|(name, _)| name == series)
-        .map(|(_, v)| *v as u64)
-        .unwrap_or_else(|| panic!("no {series} in the scrape"))
+/// What `stats -j`, `policy list -j` and `status -j` say of one interface: every value
+/// `/metrics` shows, by other names.
+struct Told {
+    stats: Value,
+    policies: Vec<Value>,
+    status: Value,
 }
 
-/// `/metrics` in the lab: valid for Prometheus's own parser, counters that rise with
-/// traffic and equal `stats -j`'s, per-policy counters, no address in any label; `/top`
-/// lists the source, bounded by n.
+impl Told {
+    fn read(lab: &Lab, iface: &str) -> Self {
+        let json = |args: &[&str]| -> Value {
+            let mut all = vec!["-j"];
+            all.extend_from_slice(args);
+            serde_json::from_str(&shaper_ok(lab.rx_ns(), &all)).unwrap()
+        };
+        Told {
+            stats: json(&["stats", iface, "--top", "100000"]),
+            policies: json(&["policy", "list", iface]).as_array().unwrap().clone(),
+            status: status(lab, iface),
+        }
+    }
+
+    fn total(&self, field: &str) -> f64 {
+        self.stats["totals"][field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("stats -j has no totals.{field}")) as f64
+    }
+
+    /// What the commands say `sample` should be. Panics on a series they have no value
+    /// for: each family of `/metrics` must be one the commands show too.
+    fn expected(&self, sample: &Sample) -> f64 {
+        let label = |key: &str| {
+            sample
+                .labels
+                .get(key)
+                .unwrap_or_else(|| panic!("{sample}: no {key} label"))
+                .as_str()
+        };
+        let name = sample
+            .name
+            .strip_prefix("shaper_")
+            .unwrap_or_else(|| panic!("{sample}: not shaper's"));
+        if let Some(policy) = sample.labels.get("policy") {
+            let row = self
+                .policies
+                .iter()
+                .find(|r| r["prefix"] == policy.as_str())
+                .unwrap_or_else(|| panic!("{sample}: no policy {policy} in policy list"));
+            let field = name
+                .strip_prefix("policy_")
+                .and_then(|n| n.strip_suffix("_total"))
+                .unwrap_or_else(|| panic!("{sample}: a per-policy series of no counter"));
+            return row[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{sample}: policy list -j has no {field}"))
+                as f64;
+        }
+        let tracked = |family: &str| {
+            self.status[&format!("{family}_sources_tracked")]
+                .as_u64()
+                .unwrap() as f64
+        };
+        let capacity = self.status["max_sources"].as_u64().unwrap() as f64;
+        match name {
+            // The daemon's own: the interface its file names is attached, and no reload
+            // has happened; when it last counted the keys is a time, checked by the caller.
+            "interface_attached" => 1.0,
+            "sources_counted_timestamp_seconds" => sample.value,
+            "unmetered_packets_total" => self.total(&format!("{}_packets", label("kind"))),
+            "unmetered_bytes_total" => self.total(&format!("{}_bytes", label("kind"))),
+            "metered_packets_total" => self.total(&format!("{}_packets", label("family"))),
+            "sources_tracked" => tracked(label("family")),
+            "sources_capacity" => capacity,
+            "source_map_fill_ratio" => tracked(label("family")) / capacity,
+            "shape_delay_seconds_bucket" => {
+                // Cumulative: every bucket that ends at or below le.
+                let le = label("le");
+                let bound = (le != "+Inf").then(|| (le.parse::<f64>().unwrap() * 1e9).round());
+                self.stats["shape_delay"]["histogram"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|b| {
+                        bound.is_none_or(|le| b["to_ns"].as_f64().is_some_and(|to| to <= le))
+                    })
+                    .map(|b| b["packets"].as_u64().unwrap() as f64)
+                    .sum()
+            }
+            counter => self.total(
+                counter
+                    .strip_suffix("_total")
+                    .unwrap_or_else(|| panic!("{sample}: a gauge stats -j does not show")),
+            ),
+        }
+    }
+}
+
+/// `/metrics` in the lab, every series of every family against what `stats -j`, `policy
+/// list -j` and `status -j` say, with traffic that makes the policies' counts differ from
+/// each other and from the interface's: a policy dropping (its aggregate refusing part),
+/// one in monitor mode (would drop), sources of the default policy refused a cell by the
+/// interface's admission (unadmitted), IPv6 beside IPv4. The scrape is valid for
+/// Prometheus's own parser, and no label holds an address; `/top` lists the source,
+/// bounded by n.
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn metrics_match_stats_and_parse() {
-    let lab = new_lab("dm-prom");
+    let options = LabOptions {
+        ipv6: true,
+        ..LabOptions::default()
+    };
+    let lab = Lab::with("dm-prom", 4, options).unwrap();
     let iface = lab.rx_iface().to_owned();
     let _guard = guard(lab.rx_ns(), &iface);
     lab.rx_netns()
         .ip(&["link", "set", "dev", "lo", "up"])
         .unwrap();
-    let src = lab.sources()[0];
-    let [a, b, c, _] = src.octets();
-    let prefix = format!("{a}.{b}.{c}.0/24");
+    let [a, b, c, d] = [0, 1, 2, 3].map(|i| lab.sources()[i]);
     let dir = scratch("dm-prom");
     let file = dir.join("shaper.toml");
+    // The interface admits one new key a second at most; the policies admit their own.
     fs::write(
         &file,
-        config(&iface, "8mbit")
-            + &format!(
-                "\n[[interface.policy]]\nprefix = \"{prefix}\"\nrate = \"4mbit\"\nburst = \"64k\"\n"
-            ),
+        format!(
+            "[[interface]]\nname = \"{iface}\"\nrate = \"8mbit\"\nburst = \"64k\"\n\
+             new_sources = 1\nnew_sources_burst = 1\n\n\
+             [[interface.policy]]\nprefix = \"{a}/32\"\nrate = \"4mbit\"\nburst = \"64k\"\n\
+             aggregate_rate = \"2mbit\"\naggregate_burst = \"32k\"\n\
+             new_sources = 100\nnew_sources_burst = 100\n\n\
+             [[interface.policy]]\nprefix = \"{b}/32\"\nrate = \"3mbit\"\nburst = \"32k\"\n\
+             mode = \"monitor\"\nnew_sources = 100\nnew_sources_burst = 100\n"
+        ),
     )
     .unwrap();
     let daemon = Daemon::start(lab.rx_ns(), &file, &["--no-watch", "--top"]);
-    let labels = format!("direction=\"ingress\",interface=\"{iface}\"");
     let before = parse(&scrape(&lab, "/metrics"));
-    assert_eq!(
-        sample(&before, &format!("shaper_passed_bytes_total{{{labels}}}")),
-        0
-    );
+    let told = Told::read(&lab, &iface);
+    for sample in &before {
+        assert_eq!(sample.value, told.expected(sample), "{sample}");
+    }
 
-    run_udp(
+    // a over its rate and its aggregate, b over its rate in monitor mode, c and d under
+    // the default's (one of them refused a cell), and an IPv6 source.
+    let offered = [16_000_000, 8_000_000, 1_000_000, 1_000_000];
+    let report = run_udp_with(
         &lab,
-        Flow {
-            src: src.into(),
-            offered_bps: 16_000_000,
-            frame_bytes: 1000,
-        },
+        &lab.flows(&offered, 1000),
         Duration::from_secs(1),
-    );
-    let text = scrape(&lab, "/metrics");
-    let after = parse(&text);
-    let totals = stats(lab.rx_ns(), &iface);
-    for name in [
-        "passed_bytes",
-        "passed_packets",
-        "dropped_bytes",
-        "dropped_packets",
-    ] {
-        let got = sample(&after, &format!("shaper_{name}_total{{{labels}}}"));
-        assert_eq!(got, totals.total(name), "{name}");
-        assert!(got > 0, "{name} did not rise");
-    }
-    let policy = format!("direction=\"ingress\",interface=\"{iface}\",policy=\"{prefix}\"");
-    assert!(
-        sample(
-            &after,
-            &format!("shaper_policy_dropped_bytes_total{{{policy}}}")
-        ) > 0
-    );
-    // Labels come sorted: direction, family, interface. The keys are counted in the
-    // background, every second at this size: the source is there within two.
-    let family = format!("direction=\"ingress\",family=\"ipv4\",interface=\"{iface}\"");
-    let tracked = format!("shaper_sources_tracked{{{family}}}");
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while sample(&parse(&scrape(&lab, "/metrics")), &tracked) != 1 {
-        assert!(Instant::now() < deadline, "{tracked} is not 1 after 2 s");
+        &RunOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(report.receiver_drops, 0);
+    let v6 = Flow {
+        src: lab.sources6()[0].into(),
+        offered_bps: 1_000_000,
+        frame_bytes: 1000,
+    };
+    run_udp_with(
+        &lab,
+        &[v6],
+        Duration::from_millis(300),
+        &RunOptions::default(),
+    )
+    .unwrap();
+
+    // The keys are counted in the background, every second at this size: a scrape after
+    // a count that began once the traffic was over.
+    let done = unix_now();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (text, after) = loop {
+        let text = scrape(&lab, "/metrics");
+        let samples = parse(&text);
+        let counted = samples
+            .iter()
+            .find(|s| s.name == "shaper_sources_counted_timestamp_seconds")
+            .map_or(0.0, |s| s.value);
+        if counted > done {
+            break (text, samples);
+        }
+        assert!(Instant::now() < deadline, "no count of the keys in 5 s");
         std::thread::sleep(Duration::from_millis(100));
-    }
-    for (series, _) in &after {
-        assert!(series.starts_with("shaper_"), "{series}");
+    };
+    let told = Told::read(&lab, &iface);
+    let mut families = BTreeMap::new();
+    for sample in &after {
+        assert_eq!(sample.value, told.expected(sample), "{sample}");
+        *families.entry(sample.name.clone()).or_insert(0) += usize::from(sample.value != 0.0);
         assert!(
-            !series.contains(&format!("\"{src}\"")),
-            "an address label: {series}"
+            !sample
+                .labels
+                .values()
+                .any(|v| [a, b, c, d].iter().any(|s| *v == s.to_string())),
+            "an address label: {sample}"
         );
     }
+    println!("samples by family (non-zero of them): {families:?}");
     eprintln!("a scrape:\n{text}");
+    // The traffic made the counts differ: the policies' from each other and from the
+    // interface's, so a series showing another's numbers cannot pass.
+    let policy = |prefix: String, field: &str| {
+        told.policies
+            .iter()
+            .find(|r| r["prefix"] == prefix.as_str())
+            .unwrap()[field]
+            .as_u64()
+            .unwrap()
+    };
+    let (pa, pb) = (format!("{a}/32"), format!("{b}/32"));
+    assert!(policy(pa.clone(), "dropped_packets") > 0);
+    assert!(policy(pa.clone(), "aggregate_refused_packets") > 0);
+    assert!(policy(pb.clone(), "would_drop_packets") > 0);
+    assert!(policy("default".into(), "unadmitted_passed_packets") > 0);
+    assert_ne!(
+        policy(pa.clone(), "passed_bytes"),
+        policy(pb.clone(), "passed_bytes")
+    );
+    assert!(told.total("passed_bytes") > policy(pa, "passed_bytes") as f64);
+    assert!(told.total("ipv6_packets") > 0.0);
 
     let top: Value =
         serde_json::from_str(&scrape(&lab, &format!("/top?iface={iface}&n=1"))).unwrap();
     let rows = top["top_sources"].as_array().unwrap();
     assert_eq!(rows.len(), 1, "{top}");
-    assert_eq!(rows[0]["source"], src.to_string(), "{top}");
+    assert_eq!(rows[0]["source"], a.to_string(), "{top}");
     let (exit, log) = daemon.stop();
     assert!(exit.success(), "{exit}: {log}");
     let _ = fs::remove_dir_all(&dir);
@@ -410,9 +567,9 @@ fn a_changed_file_is_applied_without_a_signal() {
 
 /// An interface the file names (a dummy or a bridge), deleted and made again, is attached
 /// again with the file's settings, from the link event alone (no signal, no file change):
-/// within 2 s through the program the daemon verified ahead over its pins (its standby),
-/// keeping the interface's counters; and again, as soon as the standby is ready, when the
-/// interface comes back while the standby is still being verified.
+/// within 2 s, by a program loaded and linked over its pins (verified in pieces, a load
+/// takes a fraction of a second), keeping the interface's cells and counters; again and
+/// again.
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn a_recreated_interface_is_attached_again() {
@@ -466,16 +623,15 @@ fn a_recreated_interface_is_attached_again() {
         took
     };
 
-    // Right after the start the standby is still in the verifier: the interface is
-    // attached when it is ready (measured here: 1.0-2.8 s, as a load of its own would take).
-    let mut daemon = Daemon::start(lab.rx_ns(), &file, &["--no-metrics"]);
-    recreate(&daemon, Duration::from_secs(5));
-    // Once it is ready (the second: the first was used above), a re-created interface is
-    // linked to it at once.
-    for _ in 0..2 {
-        daemon.wait_for(&format!("X_SHAPER_STANDBY={DUMMY}"));
-    }
+    let daemon = Daemon::start(lab.rx_ns(), &file, &["--no-metrics"]);
+    // The maps (every cell and counter) are the ones pinned before: the same map ids.
+    let at = Attachment::new(DUMMY, Some(lab.rx_ns()));
+    let maps =
+        || [at.sources(), at.counters()].map(|pin| shaper_user::bpf::map_info(&pin).unwrap().id);
+    let before = maps();
     recreate(&daemon, Duration::from_secs(2));
+    recreate(&daemon, Duration::from_secs(2));
+    assert_eq!(maps(), before, "the maps were made anew");
     let (exit, log) = daemon.stop();
     assert!(exit.success(), "{exit}: {log}");
     assert_eq!(

@@ -1,5 +1,5 @@
-//! The README's worked example is `examples/isp.toml`, word for word, and it is a valid
-//! configuration (host only: nothing is applied).
+//! The worked example of docs/operating/policies.md is `examples/isp.toml`, word for
+//! word, and it is a valid configuration (host only: nothing is applied).
 
 use shaper_user::{
     config_file,
@@ -9,13 +9,13 @@ use shaper_user::{
 };
 
 const EXAMPLE: &str = include_str!("../../../examples/isp.toml");
-const README: &str = include_str!("../../../README.md");
+const POLICIES: &str = include_str!("../../../docs/operating/policies.md");
 
 #[test]
-fn the_readme_shows_the_example_file_verbatim() {
+fn the_docs_show_the_example_file_verbatim() {
     assert!(
-        README.contains(&format!("```toml\n{EXAMPLE}```")),
-        "README.md's worked example differs from examples/isp.toml"
+        POLICIES.contains(&format!("```toml\n{EXAMPLE}```")),
+        "docs/operating/policies.md's worked example differs from examples/isp.toml"
     );
 }
 

@@ -8,7 +8,7 @@ mod common;
 
 use std::{net::IpAddr, process::Command, time::Duration};
 
-use common::{assert_near, attach_toward, shaper, shaper_ok, stats_toward};
+use common::{assert_near, attach_toward, limit_gives, shaper, shaper_ok, stats_toward};
 use shaper_lab::lab::{Lab, RunOptions, run_udp_with, tcp::send_tcp};
 use shaper_user::tc::has_tcx;
 
@@ -63,12 +63,8 @@ fn egress_holds_each_destination_and_each_source_to_the_rate() {
     let report = run().unwrap();
     assert_eq!(report.receiver_drops, 0, "the receiver lost datagrams");
     let received: u64 = report.flows.iter().map(|r| r.received_l2_bytes).sum();
-    let secs = report
-        .flows
-        .iter()
-        .map(|r| r.offered_secs)
-        .fold(0.0, f64::max);
-    let expected = RATE_BPS as f64 / 8.0 * secs + BURST as f64;
+    // One key: the destination, from the first frame of any flow to the last.
+    let expected = limit_gives(RATE_BPS, BURST, &report.flows.iter().collect::<Vec<_>>());
     assert_near(
         &format!("{} received (by destination)", lab.rx_addr()),
         received as f64,
@@ -85,7 +81,7 @@ fn egress_holds_each_destination_and_each_source_to_the_rate() {
     assert_eq!(report.receiver_drops, 0, "the receiver lost datagrams");
     let st = stats_toward(ns, iface, EGRESS);
     for r in &report.flows[..3] {
-        let expected = RATE_BPS as f64 / 8.0 * r.offered_secs + BURST as f64;
+        let expected = limit_gives(RATE_BPS, BURST, &[r]);
         assert_near(
             &format!("{} received (by source)", r.src),
             r.received_l2_bytes as f64,

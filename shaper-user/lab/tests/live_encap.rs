@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use common::{assert_near, attach, attach_with, stats};
+use common::{Received, assert_near, attach, attach_with, limit_gives, stats};
 use shaper_lab::{
     frame,
     lab::{
@@ -30,13 +30,13 @@ const BURST: u64 = 65_536;
 const BURST_ARG: &str = "64k";
 const SECONDS: u64 = 3;
 
-/// Delivered against rate × time + burst for one bucket, within [`common::tolerance`].
-fn assert_within(what: &str, delivered: u64, rate_bps: u64, secs: f64) {
-    let expected = rate_bps as f64 / 8.0 * secs + BURST as f64;
+/// Delivered against rate × time + burst for one bucket (the time it passed the frames
+/// of `flows`, [`limit_gives`]), within [`common::tolerance`].
+fn assert_within<R: Received>(what: &str, delivered: u64, rate_bps: u64, flows: &[&R]) {
     assert_near(
-        &format!("{what}: delivered over {secs:.3} s"),
+        &format!("{what}: delivered"),
         delivered as f64,
-        expected,
+        limit_gives(rate_bps, BURST, flows),
         BURST as f64,
     );
 }
@@ -77,12 +77,7 @@ fn ipv6_sources_are_held_to_the_limit() {
     let results = run_udp(&lab, &overload(&srcs, 1000));
     let st = stats(lab.rx_ns(), lab.rx_iface());
     for r in &results {
-        assert_within(
-            &r.src.to_string(),
-            r.received_l2_bytes,
-            RATE_BPS,
-            r.offered_secs,
-        );
+        assert_within(&r.src.to_string(), r.received_l2_bytes, RATE_BPS, &[r]);
         // Each source is its own /64 (the default IPv6 key) and shaper saw the same bytes.
         let IpAddr::V6(a) = r.src else { unreachable!() };
         let seg = a.segments();
@@ -128,12 +123,7 @@ fn vlan_and_qinq_frames_are_held_by_inner_address() {
     let st = stats(lab.rx_ns(), lab.rx_iface());
     for (src, r) in s.iter().zip(&run.flows) {
         assert!(r.sent_packets > 0, "{src}: {r:?}");
-        assert_within(
-            &src.to_string(),
-            r.received_l2_bytes(),
-            RATE_BPS,
-            r.offered_secs,
-        );
+        assert_within(&src.to_string(), r.received_l2_bytes(), RATE_BPS, &[r]);
         // Charged to the inner source address, with the tags' bytes.
         assert_eq!(st.key(src).passed_bytes, r.received_l2_bytes(), "{src}");
     }
@@ -155,11 +145,8 @@ fn a_24_prefix_holds_four_sources_to_one_limit() {
     // Each offers 8 mbit: 32 mbit against one 10 mbit bucket.
     let results = run_udp(&lab, &overload(&srcs, 1000));
     let delivered: u64 = results.iter().map(|r| r.received_l2_bytes).sum();
-    let secs = results
-        .iter()
-        .map(|r: &FlowResult| r.offered_secs)
-        .fold(0.0, f64::max);
-    assert_within("198.18.0.0/24", delivered, AGGREGATE_BPS, secs);
+    let all: Vec<&FlowResult> = results.iter().collect();
+    assert_within("198.18.0.0/24", delivered, AGGREGATE_BPS, &all);
     let st = stats(lab.rx_ns(), lab.rx_iface());
     let keys: Vec<_> = st.keys().collect();
     assert_eq!(keys.len(), 1, "one key for the /24: {keys:?}");
@@ -193,12 +180,7 @@ fn jumbo_frames_are_charged_their_full_length() {
     let st = stats(lab.rx_ns(), lab.rx_iface());
     let passed = |src: IpAddr| st.key(src).passed_bytes;
     let hot = &results[0];
-    assert_within(
-        "jumbo, overloaded",
-        hot.received_l2_bytes,
-        RATE_BPS,
-        hot.offered_secs,
-    );
+    assert_within("jumbo, overloaded", hot.received_l2_bytes, RATE_BPS, &[hot]);
     assert_eq!(passed(hot.src), hot.received_l2_bytes);
     let quiet = &results[1];
     assert!(quiet.sent_packets > 0);

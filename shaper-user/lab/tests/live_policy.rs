@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{assert_near, attach, shaper_ok, stats};
+use common::{assert_near, attach, limit_gives, shaper_ok, stats};
 use shaper_lab::lab::{Flow, FlowResult, Lab, RunOptions, run_udp_with};
 
 const FRAME: u32 = 1_000;
@@ -79,7 +79,6 @@ fn a_prefix_aggregate_holds_the_prefix_and_each_source_to_its_cap() {
     let flows = lab.flows(&[2 * PER_SOURCE_BPS; 4], FRAME);
     let results = run_udp(&lab, &flows, Duration::from_secs(SECONDS));
 
-    let secs = results.iter().map(|r| r.offered_secs).fold(0.0, f64::max);
     for r in &results {
         println!(
             "{}: offered {:.2} Mbit/s, received {:.3} Mbit/s",
@@ -88,7 +87,7 @@ fn a_prefix_aggregate_holds_the_prefix_and_each_source_to_its_cap() {
             r.received_bps() / 1e6
         );
         assert!(r.sent_bps() > 7e6, "{} did not offer 8 mbit", r.src);
-        let cap = PER_SOURCE_BPS as f64 / 8.0 * r.offered_secs + PER_SOURCE_BURST as f64;
+        let cap = limit_gives(PER_SOURCE_BPS, PER_SOURCE_BURST, &[r]);
         assert!(
             r.received_l2_bytes as f64 <= cap,
             "{} got {} bytes, over its cap's {cap:.0}",
@@ -100,7 +99,11 @@ fn a_prefix_aggregate_holds_the_prefix_and_each_source_to_its_cap() {
     assert_near(
         "the /24 received",
         total as f64,
-        AGGREGATE_BPS as f64 / 8.0 * secs + AGGREGATE_BURST as f64,
+        limit_gives(
+            AGGREGATE_BPS,
+            AGGREGATE_BURST,
+            &results.iter().collect::<Vec<_>>(),
+        ),
         AGGREGATE_BURST as f64,
     );
     // shaper counts the aggregate's refusals under the policy.
@@ -129,7 +132,7 @@ fn the_per_source_cap_binds_under_an_aggregate_with_room() {
     assert_near(
         &format!("{}, at twice its cap, received", hot.src),
         hot.received_l2_bytes as f64,
-        PER_SOURCE_BPS as f64 / 8.0 * hot.offered_secs + PER_SOURCE_BURST as f64,
+        limit_gives(PER_SOURCE_BPS, PER_SOURCE_BURST, &[hot]),
         PER_SOURCE_BURST as f64,
     );
     assert_eq!(st.key(hot.src).passed_bytes, hot.received_l2_bytes);
@@ -278,7 +281,7 @@ fn monitor_mode_counts_what_enforcement_drops_and_drops_nothing() {
     assert_near(
         "the enforced source passed",
         e.passed_bytes as f64,
-        4e6 / 8.0 * results[1].offered_secs + 32_768.0,
+        limit_gives(4_000_000, 32_768, &[&results[1]]),
         32_768.0,
     );
     // The meters ran alike: what monitor mode counts as conforming (passed, not would

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_near, attach, stats};
+use common::{assert_near, attach, limit_gives, stats};
 use shaper_lab::lab::{Lab, RunOptions, run_udp_with};
 
 #[test]
@@ -35,7 +35,7 @@ fn overloaded_sources_get_rate_times_time_plus_burst() {
             r.sent_bps() / 1e6,
             r.offered_secs
         );
-        let expected = RATE_BPS as f64 / 8.0 * r.offered_secs + BURST as f64;
+        let expected = limit_gives(RATE_BPS, BURST, &[r]);
         assert_near(
             &format!("{} received", r.src),
             r.received_l2_bytes as f64,

@@ -1,6 +1,6 @@
 //! `shaper top` against live lab traffic: two sources at known rates, one under a prefix
 //! policy that drops half of what it sends. In a terminal (tmux: send-keys and
-//! capture-pane) the pane shows both with their policy and rates within ±10% of what was
+//! capture-pane) the pane shows both with their policy and rates within ±2% of what was
 //! offered, sorted by rate, and by passed after `p`, and `q` quits; without a terminal it
 //! prints one snapshot, as text or (`-j`) JSON.
 
@@ -28,7 +28,8 @@ const OFFERED: [u64; 2] = [3_000_000, 6_000_000];
 const POLICY_RATE: f64 = 2e6;
 const FRAME: u32 = 1000;
 
-/// ±10%: one second's counts against a paced sender's rate.
+/// ±2%: one second's counts against a paced sender's rate (seen within ±0.5% on a
+/// machine under load 9; the text view rounds to three digits, 0.25% at worst).
 fn assert_rate(what: &str, got: f64, expected: f64) {
     let err = (got - expected) / expected;
     println!(
@@ -36,7 +37,7 @@ fn assert_rate(what: &str, got: f64, expected: f64) {
         err * 100.0
     );
     assert!(
-        err.abs() <= 0.10,
+        err.abs() <= 0.02,
         "{what}: {got:.0} is {:+.1}% from {expected:.0}",
         err * 100.0
     );

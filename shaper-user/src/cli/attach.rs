@@ -25,7 +25,32 @@ use shaper_user::{
 use super::{flag, new_sources};
 
 /// Attach shaper to IFACE, or change its rate and burst in place if already attached.
+///
+/// Every source address sending to IFACE (IPv4, or IPv6 by /64) is held to RATE, with
+/// bursts of up to BURST: a frame over the limit is dropped on arrival (XDP), never
+/// queued. With --direction egress, what IFACE sends is held instead, per destination
+/// (tc). RATE and BURST are the default policy: what every source that no prefix policy
+/// covers gets (see shaper-policy(8)).
+///
+/// The program and its maps are pinned under /sys/fs/bpf/shaper/IFACE/ (egress:
+/// .../IFACE/egress/, with -n NETNS: /sys/fs/bpf/shaper/netns/NETNS/IFACE/), so the
+/// limit stays after the command exits, until shaper-detach(8).
+///
+/// On an interface that already has shaper, attach changes the rate, burst, mode,
+/// shaping times and new-source admission in place and leaves what it does not name as
+/// it is: the program stays, no packet goes unmetered, every source keeps its bucket
+/// (rescaled to the new rate, never refilled). What a bucket is kept for cannot change
+/// that way and is refused in one line: --max-sources, --hook, --xdp-mode, --tc-mode,
+/// --key and the prefixes (detach first). On an interface an older shaper attached,
+/// attach with the same settings upgrades it in place, every bucket and counter kept. On
+/// an interface deleted and made again, whose pins stayed, attach links the program to
+/// them again: its sources, policies and counters go on from where they were.
+///
+/// All or nothing: an error is one line naming the bad value, and leaves nothing
+/// attached or pinned. A burst below one full-size frame of IFACE is refused (such a
+/// frame could never pass). Needs root, or CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN.
 #[derive(Debug, clap::Args)]
+#[command(after_long_help = EXAMPLES)]
 pub struct Args {
     /// Interface to police (what it receives, per source address; with --direction
     /// egress, what it sends, per destination address).
@@ -76,6 +101,19 @@ pub struct Args {
     #[command(flatten)]
     pub new_sources: new_sources::Flags,
 }
+
+const EXAMPLES: &str = "\
+Examples:
+  shaper attach eth0 --rate 10mbit --burst 64k
+      Every source address sending to eth0 gets at most 10 Mbit/s, bursts of 64 KiB.
+  shaper attach eth0 --rate 20mbit --burst 128k
+      Change it in place: no detach, no gap, every source keeps its bucket.
+  shaper attach eth1 --rate 10mbit --burst 64k --new-sources 2000 --new-sources-burst 100000
+      At most 100000 new addresses at once, then 2000 a second, get a bucket of their own;
+      the frames of the rest (a spoofed flood) share one bucket at 10 Mbit/s.
+  shaper attach eth0 --direction egress --rate 10mbit --burst 128k --mode monitor
+      Count what each destination would have dropped of what eth0 sends; drop nothing.
+";
 
 /// Refuses a burst (given as `flag value`) below one full-size frame on `iface`: such
 /// frames could never pass.
@@ -168,6 +206,12 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         ),
         Attached::Updated { .. } => println!(
             "updated {}: rate {} burst {} per source{admitted}",
+            req.at.label(),
+            args.rate,
+            args.burst
+        ),
+        Attached::Relinked { .. } => println!(
+            "attached {} again over its pins (the interface was made again): every source's bucket, the policies and the counters kept; rate {} burst {} per source{admitted}",
             req.at.label(),
             args.rate,
             args.burst

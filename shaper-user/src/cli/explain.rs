@@ -7,7 +7,22 @@ use shaper_user::{
     units::{Rate, Size, human_bytes},
 };
 
+/// What a rate and burst mean: bytes/s, time per byte and per frame, the burst in
+/// milliseconds, and warnings (needs no privileges, touches nothing)
+///
+/// The rate in bits and bytes per second, the time one byte and one full-size frame take
+/// at it, the burst in bytes, in full-size frames and in milliseconds of the rate (how
+/// long an idle bucket takes to refill), and warnings: a burst below one full-size frame
+/// (refused by attach), or too small for one TCP flow to reach the rate over a typical
+/// round trip. Rates and sizes are written as tc(8) writes them.
 #[derive(Debug, clap::Args)]
+#[command(after_long_help = "\
+Examples:
+  shaper explain --rate 10mbit --burst 64k
+      What 10 Mbit/s with a 64 KiB burst allows.
+  shaper -j explain --rate 1gbit --burst 1m
+      The same as JSON.
+")]
 pub struct Args {
     /// Rate in tc syntax: bits per second (10mbit, 1gbit) or bytes per second (10mbps)
     #[arg(long)]

@@ -23,8 +23,26 @@ use shaper_user::{
 };
 
 /// Per-source byte-rate limiting in the kernel (XDP), held with GCRA.
+///
+/// shaper holds every source address on a Linux interface to a byte rate, in the kernel,
+/// at line rate: each source (IPv4 address, or IPv6 /64) has one GCRA cell, a single
+/// theoretical arrival time, in a BPF LRU hash map, updated by every CPU with
+/// compare-and-swap. Over the limit, a frame is dropped on arrival (XDP, ingress), or on
+/// egress (tc) dropped or held back (shape mode). Prefix policies give other rates to
+/// other prefixes, exempt or block them, and hold a prefix to an aggregate rate; monitor
+/// mode counts what would be dropped and drops nothing; new-source admission bounds what
+/// a flood of spoofed sources gets. The limits stay in force after the command exits:
+/// the programs and maps are pinned under /sys/fs/bpf/shaper/.
+///
+/// Each command has its page: shaper-attach(8), shaper-policy(8), shaper-apply(8), ...
+/// Rates and sizes are written as tc(8) writes them: 10mbit, 1gbit, 10mbps (bytes per
+/// second); 64k (65536 bytes), 1514b. Every error is one line naming the bad value, with
+/// a non-zero exit, and changes nothing. Commands that change an attachment take a
+/// host-wide lock; one killed half way is rolled back whole by the next shaper command.
+/// shaper needs root, or CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (and CAP_SYS_ADMIN for
+/// -n), and bpffs mounted at /sys/fs/bpf.
 #[derive(Debug, Parser)]
-#[command(name = "shaper", version)]
+#[command(name = "shaper", version, after_long_help = EXAMPLES)]
 pub struct Cli {
     /// Run in the named network namespace, as `ip -n NETNS` does.
     #[arg(short = 'n', long, global = true, value_name = "NETNS")]
@@ -52,8 +70,6 @@ pub enum Command {
     Apply(apply::Args),
     #[command(subcommand)]
     Config(config::Command),
-    /// What a rate and burst mean: bytes/s, time per byte and per frame, the burst in
-    /// milliseconds, and warnings (needs no privileges, touches nothing)
     Explain(explain::Args),
     Run(run::Args),
     Watch(watch::Args),
@@ -62,6 +78,18 @@ pub enum Command {
     #[command(hide = true)]
     Man(man::Args),
 }
+
+const EXAMPLES: &str = "\
+Examples:
+  shaper explain --rate 10mbit --burst 64k
+      What a rate and burst mean, before anything is enforced.
+  shaper attach eth0 --rate 10mbit --burst 64k
+      Hold every source sending to eth0 to 10 Mbit/s.
+  shaper stats eth0
+      What passed and what was dropped, and the sources dropped most.
+  shaper detach eth0
+      Remove it.
+";
 
 /// Where a command acts: the namespace (`-n`) and the direction (`--direction`) it was
 /// given.

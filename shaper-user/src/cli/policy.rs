@@ -20,18 +20,50 @@ use super::{
 };
 
 /// Per-prefix policies: limits, exemptions and blocks, longest prefix wins
+///
+/// The attach rate is the default policy. A prefix policy overrides it for the sources
+/// in a prefix, IPv4 or IPv6; where prefixes nest, the longest one covering a source
+/// wins. A policy limits each source (--rate, --burst), and may add one bucket the whole
+/// prefix shares (--aggregate-rate, --aggregate-burst: a packet must fit both, and one
+/// refused by either is charged to neither); or exempts the prefix (--action pass: never
+/// limited, still counted), or blocks it (--action drop). --mode monitor drops nothing
+/// for the prefix and counts what would be dropped; --mode shape (egress, with sch_fq)
+/// holds it back instead.
+///
+/// Changes apply while attached, to sources already seen on their next packet: nobody is
+/// detached, no packet goes unmetered, and a new rate rescales each bucket's backlog
+/// (never refills it). A policy prefix may not be longer than the key prefix
+/// (--prefix-v4, --prefix-v6 of attach), nor have host bits set, as ip route refuses.
+/// Up to 16383 policies per interface. The file of shaper-apply(8) sets them all at
+/// once.
 #[derive(Debug, clap::Subcommand)]
+#[command(after_long_help = EXAMPLES)]
 pub enum Command {
-    /// Add a policy for PREFIX, or replace the one it has; sources already seen keep their
-    /// state (a new rate rescales their buckets, never refills them)
     Set(SetArgs),
-    /// Remove the policy of PREFIX; its sources fall back to the next longest prefix
     Del(DelArgs),
-    /// List the policies with their counters (the default policy first)
     List(ListArgs),
 }
 
+const EXAMPLES: &str = "\
+Examples:
+  shaper policy set eth0 203.0.113.0/24 --rate 4mbit --burst 64k --aggregate-rate 10mbit --aggregate-burst 128k
+      Each address of the /24 up to 4 Mbit/s, the whole /24 up to 10 Mbit/s.
+  shaper policy set eth0 192.0.2.0/28 --action pass
+      Never limit the /28; still count it.
+  shaper policy list eth0
+      Every policy with its counters, the default first.
+";
+
+/// Add a policy for PREFIX, or replace the one it has; sources already seen keep their
+/// state (a new rate rescales their buckets, never refills them)
+///
+/// --rate and --burst are per source (per key: an address, or a /64 in IPv6); with
+/// --action limit (the default) both are needed, with pass or drop neither.
+/// --new-sources gives the prefix a new-source admission of its own; without it, the
+/// prefix's new sources count against the interface's. Either way its unadmitted frames
+/// share one bucket of the prefix's own, at its per-source rate and burst.
 #[derive(Debug, clap::Args)]
+#[command(after_long_help = SET_EXAMPLES)]
 pub struct SetArgs {
     pub iface: String,
     /// 203.0.113.0/24, 2001:db8::/48, or one address (a /32 or /128)
@@ -58,13 +90,45 @@ pub struct SetArgs {
     pub new_sources: new_sources::Flags,
 }
 
+const SET_EXAMPLES: &str = "\
+Examples:
+  shaper policy set eth0 198.51.100.0/24 --rate 2mbit --burst 32k --mode monitor
+      Try a lower plan: drop nothing, count what it would drop.
+  shaper policy set eth0 2001:db8:bad::/48 --action drop
+      Block an IPv6 network.
+  shaper policy set eth0 198.18.0.0/15 --rate 2mbit --burst 16k --new-sources 200
+      At most 200 new sources a second of the /15 get a bucket of their own.
+";
+
+/// Remove the policy of PREFIX; its sources fall back to the next longest prefix
+///
+/// The sources it covered are resolved again on their next packet: to the next longest
+/// prefix that covers them, or the default policy.
 #[derive(Debug, clap::Args)]
+#[command(after_long_help = "\
+Examples:
+  shaper policy del eth0 203.0.113.0/24
+      The /24's sources fall back to the default rate.
+")]
 pub struct DelArgs {
     pub iface: String,
     pub prefix: String,
 }
 
+/// List the policies with their counters (the default policy first)
+///
+/// Each policy with its action, mode, rates and bursts, its new-source admission (own,
+/// or interface when it shares the interface's) and its counters: passed, dropped and
+/// would drop packets, keys given a bucket, and unadmitted packets. Counters carried
+/// over by an upgrade are included. With -j, JSON whose keys carry their unit.
 #[derive(Debug, clap::Args)]
+#[command(after_long_help = "\
+Examples:
+  shaper policy list eth0
+      The policies of eth0, the default first.
+  shaper -j policy list eth0 --direction egress
+      Those of its egress attachment, as JSON.
+")]
 pub struct ListArgs {
     pub iface: String,
 }

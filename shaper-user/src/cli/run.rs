@@ -15,7 +15,6 @@ mod http;
 
 use std::{
     cell::RefCell,
-    collections::{HashMap, HashSet},
     net::SocketAddr,
     path::{Path, PathBuf},
     rc::Rc,
@@ -25,11 +24,13 @@ use std::{
 use anyhow::{Context as _, Result};
 use sd_notify::NotifyState;
 use shaper_user::{
-    apply, detach, link,
+    apply,
+    attach::Attached,
+    detach, link,
     metrics::{self, SourceCounter},
     pins::Attachment,
     request::AttachRequest,
-    standby, system,
+    system,
 };
 
 use super::Scope;
@@ -40,7 +41,19 @@ use tokio::{
 
 /// Run as a daemon: apply a configuration file, re-apply it on SIGHUP, and leave the
 /// limits in force on exit
+///
+/// At start it applies the file as shaper-apply(8) does, all or nothing, or exits
+/// non-zero with the one-line error. On SIGHUP, and when the file changes (unless
+/// --no-watch), it applies it again: what changed is changed in place, every source
+/// keeping its bucket; a file it refuses is logged in one line naming file:line: field,
+/// and the running configuration stays. An interface the file names that is deleted and
+/// made again is attached again at once, over its own pins: its sources, policies and
+/// counters go on from where they were. It serves /metrics (OpenMetrics) and /top (the keys
+/// dropped most, as JSON) on --metrics. It tells systemd when it is ready and when it
+/// reloads (Type=notify). On SIGTERM it exits and the limits stay in force, unless
+/// --detach-on-exit. One runs per host; every other shaper command works beside it.
 #[derive(Debug, clap::Args)]
+#[command(after_long_help = EXAMPLES)]
 pub struct Args {
     /// The configuration file (`shaper config show` prints the format)
     #[arg(short = 'f', long = "file", value_name = "FILE.toml")]
@@ -66,6 +79,14 @@ pub struct Args {
     pub no_watch: bool,
 }
 
+const EXAMPLES: &str = "\
+Examples:
+  shaper run -f /etc/shaper/shaper.toml
+      What shaper.service runs: apply, serve 127.0.0.1:9753/metrics, reload on change.
+  curl -s 'localhost:9753/top?iface=eth1&n=10'
+      The 10 keys of eth1 dropped most, from a running daemon.
+";
+
 /// Reads and applies the file under the lock; returns what it applied and a line saying
 /// what changed.
 fn apply_file(file: &Path, scope: Scope<'_>) -> Result<(Vec<AttachRequest>, String)> {
@@ -89,76 +110,16 @@ fn apply_file(file: &Path, scope: Scope<'_>) -> Result<(Vec<AttachRequest>, Stri
     Ok((desired, format!("applied {}: {what}", file.display())))
 }
 
-/// Loads and verifies, on a blocking thread, a program over the pins of each running
-/// interface that has none in `standbys` (XDP attachments only), and sends each one
-/// back: when an interface is deleted and made again, linking that program takes
-/// milliseconds where an attach spends a second or more in the verifier.
-/// A standby whose pins were removed or replaced (`shaper detach`, an attach afresh) is
-/// dropped first: it would keep the old maps alive.
-fn prepare(
-    running: &[AttachRequest],
-    netns: Option<&str>,
-    standbys: &mut Standbys,
-    ready: &tokio::sync::mpsc::UnboundedSender<(String, Option<standby::Standby>)>,
-) {
-    standbys.ready.retain(|name, standby| {
-        running.iter().any(|d| {
-            &d.at.iface == name && standby.is_over(&Attachment::toward(name, netns, d.at.direction))
-        })
-    });
-    for d in running.iter() {
-        if standbys.ready.contains_key(&d.at.iface)
-            || !standbys.preparing.insert(d.at.iface.clone())
-        {
-            continue;
-        }
-        let at = Attachment::toward(&d.at.iface, netns, d.at.direction);
-        let (name, ready) = (d.at.iface.clone(), ready.clone());
-        tokio::task::spawn_blocking(move || {
-            // None for a tc attachment, or pins that are not there: attached the usual way.
-            // Under the lock: the loader would make and pin a map that a change under way
-            // had not pinned yet.
-            let standby = system::lock()
-                .ok()
-                .and_then(|_lock| standby::standby(&at).ok());
-            let _ = ready.send((name, standby));
-        });
-    }
-}
-
-/// The daemon's standby programs, by interface name.
-#[derive(Default)]
-struct Standbys {
-    ready: HashMap<String, standby::Standby>,
-    /// Being loaded and verified.
-    preparing: HashSet<String>,
-    /// Interfaces back while their standby was being prepared: attached when it is
-    /// ready, sooner than a load of their own would be.
-    waiting: HashSet<String>,
-}
-
-/// Attaches the running configuration's interface `name` again, through its standby
-/// program when it has one, then applies the running configuration; says how.
-fn attach_again(
-    name: &str,
-    running: &[AttachRequest],
-    netns: Option<&str>,
-    standbys: &mut Standbys,
-) -> String {
+/// Attaches the running configuration's interface `name` again (deleted and made again,
+/// it lost its program: attach links one again over its pins, keeping every cell and
+/// counter), then applies the running configuration; says how.
+fn attach_again(name: &str, running: &[AttachRequest], netns: Option<&str>) -> String {
     let result = (|| -> Result<bool> {
         let _lock = system::lock()?;
-        let relinked = match (
-            running.iter().find(|d| d.at.iface == name),
-            standbys.ready.remove(name),
-        ) {
-            (Some(d), Some(mut standby)) => {
-                let at = Attachment::toward(name, netns, d.at.direction);
-                standby::relink(&at, &mut standby)?
-            }
-            _ => false,
-        };
-        apply::apply(running, netns)?;
-        Ok(relinked)
+        let applied = apply::apply(running, netns)?;
+        Ok(applied
+            .iter()
+            .any(|a| a.iface == name && matches!(a.outcome, Attached::Relinked { .. })))
     })();
     match result {
         Ok(true) => format!("{name} appeared: attached it again (its program and maps kept)"),
@@ -295,9 +256,6 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         configured: configured(&running),
         last_reload: None,
     }));
-    let mut standbys = Standbys::default();
-    let (standby_tx, mut standby_rx) = tokio::sync::mpsc::unbounded_channel();
-    prepare(&running, netns, &mut standbys, &standby_tx);
     // The server runs on this thread, between signals.
     let local = tokio::task::LocalSet::new();
     if let Some(listener) = listener {
@@ -363,29 +321,9 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                         }
                         // An interface of the file is back (deleted and made again, or its
                         // namespace's): attach it again, with what is running.
-                        if standbys.preparing.contains(&name) {
-                            standbys.waiting.insert(name);
-                            continue;
-                        }
-                        let said = attach_again(&name, &running, netns, &mut standbys);
+                        let said = attach_again(&name, &running, netns);
                         eprintln!("shaper: {said}");
                         notify(&[NotifyState::Status(&said)]);
-                        prepare(&running, netns, &mut standbys, &standby_tx);
-                        continue;
-                    }
-                    Some((name, standby)) = standby_rx.recv() => {
-                        standbys.preparing.remove(&name);
-                        if let Some(standby) = standby {
-                            standbys.ready.insert(name.clone(), standby);
-                            // For the tests (systemd keeps no unknown variable).
-                            notify(&[NotifyState::Custom(&format!("X_SHAPER_STANDBY={name}"))]);
-                        }
-                        if standbys.waiting.remove(&name) && system::ifindex(&name).is_ok() {
-                            let said = attach_again(&name, &running, netns, &mut standbys);
-                            eprintln!("shaper: {said}");
-                            notify(&[NotifyState::Status(&said)]);
-                            prepare(&running, netns, &mut standbys, &standby_tx);
-                        }
                         continue;
                     }
                     _ = term.recv() => break,
@@ -396,7 +334,6 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                 let (successful, status) = match apply_file(&args.file, scope) {
                     Ok((desired, line)) => {
                         running = desired;
-                        prepare(&running, netns, &mut standbys, &standby_tx);
                         (true, line)
                     }
                     Err(e) => (

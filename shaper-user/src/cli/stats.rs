@@ -16,13 +16,31 @@ use shaper_user::{
 };
 
 /// Show counters for IFACE and its top sources by dropped bytes.
+///
+/// The interface's counters: packets and bytes passed, dropped and would drop (monitor
+/// mode); the frames of unadmitted keys (refused a bucket of their own under a flood),
+/// which are in none of those; the keys given a bucket; what passed untouched by kind
+/// (not IP, PPPoE control, a third VLAN tag, malformed); with shape mode, what was held
+/// back, marked CE and dropped past the horizon, and how long packets were held; and on
+/// which try each compare-and-swap charge won. Then the --top sources by dropped bytes,
+/// each with its policy. Every IP frame is counted once. Counters carried over by an
+/// upgrade are included. With -j, JSON whose keys carry their unit.
 #[derive(Debug, clap::Args)]
+#[command(after_long_help = EXAMPLES)]
 pub struct Args {
     pub iface: String,
     /// How many sources to list.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
 }
+
+const EXAMPLES: &str = "\
+Examples:
+  shaper stats eth0 --top 10
+      The counters and the 10 sources dropped most.
+  shaper -j stats eth0 --direction egress
+      The egress attachment's counters as JSON.
+";
 
 #[derive(Debug, Serialize)]
 struct Totals {

@@ -14,11 +14,27 @@ use shaper_user::{
 };
 
 /// Show where shaper is attached, its mode, rate, burst and map fill.
+///
+/// One line per attachment of the namespace (both directions): the hook and how it is
+/// attached, the mode, the default policy's rate and burst, the key and its prefixes,
+/// the sources tracked of the map's size per family, the new-source admission, and the
+/// pin layout. An attachment whose interface is gone is marked so (detach removes its
+/// pins); one an older shaper made shows its layout and the attach that upgrades it.
+/// With -j, a JSON array whose keys carry their unit (rate_bits_per_sec, burst_bytes).
 #[derive(Debug, clap::Args)]
+#[command(after_long_help = EXAMPLES)]
 pub struct Args {
     /// Only this interface (in the namespace chosen with -n).
     pub iface: Option<String>,
 }
+
+const EXAMPLES: &str = "\
+Examples:
+  shaper status
+      Every attachment of this namespace.
+  shaper -j status eth0
+      eth0's attachments as JSON.
+";
 
 #[derive(Debug, Serialize)]
 struct Row {

@@ -27,13 +27,29 @@ use super::Scope;
 
 /// Live view of IFACE's sources by current rate, passed and dropped per second (q quits;
 /// r, p, d sort by rate, passed, dropped); without a terminal, one snapshot
+///
+/// In the manner of iftop: the counters are read every second, and each source is shown
+/// with its current rate (all it sent: passed, dropped and would drop), passed and
+/// dropped per second, and its policy (default, or the prefix, as shaper-policy(8) list
+/// names it), under the interface's totals per second. Without a terminal (stdout not a
+/// tty) it prints one snapshot of two reads a second apart and exits; -j prints that
+/// snapshot as JSON.
 #[derive(Debug, clap::Args)]
+#[command(after_long_help = EXAMPLES)]
 pub struct Args {
     pub iface: String,
     /// The order of the rows at the start
     #[arg(long, value_enum, default_value_t = SortArg::Rate)]
     pub sort: SortArg,
 }
+
+const EXAMPLES: &str = "\
+Examples:
+  shaper top eth0
+      Watch eth0's sources live, busiest first.
+  shaper top eth0 --sort dropped | head -20
+      One snapshot of the sources dropped most.
+";
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum SortArg {

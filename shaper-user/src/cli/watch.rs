@@ -18,11 +18,25 @@ use tokio::{
 
 use super::Scope;
 
-/// Sampled events of refused frames (dropped, would drop in monitor mode, unadmitted), as
-/// they happen, until Ctrl-C: time, source, policy, bytes and reason. The kernel meters
-/// the events to --rate a second, so a flood cannot flood the watcher; the per-packet
-/// path pays nothing for it while nobody watches.
+/// Sampled events of refused frames as they happen, until Ctrl-C: time, source,
+/// policy, bytes and reason
+///
+/// The frames are those dropped, those that would be dropped (monitor mode) and those of
+/// unadmitted keys. The kernel meters the events to --rate a second, so a flood cannot
+/// flood the watcher; the per-packet path pays nothing for it while nobody watches.
+///
+/// Each event has the time, the key (the source, or the destination with --key dst, as
+/// its network when keys are masked to a prefix), the policy it fell under, the frame's
+/// bytes and the reason: source_limit (its own bucket was empty), aggregate (its
+/// prefix's was), blocked, or unadmitted. With -j, one JSON object a line, with action
+/// dropped or would_drop.
+///
+/// The watcher holds a lease in the pinned map watch (its pid, rate and an end time 3 s
+/// ahead) and renews it every second; a killed watcher leaves sampling on for at most
+/// 3 s. One watcher at a time per attachment: a second is refused, naming the first's
+/// pid. Events the ring buffer had no room for are counted and the count printed on exit.
 #[derive(Debug, clap::Args)]
+#[command(after_long_help = EXAMPLES)]
 pub struct Args {
     pub iface: String,
     /// Events per second at most (1 to 100000); refused frames beyond it are not sampled
@@ -58,6 +72,14 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
     Duration::try_from_secs_f64(v * scale).map_err(|_| err())
 }
+
+const EXAMPLES: &str = "\
+Examples:
+  shaper watch eth0
+      One line per sampled refused frame, until Ctrl-C.
+  shaper -j watch eth0 --rate 20 --duration 10s
+      JSON lines, at most 20 events a second, for 10 seconds.
+";
 
 /// One event, as `-j` prints it (one JSON object a line).
 #[derive(Debug, Serialize)]

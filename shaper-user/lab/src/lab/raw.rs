@@ -76,6 +76,11 @@ pub struct RawResult {
     pub attempted_packets: u64,
     pub sent_packets: u64,
     pub received_packets: u64,
+    /// When the kernel received the first and the last of them (the receive timestamps
+    /// of the rx veth's packet socket, CLOCK_REALTIME in nanoseconds; 0 if none came), as
+    /// [`super::FlowResult::first_received_ns`].
+    pub first_received_ns: u64,
+    pub last_received_ns: u64,
     pub frame_bytes: u32,
     /// From the pacing start to the last send.
     pub offered_secs: f64,
@@ -96,6 +101,8 @@ impl std::fmt::Debug for RawResult {
             .field("attempted_packets", &self.attempted_packets)
             .field("sent_packets", &self.sent_packets)
             .field("received_packets", &self.received_packets)
+            .field("first_received_ns", &self.first_received_ns)
+            .field("last_received_ns", &self.last_received_ns)
             .field("frame_bytes", &self.frame_bytes)
             .field("offered_secs", &self.offered_secs)
             .field("max_gap_secs", &self.max_gap_secs)
@@ -229,12 +236,14 @@ pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<RawRu
         .zip(&frames)
         .zip(received)
         .enumerate()
-        .map(|(i, ((sent, frame), received_packets))| {
+        .map(|(i, ((sent, frame), received))| {
             let sent = sent.with_context(|| format!("raw flow {i}"))?;
             Ok(RawResult {
                 attempted_packets: sent.attempted,
                 sent_packets: sent.packets,
-                received_packets,
+                received_packets: received.packets,
+                first_received_ns: received.first_ns,
+                last_received_ns: received.last_ns,
                 frame_bytes: u32::try_from(frame.len())?,
                 offered_secs: sent.secs,
                 max_gap_secs: sent.max_gap_secs,
@@ -314,6 +323,7 @@ fn open_packet_socket(ns: &str, iface: &str, receive: bool) -> Result<OwnedFd> {
                 tv_usec: libc::suseconds_t::try_from(RECV_TIMEOUT.as_micros())?,
             };
             set_option(&fd, libc::SO_RCVTIMEO, &timeout)?;
+            set_option(&fd, libc::SO_TIMESTAMPNS, &1 as &libc::c_int)?;
         }
         Ok(fd)
     })?
@@ -354,6 +364,15 @@ fn send(fd: &OwnedFd, frame: &[u8]) -> io::Result<()> {
     }
 }
 
+/// What arrived of one flow.
+#[derive(Debug, Clone, Copy, Default)]
+struct Arrivals {
+    packets: u64,
+    /// The kernel's receive timestamps of the first and last frame.
+    first_ns: u64,
+    last_ns: u64,
+}
+
 /// Counts frames carrying the marker per flow index until `stop` or `deadline`; frames the
 /// interface itself sends (none in the lab) and frames without the marker are ignored.
 /// Also returns how many frames the socket dropped meanwhile for want of buffer.
@@ -362,25 +381,32 @@ fn count(
     flows: usize,
     stop: &AtomicBool,
     deadline: Instant,
-) -> Result<(Vec<u64>, u64)> {
-    let mut counts = vec![0u64; flows];
+) -> Result<(Vec<Arrivals>, u64)> {
+    let mut counts = vec![Arrivals::default(); flows];
     let mut buf = vec![0u8; MAX_FRAME_BYTES as usize];
+    // Room for the SCM_TIMESTAMPNS control message, u64-aligned as cmsghdr needs.
+    // SAFETY: CMSG_SPACE only computes a size.
+    let control_len = unsafe { libc::CMSG_SPACE(size_of::<libc::timespec>() as u32) } as usize;
+    let mut control = vec![0u64; control_len.div_ceil(8)];
     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
         // SAFETY: all-zero is a valid sockaddr_ll for the kernel to fill.
         let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        let mut from_len = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-        // SAFETY: the buffer and address pointers describe live, writable memory of the
-        // given lengths; the fd is open. SO_RCVTIMEO bounds the wait.
-        let n = unsafe {
-            libc::recvfrom(
-                fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                0,
-                (&raw mut from).cast(),
-                &raw mut from_len,
-            )
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
         };
+        // SAFETY: all-zero is a valid msghdr; the fields set below describe our buffers.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&raw mut from).cast();
+        msg.msg_namelen = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = control_len;
+        // SAFETY: the header points at live, writable memory of the given lengths (the
+        // frame buffer, the address, the control buffer); the fd is open. SO_RCVTIMEO
+        // bounds the wait.
+        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &raw mut msg, 0) };
         if n < 0 {
             let e = io::Error::last_os_error();
             match e.kind() {
@@ -400,7 +426,13 @@ fn count(
         }
         let index = u32::from_be_bytes(tag[4..].try_into().expect("4 bytes")) as usize;
         if let Some(c) = counts.get_mut(index) {
-            *c += 1;
+            if let Some(ns) = super::traffic::received_ns(&msg) {
+                if c.packets == 0 {
+                    c.first_ns = ns;
+                }
+                c.last_ns = ns;
+            }
+            c.packets += 1;
         }
     }
     Ok((counts, socket_drops(fd)?))

@@ -129,6 +129,13 @@ pub struct FlowResult {
     /// of the senders' pacing clock (0 if nothing arrived). Queued traffic arrives after the
     /// senders stop, so for a queueing limiter this is later than `offered_secs`.
     pub last_arrival_secs: f64,
+    /// When the kernel received this source's first and last datagram (its receive
+    /// timestamp, `SO_TIMESTAMPNS`: CLOCK_REALTIME in nanoseconds; 0 if nothing arrived).
+    /// Taken in the softirq that ran the receiving interface's XDP program moments
+    /// before, so their difference is the time over which the limiter passed the
+    /// source's frames, whatever the sender's or the receiver's threads were doing.
+    pub first_received_ns: u64,
+    pub last_received_ns: u64,
     /// L2 bytes received per time bin from the common start, when [`RunOptions::bin`] is set
     /// (empty otherwise). Bins run to the end of the drain; trailing empty bins are kept.
     pub received_bins: Vec<u64>,
@@ -147,6 +154,12 @@ impl FlowResult {
     /// Layer-2 bits per second that reached the receiver, over the sending time.
     pub fn received_bps(&self) -> f64 {
         bits_per_sec(self.received_l2_bytes, self.offered_secs)
+    }
+
+    /// Seconds from the first datagram received to the last, by the kernel's receive
+    /// timestamps ([`FlowResult::first_received_ns`]).
+    pub fn received_span_secs(&self) -> f64 {
+        self.last_received_ns.saturating_sub(self.first_received_ns) as f64 / 1e9
     }
 }
 
@@ -322,6 +335,8 @@ pub fn run_udp_with(
             received_l2_bytes: 0,
             offered_secs: 0.0,
             last_arrival_secs: 0.0,
+            first_received_ns: 0,
+            last_received_ns: 0,
             received_bins: Vec::new(),
             send_offsets_ns: Vec::new(),
         })
@@ -343,6 +358,8 @@ pub fn run_udp_with(
             r.received_packets = got.packets;
             r.received_l2_bytes = got.l2_bytes;
             r.last_arrival_secs = got.last_arrival_secs;
+            r.first_received_ns = got.first_received_ns;
+            r.last_received_ns = got.last_received_ns;
             r.received_bins.clone_from(&got.bins);
         }
         if let Some(bin) = bin {
@@ -540,6 +557,9 @@ fn open_receiver(lab: &Lab, rx: IpAddr) -> Result<UdpSocket> {
             RCVBUF_BYTES,
         )
         .context("cannot set SO_RCVBUFFORCE")?;
+        // The kernel's receive time of each datagram ([`FlowResult::first_received_ns`]).
+        set_int_option(&socket, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
+            .context("cannot set SO_TIMESTAMPNS")?;
         socket.set_read_timeout(Some(RECV_TIMEOUT))?;
         Ok(socket)
     })?
@@ -612,6 +632,9 @@ struct Counts {
     l2_bytes: u64,
     /// Seconds from the pacing start to the last arrival.
     last_arrival_secs: f64,
+    /// The kernel's receive timestamps of the first and last datagram.
+    first_received_ns: u64,
+    last_received_ns: u64,
     /// L2 bytes per bin, when binning.
     bins: Vec<u64>,
 }
@@ -640,12 +663,25 @@ fn receive(
         .collect();
     // SAFETY: as above.
     let mut msgs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; RECV_BATCH];
+    // Room for one SCM_TIMESTAMPNS control message (a timespec) per datagram, u64-aligned
+    // as cmsghdr needs.
+    // SAFETY: CMSG_SPACE only computes a size.
+    let control_len = unsafe { libc::CMSG_SPACE(size_of::<libc::timespec>() as u32) } as usize;
+    let mut controls = vec![0u64; RECV_BATCH * control_len.div_ceil(8)];
     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-        for ((msg, iov), addr) in msgs.iter_mut().zip(&mut iovs).zip(&mut addrs) {
+        let control_chunks = controls.chunks_exact_mut(control_len.div_ceil(8));
+        for (((msg, iov), addr), control) in msgs
+            .iter_mut()
+            .zip(&mut iovs)
+            .zip(&mut addrs)
+            .zip(control_chunks)
+        {
             msg.msg_hdr.msg_name = (&raw mut *addr).cast();
             msg.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             msg.msg_hdr.msg_iov = &raw mut *iov;
             msg.msg_hdr.msg_iovlen = 1;
+            msg.msg_hdr.msg_control = control.as_mut_ptr().cast();
+            msg.msg_hdr.msg_controllen = control_len;
             msg.msg_len = 0;
         }
         // SAFETY: every header points at a live iovec over its own chunk of `bufs` and at
@@ -683,6 +719,12 @@ fn receive(
             };
             let l2 = u64::from(msg.msg_len) + u64::from(l2_overhead(src));
             let entry = counts.entry(src).or_default();
+            if let Some(ns) = received_ns(&msg.msg_hdr) {
+                if entry.packets == 0 {
+                    entry.first_received_ns = ns;
+                }
+                entry.last_received_ns = ns;
+            }
             entry.packets += 1;
             entry.l2_bytes += l2;
             entry.last_arrival_secs = at;
@@ -695,6 +737,24 @@ fn receive(
         }
     }
     Ok(counts)
+}
+
+/// The kernel's receive timestamp (`SCM_TIMESTAMPNS`) of a datagram recvmmsg filled in.
+pub(crate) fn received_ns(hdr: &libc::msghdr) -> Option<u64> {
+    // SAFETY: the header's control buffer is the one we gave it, and the kernel set
+    // msg_controllen to what it wrote there; the CMSG macros stay within it.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(hdr);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_TIMESTAMPNS
+            {
+                let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                return Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+            }
+            cmsg = libc::CMSG_NXTHDR(hdr, cmsg);
+        }
+    }
+    None
 }
 
 /// The address in a sockaddr the kernel filled in (IPv4 or IPv6), if it is one.
