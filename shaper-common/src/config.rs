@@ -4,6 +4,7 @@
 use core::fmt;
 
 use crate::{
+    dscp::DSCP_MAX,
     gcra::{Limit, LimitError, MAX_RATE_BPS},
     maps::{
         ACTION_DROP, ACTION_LIMIT, ACTION_PASS, Admission, Config, DEFAULT_ECN_THRESHOLD_NS,
@@ -11,7 +12,6 @@ use crate::{
         KEY_BY_SRC, MAX_HORIZON_NS, METER2_EXCESS, METER2_PACKETS, MODE_ENFORCE, MODE_MONITOR,
         MODE_SHAPE, Meter2, Policy, Shape,
     },
-    dscp::DSCP_MAX,
 };
 
 /// Why the values asked for cannot form a [`Config`].

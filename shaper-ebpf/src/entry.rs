@@ -13,7 +13,6 @@ use crate::{
     key,
     maps::{CONFIG, COUNTERS},
     meter::{Key, meter},
-    meter2,
     outcome::{Verdict, count_outcome},
     parse::{Frame, classify, header_len},
 };
@@ -55,8 +54,8 @@ pub struct Decision {
     pub ecn_threshold_ns: u64,
     /// This CPU's global counters (null when the frame was not metered).
     pub counters: *mut Counters,
-    /// A yellow frame (`meter2`): the DSCP to write into its IP header.
-    pub remark: Option<u8>,
+    /// A yellow frame (`meter2`): the policy slot whose DSCP to write into its IP header.
+    pub remark: Option<u32>,
 }
 
 impl Decision {
@@ -145,11 +144,9 @@ pub fn meter_frame(seen: &Seen) -> Decision {
         len: len64,
         ecn_threshold_ns: config.shape.ecn_threshold_ns,
         counters,
-        // The header is found again by the entry point that rewrites it: a packet pointer
-        // kept across the metering would keep apart, for the verifier, the paths of every
+        // The header is found again by the entry point's remark: a packet pointer kept
+        // across the metering would keep apart, for the verifier, the paths of every
         // encapsulation, which otherwise meet once the key is read.
-        remark: metered
-            .remarks()
-            .then(|| meter2::dscp(config, slot)),
+        remark: metered.remarks().then_some(slot),
     }
 }

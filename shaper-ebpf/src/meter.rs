@@ -15,14 +15,14 @@
 
 use core::{mem::MaybeUninit, ptr};
 
-use shaper_common::maps::{Config, Counters, Ipv4Key, Ipv6Key, SourceState};
+use shaper_common::maps::{Cell, Config, Counters, Ipv4Key, Ipv6Key, SourceState};
 
 use shaper_ebpf::atomic;
 
 use crate::{
     cell::{Count, count_policy, decide, take},
     maps::{ADMISSION, AGGREGATES, CONFIG, FIRSTS, POLICY_STATS, SOURCES, SOURCES6},
-    meter2::{self, shaper_meter2},
+    meter2::{self, shaper_meter2, shaper_meter2_prepare},
     outcome::{Metered, Outcome, outcome_counters},
     policy,
     trace::{self, Sighting},
@@ -142,12 +142,52 @@ pub fn meter(
     (metered, slot)
 }
 
-/// Meters the frame of a key with an entry of its own, `state` (a live map value), under
-/// policy `slot`: the hot path. A policy with a second meter is metered by
-/// `meter2::shaper_meter2` if `METER2` (a caller that is itself a global function passes
-/// `false`, and must not meter such a policy: the call would be a fourth level).
+/// The rule of policy `slot` on a `len`-byte frame of `key` metered in `cell` at `now`,
+/// counted as `count` says: `cell::decide`; or, if `SECOND` and the policy has a second
+/// meter, `meter2::shaper_meter2`. The rule's one byte is all a policy without one pays:
+/// no call, no lookup. A caller that is itself a global function passes `false` (a third
+/// frame of calls would not fit the stack) and must not meter such a policy.
+///
+/// # Safety
+/// `cell` points to a live map value, or to a value of this program's own.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the frame's whole state, inlined"
+)]
 #[inline(always)]
-fn known<const METER2: bool>(
+unsafe fn metered<const SECOND: bool>(
+    cell: *mut Cell,
+    key: Key,
+    config: &Config,
+    slot: u32,
+    count: Count,
+    len: u32,
+    now: u64,
+    counters: &mut Counters,
+) -> Metered {
+    let rule = policy::rule(config, slot);
+    if SECOND && rule.meter2.any() {
+        let (hi, lo, family) = key.halves();
+        let frame = meter2::frame(len, slot, family, count);
+        let mut metered = shaper_meter2(cell, hi, lo, frame, now);
+        if metered == meter2::AGAIN {
+            shaper_meter2_prepare(cell, hi, lo, frame, now);
+            metered = shaper_meter2(cell, hi, lo, frame, now);
+        }
+        return if metered == meter2::AGAIN {
+            Metered::UNTRACKED
+        } else {
+            Metered(metered)
+        };
+    }
+    // SAFETY: the caller's.
+    unsafe { decide(cell, &rule, slot, count, len, now, counters) }
+}
+
+/// Meters the frame of a key with an entry of its own, `state` (a live map value), under
+/// policy `slot`: the hot path ([`metered`] says what `SECOND` is).
+#[inline(always)]
+fn known<const SECOND: bool>(
     state: *mut SourceState,
     key: Key,
     config: &Config,
@@ -159,13 +199,7 @@ fn known<const METER2: bool>(
     // SAFETY: a live map value (found by this program run).
     unsafe {
         let cell = &raw mut (*state).cell;
-        let metered = if METER2 && meter2::configured(config, slot) {
-            let (hi, lo, family) = key.halves();
-            let frame = meter2::frame(len, slot, family, false, true);
-            Metered(shaper_meter2(cell, hi, lo, frame, now))
-        } else {
-            decide(cell, config, slot, Count::Policy, len, now, counters)
-        };
+        let metered = metered::<SECOND>(cell, key, config, slot, Count::Policy, len, now, counters);
         count_source(state, metered.outcome(), len);
         metered
     }
@@ -201,33 +235,21 @@ fn new_key(
         // meanwhile, the frame is metered (and counted) in that CPU's entry instead.
         (&raw mut fresh.cell, Count::Later)
     };
-    let metered = if meter2::configured(config, slot) {
-        let (hi, lo, family) = key.halves();
-        let unadmitted = count == Count::Unadmitted;
-        Metered(shaper_meter2(
-            cell,
-            hi,
-            lo,
-            meter2::frame(len, slot, family, unadmitted, unadmitted),
-            now,
-        ))
-    } else {
-        // SAFETY: a live map value or this program's own.
-        unsafe { decide(cell, config, slot, count, len, now, counters) }
-    };
+    // SAFETY: a live map value or this program's own.
+    let metered = unsafe { metered::<true>(cell, key, config, slot, count, len, now, counters) };
     if admitted == Admitted::Not {
         return metered;
     }
     // SAFETY: written above, for a key given a cell.
     let fresh = unsafe { fresh.assume_init_mut() };
-    created(key, fresh, admitted, metered, config, slot, len, now, counters)
+    created(key, fresh, admitted, metered, slot, len, now, counters)
 }
 
 /// The entry of a key new to the table, `fresh`, whose cell has metered its first frame
 /// (`metered`): inserted, and counted. If another CPU created the key first, what the
 /// aggregate was charged for the fresh cell is given back and the frame is metered in that
-/// CPU's entry instead (with a second meter, by `meter2::shaper_meter2` directly:
-/// `shaper_meter_raced` calling it would be a fourth level of calls).
+/// CPU's entry instead (by `meter2::shaper_meter2` again if it metered the first time:
+/// `shaper_meter_raced` calling it would be a third frame of calls).
 ///
 /// The entry is inserted and not looked up again: a lookup would mark it referenced, and
 /// the kernel's LRU evicts unreferenced entries first.
@@ -241,7 +263,6 @@ fn created(
     fresh: &mut SourceState,
     admitted: Admitted,
     metered: Metered,
-    config: &Config,
     slot: u32,
     len: u32,
     now: u64,
@@ -278,17 +299,16 @@ fn created(
             let Some(state) = key.state() else {
                 return Metered::UNTRACKED;
             };
-            if meter2::configured(config, slot) {
+            if metered.is_second() {
                 let (hi, lo, family) = key.halves();
-                let frame = meter2::frame(len, slot, family, false, true);
-                // SAFETY: a live map value.
-                let metered = Metered(shaper_meter2(
-                    unsafe { &raw mut (*state).cell },
-                    hi,
-                    lo,
-                    frame,
-                    now,
-                ));
+                let frame = meter2::frame(len, slot, family, Count::Policy);
+                // SAFETY: a live map value. Its cells are made (by this frame), and
+                // scarcely charged under another rate since.
+                let metered =
+                    match shaper_meter2(unsafe { &raw mut (*state).cell }, hi, lo, frame, now) {
+                        meter2::AGAIN => Metered::UNTRACKED,
+                        metered => Metered(metered),
+                    };
                 // SAFETY: a live map value.
                 unsafe { count_source(state, metered.outcome(), len) };
                 return metered;
@@ -330,7 +350,7 @@ pub extern "C" fn shaper_meter_raced(
         return Metered::UNTRACKED.0;
     }
     // The key is not looked at: without a second meter, a key's own cell is all there is
-    // (`created` meters a policy with one itself).
+    // (`created` meters a frame of a policy with one itself).
     known::<false>(state, Key::V4(0), config, slot, len, now, counters).0
 }
 

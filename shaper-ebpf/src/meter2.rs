@@ -16,8 +16,16 @@
 //! 4. The colour's cell is charged (compare-and-swap); if another CPU took the room
 //!    meanwhile, the frame is red after all and the charges above are given back.
 //!
+//! What is rare is not done here but in [`shaper_meter2_prepare`], which the caller calls
+//! when [`shaper_meter2`] answers [`AGAIN`] (before charging anything), and then
+//! [`shaper_meter2`] once more: making a key's cells on its first frame, and carrying a
+//! cell over to a changed rate (`cell::shaper_carry_over`). So the only call below
+//! [`shaper_meter2`] is a lost compare-and-swap's retries, and the three frames of calls
+//! (the entry point's, this one's, the retries') fit the 512 bytes of stack the kernel
+//! allows a chain.
+//!
 //! A yellow frame is passed with its DSCP to be rewritten by the entry point (the rewrite
-//! needs the packet, which a global function cannot be given), except in monitor mode,
+//! needs the packet: `xdp::shaper_remark_xdp`, `tc::shaper_remark_tc`), except in monitor mode,
 //! where it is counted and left alone. A red one is dropped, or passed as would-drop in
 //! monitor mode; nothing is charged for it.
 //!
@@ -33,16 +41,16 @@
 
 use shaper_common::{
     gcra::Limit,
-    maps::{Cell, Config, Counters, METER2_EXCESS, METER2_PACKETS, Meter2, Meter2Cells},
+    maps::{Cell, Counters, METER2_EXCESS, METER2_PACKETS, Meter2Cells},
 };
 use shaper_ebpf::atomic;
 
 use crate::{
-    cell::{carry_over, count_policy, publish},
+    cell::{Count, carry_over, count_policy, publish},
     maps::{CONFIG, COUNTERS, METER2, METER2_6, METER2_SHARED, POLICY_STATS},
     meter::join,
-    outcome::{AGGREGATE, Metered, Outcome, PACKET_RATE, Reason, SOURCE},
-    policy,
+    outcome::{AGGREGATE, Metered, Outcome, PACKET_RATE, SOURCE},
+    policy::{self, Rule},
 };
 
 /// BPF_NOEXIST: another CPU's entry, if it made one first, is the key's.
@@ -58,95 +66,83 @@ const UNADMITTED: u64 = 1 << 49;
 /// Count the frame in its policy's counters too (`cell::count_policy`).
 const COUNT_POLICY: u64 = 1 << 50;
 
+/// [`shaper_meter2`]'s answer when the frame's cells are not ready: the key has none yet,
+/// or one was charged under another rate. Nothing was charged or counted; the caller
+/// calls [`shaper_meter2_prepare`], then [`shaper_meter2`] again. Not a [`Metered`] (whose
+/// amount is below 2^54).
+pub const AGAIN: u64 = u64::MAX;
+
 /// A frame for [`shaper_meter2`]: `len` bytes under policy `slot`, of a key of `family` (4
-/// or 6), unadmitted or not, and whether to count it in its policy's counters.
+/// or 6), counted as `count` says (as `cell::decide` counts).
 #[inline(always)]
-pub fn frame(len: u32, slot: u32, family: u8, unadmitted: bool, count: bool) -> u64 {
+pub fn frame(len: u32, slot: u32, family: u8, count: Count) -> u64 {
     u64::from(len)
         | u64::from(slot & 0xffff) << SLOT_SHIFT
         | if family == 6 { IPV6 } else { 0 }
-        | if unadmitted { UNADMITTED } else { 0 }
-        | if count { COUNT_POLICY } else { 0 }
+        | if count == Count::Unadmitted {
+            UNADMITTED
+        } else {
+            0
+        }
+        | if count == Count::Later {
+            0
+        } else {
+            COUNT_POLICY
+        }
 }
 
-/// Whether the frames of policy `slot` have a second meter.
-#[inline(always)]
-pub fn configured(config: &Config, slot: u32) -> bool {
-    policy::meter2(config, slot).any()
-}
+/// What a frame that passed was: yellow (bit 0), and what the aggregate was charged (the
+/// rest, ticks; 0 for none); or why it is red.
+type Colour = Result<u64, u8>;
+const YELLOW: u64 = 1;
 
 /// Decides a frame (`frame`, see [`frame`]) of the key `hi` ‖ `lo` at `now`, whose
 /// committed cell is `cell` (a live map value, or a value on the caller's stack), under
 /// a policy with a second meter (see the module docs). Returns a [`Metered`]: its outcome,
-/// reason, whether its DSCP is to be rewritten, and what the aggregate was charged.
+/// reason, whether its DSCP is to be rewritten, and what the aggregate was charged; or
+/// [`AGAIN`].
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_meter2(cell: *mut Cell, hi: u64, lo: u64, frame: u64, now: u64) -> u64 {
     let (Some(config), Some(counters)) = (CONFIG.get(0), COUNTERS.get_ptr_mut(0)) else {
         return Metered::UNTRACKED.0;
     };
+    if cell.is_null() {
+        return Metered::UNTRACKED.0;
+    }
     let len = frame as u32;
     let slot = (frame >> SLOT_SHIFT) as u32 & 0xffff;
-    let cells = if frame & UNADMITTED != 0 {
-        METER2_SHARED.get_ptr_mut(slot)
-    } else {
-        cells_of(hi, lo, frame & IPV6 != 0)
+    let Some(cells) = cells_of(hi, lo, frame) else {
+        return AGAIN;
     };
-    // SAFETY: a global function's pointer arguments are null or point to whole values:
-    // here a live map value or a caller's own; this CPU's counters (see `entry`).
-    let (Some(cells), false) = (cells, cell.is_null()) else {
-        return Metered::UNTRACKED.0;
-    };
-    let counters = unsafe { &mut *counters };
     let rule = policy::rule(config, slot);
-    let m = rule.meter2;
+    // SAFETY: a global function's pointer arguments are null or point to whole values:
+    // here a live map value or a caller's own; live map values.
+    if unsafe { !ready(cell, cells, &rule) } {
+        return AGAIN;
+    }
+    // SAFETY: this CPU's counters (see `entry`).
+    let counters = unsafe { &mut *counters };
+    let monitor = rule.monitor;
     // SAFETY: live map values, or the caller's.
-    let colour = unsafe { colour(cell, cells, &rule, m, len, now, counters) };
-    let (outcome, reason) = match colour {
-        Ok(_) => (Outcome::Passed, SOURCE),
-        Err(reason) if rule.monitor => (Outcome::WouldDrop, reason),
-        Err(reason) => (Outcome::Dropped, reason),
-    };
-    let mut metered = Metered::new(outcome, reason, 0);
-    let bytes = u64::from(len);
-    let stats = POLICY_STATS.get_ptr_mut(slot);
-    match colour {
-        Ok(Colour { yellow, aggregate }) => {
+    let colour = unsafe { colour(cell, cells, &rule, len, now, counters) };
+    let mut metered = match colour {
+        Ok(passed) => {
+            let m = Metered::new(Outcome::Passed, SOURCE, 0);
+            let aggregate = passed >> 1;
             if aggregate != 0 {
-                metered = metered.charged_aggregate(aggregate);
-            }
-            if yellow {
-                if !rule.monitor {
-                    metered = metered.remark();
-                }
-                counters.meter2.yellow_packets += 1;
-                counters.meter2.yellow_bytes += bytes;
-                if let Some(s) = stats {
-                    // SAFETY: this CPU's entry (see `cell::count_policy`).
-                    unsafe {
-                        (*s).meter2.yellow_packets += 1;
-                        (*s).meter2.yellow_bytes += bytes;
-                    }
-                }
-                // SAFETY: a live map value; every CPU shares it.
-                unsafe {
-                    atomic::add(&raw mut (*cells).yellow_packets, 1);
-                    atomic::add(&raw mut (*cells).yellow_bytes, bytes);
-                }
+                m.charged_aggregate(aggregate)
+            } else {
+                m
             }
         }
-        Err(PACKET_RATE) => {
-            counters.meter2.packet_rate_refused_packets += 1;
-            counters.meter2.packet_rate_refused_bytes += bytes;
-            if let Some(s) = stats {
-                // SAFETY: this CPU's entry.
-                unsafe {
-                    (*s).meter2.packet_rate_refused_packets += 1;
-                    (*s).meter2.packet_rate_refused_bytes += bytes;
-                }
-            }
-        }
-        Err(_) => {}
+        Err(reason) if monitor => Metered::new(Outcome::WouldDrop, reason, 0),
+        Err(reason) => Metered::new(Outcome::Dropped, reason, 0),
+    }
+    .second();
+    count(colour, cells, slot, len, counters);
+    if colour.is_ok_and(|c| c & YELLOW != 0) && !monitor {
+        metered = metered.remark();
     }
     if frame & UNADMITTED != 0 {
         metered = metered.unadmitted();
@@ -157,38 +153,115 @@ pub extern "C" fn shaper_meter2(cell: *mut Cell, hi: u64, lo: u64, frame: u64, n
     metered.0
 }
 
-/// The key's cells (made if it has none yet), or `None` if none could be made.
-#[inline(always)]
-fn cells_of(hi: u64, lo: u64, ipv6: bool) -> Option<*mut Meter2Cells> {
-    let key4 = hi as u32;
-    let key6 = join(hi, lo);
-    let found = if ipv6 {
-        METER2_6.get_ptr_mut(&key6)
-    } else {
-        METER2.get_ptr_mut(&key4)
+/// Makes what [`shaper_meter2`] found not ready for the frame `frame` of the key `hi` ‖
+/// `lo` whose committed cell is `cell`: the key's second cells (unless another CPU made
+/// them first: the key's either way), and every cell of the frame carried over to its
+/// limit's rate. Returns 1 if the key has its cells.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_meter2_prepare(
+    cell: *mut Cell,
+    hi: u64,
+    lo: u64,
+    frame: u64,
+    now: u64,
+) -> u32 {
+    let Some(config) = CONFIG.get(0) else {
+        return 0;
     };
-    if found.is_some() {
-        return found;
+    if frame & (UNADMITTED | IPV6) == IPV6 {
+        let _ = METER2_6.insert(join(hi, lo), Meter2Cells::default(), BPF_NOEXIST);
+    } else if frame & UNADMITTED == 0 {
+        let _ = METER2.insert(hi as u32, Meter2Cells::default(), BPF_NOEXIST);
     }
-    let fresh = Meter2Cells::default();
-    // Another CPU's entry made meanwhile is as good: the key's either way.
-    let _ = if ipv6 {
-        METER2_6.insert(&key6, &fresh, BPF_NOEXIST)
-    } else {
-        METER2.insert(&key4, &fresh, BPF_NOEXIST)
+    let Some(cells) = cells_of(hi, lo, frame) else {
+        return 0;
     };
-    if ipv6 {
-        METER2_6.get_ptr_mut(&key6)
+    if cell.is_null() {
+        return 0;
+    }
+    let rule = policy::rule(config, (frame >> SLOT_SHIFT) as u32 & 0xffff);
+    let m = rule.meter2;
+    // SAFETY: a global function's pointer argument is null or points to a whole value
+    // (checked above); live map values.
+    unsafe {
+        carry_over(cell, rule.limit, now);
+        carry_over(&raw mut (*cells).excess, &m.excess, now);
+        carry_over(&raw mut (*cells).packets, &m.packets, now);
+        if !rule.aggregate_cell.is_null() {
+            carry_over(rule.aggregate_cell, rule.aggregate_limit, now);
+        }
+    }
+    1
+}
+
+/// The frame's second cells: its key's, or its policy's unadmitted frames' (`frame`, see
+/// [`frame`]); `None` if the key has none yet.
+#[inline(always)]
+fn cells_of(hi: u64, lo: u64, frame: u64) -> Option<*mut Meter2Cells> {
+    if frame & UNADMITTED != 0 {
+        METER2_SHARED.get_ptr_mut((frame >> SLOT_SHIFT) as u32 & 0xffff)
+    } else if frame & IPV6 != 0 {
+        METER2_6.get_ptr_mut(join(hi, lo))
     } else {
-        METER2.get_ptr_mut(&key4)
+        METER2.get_ptr_mut(hi as u32)
     }
 }
 
-/// A frame that passed: yellow or green, and what the aggregate was charged (ticks; 0 for
-/// none).
-struct Colour {
-    yellow: bool,
-    aggregate: u64,
+/// Whether every cell the frame may be charged to is expressed in its limit's scale
+/// (`cell::carry_over`).
+///
+/// # Safety
+/// `cell` and `cells` point to live map values, or to values of a caller's own.
+#[inline(always)]
+unsafe fn ready(cell: *mut Cell, cells: *mut Meter2Cells, rule: &Rule) -> bool {
+    let m = rule.meter2;
+    // SAFETY: the caller's.
+    let scale = |cell: *mut Cell| unsafe { atomic::load(&raw const (*cell).scale) };
+    unsafe {
+        scale(cell) == rule.limit.scale()
+            && (m.meters & METER2_EXCESS == 0
+                || scale(&raw mut (*cells).excess) == m.excess.scale())
+            && (m.meters & METER2_PACKETS == 0
+                || scale(&raw mut (*cells).packets) == m.packets.scale())
+            && (rule.aggregate_cell.is_null()
+                || scale(rule.aggregate_cell) == rule.aggregate_limit.scale())
+    }
+}
+
+/// Counts yellow frames (in this CPU's global and policy counters, and the key's) and the
+/// packet-rate meter's refusals (this CPU's global and policy counters).
+#[inline(always)]
+fn count(colour: Colour, cells: *mut Meter2Cells, slot: u32, len: u32, counters: &mut Counters) {
+    let bytes = u64::from(len);
+    match colour {
+        Ok(c) if c & YELLOW != 0 => {
+            counters.meter2.yellow_packets += 1;
+            counters.meter2.yellow_bytes += bytes;
+            // SAFETY: this CPU's entry (see `cell::count_policy`); a live map value that
+            // every CPU shares.
+            unsafe {
+                if let Some(s) = POLICY_STATS.get_ptr_mut(slot) {
+                    (*s).meter2.yellow_packets += 1;
+                    (*s).meter2.yellow_bytes += bytes;
+                }
+                atomic::add(&raw mut (*cells).yellow_packets, 1);
+                atomic::add(&raw mut (*cells).yellow_bytes, bytes);
+            }
+        }
+        Err(PACKET_RATE) => {
+            counters.meter2.packet_rate_refused_packets += 1;
+            counters.meter2.packet_rate_refused_bytes += bytes;
+            if let Some(s) = POLICY_STATS.get_ptr_mut(slot) {
+                // SAFETY: this CPU's entry.
+                unsafe {
+                    (*s).meter2.packet_rate_refused_packets += 1;
+                    (*s).meter2.packet_rate_refused_bytes += bytes;
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Steps 1 to 4 of the module docs: the frame's colour, or why it is red. Whatever was
@@ -200,12 +273,12 @@ struct Colour {
 unsafe fn colour(
     cell: *mut Cell,
     cells: *mut Meter2Cells,
-    rule: &policy::Rule,
-    m: &Meter2,
+    rule: &Rule,
     len: u32,
     now: u64,
     counters: &mut Counters,
-) -> Result<Colour, Reason> {
+) -> Colour {
+    let m = rule.meter2;
     unsafe {
         let packets = &raw mut (*cells).packets;
         let packet = if m.meters & METER2_PACKETS != 0 {
@@ -213,46 +286,58 @@ unsafe fn colour(
         } else {
             0
         };
-        // Gives back what was charged when the frame turns out red.
-        let refuse = |reason: Reason, aggregate: u64| {
-            give_back(packets, packet);
-            give_back(rule.aggregate_cell, aggregate);
-            reason
-        };
-        carry_over(cell, rule.limit, now);
-        let tat = &raw mut (*cell).tat;
-        let old = atomic::load(tat);
-        let (tat, old, new, limit, yellow) = match rule.limit.admit(old, now, len) {
-            Some(new) => (tat, old, new, rule.limit, false),
-            None if m.meters & METER2_EXCESS != 0 => {
-                let excess = &raw mut (*cells).excess;
-                carry_over(excess, &m.excess, now);
-                let tat = &raw mut (*excess).tat;
-                let old = atomic::load(tat);
+        let mut tat = &raw mut (*cell).tat;
+        let mut old = atomic::load(tat);
+        let mut limit = rule.limit;
+        let mut yellow = 0;
+        let new = match rule.limit.admit(old, now, len) {
+            Some(new) => new,
+            None => {
+                if m.meters & METER2_EXCESS == 0 {
+                    give_back(packets, packet);
+                    return Err(SOURCE);
+                }
+                tat = &raw mut (*cells).excess.tat;
+                old = atomic::load(tat);
+                limit = &m.excess;
+                yellow = YELLOW;
                 match m.excess.admit(old, now, len) {
-                    Some(new) => (tat, old, new, &m.excess, true),
-                    None => return Err(refuse(SOURCE, 0)),
+                    Some(new) => new,
+                    None => {
+                        give_back(packets, packet);
+                        return Err(SOURCE);
+                    }
                 }
             }
-            None => return Err(refuse(SOURCE, 0)),
         };
         let aggregate = if rule.aggregate_cell.is_null() {
             0
         } else {
-            match charge(rule.aggregate_cell, rule.aggregate_limit, len, now, counters) {
+            match charge(
+                rule.aggregate_cell,
+                rule.aggregate_limit,
+                len,
+                now,
+                counters,
+            ) {
                 Some(cost) => cost,
-                None => return Err(refuse(AGGREGATE, 0)),
+                None => {
+                    give_back(packets, packet);
+                    return Err(AGGREGATE);
+                }
             }
         };
         if publish(tat, old, new, limit, len, now, 0, counters).is_none() {
-            return Err(refuse(SOURCE, aggregate));
+            give_back(packets, packet);
+            give_back(rule.aggregate_cell, aggregate);
+            return Err(SOURCE);
         }
-        Ok(Colour { yellow, aggregate })
+        Ok(yellow | aggregate << 1)
     }
 }
 
-/// Charges `len` to `cell` under `limit` if it conforms (policing): what it was charged
-/// (ticks), or `None`.
+/// Charges `len` to `cell` under `limit` if it conforms (policing; the cell is in the
+/// limit's scale, see [`ready`]): what it was charged (ticks), or `None`.
 ///
 /// # Safety
 /// `cell` points to a live map value, or to a value of a caller's own.
@@ -265,7 +350,6 @@ unsafe fn charge(
     counters: &mut Counters,
 ) -> Option<u64> {
     unsafe {
-        carry_over(cell, limit, now);
         let tat = &raw mut (*cell).tat;
         let old = atomic::load(tat);
         let new = limit.admit(old, now, len)?;
@@ -287,6 +371,8 @@ unsafe fn give_back(cell: *mut Cell, cost: u64) {
 
 /// The DSCP policy `slot`'s yellow frames are marked with.
 #[inline(always)]
-pub fn dscp(config: &Config, slot: u32) -> u8 {
-    policy::meter2(config, slot).excess_dscp
+pub fn dscp(slot: u32) -> Option<u8> {
+    CONFIG
+        .get(0)
+        .map(|config| policy::meter2(config, slot).excess_dscp)
 }

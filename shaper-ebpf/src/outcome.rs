@@ -51,7 +51,8 @@ pub const PACKET_RATE: Reason = REASON_PACKET_RATE;
 /// | 6     | untracked: no cell could be had for it, passed unmetered |
 /// | 7     | the amount is what the prefix's aggregate cell was charged |
 /// | 8     | remark: passed yellow by the excess meter (`meter2`), its DSCP to be rewritten |
-/// | 9–63  | the amount: ticks the frame is held back (shaping), or see bit 7 |
+/// | 9     | metered by the second meter (`meter2`): its policy has one |
+/// | 10–63 | the amount: ticks the frame is held back (shaping), or see bit 7 |
 ///
 /// The amount fits: a delay is at most the horizon (10 s, 2^40 ticks), a charge at most
 /// `MAX_FRAME_BYTES` bytes at the slowest rate (under 2^18 × 2^36 ticks).
@@ -65,7 +66,8 @@ const UNADMITTED: u64 = 1 << 5;
 const UNTRACKED: u64 = 1 << 6;
 const CHARGED_AGGREGATE: u64 = 1 << 7;
 const REMARK: u64 = 1 << 8;
-const AMOUNT_SHIFT: u32 = 9;
+const SECOND: u64 = 1 << 9;
+const AMOUNT_SHIFT: u32 = 10;
 
 impl Metered {
     /// A frame passed unmetered: no cell could be had for its key.
@@ -78,7 +80,11 @@ impl Metered {
             Outcome::Dropped => 1,
             Outcome::WouldDrop => 2,
         };
-        Self(outcome | (u64::from(reason) & REASON_BITS) << REASON_SHIFT | delay_ticks << AMOUNT_SHIFT)
+        Self(
+            outcome
+                | (u64::from(reason) & REASON_BITS) << REASON_SHIFT
+                | delay_ticks << AMOUNT_SHIFT,
+        )
     }
 
     /// The same, passed yellow by the excess meter, its DSCP to be rewritten.
@@ -91,6 +97,19 @@ impl Metered {
     #[inline(always)]
     pub fn remarks(self) -> bool {
         self.0 & REMARK != 0
+    }
+
+    /// The same, metered by the second meter (`meter2`).
+    #[inline(always)]
+    pub fn second(self) -> Self {
+        Self(self.0 | SECOND)
+    }
+
+    /// Whether the second meter metered it: a frame metered again elsewhere (a key
+    /// created by two CPUs at once) goes to it again.
+    #[inline(always)]
+    pub fn is_second(self) -> bool {
+        self.0 & SECOND != 0
     }
 
     /// The same, its amount being what the aggregate cell was charged, in ticks.

@@ -5,7 +5,8 @@
 //! state of the skb right.
 
 use aya_ebpf::{
-    bindings::{BPF_F_RECOMPUTE_CSUM, TC_ACT_UNSPEC},
+    EbpfContext,
+    bindings::{__sk_buff, BPF_F_RECOMPUTE_CSUM, TC_ACT_UNSPEC},
     helpers::{bpf_l3_csum_replace, bpf_skb_ecn_set_ce, bpf_skb_set_tstamp, bpf_skb_store_bytes},
     macros::classifier,
     programs::TcContext,
@@ -19,6 +20,7 @@ use shaper_common::{
 
 use crate::{
     entry::{Decision, Seen, meter_frame},
+    meter2,
     outcome::Verdict,
     parse::{Frame, classify},
 };
@@ -37,8 +39,8 @@ pub fn shaper_tc(ctx: TcContext) -> i32 {
     let decision = try_shaper_tc(&ctx);
     match decision.verdict {
         Verdict::Pass => {
-            if let Some(dscp) = decision.remark {
-                remark(&ctx, dscp);
+            if let Some(slot) = decision.remark {
+                shaper_remark_tc(ctx.as_ptr().cast(), slot);
             }
             // One branch, after metering: the verifier walks the shaping below once per
             // state that reaches here, and few do (everything else is dead by now).
@@ -57,9 +59,15 @@ pub fn shaper_tc(ctx: TcContext) -> i32 {
 /// `entry::Decision::remark`), ECN bits kept: an IPv4 header's checksum updated with
 /// `bpf_l3_csum_replace` (the header's sum is then unchanged, so a CHECKSUM_COMPLETE sum
 /// stays right), an IPv6 header's traffic class stored with the packet's sum recomputed.
-#[inline(always)]
-fn remark(ctx: &TcContext, dscp: u8) {
-    let skb = ctx.skb.skb;
+/// A global function given the context: only yellow frames call it, and its parse is
+/// verified once rather than in every state that reaches the verdict.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_remark_tc(skb: *mut __sk_buff, slot: u32) -> u32 {
+    let ctx = TcContext::new(skb);
+    let Some(dscp) = meter2::dscp(slot) else {
+        return 0;
+    };
     let start = ctx.data();
     // SAFETY: `classify` checked that the fixed header lies within the packet; helpers
     // take offsets from the packet's start (its MAC header, in both directions) and the
@@ -90,6 +98,7 @@ fn remark(ctx: &TcContext, dscp: u8) {
             _ => {}
         }
     }
+    0
 }
 
 /// Holds a packet back `delay_ns` (sch_fq releases it then), unless it is already held

@@ -7,12 +7,17 @@
 use core::ptr::{read_unaligned, write_unaligned};
 
 use aya_ebpf::{
-    bindings::xdp_action, helpers::bpf_xdp_get_buff_len, macros::xdp, programs::XdpContext,
+    EbpfContext,
+    bindings::{xdp_action, xdp_md},
+    helpers::bpf_xdp_get_buff_len,
+    macros::xdp,
+    programs::XdpContext,
 };
 use shaper_common::dscp::{csum_replace2, ipv6_with_dscp, with_dscp};
 
 use crate::{
     entry::{Decision, Seen, meter_frame},
+    meter2,
     outcome::Verdict,
     parse::{Frame, classify},
 };
@@ -26,8 +31,8 @@ pub fn shaper_xdp(ctx: XdpContext) -> u32 {
     let decision = try_shaper_xdp(&ctx);
     match decision.verdict {
         Verdict::Pass => {
-            if let Some(dscp) = decision.remark {
-                remark(&ctx, dscp);
+            if let Some(slot) = decision.remark {
+                shaper_remark_xdp(ctx.as_ptr().cast(), slot);
             }
             xdp_action::XDP_PASS
         }
@@ -37,9 +42,15 @@ pub fn shaper_xdp(ctx: XdpContext) -> u32 {
 
 /// Writes `dscp` into the frame's IP header (found again: see `entry::Decision::remark`),
 /// ECN bits kept, an IPv4 header's checksum updated incrementally (RFC 1624,
-/// `shaper_common::dscp`).
-#[inline(always)]
-fn remark(ctx: &XdpContext, dscp: u8) {
+/// `shaper_common::dscp`). A global function given the context: only yellow frames call
+/// it, and its parse is verified once rather than in every state that reaches the verdict.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_remark_xdp(ctx: *mut xdp_md, slot: u32) -> u32 {
+    let ctx = XdpContext::new(ctx);
+    let Some(dscp) = meter2::dscp(slot) else {
+        return 0;
+    };
     // SAFETY: `classify` checked that the fixed header lies within the frame.
     unsafe {
         match classify(ctx.data(), ctx.data_end()) {
@@ -60,6 +71,7 @@ fn remark(ctx: &XdpContext, dscp: u8) {
             _ => {}
         }
     }
+    0
 }
 
 #[inline(always)]

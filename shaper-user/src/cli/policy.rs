@@ -191,6 +191,7 @@ fn limits(args: &SetArgs) -> Result<PolicyLimits> {
         aggregate_burst_bytes: args.aggregate_burst.map_or(0, |b| b.bytes()),
         new_sources: admission.new_sources,
         new_sources_burst: admission.new_sources_burst,
+        meter2: Default::default(),
     })
 }
 
