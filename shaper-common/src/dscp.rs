@@ -39,6 +39,60 @@ pub const DSCP_NAMES: [(&str, u8); 22] = [
     ("le", DSCP_LE),
 ];
 
+/// A DSCP, 0 to 63: what `--excess-dscp` and `excess_dscp` take, by name ([`DSCP_NAMES`])
+/// or number, and how it is shown (its name if it has one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dscp(u8);
+
+impl Dscp {
+    /// The default mark of yellow frames: Lower Effort.
+    pub const LE: Self = Self(DSCP_LE);
+
+    /// The DSCP `value`, if it is one (at most [`DSCP_MAX`]).
+    pub fn new(value: u8) -> Option<Self> {
+        (value <= DSCP_MAX).then_some(Self(value))
+    }
+
+    pub fn value(self) -> u8 {
+        self.0
+    }
+}
+
+/// Why a text is not a DSCP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DscpError;
+
+impl core::fmt::Display for DscpError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("not a DSCP: give 0 to 63 or a name (cs0..cs7, af11..af43, ef, le)")
+    }
+}
+
+impl core::error::Error for DscpError {}
+
+impl core::str::FromStr for Dscp {
+    type Err = DscpError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let name = DSCP_NAMES
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(s));
+        match name {
+            Some(&(_, v)) => Ok(Self(v)),
+            None => s.parse().ok().and_then(Self::new).ok_or(DscpError),
+        }
+    }
+}
+
+impl core::fmt::Display for Dscp {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match DSCP_NAMES.iter().find(|&&(_, v)| v == self.0) {
+            Some((name, _)) => f.write_str(name),
+            None => write!(f, "{}", self.0),
+        }
+    }
+}
+
 /// The TOS byte (or IPv6 traffic class) `tos` with its DSCP replaced by `dscp`, its ECN
 /// bits kept.
 #[inline(always)]
@@ -120,6 +174,18 @@ mod tests {
         assert_eq!((n0, n1), (0x62, 0x1a));
         assert_eq!(((n0 << 4) | (n1 >> 4)) & 0b11, 0b01, "ECN kept");
         assert_eq!(n1 & 0x0f, 0x0a, "flow label kept");
+    }
+
+    #[test]
+    fn a_dscp_is_a_name_or_0_to_63_and_shows_as_its_name() {
+        use std::string::ToString;
+        assert_eq!("cs1".parse::<Dscp>().map(|d| d.value()), Ok(8));
+        assert_eq!("EF".parse::<Dscp>().map(|d| d.value()), Ok(46));
+        assert_eq!("63".parse::<Dscp>().map(|d| d.value()), Ok(63));
+        assert_eq!("64".parse::<Dscp>(), Err(DscpError));
+        assert_eq!("af44".parse::<Dscp>(), Err(DscpError));
+        assert_eq!(Dscp::LE.to_string(), "le");
+        assert_eq!(Dscp::new(3).unwrap().to_string(), "3");
     }
 
     #[test]

@@ -564,9 +564,9 @@ mod tests {
     use shaper_common::{
         layout::{LAYOUTS, SIZED_AT_ATTACH},
         maps::{
-            PIN_ADMISSION, PIN_AGGREGATES, PIN_EVENTS, PIN_FIRSTS, PIN_LAYOUT, PIN_POLICIES,
-            PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_SOURCES, PIN_SOURCES6, PIN_TRACES,
-            PIN_WATCH,
+            PIN_ADMISSION, PIN_AGGREGATES, PIN_EVENTS, PIN_FIRSTS, PIN_LAYOUT, PIN_METER2,
+            PIN_METER2_6, PIN_METER2_SHARED, PIN_POLICIES, PIN_POLICY_STATS,
+            PIN_POLICY_STATS_CARRIED, PIN_SOURCES, PIN_SOURCES6, PIN_TRACES, PIN_WATCH,
         },
     };
 
@@ -652,8 +652,11 @@ mod tests {
         // Every layout before 6 lacks the traces and the first-sighting cells, and its
         // config, policies, counters and policy counters (and so what carries them)
         // changed since (the doorkeeper's seed, allowance and sightings, the shaping
-        // delays' sum).
+        // delays' sum; the second meter's settings, counts and cells).
         let changed = [
+            PIN_METER2,
+            PIN_METER2_6,
+            PIN_METER2_SHARED,
             PIN_LAYOUT,
             PIN_CONFIG,
             PIN_POLICIES,
