@@ -103,6 +103,10 @@ Examples:
       Block an IPv6 network.
   shaper policy set eth0 198.18.0.0/15 --rate 2mbit --burst 16k --new-sources 200
       At most 200 new sources a second of the /15 get a bucket of their own.
+  shaper policy set eth0 203.0.113.0/24 --rate 10mbit --burst 64k --excess-rate 10mbit --excess-burst 64k --excess-dscp cs1
+      A bandwidth profile (RFC 4115): 10 Mbit/s delivered as sent, 10 Mbit/s more marked CS1, the rest dropped.
+  shaper policy set eth0 198.51.100.0/24 --rate 10mbit --burst 64k --packet-rate 2k --packet-burst 200
+      Also at most 2000 frames a second per source, whatever their size.
 ";
 
 /// Remove the policy of PREFIX; its sources fall back to the next longest prefix
