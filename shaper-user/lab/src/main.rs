@@ -634,7 +634,10 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
         );
         // No shaper command runs here: only the objects are needed.
         let today = Build::today(Path::new("shaper"));
-        let baseline = baseline(args)?;
+        // Without a baseline, today's build alone (as the full run does).
+        let baseline = baseline(args)
+            .inspect_err(|e| println!("no baseline measured: {e:#}"))
+            .ok();
         let affinity = pin_to_current_cpu();
         let results = per_packet::run(
             &opts,
@@ -642,8 +645,8 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
                 build: &today,
                 populations: &mut [],
             },
-            Some(per_packet::Subject {
-                build: &baseline,
+            baseline.as_ref().map(|build| per_packet::Subject {
+                build,
                 populations: &mut [],
             }),
         )?;
