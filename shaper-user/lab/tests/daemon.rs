@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{assert_near, guard, limit_gives, shaper, shaper_ok, stats};
+use common::{assert_limited, guard, replay, shaper, shaper_ok, stats};
 use serde_json::Value;
 use shaper_lab::{
     daemon::{Daemon, config, scratch},
@@ -55,8 +55,13 @@ fn prog_id(lab: &Lab) -> u64 {
         .unwrap_or_else(|| panic!("no XDP program: {}", links[0]))
 }
 
+/// One flow's UDP traffic through the lab, every send's time kept ([`replay`]).
 fn run_udp(lab: &Lab, flow: Flow, duration: Duration) -> FlowResult {
-    let report = run_udp_with(lab, &[flow], duration, &RunOptions::default()).expect("traffic");
+    let options = RunOptions {
+        record_sends: true,
+        ..RunOptions::default()
+    };
+    let report = run_udp_with(lab, &[flow], duration, &options).expect("traffic");
     report.flows.into_iter().next().unwrap()
 }
 
@@ -101,11 +106,14 @@ fn sighup_applies_a_changed_file_in_place() {
 
     let result = run_udp(&lab, flow, Duration::from_secs(2));
     let passed = stats(lab.rx_ns(), &iface).key(src).passed_bytes - updated.key(src).passed_bytes;
-    assert_near(
+    // The bucket refilled while the reload and the commands ran (64k at 4mbit: 131 ms).
+    let limit = (4_000_000, 65_536);
+    assert_limited(
         "passed at 4mbit after the reload",
-        passed as f64,
-        limit_gives(4_000_000, 65_536, &[&result]),
-        65_536.0,
+        passed,
+        replay(&[&result], Some(limit), None)[0],
+        limit,
+        &[&result],
     );
     let (exit, log) = daemon.stop();
     assert!(exit.success(), "{exit}: {log}");
@@ -302,6 +310,19 @@ for family in text_string_to_metric_families(sys.stdin.read()):
 
 /// What `stats -j`, `policy list -j` and `status -j` say of one interface: every value
 /// `/metrics` shows, by other names.
+/// Asserts that a scraped sample is what the commands told, read before the scrape
+/// (`first`) and after it (`then`): the same number when nothing passed the interface
+/// between the two reads, as is usual. A frame the lab did not send (an IPv6 router
+/// solicitation, say) may come between them: then the sample is between the two, as
+/// every counter only grows and a count of keys does too while nothing expires.
+fn assert_told(sample: &Sample, first: &Told, then: &Told) {
+    let (a, b) = (first.expected(sample), then.expected(sample));
+    assert!(
+        a.min(b) <= sample.value && sample.value <= a.max(b),
+        "{sample}: the commands told {a} before the scrape and {b} after it"
+    );
+}
+
 struct Told {
     stats: Value,
     policies: Vec<Value>,
@@ -435,10 +456,11 @@ fn metrics_match_stats_and_parse() {
     )
     .unwrap();
     let daemon = Daemon::start(lab.rx_ns(), &file, &["--no-watch", "--top"]);
+    let told_first = Told::read(&lab, &iface);
     let before = parse(&scrape(&lab, "/metrics"));
     let told = Told::read(&lab, &iface);
     for sample in &before {
-        assert_eq!(sample.value, told.expected(sample), "{sample}");
+        assert_told(sample, &told_first, &told);
     }
 
     // a over its rate and its aggregate, b over its rate in monitor mode, c and d under
@@ -468,6 +490,7 @@ fn metrics_match_stats_and_parse() {
     // The keys are counted in the background, every second at this size: a scrape after
     // a count that began once the traffic was over.
     let done = unix_now();
+    let told_first = Told::read(&lab, &iface);
     let deadline = Instant::now() + Duration::from_secs(5);
     let (text, after) = loop {
         let text = scrape(&lab, "/metrics");
@@ -485,7 +508,7 @@ fn metrics_match_stats_and_parse() {
     let told = Told::read(&lab, &iface);
     let mut families = BTreeMap::new();
     for sample in &after {
-        assert_eq!(sample.value, told.expected(sample), "{sample}");
+        assert_told(sample, &told_first, &told);
         *families.entry(sample.name.clone()).or_insert(0) += usize::from(sample.value != 0.0);
         assert!(
             !sample
@@ -566,10 +589,9 @@ fn a_changed_file_is_applied_without_a_signal() {
 }
 
 /// An interface the file names (a dummy or a bridge), deleted and made again, is attached
-/// again with the file's settings, from the link event alone (no signal, no file change):
-/// within 2 s, by a program loaded and linked over its pins (verified in pieces, a load
-/// takes a fraction of a second), keeping the interface's cells and counters; again and
-/// again.
+/// again with the file's settings, from the link event alone (no signal, no file change),
+/// by a program loaded and linked over its pins (verified in pieces, a load takes a
+/// fraction of a second), keeping the interface's cells and counters; again and again.
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn a_recreated_interface_is_attached_again() {
@@ -629,8 +651,11 @@ fn a_recreated_interface_is_attached_again() {
     let maps =
         || [at.sources(), at.counters()].map(|pin| shaper_user::bpf::map_info(&pin).unwrap().id);
     let before = maps();
-    recreate(&daemon, Duration::from_secs(2));
-    recreate(&daemon, Duration::from_secs(2));
+    // That it is linked again over its pins, not re-created, the map ids and the log's
+    // words say; how soon (a fraction of a second on a quiet machine, printed) is not
+    // asserted: at a load of 11 on 2 CPUs the link event and the relink took over 2 s.
+    recreate(&daemon, Duration::from_secs(20));
+    recreate(&daemon, Duration::from_secs(20));
     assert_eq!(maps(), before, "the maps were made anew");
     let (exit, log) = daemon.stop();
     assert!(exit.success(), "{exit}: {log}");
