@@ -174,6 +174,14 @@ const NEEDS: &[Need] = &[
         },
         by: &[Test],
     },
+    // metrics.rs counts the bpf calls of a scrape with strace.
+    Need {
+        item: Item::Apt {
+            package: "strace",
+            present: Present::Programs(&["strace"]),
+        },
+        by: &[Test],
+    },
     // `shaper top`'s test drives it in a terminal: tmux's send-keys and capture-pane.
     Need {
         item: Item::Apt {
