@@ -173,7 +173,13 @@ fn a_spoofed_flood_under_the_default_admission_gets_under_1_percent_of_the_table
         (first..=admitted_bound(first, first, elapsed)).contains(&created),
         "{created} cells in {elapsed:?}, the allowance is {first}/s"
     );
-    assert!(created <= u64::from(TABLE) / 100);
+    // So the default keeps a flood under 1% of the table for as long as the lab
+    // flood lasts (5 s), whatever its frame rate (this one takes well under a second on
+    // the host, longer under emulation: the bound above is what the kernel owes).
+    assert!(
+        admitted_bound(first, first, Duration::from_secs(5)) <= u64::from(TABLE) / 100,
+        "the default's first-sighting allowance passes 1% of the table in a 5 s flood"
+    );
     assert_eq!(h.sources().unwrap().len() as u64, created);
     assert_eq!(
         (c.sightings.first_admitted, c.sightings.admitted),
@@ -378,12 +384,21 @@ fn each_policy_admits_and_meters_its_own_newcomers() {
     let before = h.policies().stats(slot).unwrap();
     passes(&mut h, &frame_from(flood_source(n)));
     let after = h.policies().stats(slot).unwrap();
-    assert_eq!(after.unadmitted.packets(), before.unadmitted.packets() + 1);
+    // Counted under its policy: refused (unadmitted) or, if a token came back in the
+    // meantime (a slow guest), admitted.
+    assert_eq!(
+        after.unadmitted.packets() + after.new_sources,
+        before.unadmitted.packets() + before.new_sources + 1
+    );
 }
 
 #[test]
 #[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
 fn policies_without_an_admission_of_their_own_share_the_interfaces() {
+    // One key a second: the admission stays used up from the policy's last refusal to the
+    // newcomer's frames, however slow the machine (an emulated guest's test runs take
+    // milliseconds each).
+    const NEW_PER_SEC: u64 = 1;
     let mut h = Harness::new(Some(&admitting(NEW_PER_SEC, NEW_BURST)), 65_536).unwrap();
     let sharing = PolicySpec {
         prefix: parse_prefix("10.64.0.0/10").unwrap(),
@@ -416,7 +431,17 @@ fn policies_without_an_admission_of_their_own_share_the_interfaces() {
     assert_eq!(s.unadmitted.packets(), 2 * u64::from(n) - in_cells);
     // The interface's admission is what the policy used up: a newcomer under the
     // default is refused a cell too, on its second sighting as on its first (and metered
-    // in the default's own shared cell).
+    // in the default's own shared cell). Used up just now: the policy's keys are refused.
+    for i in n.. {
+        let f = frame_from(flood_source(i));
+        passes(&mut h, &f);
+        passes(&mut h, &f);
+        let now = h.policies().stats(slot).unwrap();
+        if now.new_sources == s.new_sources + u64::from(i - n) {
+            break;
+        }
+        assert!(i < n + 10, "the admission never ran out");
+    }
     let newcomer = frame_from(Ipv4Addr::new(198, 18, 0, 1));
     assert!(passes(&mut h, &newcomer));
     assert!(passes(&mut h, &newcomer));

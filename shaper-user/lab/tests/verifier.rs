@@ -4,11 +4,16 @@
 //! a million. The kernel refuses anything over its limit before this test could see it, so
 //! the limit itself proves nothing; the budget fails as soon as complexity creeps back (the
 //! programs walked 938k and 970k before they were cut into global functions, each verified
-//! once). Run on every kernel of the matrix, where the count differs.
+//! once). Run on every kernel of the matrix, where the count differs. It prints each
+//! function the kernel reports (its BTF linkage and its share of the translated program):
+//! a global one is verified once on its own, a static one in every caller's state.
 
 use anyhow::Result;
+use std::os::fd::AsFd;
+
 use aya::programs::{SchedClassifier, Xdp};
 use shaper_common::maps::{DEFAULT_MAX_SOURCES, PROG_TC, PROG_XDP};
+use shaper_lab::bench::programs::functions;
 use shaper_user::object;
 
 /// A quarter of `BPF_COMPLEXITY_LIMIT_INSNS`.
@@ -23,11 +28,34 @@ fn processed_instructions_within_the_budget() -> Result<()> {
     let xdp: &Xdp = ebpf.program(PROG_XDP).unwrap().try_into()?;
     let tc: &SchedClassifier = ebpf.program(PROG_TC).unwrap().try_into()?;
     let mut over = Vec::new();
-    for (name, info) in [(PROG_XDP, xdp.info()?), (PROG_TC, tc.info()?)] {
+    for (name, info, fd) in [
+        (PROG_XDP, xdp.info()?, xdp.fd()?.as_fd()),
+        (PROG_TC, tc.info()?, tc.fd()?.as_fd()),
+    ] {
         let insns = info.verified_instruction_count().unwrap_or(0);
+        let xlated = info.size_translated().unwrap_or(0);
         println!(
-            "{name}: {insns} instructions processed by the verifier (budget {BUDGET}), {} bytes translated",
-            info.size_translated().unwrap_or(0)
+            "{name}: {insns} instructions processed by the verifier (budget {BUDGET}), {xlated} bytes translated"
+        );
+        let funcs = functions(fd, xlated)?;
+        for f in &funcs {
+            println!(
+                "  {:<24} {:<6} {:>6} instructions translated ({:.1}%)",
+                f.name,
+                if f.global { "global" } else { "static" },
+                f.insns,
+                f64::from(f.insns) * 800.0 / f64::from(xlated.max(1))
+            );
+        }
+        // The pieces verified once are still global functions of their own: inlined or
+        // made static, each would be walked again in every caller's state.
+        assert!(
+            funcs.iter().filter(|f| f.global).count() >= 4,
+            "{name}: fewer than 4 global functions: {:?}",
+            funcs
+                .iter()
+                .map(|f| (&f.name, f.global))
+                .collect::<Vec<_>>()
         );
         assert!(
             insns > 0,

@@ -54,9 +54,9 @@ fn info_by_fd<T>(fd: BorrowedFd<'_>, info: &mut T) -> io::Result<()> {
     bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr).map(drop)
 }
 
-/// The BTF type ids of a loaded program's functions (its func_info, in instruction
-/// order: the entry first), and the id of the BTF they are in.
-pub fn func_info(prog: BorrowedFd<'_>) -> Result<(Vec<u32>, u32)> {
+/// The first instruction and the BTF type id of each of a loaded program's functions (its
+/// func_info, in instruction order: the entry first), and the id of the BTF they are in.
+pub fn func_info(prog: BorrowedFd<'_>) -> Result<(Vec<(u32, u32)>, u32)> {
     // SAFETY: bpf_prog_info is plain integers; all zero asks for nothing but the counts.
     let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
     info_by_fd(prog, &mut info).context("BPF_OBJ_GET_INFO_BY_FD on the program")?;
@@ -79,7 +79,10 @@ pub fn func_info(prog: BorrowedFd<'_>) -> Result<(Vec<u32>, u32)> {
         "the program's func_info changed size ({n}, then {})",
         info.nr_func_info
     );
-    Ok((records.iter().map(|r| r.type_id).collect(), info.btf_id))
+    Ok((
+        records.iter().map(|r| (r.insn_off, r.type_id)).collect(),
+        info.btf_id,
+    ))
 }
 
 /// The BTF blob the kernel holds as `id`.

@@ -625,10 +625,12 @@ mod tests {
                 Func {
                     name: program.into(),
                     global: true,
+                    insns: 100,
                 },
                 Func {
                     name: "meter_v4".into(),
                     global: build == "today",
+                    insns: 25,
                 },
             ],
             load_ms: load_ms.map(|ms| Summary::of(vec![ms, ms * 1.1])),

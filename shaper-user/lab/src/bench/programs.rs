@@ -36,6 +36,9 @@ pub struct Func {
     /// Global linkage: verified once, on its own; static ones are walked in every
     /// caller's state.
     pub global: bool,
+    /// Its instructions after translation (what the kernel holds of it).
+    #[serde(default)]
+    pub insns: u32,
 }
 
 /// One program of one build, as the kernel loaded it.
@@ -85,25 +88,39 @@ fn load_program(ebpf: &mut Ebpf, name: &str) -> Result<Loaded> {
         }
         _ => anyhow::bail!("program {name} is neither XDP nor tc"),
     };
-    let (type_ids, btf_id) = bpf_info::func_info(fd)?;
-    let names = btf::funcs(&bpf_info::btf(btf_id)?)?;
-    let funcs = type_ids
-        .iter()
-        .map(|&id| {
-            let f = names
-                .get(id)
-                .with_context(|| format!("{name}'s func_info names BTF type {id}, no function"))?;
-            Ok(Func {
-                name: f.name.clone(),
-                global: f.global,
-            })
-        })
-        .collect::<Result<_>>()?;
+    let funcs = functions(fd, info.size_translated().unwrap_or(0))
+        .with_context(|| format!("the functions of {name}"))?;
     Ok(Loaded {
         elapsed,
         info,
         funcs,
     })
+}
+
+/// The functions of the loaded program `fd` (of `xlated_bytes` after translation), in
+/// instruction order, the entry first: what the kernel reports of each.
+pub fn functions(fd: BorrowedFd<'_>, xlated_bytes: u32) -> Result<Vec<Func>> {
+    let (records, btf_id) = bpf_info::func_info(fd)?;
+    let names = btf::funcs(&bpf_info::btf(btf_id)?)?;
+    let ends = records
+        .iter()
+        .skip(1)
+        .map(|&(off, _)| off)
+        .chain([xlated_bytes / 8]);
+    records
+        .iter()
+        .zip(ends)
+        .map(|(&(off, id), end)| {
+            let f = names
+                .get(id)
+                .with_context(|| format!("func_info names BTF type {id}, no function"))?;
+            Ok(Func {
+                name: f.name.clone(),
+                global: f.global,
+                insns: end.saturating_sub(off),
+            })
+        })
+        .collect()
 }
 
 /// Every program of every build: figures from the first run, load times over `runs`
@@ -171,13 +188,13 @@ mod tests {
                 f.xlated_bytes.is_some_and(|n| n > 0) && f.jited_bytes > 0,
                 "{f:?}"
             );
-            assert_eq!(
-                f.funcs.first(),
-                Some(&Func {
-                    name: name.to_owned(),
-                    global: true
-                }),
-                "{f:?}"
+            let entry = f.funcs.first().expect("the entry");
+            assert_eq!((entry.name.as_str(), entry.global), (name, true), "{f:?}");
+            assert!(
+                entry.insns > 0
+                    && f.funcs.iter().map(|g| g.insns * 8).sum::<u32>()
+                        == f.xlated_bytes.unwrap_or(0),
+                "the functions' shares add up to the program: {f:?}"
             );
             let load = f.load_ms.as_ref().expect("timed");
             assert_eq!(load.runs.len(), 1);
