@@ -23,7 +23,7 @@ use prometheus_client::{
     registry::Registry,
 };
 use shaper_common::{
-    maps::{DEFAULT_SLOT, MODE_MONITOR, MODE_SHAPE, Outcomes},
+    maps::{DEFAULT_SLOT, MODE_MONITOR, MODE_SHAPE, Outcomes, Sightings},
     shape::bucket_bounds_ns,
 };
 
@@ -56,13 +56,21 @@ type GaugeF64 = Gauge<f64, std::sync::atomic::AtomicU64>;
 /// A histogram's cumulative counts by upper bound in seconds (`None`: +Inf).
 type Buckets = Vec<(Option<f64>, u64)>;
 
+/// One attachment's shape delay histogram: its labels, its buckets, and the sum of the
+/// delays in seconds.
+struct Delays {
+    labels: Labels,
+    buckets: Buckets,
+    sum_secs: f64,
+}
+
 /// One metric family per name, registered once.
 #[derive(Default)]
 struct Families {
     counters: Vec<(&'static str, &'static str, Family<Labels, Counter>)>,
     gauges: Vec<(&'static str, &'static str, Family<Labels, GaugeF64>)>,
     /// The shape delay histogram of each attachment.
-    delays: Vec<(Labels, Buckets)>,
+    delays: Vec<Delays>,
 }
 
 impl Families {
@@ -101,7 +109,52 @@ impl Families {
             self.counter(name, help, labels.clone(), value);
         }
     }
+
+    /// The four doorkeeper counters of `s`, named `{prefix}seen_once` and so on.
+    fn sightings(&mut self, names: &SightingNames, labels: &Labels, s: &Sightings) {
+        for (name, help, value) in [
+            (names.0[0], names.1[0], s.first),
+            (names.0[1], names.1[1], s.admitted),
+            (names.0[2], names.1[2], s.first_admitted),
+            (names.0[3], names.1[3], s.displaced),
+        ] {
+            self.counter(name, help, labels.clone(), value);
+        }
+    }
 }
+
+/// Names and help of the four doorkeeper counters of one kind (`stats -j`'s names).
+type SightingNames = ([&'static str; 4], [&'static str; 4]);
+
+const SIGHTINGS: SightingNames = (
+    [
+        "shaper_seen_once",
+        "shaper_admitted_on_second_sighting",
+        "shaper_admitted_on_first_sighting",
+        "shaper_traces_displaced",
+    ],
+    [
+        "Keys new to the table seen for the first time: a trace left, the frame metered as unadmitted",
+        "Keys given a cell on their second sighting (their own trace found within the window)",
+        "Keys given a cell on their first sighting, within the first-sighting allowance",
+        "First sightings whose trace took the place of another key's live one",
+    ],
+);
+
+const POLICY_SIGHTINGS: SightingNames = (
+    [
+        "shaper_policy_seen_once",
+        "shaper_policy_admitted_on_second_sighting",
+        "shaper_policy_admitted_on_first_sighting",
+        "shaper_policy_traces_displaced",
+    ],
+    [
+        "A policy's keys new to the table seen for the first time",
+        "A policy's keys given a cell on their second sighting",
+        "A policy's keys given a cell on their first sighting, within the first-sighting allowance",
+        "A policy's first sightings whose trace took the place of another key's live one",
+    ],
+);
 
 /// Names and help of the six outcome counters of one kind.
 type OutcomeNames = ([&'static str; 6], [&'static str; 6]);
@@ -203,6 +256,7 @@ fn collect(
     let c = maps::read_counters(at).map_err(map_err)?;
     f.outcomes(&INTERFACE, &base, &c.outcomes);
     f.outcomes(&UNADMITTED, &base, &c.unadmitted);
+    f.sightings(&SIGHTINGS, &base, &c.sightings);
     for (kind, packets, bytes) in c.unmetered() {
         let mut l = base.clone();
         l.push(("kind".to_owned(), kind.to_owned()));
@@ -280,7 +334,11 @@ fn collect(
             (bucket_bounds_ns(k).1.map(|to| to as f64 / 1e9), held)
         })
         .collect();
-    f.delays.push((base.clone(), buckets));
+    f.delays.push(Delays {
+        labels: base.clone(),
+        buckets,
+        sum_secs: c.shape_delay_ns as f64 / 1e9,
+    });
 
     let capacity = maps::sources_capacity(at).map_err(map_err)?;
     for (family, tracked) in [
@@ -349,6 +407,7 @@ fn collect(
         l.push(("policy".to_owned(), name));
         f.outcomes(&POLICY, &l, &s.outcomes);
         f.outcomes(&POLICY_UNADMITTED, &l, &s.unadmitted);
+        f.sightings(&POLICY_SIGHTINGS, &l, &s.sightings);
         f.counter(
             "shaper_policy_aggregate_refused_packets",
             "Of a policy's dropped or would-drop frames, those its aggregate refused",
@@ -495,11 +554,11 @@ fn collect_daemon(f: &mut Families, daemon: &Daemon, netns: Option<&str>) {
     }
 }
 
-/// Writes the delay histograms as OpenMetrics text: `_bucket{le}` lines, cumulative.
-/// By hand, because the encoder's histogram needs a sum of the delays, which the kernel
-/// does not count yet; without `_sum` OpenMetrics has no `_count` either (the `+Inf`
-/// bucket holds it).
-fn delay_histogram(out: &mut String, delays: &[(Labels, Buckets)]) {
+/// Writes the delay histograms as OpenMetrics text: `_bucket{le}` lines, cumulative, then
+/// `_count` (the `+Inf` bucket's) and `_sum` (the kernel's sum of the delays). By hand,
+/// because the encoder's histogram observes values one by one and chooses its own bounds,
+/// where these are the kernel's log2 buckets, counted already.
+fn delay_histogram(out: &mut String, delays: &[Delays]) {
     const NAME: &str = "shaper_shape_delay_seconds";
     if delays.is_empty() {
         return;
@@ -510,14 +569,21 @@ fn delay_histogram(out: &mut String, delays: &[(Labels, Buckets)]) {
     );
     let _ = writeln!(out, "# TYPE {NAME} histogram");
     let _ = writeln!(out, "# UNIT {NAME} seconds");
-    for (labels, buckets) in delays {
-        let mut text: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
-        for (le, count) in buckets {
+    for d in delays {
+        let mut text: Vec<String> = d
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{v}\""))
+            .collect();
+        for (le, count) in &d.buckets {
             let le = le.map_or_else(|| "+Inf".to_owned(), |s| format!("{s:?}"));
             text.push(format!("le=\"{le}\""));
             let _ = writeln!(out, "{NAME}_bucket{{{}}} {count}", text.join(","));
             text.pop();
         }
+        let count = d.buckets.last().map_or(0, |(_, n)| *n);
+        let _ = writeln!(out, "{NAME}_count{{{}}} {count}", text.join(","));
+        let _ = writeln!(out, "{NAME}_sum{{{}}} {:?}", text.join(","), d.sum_secs);
     }
 }
 
@@ -559,15 +625,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_delay_histogram_is_cumulative_with_an_inf_bucket() {
+    fn the_delay_histogram_is_cumulative_with_an_inf_bucket_a_count_and_a_sum() {
         let mut out = String::new();
         let labels = labels(&[("interface", "eth1"), ("direction", "egress")]);
         delay_histogram(
             &mut out,
-            &[(
+            &[Delays {
                 labels,
-                vec![(Some(1.024e-6), 2), (Some(2.048e-6), 5), (None, 7)],
-            )],
+                buckets: vec![(Some(1.024e-6), 2), (Some(2.048e-6), 5), (None, 7)],
+                sum_secs: 12_345e-9,
+            }],
         );
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines[1], "# TYPE shaper_shape_delay_seconds histogram");
@@ -577,6 +644,8 @@ mod tests {
                 r#"shaper_shape_delay_seconds_bucket{interface="eth1",direction="egress",le="1.024e-6"} 2"#,
                 r#"shaper_shape_delay_seconds_bucket{interface="eth1",direction="egress",le="2.048e-6"} 5"#,
                 r#"shaper_shape_delay_seconds_bucket{interface="eth1",direction="egress",le="+Inf"} 7"#,
+                r#"shaper_shape_delay_seconds_count{interface="eth1",direction="egress"} 7"#,
+                r#"shaper_shape_delay_seconds_sum{interface="eth1",direction="egress"} 1.2345e-5"#,
             ]
         );
         let mut none = String::new();

@@ -543,7 +543,12 @@ fn bench(args: &BenchArgs) -> Result<()> {
         population::SIZES.map(|n| n.to_string()).join(", ")
     );
     let mut populations = scale::populations(&today)?;
-    let mut baseline_populations = match &baseline {
+    // The per-packet cases write settings: only a baseline today's types can configure.
+    let configurable = baseline
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("{e:#}"))
+        .and_then(|b| b.configurable().map(|()| b));
+    let mut baseline_populations = match &configurable {
         Ok(b) => scale::populations(b)?,
         Err(_) => Vec::new(),
     };
@@ -554,7 +559,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
     let scale_results = scale::run(&mut populations, opts.repeat, opts.runs)?;
     println!(
         "per-packet cost, today's build{}: repeat {} (loop), {} frames (single shot), median of {} runs",
-        baseline
+        configurable
             .as_ref()
             .map_or(String::new(), |b| format!(" and {}", b.label)),
         opts.repeat,
@@ -567,12 +572,12 @@ fn bench(args: &BenchArgs) -> Result<()> {
             build: &today,
             populations: &mut populations,
         },
-        baseline.as_ref().ok().map(|b| per_packet::Subject {
+        configurable.as_ref().ok().map(|b| per_packet::Subject {
             build: b,
             populations: &mut baseline_populations,
         }),
     )?;
-    per_packet.baseline_missing = baseline.as_ref().err().map(|e| format!("{e:#}"));
+    per_packet.baseline_missing = configurable.as_ref().err().map(|e| format!("{e:#}"));
     drop(populations);
     drop(baseline_populations);
     // The lab benchmarks need every CPU back (traffic threads, softirq accounting).
@@ -634,7 +639,11 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
         );
         // No shaper command runs here: only the objects are needed.
         let today = Build::today(Path::new("shaper"));
-        let baseline = baseline(args)?;
+        // Without a baseline, today's build alone (as the full run does).
+        let baseline = baseline(args)
+            .and_then(|b| b.configurable().map(|()| b))
+            .inspect_err(|e| println!("no baseline measured: {e:#}"))
+            .ok();
         let affinity = pin_to_current_cpu();
         let results = per_packet::run(
             &opts,
@@ -642,8 +651,8 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
                 build: &today,
                 populations: &mut [],
             },
-            Some(per_packet::Subject {
-                build: &baseline,
+            baseline.as_ref().map(|build| per_packet::Subject {
+                build,
                 populations: &mut [],
             }),
         )?;

@@ -18,8 +18,8 @@ use common::{Received, assert_near, attach, attach_with, limit_gives, stats};
 use shaper_lab::{
     frame,
     lab::{
-        Flow, FlowResult, Lab, LabOptions, RunOptions,
-        raw::{RawFlow, run_raw},
+        Flow, FlowResult, Lab, LabOptions, Late, RunOptions,
+        raw::{RawFlow, Sources, run_raw},
         run_udp_with,
     },
 };
@@ -112,7 +112,8 @@ fn vlan_and_qinq_frames_are_held_by_inner_address() {
         .map(|f| {
             assert_eq!(f.len(), FRAME);
             RawFlow {
-                spoofed: false,
+                sources: Sources::One,
+                late: Late::CatchUp,
                 frame: f.clone(),
                 offered_bps: 2 * RATE_BPS,
             }

@@ -1,24 +1,38 @@
-//! A spoofed flood through the real XDP program on a veth, with new-source admission: real
-//! sources that were sending before the flood keep their cells and lose nothing to it, the
-//! flood gets what one source gets plus a frame per admitted key, every frame is counted
-//! once, and a warm start of many sources is admitted as the README says.
+//! Floods, warm starts and new sources through the real XDP program on a veth, attached with
+//! no admission flag (the command operators type): a key new to the table gets a cell on
+//! its second sighting, or on its first within the first-sighting allowance (a 64th of the
+//! admission rate), so
+//! - a spoofed flood gets what one source gets plus a frame per key it got admitted, and
+//!   under 1% of the table, while real sources tracked before it keep their cells and lose
+//!   nothing to it;
+//! - a warm start of 20,000 sources loses at most each source's first frame, and every
+//!   source is tracked by its second; `--new-sources` caps it further, as it says;
+//! - new sources arriving at 1,000 a second (1,500-byte frames, 8 Mbit/s each) lose
+//!   nothing;
+//! - a flood from a pool of addresses that repeat is not a spoofed flood: each address is
+//!   a source held to its rate (1,000 and 100,000 of them, each under it, pass but for
+//!   first frames), and an aggregate on a policy covering them all holds them together.
 //!
-//! Frames are written onto the veth with packet sockets ([`shaper_lab::lab::raw`]); the
-//! flood is one raw flow whose every frame comes from a source never used before, sent flat
-//! out, while the real sources are paced by real-time threads (so the flood's sender cannot
-//! hold them up: see `lab::raw`).
+//! Frames are written onto the veth with packet sockets ([`shaper_lab::lab::raw`]): a
+//! flood is one raw flow, sent flat out, whose frames come from a source never used before
+//! or from a pool of sources in turn; real sources and paced pools are sent by real-time
+//! threads (so a flood's sender cannot hold them up: see `lab::raw`). The checks are on
+//! shaper's exact counters (`stats -j`), and on what the receiver counted; the only
+//! timing checked is the lab's own pacing.
 
 #[expect(dead_code, reason = "not every helper is used here")]
 mod common;
 
-use std::{net::Ipv4Addr, time::Duration};
+use std::{collections::HashMap, net::Ipv4Addr, time::Duration};
 
-use common::{assert_near, attach, attach_with, limit_gives, stats};
+use common::{assert_near, attach, attach_with, limit_gives, shaper_ok, stats};
+use shaper_common::maps::Admission;
 use shaper_lab::{
+    cli::{Counts, Stats},
     frame,
     lab::{
-        Lab,
-        raw::{RawFlow, run_raw},
+        Lab, Late,
+        raw::{RawFlow, RawResult, Sources, run_raw},
     },
 };
 
@@ -29,84 +43,215 @@ const BURST: u64 = 32_768;
 const BURST_ARG: &str = "32k";
 /// Frames of the real sources.
 const FRAME: usize = 1000;
-/// Frames of the flood: the smallest Ethernet frame.
+/// Frames of the floods: the smallest Ethernet frame.
 const FLOOD_FRAME: usize = 60;
+/// The default source table (`--max-sources`).
+const TABLE: u64 = 262_144;
+/// As fast as one sender thread goes (about 700k frames a second here).
+const FLAT_OUT_BPS: u64 = 1_000_000_000;
 
-/// How many keys an admission of `burst` keys and `per_sec` a second gives a stream of new
-/// keys whose first frame came `first` seconds into the run and whose last came at `secs`:
-/// the burst at once, then one key each time the bucket has room for one again.
-fn admissions(burst: u64, per_sec: u64, first: f64, secs: f64) -> std::ops::RangeInclusive<u64> {
-    let after = |t: f64| burst + (per_sec as f64 * t).floor() as u64;
-    after(secs - first)..=after(secs)
+/// The default admission's first-sighting allowance: keys a second, and at once, that get
+/// a cell on their first frame (409 for the default table).
+fn first_sightings() -> u64 {
+    Admission::first_sightings_per_sec(Admission::for_table(TABLE as u32).new_sources)
 }
 
-/// What shaper should make of a flood, each frame from a new key, that sent `per_ms`
-/// frames of `len` bytes in each millisecond (`RawResult::per_ms`): the admission
-/// (`new_burst` keys at once, then `per_sec` a second) gives keys cells of their own, one
-/// frame each, and the other frames share one bucket of `rate` bytes a second and `burst`
-/// bytes; both full at the start. Returns (keys admitted, bytes the shared bucket passes).
-///
-/// A millisecond's frames are taken as arriving at its start, which moves either figure
-/// by a millisecond's worth at most each time the flood stops or starts; the flood's
-/// sender (at normal priority) may stall on a busy machine, and so the expectation follows
-/// what it sent rather than how long.
-fn flood_model(
-    per_ms: &[u32],
-    len: usize,
-    (per_sec, new_burst): (u64, u64),
-    (rate, burst): (f64, f64),
-) -> (u64, f64) {
-    let (mut keys, mut shared) = (0u64, 0.0);
-    let (mut tokens, mut credit) = (new_burst as f64, burst);
-    for (ms, &frames) in per_ms.iter().enumerate() {
-        let dt = if ms == 0 { 0.0 } else { 1e-3 };
-        tokens = (tokens + per_sec as f64 * dt).min(new_burst as f64);
-        credit = (credit + rate * dt).min(burst);
-        let admitted = (tokens.floor() as u64).min(u64::from(frames));
-        tokens -= admitted as f64;
-        keys += admitted;
-        let passed = ((credit / len as f64).floor() as u64).min(u64::from(frames) - admitted);
-        credit -= (passed * len as u64) as f64;
-        shared += (passed * len as u64) as f64;
-    }
-    (keys, shared)
-}
-
-fn flow(src: Ipv4Addr, lab: &Lab, len: usize, offered_bps: u64, spoofed: bool) -> RawFlow {
+/// A raw flow of `len`-byte frames to the receiver; a late sender sends its overdue frames
+/// at once.
+fn flow(src: Ipv4Addr, lab: &Lab, len: usize, offered_bps: u64, sources: Sources) -> RawFlow {
     RawFlow {
         frame: frame::ipv4_udp_to(src, lab.rx_addr(), len),
         offered_bps,
-        spoofed,
+        sources,
+        late: Late::CatchUp,
     }
+}
+
+/// [`flow`] whose late sender skips its overdue frames instead: its frames never come
+/// closer together than the rate has them, however busy the machine (a real-time sender
+/// was held up for 160 ms under a load of 9 on 2 vCPUs, then sent 160 frames at once),
+/// so what it claims of a rate of arrivals is tested at that rate.
+fn paced(src: Ipv4Addr, lab: &Lab, len: usize, offered_bps: u64, sources: Sources) -> RawFlow {
+    RawFlow {
+        late: Late::Skip,
+        ..flow(src, lab, len, offered_bps, sources)
+    }
+}
+
+/// A bucket of `per_sec` tokens a second and `burst` at once, full at the start, that a
+/// stream takes one token from per frame while it has one, fed the frames `per_ms` says
+/// were sent in each millisecond (`RawResult::per_ms`), of which the `i`th millisecond's
+/// are offered `take(i)`: how many it took. A millisecond's frames are taken as arriving
+/// at its start, which moves the count by a millisecond's worth at most.
+fn tokens_taken(per_ms: &[u32], per_sec: f64, burst: f64) -> Vec<u64> {
+    let mut tokens = burst;
+    per_ms
+        .iter()
+        .enumerate()
+        .map(|(ms, &frames)| {
+            if ms > 0 {
+                tokens = (tokens + per_sec * 1e-3).min(burst);
+            }
+            let taken = (tokens.floor() as u64).min(u64::from(frames));
+            tokens -= taken as f64;
+            taken
+        })
+        .collect()
+}
+
+/// What shaper should make of a flood, each frame from a new key, that sent `per_ms`
+/// frames of `len` bytes in each millisecond: the first-sighting allowance (`first` keys a
+/// second and at once) gives keys cells of their own, one frame each, and the other frames
+/// share one cell of `rate` bytes a second and `burst` bytes, both full at the start.
+/// Returns (keys admitted, bytes the shared cell passes). The flood's sender runs at normal
+/// priority and may stall on a busy machine, so the expectation follows what it sent
+/// rather than how long.
+fn flood_model(per_ms: &[u32], len: usize, first: u64, (rate, burst): (f64, f64)) -> (u64, f64) {
+    let admitted = tokens_taken(per_ms, first as f64, first as f64);
+    let shared: Vec<u32> = per_ms
+        .iter()
+        .zip(&admitted)
+        .map(|(&n, &a)| n - a as u32)
+        .collect();
+    (
+        admitted.iter().sum(),
+        bytes_passed(&shared, len, (rate, burst)),
+    )
+}
+
+/// What one cell of `rate` bytes a second and `burst` bytes, full at the start, passes of
+/// `per_ms` frames of `len` bytes each millisecond.
+fn bytes_passed(per_ms: &[u32], len: usize, (rate, burst): (f64, f64)) -> f64 {
+    let frames = tokens_taken(per_ms, rate / len as f64, burst / len as f64);
+    (frames.iter().sum::<u64>() * len as u64) as f64
+}
+
+/// Asserts that `got` bytes are within half a burst of `expected`: tighter than a burst
+/// given twice or not at all, and wider than what the lab's timing moves (a millisecond at
+/// the rate is a kilobyte).
+fn assert_within_half_a_burst(what: &str, got: f64, expected: f64, burst: f64) {
+    println!(
+        "{what}: {got:.0} bytes against {expected:.0} ({:+.0}, half the burst is {:.0})",
+        got - expected,
+        burst / 2.0
+    );
+    assert!(
+        (got - expected).abs() <= burst / 2.0,
+        "{what}: {got:.0} bytes, expected {expected:.0} within half the burst ({:.0})",
+        burst / 2.0
+    );
+}
+
+/// A counter of `stats -j`'s totals, from `before` to `after`.
+fn delta(before: &Stats, after: &Stats, name: &str) -> u64 {
+    after.total(name) - before.total(name)
+}
+
+/// Every key `stats -j` lists, by address.
+fn keys_by_address(st: &Stats) -> HashMap<Ipv4Addr, Counts> {
+    st.keys()
+        .map(|(key, counts)| {
+            let addr = key
+                .parse()
+                .unwrap_or_else(|_| panic!("{key} is not an IPv4 address"));
+            (addr, counts)
+        })
+        .collect()
+}
+
+/// Checks what `stats -j` says of the `pool` sources of a pool flow that sent `sent` frames
+/// from `first` on: each is tracked by its second frame at the latest (its cell counts
+/// every frame it sent, or every frame but its first), and lost no frame to its own cell;
+/// a source that sent one frame only may have none. Returns how many were tracked from
+/// their first frame.
+fn assert_each_tracked_by_its_second_frame(
+    st: &Stats,
+    first: Ipv4Addr,
+    pool: u32,
+    sent: u64,
+) -> u64 {
+    let keys = keys_by_address(st);
+    let mut from_first = 0;
+    for i in 0..pool {
+        let src = Ipv4Addr::from(u32::from(first) + i);
+        let frames = Sources::Pool(pool).frames_from(sent, i);
+        let Some(c) = keys.get(&src) else {
+            assert!(frames <= 1, "{src} sent {frames} frames and is not tracked");
+            continue;
+        };
+        assert!(
+            c.packets() == frames || c.packets() + 1 == frames,
+            "{src} sent {frames} frames, its cell counted {c:?}"
+        );
+        assert_eq!(c.passed_packets, c.packets(), "{src} lost frames: {c:?}");
+        from_first += u64::from(c.packets() == frames);
+    }
+    assert!(
+        keys.keys()
+            .all(|a| (u32::from(first)..u32::from(first) + pool).contains(&u32::from(*a))),
+        "a key that is not in the pool"
+    );
+    from_first
+}
+
+/// Every frame was metered exactly once: by a tracked key's cell, or by a shared cell.
+fn assert_each_frame_metered_once(st: &Stats, runs: &[&RawResult]) {
+    let sent_packets: u64 = runs.iter().map(|r| r.sent_packets).sum();
+    let sent_bytes: u64 = runs.iter().map(|r| r.sent_l2_bytes()).sum();
+    let metered = |unit: &str| {
+        ["passed", "dropped", "would_drop", "unadmitted"]
+            .iter()
+            .map(|kind| st.total(&format!("{kind}_{unit}")))
+            .sum::<u64>()
+    };
+    assert_eq!(
+        (metered("packets"), metered("bytes")),
+        (sent_packets, sent_bytes),
+        "frames metered against frames sent"
+    );
+    assert_eq!(st.total("ipv4_packets"), sent_packets);
 }
 
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
-fn real_sources_hold_their_cells_and_rates_through_a_spoofed_flood() {
-    const NEW_PER_SEC: u64 = 100;
-    const NEW_BURST: u64 = 100;
-    // Short enough that the burst is more than 1% of what the over-limit source and the
-    // shared cell pass (a burst given twice fails the checks).
-    const SECONDS: u64 = 2;
+fn with_no_admission_flag_a_spoofed_flood_gets_one_sources_share_and_real_sources_lose_nothing() {
+    // The flood of the issue: 5 s of 60-byte frames flat out from random sources, as
+    // three real sources (one over its limit, two under) go on sending.
+    const SECONDS: u64 = 5;
     let lab = Lab::new("flood", 3).unwrap();
     let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
-    let _attached = attach_with(ns, iface, RATE, BURST_ARG, &["--new-sources", "100"]);
+    let _attached = attach(ns, iface, RATE, BURST_ARG);
     let s = lab.sources();
-    // One source at twice its limit, two at half of it.
     let real = [
-        flow(s[0], &lab, FRAME, 2 * RATE_BPS, false),
-        flow(s[1], &lab, FRAME, RATE_BPS / 2, false),
-        flow(s[2], &lab, FRAME, RATE_BPS / 2, false),
+        flow(s[0], &lab, FRAME, 2 * RATE_BPS, Sources::One),
+        paced(s[1], &lab, FRAME, RATE_BPS / 2, Sources::One),
+        paced(s[2], &lab, FRAME, RATE_BPS / 2, Sources::One),
     ];
-    // The real sources first, alone: they get their cells.
+    // The real sources first, alone: each gets its cell on its first frame, within the
+    // first-sighting allowance.
     let alone = run_raw(&lab, &real, Duration::from_secs(1)).unwrap();
     let before = stats(ns, iface);
-    // Then the same sources through a flood of 60-byte frames, each from a new address,
-    // as fast as one sender thread goes (about 700k frames a second here). The admission
-    // and every bucket are full again by now: the first run made 3 keys a second ago.
+    assert_eq!(
+        (
+            before.total("new_sources"),
+            before.total("admitted_on_first_sighting"),
+            before.total("seen_once"),
+            before.total("unadmitted_packets")
+        ),
+        (3, 3, 3, 0),
+        "the real sources, each tracked from its first frame"
+    );
+    // Then the same sources through the flood, each of its frames from a new address.
+    // The allowance and every cell are full again by now.
     let flood_net = Ipv4Addr::new(10, 64, 0, 0);
     let mut flows = real.to_vec();
-    flows.push(flow(flood_net, &lab, FLOOD_FRAME, 1_000_000_000, true));
+    flows.push(flow(
+        flood_net,
+        &lab,
+        FLOOD_FRAME,
+        FLAT_OUT_BPS,
+        Sources::Spoofed,
+    ));
     let run = run_raw(&lab, &flows, Duration::from_secs(SECONDS)).unwrap();
     let after = stats(ns, iface);
     let (with_flood, flood) = (&run.flows[..3], &run.flows[3]);
@@ -117,40 +262,30 @@ fn real_sources_hold_their_cells_and_rates_through_a_spoofed_flood() {
         flood.received_packets
     );
 
-    // The lab did its part: the flood outran the shared cell many times over, the receiver
-    // counted everything, and no real source's sender was held up for as long as the
-    // burst lasts at the rate (a bucket refills to its burst in that time; a longer gap
-    // would cost the over-limit source its share, and could make an under-limit source's
-    // catch-up overflow its burst, for the generator's sake, not shaper's). The flood's
-    // sender runs at normal priority and may stall on a busy machine: what shaper should
-    // make of the flood follows what it sent, millisecond by millisecond.
-    // (Thrice what its shared cell passes at the most: a sender on a busy machine of this
-    // kind manages five to forty times that.)
+    // The lab did its part: the flood offered half as much again as its shared cell passes
+    // (so a cell that passed more of it, by more than the half burst allowed, fails
+    // below; a sender on a busy machine of this kind manages 1.9 to 40 times that: it
+    // runs at normal priority and may stall, so what shaper should make of the flood
+    // follows what it sent, millisecond by millisecond), the receiver counted everything, and the over-limit source's sender was
+    // never held up for as long as the burst lasts at the rate (a bucket refills to its
+    // burst in that time: a longer gap would cost the source its share, for the
+    // generator's sake, not shaper's). The under-limit sources skip what a stall held up.
     assert!(
-        flood.sent_l2_bytes() as f64 >= 3.0 * (RATE_BYTES * flood.offered_secs + BURST as f64),
+        flood.sent_l2_bytes() as f64 >= 1.5 * (RATE_BYTES * flood.offered_secs + BURST as f64),
         "the flood was too weak to mean anything: {flood:?}"
     );
     assert_eq!(alone.receiver_drops, 0, "the receiver lost frames");
     assert_eq!(run.receiver_drops, 0, "the receiver lost frames");
     let refill_secs = BURST as f64 / RATE_BYTES;
-    let gaps: Vec<String> = run
-        .flows
-        .iter()
-        .map(|r| format!("{:.1}", r.max_gap_secs * 1e3))
-        .collect();
-    println!(
-        "longest gaps in ms (the real sources', the flood's): {}; the bucket refills in {:.1}",
-        gaps.join(", "),
-        refill_secs * 1e3
+    assert!(
+        with_flood[0].max_gap_secs < refill_secs,
+        "the over-limit source's sender stalled for {:.1} ms (the lab, not shaper: a busy \
+         machine?): {:?}",
+        with_flood[0].max_gap_secs * 1e3,
+        with_flood[0]
     );
-    for r in alone.flows.iter().chain(with_flood) {
-        assert!(
-            r.max_gap_secs < refill_secs,
-            "a sender stalled for {:.1} ms (the lab, not shaper: a busy machine?): {r:?}",
-            r.max_gap_secs * 1e3
-        );
-    }
 
+    // Real sources tracked before the flood keep their cells and lose nothing to it.
     for (i, &src) in s.iter().enumerate() {
         let (was, now) = (before.key(src), after.key(src));
         let sent = alone.flows[i].sent_packets + with_flood[i].sent_packets;
@@ -181,193 +316,391 @@ fn real_sources_hold_their_cells_and_rates_through_a_spoofed_flood() {
         }
     }
 
-    // The flood: the admission's keys got cells, one frame each, and all its other frames
-    // shared one cell at the per-source limit.
-    let created = after.total("new_sources") - before.total("new_sources");
+    // The flood: no address sent twice, so every frame was a first sighting, and only
+    // the first-sighting allowance gave keys a cell, one frame each. A fresh address
+    // finds another's trace of its own tag with a chance of 2^-27 a frame (16 ways of
+    // 31-bit tags): under 3% of runs see one false admission, one in 300,000 three.
+    let created = delta(&before, &after, "new_sources");
+    let on_first = delta(&before, &after, "admitted_on_first_sighting");
+    let false_admissions = delta(&before, &after, "admitted_on_second_sighting");
+    let seen_once = delta(&before, &after, "seen_once");
+    let displaced = delta(&before, &after, "traces_displaced");
+    let (model_keys, model_shared) = flood_model(
+        &flood.per_ms,
+        FLOOD_FRAME,
+        first_sightings(),
+        (RATE_BYTES, BURST as f64),
+    );
+    println!(
+        "flood: {created} keys made ({on_first} on a first sighting, {model_keys} expected; \
+         {false_admissions} false admissions), {seen_once} seen once, {displaced} traces \
+         displaced; {} tracked of {TABLE}",
+        after.sources_tracked
+    );
+    assert!(
+        false_admissions <= 2,
+        "{false_admissions} flood keys found a trace of their own"
+    );
+    assert_eq!(created, on_first + false_admissions);
+    assert_eq!(
+        seen_once + false_admissions,
+        flood.sent_packets,
+        "every flood frame is a first sighting"
+    );
+    assert!(
+        on_first.abs_diff(model_keys) <= 1,
+        "{on_first} keys admitted on a first sighting, expected {model_keys}"
+    );
+    assert!(
+        created <= TABLE / 100,
+        "the flood made {created} keys, over 1% of the table"
+    );
+    assert_eq!(after.sources_tracked, 3 + created, "keys tracked");
+    // The flood's keys: its sources, one frame each, which its fresh cell passed.
+    let flood_sources = u32::from(flood_net)..u32::from(flood_net) + flood.sent_packets as u32;
     let flood_keys: Vec<_> = after
         .keys()
         .filter(|&(key, _)| !s.iter().any(|src| src.to_string() == key))
         .collect();
-    // What the admission and the shared cell make of the flood as it was sent (at full
-    // speed, the admission's burst and rate over the run, and the cell's burst and rate).
-    let (model_keys, model_shared) = flood_model(
-        &flood.per_ms,
-        FLOOD_FRAME,
-        (NEW_PER_SEC, NEW_BURST),
-        (RATE_BYTES, BURST as f64),
-    );
-    println!(
-        "flood: {created} keys admitted, {model_keys} expected ({:.0} at full speed)",
-        NEW_BURST as f64 + NEW_PER_SEC as f64 * flood.offered_secs
-    );
     assert_eq!(flood_keys.len() as u64, created, "keys made but not listed");
-    assert!(
-        created.abs_diff(model_keys) <= 1,
-        "{created} keys admitted, expected {model_keys}"
-    );
-    // The flood's sources count up from its frame's own, one per frame.
-    // (per attempt: a refused send uses its source too).
-    let flood_sources = u32::from(flood_net)..u32::from(flood_net) + flood.attempted_packets as u32;
     for &(key, counts) in &flood_keys {
         assert!(
             key.parse::<Ipv4Addr>()
                 .is_ok_and(|a| flood_sources.contains(&u32::from(a))),
             "{key} is not a flood source"
         );
-        // No source repeats within the flood: each key sent one frame, which its fresh
-        // bucket passed.
         assert_eq!(
             (counts.passed_packets, counts.packets()),
             (1, 1),
             "{key}: {counts:?}"
         );
     }
-    assert_eq!(before.total("unadmitted_packets"), 0);
-    let unadmitted_passed = after.total("unadmitted_passed_bytes");
-    println!(
-        "the shared cell at full speed: {:.0} bytes",
-        RATE_BYTES * flood.offered_secs + BURST as f64
+    // All its other frames shared one cell at the per-source limit: one source's rate ×
+    // time + burst, as the flood was sent.
+    let unadmitted_passed = delta(&before, &after, "unadmitted_passed_bytes");
+    assert_eq!(
+        delta(&before, &after, "unadmitted_packets"),
+        flood.sent_packets - created
     );
-    assert_near(
+    assert_within_half_a_burst(
         "the unadmitted flood frames' shared cell passed",
         unadmitted_passed as f64,
         model_shared,
         BURST as f64,
     );
+    // So the flood passed at most one source's rate × time + burst, plus a frame per key
+    // it got admitted; the receiver saw exactly that.
+    let flood_passed = flood.received_l2_bytes();
     assert_eq!(
-        flood.received_l2_bytes(),
+        flood_passed,
         unadmitted_passed + created * FLOOD_FRAME as u64,
         "the receiver saw other flood frames than shaper passed"
     );
-
-    // Every frame sent was metered, exactly once: by a real source's cell, an admitted
-    // key's, or the shared cell.
-    let sent_packets: u64 = alone
-        .flows
-        .iter()
-        .chain(&run.flows)
-        .map(|r| r.sent_packets)
-        .sum();
-    let sent_bytes: u64 = alone
-        .flows
-        .iter()
-        .chain(&run.flows)
-        .map(|r| r.sent_l2_bytes())
-        .sum();
-    let metered = |unit: &str| {
-        ["passed", "dropped", "would_drop", "unadmitted"]
-            .iter()
-            .map(|kind| after.total(&format!("{kind}_{unit}")))
-            .sum::<u64>()
-    };
-    assert_eq!(
-        (metered("packets"), metered("bytes")),
-        (sent_packets, sent_bytes),
-        "frames metered against frames sent"
+    let bound =
+        RATE_BYTES * flood.offered_secs + BURST as f64 + (created * FLOOD_FRAME as u64) as f64;
+    println!(
+        "the flood passed {flood_passed} bytes ({:.2}% of its frames); one source's rate × \
+         time + burst + a frame per key made: {bound:.0}",
+        100.0 * flood.received_packets as f64 / flood.sent_packets as f64
     );
-    assert_eq!(after.total("ipv4_packets"), sent_packets);
+    // (Within the lab's timing, as the shared cell's count above.)
+    assert!(flood_passed as f64 <= bound + BURST as f64 / 2.0);
+
+    let runs: Vec<&RawResult> = alone.flows.iter().chain(&run.flows).collect();
+    assert_each_frame_metered_once(&after, &runs);
 }
 
-/// The README's warm start: attached with `--new-sources N --new-sources-burst B`, of K
-/// sources that start at once the first B get cells at once and one more every 1/N s
-/// after, each on its next frame; until then their frames share one cell at the
-/// per-source rate and burst, so together they pass that rate (and drop the rest), while
-/// a source with a cell of its own loses nothing. With the default admission (a whole
-/// table at once), every source gets its cell at once and nothing is dropped.
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
-fn a_warm_start_is_admitted_as_the_readme_says() {
-    const SOURCES: u8 = 32;
-    const NEW_PER_SEC: u64 = 4;
-    const NEW_BURST: u64 = 8;
+fn a_warm_start_of_20000_sources_loses_at_most_each_ones_first_frame() {
+    const SOURCES: u32 = 20_000;
+    /// Every source sends a frame a second: all of them new within the first second.
+    const FPS: u64 = SOURCES as u64;
     const SECONDS: u64 = 3;
-    /// Each source sends its first frame one frame's time (8 ms) into the run.
-    const FIRST_FRAME_SECS: f64 = FRAME as f64 * 8.0 / 1e6;
     let lab = Lab::new("warm", 1).unwrap();
-    // 32 sources at 1 Mbit/s each (an eighth of their limit): 32 Mbit/s in all.
-    let flows: Vec<RawFlow> = (1..=SOURCES)
-        .map(|i| flow(Ipv4Addr::new(198, 18, 9, i), &lab, FRAME, 1_000_000, false))
-        .collect();
-
-    for (args, admitted_all) in [
-        (vec![], true),
-        (
-            vec!["--new-sources", "4", "--new-sources-burst", "8"],
-            false,
-        ),
-    ] {
-        let attached = if args.is_empty() {
-            attach(lab.rx_ns(), lab.rx_iface(), RATE, BURST_ARG)
-        } else {
-            attach_with(lab.rx_ns(), lab.rx_iface(), RATE, BURST_ARG, &args)
-        };
-        let run = run_raw(&lab, &flows, Duration::from_secs(SECONDS)).unwrap();
+    let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
+    let first = Ipv4Addr::new(10, 32, 0, 0);
+    let warm = [flow(
+        first,
+        &lab,
+        FRAME,
+        FPS * FRAME as u64 * 8,
+        Sources::Pool(SOURCES),
+    )];
+    // With no admission flag: every source gets its cell on its second frame at the
+    // latest; its first one is lost only if the first-sighting allowance had no room and
+    // the shared cell none either.
+    {
+        let _attached = attach(ns, iface, RATE, BURST_ARG);
+        let run = run_raw(&lab, &warm, Duration::from_secs(SECONDS)).unwrap();
+        let r = &run.flows[0];
         assert_eq!(run.receiver_drops, 0, "the receiver lost frames");
-        // The shared cell is fed by all the waiting sources together: a sender held up
-        // alone costs it nothing, but all of them at once (a machine too busy to run
-        // them) for longer than its burst lasts would.
-        let mut per_ms: Vec<u32> = Vec::new();
-        for r in &run.flows {
-            per_ms.resize(per_ms.len().max(r.per_ms.len()), 0);
-            for (all, n) in per_ms.iter_mut().zip(&r.per_ms) {
-                *all += n;
-            }
-        }
-        let silent_ms = per_ms
-            .split(|&n| n != 0)
-            .map(<[u32]>::len)
-            .max()
-            .unwrap_or(0);
         assert!(
-            (silent_ms as f64) < 1e3 * BURST as f64 / (RATE_BPS as f64 / 8.0),
-            "no source sent for {silent_ms} ms (the lab, not shaper: a busy machine?)"
+            r.sent_packets >= 2 * u64::from(SOURCES),
+            "not every source sent twice: {r:?}"
         );
-        let secs = run.flows.iter().map(|r| r.offered_secs).fold(0.0, f64::max);
-        let st = stats(lab.rx_ns(), lab.rx_iface());
-        let created = st.total("new_sources");
-        let dropped = st.total("dropped_packets");
-        let unadmitted_passed = st.total("unadmitted_passed_bytes");
-        let unadmitted_dropped = st.total("unadmitted_dropped_packets");
+        let st = stats(ns, iface);
+        let on_first = st.total("admitted_on_first_sighting");
+        let lost = st.total("unadmitted_dropped_packets");
         println!(
-            "{args:?}: {created} sources admitted in {secs:.3} s; unadmitted passed {unadmitted_passed} bytes, dropped {unadmitted_dropped} frames; admitted sources dropped {dropped}"
+            "warm start of {SOURCES}: {} tracked, {on_first} from their first frame; \
+             {lost} frames lost ({:.3} a source); {} sent",
+            st.sources_tracked,
+            lost as f64 / f64::from(SOURCES),
+            r.sent_packets
         );
-        // A source with a cell of its own is never dropped: it sends far under its limit.
-        assert_eq!(dropped, 0);
-        let sent: u64 = run.flows.iter().map(|r| r.sent_packets).sum();
-        let received: u64 = run.flows.iter().map(|r| r.received_packets).sum();
-        if admitted_all {
-            assert_eq!(created, u64::from(SOURCES));
-            assert_eq!(st.total("unadmitted_packets"), 0);
-            assert_eq!(st.total("passed_packets"), sent);
-            assert_eq!(received, sent);
-        } else {
-            // B at once, then N a second, each on its next frame (the 24 waiting sources
-            // send a frame every 0.3 ms between them, the first 8 ms into the run).
-            let admitted = admissions(NEW_BURST, NEW_PER_SEC, FIRST_FRAME_SECS, secs);
-            assert!(
-                admitted.contains(&created),
-                "{created} admitted, expected {admitted:?}"
-            );
-            // The rest share one cell, overloaded all along from their first frames (the
-            // 12 still waiting at the end offer 12 Mbit/s): it passes the burst and the
-            // rate from then on.
-            assert_near(
-                "the unadmitted sources' shared cell passed",
-                unadmitted_passed as f64,
-                RATE_BPS as f64 / 8.0 * (secs - FIRST_FRAME_SECS) + BURST as f64,
-                BURST as f64,
-            );
-            assert!(unadmitted_dropped > 0);
-            // Every frame was metered once, and what passed arrived.
-            assert_eq!(
-                st.total("passed_packets") + st.total("unadmitted_packets"),
-                sent
-            );
-            assert_eq!(
-                received,
-                st.total("passed_packets") + st.total("unadmitted_passed_packets")
-            );
-        }
-        drop(attached);
+        assert_eq!(
+            (
+                st.total("new_sources"),
+                on_first + st.total("admitted_on_second_sighting"),
+                st.total("seen_once"),
+                st.total("traces_displaced"),
+            ),
+            (
+                u64::from(SOURCES),
+                u64::from(SOURCES),
+                u64::from(SOURCES),
+                0
+            ),
+            "every source seen once, then tracked (20,000 keys in 65,536 buckets of 16 \
+             ways: none full)"
+        );
+        assert_eq!(
+            assert_each_tracked_by_its_second_frame(&st, first, SOURCES, r.sent_packets),
+            on_first,
+            "the sources tracked from their first frame"
+        );
+        // Only first frames were unadmitted, and what the shared cell passed arrived.
+        assert_eq!(
+            st.total("unadmitted_packets"),
+            u64::from(SOURCES) - on_first
+        );
+        assert_eq!(st.total("dropped_packets"), 0);
+        assert_eq!(
+            r.received_packets,
+            st.total("passed_packets") + st.total("unadmitted_passed_packets")
+        );
+        assert_each_frame_metered_once(&st, &[r]);
     }
+
+    // `--new-sources N --new-sources-burst B` caps it further: of the sources seen again,
+    // B get a cell at once and N a second after; the others wait, their frames shared.
+    {
+        const N: u64 = 1000;
+        const B: u64 = 2000;
+        let _attached = attach_with(
+            ns,
+            iface,
+            RATE,
+            BURST_ARG,
+            &["--new-sources", "1000", "--new-sources-burst", "2000"],
+        );
+        let run = run_raw(&lab, &warm, Duration::from_secs(SECONDS)).unwrap();
+        let r = &run.flows[0];
+        let st = stats(ns, iface);
+        let on_first = st.total("admitted_on_first_sighting");
+        let on_second = st.total("admitted_on_second_sighting");
+        // The first sources seen again come back when the sender has sent a whole round
+        // of the pool; from then on more wait than the admission lets in, so it gives B
+        // at once and N a second until the end (the first sightings before took the few
+        // it had spent back by then: the allowance is a 64th of N).
+        let mut sent = 0;
+        let round_ms = r
+            .per_ms
+            .iter()
+            .position(|&n| {
+                sent += u64::from(n);
+                sent > u64::from(SOURCES)
+            })
+            .expect("a second round") as f64;
+        let expected = B as f64 + N as f64 * (r.offered_secs - round_ms * 1e-3);
+        println!(
+            "warm start of {SOURCES} with --new-sources {N} --new-sources-burst {B}: \
+             {on_first} tracked from a first sighting (allowance {}/s), {on_second} from a \
+             second, {expected:.0} expected",
+            Admission::first_sightings_per_sec(N)
+        );
+        assert!(
+            (on_second as f64 - expected).abs() <= N as f64 * 0.01,
+            "{on_second} admitted on a second sighting, expected {expected:.0} (within 10 ms \
+             of the admission rate)"
+        );
+        assert!(on_first <= 2 * Admission::first_sightings_per_sec(N) + 1);
+        assert_eq!(st.total("new_sources"), on_first + on_second);
+        assert_eq!(st.sources_tracked, on_first + on_second);
+        assert_eq!(st.total("dropped_packets"), 0);
+        assert_each_frame_metered_once(&st, &[r]);
+    }
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn new_sources_arriving_at_1000_a_second_lose_nothing() {
+    // 1,000 new sources a second for 3 s, each sending a 1,500-byte frame, then each
+    // once more. Beyond the first-sighting allowance (409 a second), their first frames
+    // share one cell at the per-source rate: 591 a second of 1,500 bytes is 7.1 Mbit/s,
+    // under the 8 Mbit/s it passes. The second frames find their traces. Never faster
+    // than 1,000 a second: a sender held up skips what it missed rather than sending it
+    // at once (so it is given 2 s more than it needs to send each source's two frames).
+    const SOURCES: u32 = 3000;
+    const FPS: u64 = 1000;
+    const LEN: usize = 1500;
+    const SECONDS: u64 = 8;
+    let lab = Lab::new("arrive", 1).unwrap();
+    let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
+    let _attached = attach(ns, iface, RATE, BURST_ARG);
+    let first = Ipv4Addr::new(10, 33, 0, 0);
+    let run = run_raw(
+        &lab,
+        &[paced(
+            first,
+            &lab,
+            LEN,
+            FPS * LEN as u64 * 8,
+            Sources::Pool(SOURCES),
+        )],
+        Duration::from_secs(SECONDS),
+    )
+    .unwrap();
+    let r = &run.flows[0];
+    assert_eq!(run.receiver_drops, 0, "the receiver lost frames");
+    assert!(
+        r.sent_packets >= 2 * u64::from(SOURCES),
+        "not every source sent twice: {r:?}"
+    );
+    let st = stats(ns, iface);
+    let on_first = st.total("admitted_on_first_sighting");
+    println!(
+        "{SOURCES} new sources at {FPS}/s: {on_first} tracked from their first frame, {} \
+         from their second; {} first frames shared a cell, {} lost; {} frames sent, {} \
+         skipped (the sender held up for {:.1} ms at worst)",
+        st.total("admitted_on_second_sighting"),
+        st.total("unadmitted_packets"),
+        st.total("unadmitted_dropped_packets"),
+        r.sent_packets,
+        r.skipped_packets,
+        r.max_gap_secs * 1e3
+    );
+    assert_eq!(
+        (
+            st.total("new_sources"),
+            on_first + st.total("admitted_on_second_sighting"),
+            st.total("seen_once"),
+        ),
+        (u64::from(SOURCES), u64::from(SOURCES), u64::from(SOURCES))
+    );
+    assert_eq!(
+        assert_each_tracked_by_its_second_frame(&st, first, SOURCES, r.sent_packets),
+        on_first
+    );
+    // Nothing lost: not a first frame, not a later one.
+    assert_eq!(st.total("unadmitted_dropped_packets"), 0);
+    assert_eq!(st.total("dropped_packets"), 0);
+    assert_eq!(r.received_packets, r.sent_packets);
+    assert_each_frame_metered_once(&st, &[r]);
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_pool_flood_gets_each_addresss_rate_and_an_aggregate_holds_it() {
+    const SECONDS: u64 = 2;
+    const AGGREGATE_BPS: u64 = 16_000_000;
+    const AGGREGATE_BURST: u64 = 65_536;
+    let lab = Lab::new("pool", 1).unwrap();
+    let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
+    let first = Ipv4Addr::new(10, 96, 0, 0);
+    let pool = |n| {
+        [flow(
+            first,
+            &lab,
+            FLOOD_FRAME,
+            FLAT_OUT_BPS,
+            Sources::Pool(n),
+        )]
+    };
+
+    // With no flag: each address that repeats is a source like any other, tracked by its
+    // second frame and held to its rate, which each of these stays under (a 1,000-address
+    // pool at 700k frames a second sends 42 kB/s from each): the pool passes whole but
+    // for first frames. (The larger pool is given longer: a busy machine's sender may not
+    // go round it twice in 2 s.)
+    for (n, secs) in [(1000, 2), (100_000, 3)] {
+        let _attached = attach(ns, iface, RATE, BURST_ARG);
+        let run = run_raw(&lab, &pool(n), Duration::from_secs(secs)).unwrap();
+        let r = &run.flows[0];
+        assert_eq!(run.receiver_drops, 0, "the receiver lost frames");
+        assert!(
+            r.sent_packets > u64::from(n),
+            "no address sent twice: {r:?}"
+        );
+        let st = stats(ns, iface);
+        let on_first = st.total("admitted_on_first_sighting");
+        let created = st.total("new_sources");
+        println!(
+            "a pool of {n}: {} frames sent ({:.0}/s), {:.2}% passed; {created} keys made \
+             ({on_first} on a first sighting), {} first frames lost",
+            r.sent_packets,
+            r.sent_packets as f64 / r.offered_secs,
+            100.0 * r.received_packets as f64 / r.sent_packets as f64,
+            st.total("unadmitted_dropped_packets")
+        );
+        assert_eq!(
+            assert_each_tracked_by_its_second_frame(&st, first, n, r.sent_packets),
+            on_first
+        );
+        assert_eq!(st.sources_tracked, created);
+        assert_eq!(created, on_first + st.total("admitted_on_second_sighting"));
+        assert_eq!(
+            st.total("seen_once"),
+            u64::from(n.min(r.sent_packets as u32))
+        );
+        assert_eq!(st.total("dropped_packets"), 0);
+        assert_eq!(
+            r.received_packets,
+            st.total("passed_packets") + st.total("unadmitted_passed_packets")
+        );
+    }
+
+    // The remedy: an aggregate on a policy covering every source (the default policy's
+    // rate, for all of IPv4) holds the pool together to the aggregate's rate × time +
+    // burst, as it was sent, every frame charged to it, first frames included.
+    let _attached = attach(ns, iface, RATE, BURST_ARG);
+    shaper_ok(
+        ns,
+        &[
+            "policy",
+            "set",
+            iface,
+            "0.0.0.0/0",
+            "--rate",
+            RATE,
+            "--burst",
+            BURST_ARG,
+            "--aggregate-rate",
+            "16mbit",
+            "--aggregate-burst",
+            "64k",
+        ],
+    );
+    let run = run_raw(&lab, &pool(1000), Duration::from_secs(SECONDS)).unwrap();
+    let r = &run.flows[0];
+    assert_eq!(run.receiver_drops, 0, "the receiver lost frames");
+    let st = stats(ns, iface);
+    let passed = st.total("passed_bytes") + st.total("unadmitted_passed_bytes");
+    println!(
+        "a pool of 1000 under a 16 Mbit/s aggregate: {:.2}% of {} frames passed",
+        100.0 * r.received_packets as f64 / r.sent_packets as f64,
+        r.sent_packets
+    );
+    assert_eq!(r.received_l2_bytes(), passed);
+    assert_within_half_a_burst(
+        "the pool under the aggregate passed",
+        passed as f64,
+        bytes_passed(
+            &r.per_ms,
+            FLOOD_FRAME,
+            (AGGREGATE_BPS as f64 / 8.0, AGGREGATE_BURST as f64),
+        ),
+        AGGREGATE_BURST as f64,
+    );
 }

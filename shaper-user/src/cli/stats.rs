@@ -93,6 +93,8 @@ pub struct ShapeDelay {
     pub p50_ns: Option<u64>,
     pub p90_ns: Option<u64>,
     pub p99_ns: Option<u64>,
+    /// The sum of the delays (the kernel's count, exact).
+    pub sum_ns: u64,
     /// The buckets that counted anything.
     pub histogram: Vec<DelayBucket>,
 }
@@ -104,6 +106,7 @@ impl ShapeDelay {
             p50_ns: percentile_ns(h, 50),
             p90_ns: percentile_ns(h, 90),
             p99_ns: percentile_ns(h, 99),
+            sum_ns: c.shape_delay_ns,
             histogram: h
                 .iter()
                 .enumerate()

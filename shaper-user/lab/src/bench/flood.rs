@@ -14,8 +14,17 @@
 //! at all, since the IP stack drops a frame for another host before PREROUTING. Both showed
 //! 100% of the flood through. Only XDP runs before the packet socket.)
 //!
+//! Beside the spoofed flood, through shaper with no admission flag (the default: a new key
+//! gets a cell on its second sighting, or on its first within the first-sighting
+//! allowance): floods from a pool of 1,000 and of 100,000 addresses that each repeat, as
+//! fast as the sender goes (each address is a source like any other), the pool of 1,000
+//! again under the remedy, an aggregate on a policy for all of IPv4, and a warm start:
+//! 20,000 sources, every one new, each sending a 1,000-byte frame a second.
+//!
 //! Reported per configuration: the flood's frames that reached the receiver, what the
-//! under-limit sources lost at the receiver, the keys created, and the softirq time
+//! under-limit sources lost at the receiver, the keys created (for shaper, how many of
+//! them a fresh address's false admission, and the frames the flood's sources lost to
+//! admission, per source), and the softirq time
 //! (exact, [`super::softirq`]) per flood frame: NET_RX, where the router receives and
 //! forwards (and a qdisc enqueues), and all vectors (a throttled qdisc dequeues in NET_TX).
 
@@ -33,8 +42,8 @@ use super::{
 use crate::{
     frame,
     lab::{
-        Lab,
-        raw::{RawFlow, RawResult, run_raw},
+        Lab, Late,
+        raw::{RawFlow, RawResult, Sources, run_raw},
     },
 };
 
@@ -43,33 +52,111 @@ const FRAME: usize = 1000;
 const FLOOD_FRAME: usize = 60;
 const SECONDS: u64 = 4;
 
-/// The configurations compared: a label and what is set up.
-const CONFIGS: [(&str, Setup); 6] = [
+/// The configurations compared: a label, what is set up, and the flood.
+const CONFIGS: [(&str, Setup, Flood); 11] = [
     (
-        "shaper, admission unlimited",
-        Setup::Shaper(&["--new-sources", "unlimited"]),
+        "shaper, default (no admission flag)",
+        Setup::Shaper(&[]),
+        Flood::Spoofed,
     ),
     (
         "shaper, --new-sources 100",
         Setup::Shaper(&["--new-sources", "100"]),
+        Flood::Spoofed,
     ),
-    ("nft meter", Setup::Peer(peers::Kind::Nft)),
-    ("hashlimit", Setup::Peer(peers::Kind::Hashlimit)),
-    ("tbf (one bucket for all sources)", Setup::Tc(Limiter::Tbf)),
+    (
+        "shaper, admission unlimited",
+        Setup::Shaper(&["--new-sources", "unlimited"]),
+        Flood::Spoofed,
+    ),
+    ("nft meter", Setup::Peer(peers::Kind::Nft), Flood::Spoofed),
+    (
+        "hashlimit",
+        Setup::Peer(peers::Kind::Hashlimit),
+        Flood::Spoofed,
+    ),
+    (
+        "tbf (one bucket for all sources)",
+        Setup::Tc(Limiter::Tbf),
+        Flood::Spoofed,
+    ),
     (
         "htb (a class per real source, a default class)",
         Setup::Tc(Limiter::Htb),
+        Flood::Spoofed,
+    ),
+    (
+        "shaper, default, a pool of 1,000 addresses",
+        Setup::Shaper(&[]),
+        Flood::Pool(1000),
+    ),
+    (
+        "shaper, default, a pool of 100,000 addresses",
+        Setup::Shaper(&[]),
+        Flood::Pool(100_000),
+    ),
+    (
+        "shaper, default, a pool of 1,000 under a 16 Mbit/s aggregate on 0.0.0.0/0",
+        Setup::ShaperAggregate,
+        Flood::Pool(1000),
+    ),
+    (
+        "shaper, default, a warm start of 20,000 sources",
+        Setup::Shaper(&[]),
+        Flood::WarmStart(WARM_SOURCES),
     ),
 ];
 
-/// shaper with these attach flags beyond rate and burst, a peer on the router's input
-/// veth, or a tc qdisc on its egress.
+/// Sources of the warm start, each sending one frame of [`FRAME`] bytes a second.
+pub const WARM_SOURCES: u32 = 20_000;
+
+/// shaper with these attach flags beyond rate and burst, shaper with no flag and a policy
+/// for all of IPv4 at the same rate with an aggregate ([`AGGREGATE`]), a peer on the
+/// router's input veth, or a tc qdisc on its egress.
 #[derive(Clone, Copy)]
 enum Setup {
     Shaper(&'static [&'static str]),
+    ShaperAggregate,
     Peer(peers::Kind),
     Tc(Limiter),
 }
+
+/// The remedy for a pool flood: `policy set IFACE` with these.
+const AGGREGATE: [&str; 9] = [
+    "0.0.0.0/0",
+    "--rate",
+    "8mbit",
+    "--burst",
+    "32k",
+    "--aggregate-rate",
+    "16mbit",
+    "--aggregate-burst",
+    "64k",
+];
+
+/// What floods beside the real sources: 60-byte frames as fast as one thread sends them,
+/// each from an address never used before or from a pool in turn; or a warm start, this
+/// many sources each sending a [`FRAME`]-byte frame a second, in turn.
+#[derive(Clone, Copy)]
+enum Flood {
+    Spoofed,
+    Pool(u32),
+    WarmStart(u32),
+}
+
+impl Flood {
+    /// The frame's length, the offered rate and the sources.
+    fn traffic(self) -> (usize, u64, Sources) {
+        match self {
+            Self::Spoofed => (FLOOD_FRAME, FLAT_OUT_BPS, Sources::Spoofed),
+            Self::Pool(n) => (FLOOD_FRAME, FLAT_OUT_BPS, Sources::Pool(n)),
+            Self::WarmStart(n) => (FRAME, u64::from(n) * FRAME as u64 * 8, Sources::Pool(n)),
+        }
+    }
+}
+
+/// Faster than one sender thread goes.
+const FLAT_OUT_BPS: u64 = 1_000_000_000;
 
 const BURST: u64 = 32_768;
 
@@ -89,6 +176,12 @@ pub struct FloodRow {
     pub real_loss_pct: f64,
     /// Keys given a cell during the flood (shaper's count; the peers do not say).
     pub keys_created: Option<u64>,
+    /// Of them, keys of a spoofed flood given a cell on a "second" sighting: a fresh
+    /// address that found a trace of its own tag (shaper's doorkeeper).
+    pub false_admissions: Option<u64>,
+    /// Frames of the flood's sources that admission left to the shared cell and that it
+    /// dropped, per source of a pool or warm start (shaper's count).
+    pub lost_per_source: Option<f64>,
     /// The burst the limiter had (hashlimit's is at least a second of the rate).
     pub burst_bytes: u64,
     /// NET_RX softirq time over the run, per flood frame sent (machine-wide, the real
@@ -119,30 +212,28 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
     let (ns, iface) = (ns.name().to_owned(), iface.to_owned());
     // Addressed to the router, which forwards them to the receiver.
     let first_hop = lab.first_hop_mac()?;
-    let flow = |src: Ipv4Addr, len, offered_bps, spoofed| {
+    let flow = |src: Ipv4Addr, len, offered_bps, sources| {
         let mut frame = frame::ipv4_udp_to(src, lab.rx_addr(), len);
         frame[..6].copy_from_slice(&first_hop);
         RawFlow {
             frame,
             offered_bps,
-            spoofed,
+            sources,
+            late: Late::CatchUp,
         }
     };
     let s = lab.sources();
-    let flows = [
-        flow(s[0], FRAME, 2 * RATE_BPS, false),
-        flow(s[1], FRAME, RATE_BPS / 2, false),
-        flow(s[2], FRAME, RATE_BPS / 2, false),
-        flow(
-            Ipv4Addr::new(10, 64, 0, 0),
-            FLOOD_FRAME,
-            1_000_000_000,
-            true,
-        ),
+    let real = [
+        flow(s[0], FRAME, 2 * RATE_BPS, Sources::One),
+        flow(s[1], FRAME, RATE_BPS / 2, Sources::One),
+        flow(s[2], FRAME, RATE_BPS / 2, Sources::One),
     ];
     let clock = SoftirqClock::start()?;
     let mut rows = Vec::new();
-    for (label, setup) in CONFIGS {
+    for (label, setup, kind) in CONFIGS {
+        let (len, offered_bps, sources) = kind.traffic();
+        let mut flows = real.to_vec();
+        flows.push(flow(Ipv4Addr::new(10, 64, 0, 0), len, offered_bps, sources));
         let mut peer = None;
         let mut tc = None;
         let (burst, placement) = match setup {
@@ -151,6 +242,18 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
                 let mut attach = vec!["attach", &iface, "--rate", "8mbit", "--burst", &burst];
                 attach.extend_from_slice(more);
                 shaper(shaper_bin, &ns, &attach)?;
+                (BURST, "router input (XDP)")
+            }
+            Setup::ShaperAggregate => {
+                let burst = BURST.to_string();
+                shaper(
+                    shaper_bin,
+                    &ns,
+                    &["attach", &iface, "--rate", "8mbit", "--burst", &burst],
+                )?;
+                let mut policy = vec!["policy", "set", &iface];
+                policy.extend_from_slice(&AGGREGATE);
+                shaper(shaper_bin, &ns, &policy)?;
                 (BURST, "router input (XDP)")
             }
             Setup::Peer(kind) => {
@@ -169,7 +272,7 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
                 (BURST, "router egress (qdisc)")
             }
         };
-        let is_shaper = matches!(setup, Setup::Shaper(_));
+        let is_shaper = matches!(setup, Setup::Shaper(_) | Setup::ShaperAggregate);
         let measured = (|| -> Result<FloodRow> {
             // The real sources get their cells before the flood.
             run_raw(&lab, &flows[..3], Duration::from_secs(1))?;
@@ -177,14 +280,25 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
             let results = run_raw(&lab, &flows, Duration::from_secs(SECONDS))?.flows;
             let spent = clock.read()?.since(&before);
             let net_rx = spent.ns[NET_RX_SOFTIRQ];
-            let keys_created = if is_shaper {
-                let stats: serde_json::Value =
-                    serde_json::from_str(&shaper(shaper_bin, &ns, &["-j", "stats", &iface])?)?;
-                stats["totals"]["new_sources"].as_u64()
+            // shaper's counters (the real sources' cells, made in the second before the
+            // flood, on their first sightings, included).
+            let stats: Option<serde_json::Value> = if is_shaper {
+                let args = ["-j", "stats", &iface, "--top", "0"];
+                Some(serde_json::from_str(&shaper(shaper_bin, &ns, &args)?)?)
             } else {
                 None
             };
+            let total = |name: &str| stats.as_ref().and_then(|s| s["totals"][name].as_u64());
             let flood: &RawResult = &results[3];
+            let (false_admissions, lost_per_source) = match kind {
+                Flood::Spoofed => (total("admitted_on_second_sighting"), None),
+                Flood::Pool(n) | Flood::WarmStart(n) => {
+                    let sources = u64::from(n).min(flood.sent_packets).max(1);
+                    let lost = total("unadmitted_dropped_packets");
+                    (None, lost.map(|l| l as f64 / sources as f64))
+                }
+            };
+            let keys_created = total("new_sources");
             let real = &results[1..3];
             let sent: u64 = real.iter().map(|r| r.sent_packets).sum();
             let received: u64 = real.iter().map(|r| r.received_packets).sum();
@@ -198,6 +312,8 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
                     / flood.sent_packets.max(1) as f64,
                 real_loss_pct: 100.0 * (sent - received.min(sent)) as f64 / sent.max(1) as f64,
                 keys_created,
+                false_admissions,
+                lost_per_source,
                 burst_bytes: burst,
                 net_rx_ns_per_flood_frame: net_rx as f64 / flood.sent_packets.max(1) as f64,
                 softirq_ns_per_flood_frame: spent.total_ns() as f64
@@ -217,25 +333,31 @@ pub fn run(shaper_bin: &Path) -> Result<Vec<FloodRow>> {
 /// The rows as a table.
 pub fn summary_lines(rows: &[FloodRow]) -> Vec<String> {
     let mut lines = vec![format!(
-        "{:<48} {:>12} {:>10} {:>13} {:>11} {:>10} {:>16} {:>17}",
-        "spoofed flood (60 B frames)",
+        "{:<76} {:>12} {:>10} {:>13} {:>11} {:>10} {:>6} {:>11} {:>16} {:>17}",
+        "flood (60 B frames; warm start 1000 B)",
         "flood sent",
         "frames/s",
         "flood passed",
         "real lost",
         "keys made",
+        "false",
+        "lost/source",
         "NET_RX ns/frame",
         "softirq ns/frame"
     )];
+    let na = |v: Option<u64>| v.map_or("n/a".to_owned(), |k| k.to_string());
     for r in rows {
         lines.push(format!(
-            "{:<48} {:>12} {:>10.0} {:>12.2}% {:>10.2}% {:>10} {:>16.0} {:>17.0}",
+            "{:<76} {:>12} {:>10.0} {:>12.2}% {:>10.2}% {:>10} {:>6} {:>11} {:>16.0} {:>17.0}",
             r.limiter,
             r.flood_sent_packets,
             r.flood_sent_per_sec,
             r.flood_passed_pct,
             r.real_loss_pct,
-            r.keys_created.map_or("n/a".to_owned(), |k| k.to_string()),
+            na(r.keys_created),
+            na(r.false_admissions),
+            r.lost_per_source
+                .map_or("n/a".to_owned(), |l| format!("{l:.3}")),
             r.net_rx_ns_per_flood_frame,
             r.softirq_ns_per_flood_frame
         ));

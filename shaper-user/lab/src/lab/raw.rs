@@ -62,9 +62,64 @@ pub struct RawFlow {
     pub frame: Vec<u8>,
     /// Offered load, layer-2 bits per second.
     pub offered_bps: u64,
-    /// Send each frame from a source never used before (a spoofed flood): the IPv4
-    /// source of an untagged IPv4 frame counts up from the frame's own, one per send.
-    pub spoofed: bool,
+    /// Which IPv4 sources the frames come from.
+    pub sources: Sources,
+    /// What its sender does when it wakes late: sends the overdue frames at once
+    /// ([`Late::CatchUp`], the rate kept), or skips them ([`Late::Skip`], counted in
+    /// [`RawResult::skipped_packets`]: no frames closer together than the rate has them,
+    /// as a claim of what a rate of arrivals gets needs).
+    pub late: Late,
+}
+
+/// Which sources a [`RawFlow`]'s frames come from. Beyond the frame's own, the IPv4 source
+/// of an untagged IPv4 frame counts up from the frame's own, one per frame sent (a send
+/// refused for a full queue is tried again from the same source).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sources {
+    /// Every frame from the frame's own source.
+    One,
+    /// A pool of this many sources, in turn: the `k`th frame sent comes from the
+    /// `k mod n`th (a warm start, new sources arriving, a flood of repeating addresses).
+    Pool(u32),
+    /// Each frame from a source never used before (a spoofed flood).
+    Spoofed,
+}
+
+impl Sources {
+    /// How many of `sent` frames came from the `i`th source (the frame's own is the 0th).
+    pub fn frames_from(self, sent: u64, i: u32) -> u64 {
+        match self {
+            Self::One => {
+                if i == 0 {
+                    sent
+                } else {
+                    0
+                }
+            }
+            Self::Pool(n) => {
+                let n = u64::from(n);
+                if u64::from(i) >= n {
+                    0
+                } else {
+                    sent / n + u64::from(u64::from(i) < sent % n)
+                }
+            }
+            Self::Spoofed => u64::from(u64::from(i) < sent),
+        }
+    }
+
+    /// The source of the frame sent after `sent` others, counting from the frame's own
+    /// (`first`).
+    fn nth(self, first: u32, sent: u64) -> u32 {
+        let k = match self {
+            Self::One => 0,
+            // `sent % n` < n, a u32.
+            Self::Pool(n) => (sent % u64::from(n.max(1))) as u32,
+            // Wraps after 2^32 frames, which no run sends.
+            Self::Spoofed => sent as u32,
+        };
+        first.wrapping_add(k)
+    }
 }
 
 /// Where an untagged IPv4 frame holds its source address.
@@ -74,6 +129,8 @@ const IPV4_SRC_AT: usize = 14 + 12;
 #[derive(Clone, PartialEq)]
 pub struct RawResult {
     pub attempted_packets: u64,
+    /// Overdue frames its sender skipped ([`Late::Skip`]), never sent.
+    pub skipped_packets: u64,
     pub sent_packets: u64,
     pub received_packets: u64,
     /// When the kernel received the first and the last of them (the receive timestamps
@@ -99,6 +156,7 @@ impl std::fmt::Debug for RawResult {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RawResult")
             .field("attempted_packets", &self.attempted_packets)
+            .field("skipped_packets", &self.skipped_packets)
             .field("sent_packets", &self.sent_packets)
             .field("received_packets", &self.received_packets)
             .field("first_received_ns", &self.first_received_ns)
@@ -151,8 +209,12 @@ pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<RawRu
             14 + TAG_BYTES
         );
         ensure!(
-            !flow.spoofed || flow.frame.len() >= IPV4_SRC_AT + 4 + TAG_BYTES,
-            "raw flow {i}: too short to spoof its source"
+            flow.sources == Sources::One || flow.frame.len() >= IPV4_SRC_AT + 4 + TAG_BYTES,
+            "raw flow {i}: too short to change its source"
+        );
+        ensure!(
+            flow.sources != Sources::Pool(0),
+            "raw flow {i}: a pool of no sources"
         );
         let mut frame = flow.frame.clone();
         let at = frame.len() - TAG_BYTES;
@@ -191,21 +253,21 @@ pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<RawRu
                             .try_into()
                             .expect("4 bytes"),
                     );
-                    let mut n: u32 = 0;
+                    // Frames sent: the next one's source.
+                    let mut n: u64 = 0;
                     let pacing = Pacing {
                         offered_bps: flow.offered_bps,
                         frame_bytes,
                         start,
                         duration,
-                        late: Late::CatchUp,
+                        late: flow.late,
                         record: false,
                     };
                     pace(&pacing, || {
-                        if flow.spoofed {
-                            let src = first.wrapping_add(n).to_be_bytes();
+                        if flow.sources != Sources::One {
+                            let src = flow.sources.nth(first, n).to_be_bytes();
                             frame[IPV4_SRC_AT..IPV4_SRC_AT + 4].copy_from_slice(&src);
                             fix_ipv4_checksum(&mut frame);
-                            n = n.wrapping_add(1);
                         }
                         let refused_at = Instant::now();
                         loop {
@@ -217,7 +279,11 @@ pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<RawRu
                                 {
                                     std::hint::spin_loop();
                                 }
-                                sent => return sent,
+                                Ok(()) => {
+                                    n += 1;
+                                    return Ok(());
+                                }
+                                refused => return refused,
                             }
                         }
                     })
@@ -240,6 +306,7 @@ pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<RawRu
             let sent = sent.with_context(|| format!("raw flow {i}"))?;
             Ok(RawResult {
                 attempted_packets: sent.attempted,
+                skipped_packets: sent.skipped,
                 sent_packets: sent.packets,
                 received_packets: received.packets,
                 first_received_ns: received.first_ns,
@@ -468,6 +535,29 @@ mod tests {
     use crate::frame;
 
     #[test]
+    fn frames_are_counted_to_the_source_that_sent_them() {
+        for sources in [
+            Sources::One,
+            Sources::Pool(1),
+            Sources::Pool(3),
+            Sources::Spoofed,
+        ] {
+            let mut counts = [0u64; 12];
+            for sent in 0..10 {
+                counts[sources.nth(5, sent) as usize - 5] += 1;
+            }
+            let expected: Vec<u64> = (0..12).map(|i| sources.frames_from(10, i)).collect();
+            assert_eq!(counts.to_vec(), expected, "{sources:?}");
+        }
+        assert_eq!(
+            (0..3)
+                .map(|i| Sources::Pool(3).frames_from(10, i))
+                .collect::<Vec<_>>(),
+            [4, 3, 3]
+        );
+    }
+
+    #[test]
     fn a_spoofed_source_gets_a_valid_header_checksum() {
         let mut f = frame::ipv4_udp(std::net::Ipv4Addr::new(10, 64, 0, 0), 60);
         let reference = frame::ipv4_udp(std::net::Ipv4Addr::new(10, 64, 1, 2), 60);
@@ -483,9 +573,10 @@ mod tests {
         let flows: Vec<RawFlow> = [(lab.sources()[0], 2_000_000), (lab.sources()[1], 1_000_000)]
             .iter()
             .map(|&(src, offered_bps)| RawFlow {
-                spoofed: false,
+                sources: Sources::One,
                 frame: frame::ipv4_udp(src, 500),
                 offered_bps,
+                late: Late::CatchUp,
             })
             .collect();
         let run = run_raw(&lab, &flows, Duration::from_secs(1)).expect("run_raw");
@@ -512,9 +603,10 @@ mod tests {
         }
         // A frame too short for the tag is refused before anything is sent.
         let short = RawFlow {
-            spoofed: false,
+            sources: Sources::One,
             frame: vec![0; 14],
             offered_bps: 1_000,
+            late: Late::CatchUp,
         };
         assert!(run_raw(&lab, &[short], Duration::from_millis(10)).is_err());
     }
