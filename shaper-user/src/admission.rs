@@ -173,6 +173,17 @@ mod tests {
         }
         assert_eq!(KeysPerSec(2000).to_string(), "2000");
         assert_eq!(KeysPerSec::UNLIMITED.to_string(), "unlimited");
+        // The refusal names the word (found by cargo xtask mutants).
+        assert_eq!(
+            NotKeysPerSec("lots".to_owned()).to_string(),
+            "'lots' is not a positive whole number of keys a second, or unlimited"
+        );
+    }
+
+    #[test]
+    fn an_admission_is_described_as_stats_shows_it() {
+        assert_eq!(describe(1000, 5000), "second sighting, 1000/s burst 5000");
+        assert_eq!(describe(0, 0), "unlimited");
     }
 
     #[test]

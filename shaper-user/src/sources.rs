@@ -324,6 +324,35 @@ mod tests {
     }
 
     #[test]
+    fn the_top_is_refused_bytes_dropped_and_would_drop_together_then_passed() {
+        let state = |s: Source| {
+            (
+                s.key,
+                SourceState {
+                    outcomes: s.outcomes,
+                    ..SourceState::default()
+                },
+            )
+        };
+        let mut monitored = source("10.0.0.3", 0, 0);
+        // Would drop 600 and dropped 500: 1,100 refused, more than 10.0.0.2's 1,000.
+        monitored.outcomes.would_drop_bytes = 600;
+        monitored.outcomes.dropped_bytes = 500;
+        let top = top_dropped(
+            vec![
+                state(source("10.0.0.1", 5_000, 0)),
+                state(source("10.0.0.2", 0, 1_000)),
+                state(monitored),
+                state(source("10.0.0.4", 9_000, 0)),
+            ],
+            3,
+        );
+        let order: Vec<String> = top.iter().map(|(k, _)| k.addr.to_string()).collect();
+        assert_eq!(order, ["10.0.0.3", "10.0.0.2", "10.0.0.4"]);
+        assert_eq!(top[0].1.would_drop_bytes, 600);
+    }
+
+    #[test]
     fn a_key_seen_again_after_eviction_counts_from_zero() {
         let c = Change::between(
             &source("10.0.0.1", 9_000, 0).outcomes,

@@ -11,6 +11,7 @@ mod docs;
 mod host;
 mod image;
 mod lab;
+mod mutants;
 mod old_shaper;
 mod phases;
 mod setup;
@@ -61,6 +62,10 @@ enum Command {
     /// Build release binaries and run `shaper-lab fuzz` (needs root): fuzzed frames through
     /// the XDP program, e.g. `fuzz --frames 1000000 --seed 0x5eed` (default 10 000 000)
     Fuzz(LabArgs),
+    /// Mutation testing with cargo-mutants over shaper-common and the userspace library's
+    /// logic, each mutant tested by its package's unit tests (not part of CI: tens of
+    /// minutes), e.g. `mutants --scope common`, `mutants -- --list`
+    Mutants(mutants::Args),
 }
 
 #[derive(clap::Args)]
@@ -93,6 +98,7 @@ fn main() -> ExitCode {
         Command::Bench(LabArgs { args }) => lab::run("bench", &args),
         Command::Lab(LabArgs { args }) => lab::run("lab", &args),
         Command::Fuzz(LabArgs { args }) => lab::run("fuzz", &args),
+        Command::Mutants(args) => mutants::run(&args),
     };
     match result {
         Ok(code) => code,
@@ -139,6 +145,24 @@ mod tests {
             panic!("did not parse as fuzz");
         };
         assert_eq!(args, ["--frames", "1000", "--seed", "0x5eed"]);
+    }
+
+    #[test]
+    fn mutants_scopes() {
+        let scopes = |argv: &[&str]| match Cli::try_parse_from(argv).map(|cli| cli.command) {
+            Ok(Command::Mutants(args)) => {
+                Ok(args.scope.0.iter().map(|s| s.name).collect::<Vec<_>>())
+            }
+            Ok(_) => panic!("{argv:?} did not parse as mutants"),
+            Err(err) => Err(err),
+        };
+        let all: Vec<&str> = mutants::SCOPES.iter().map(|s| s.name).collect();
+        assert_eq!(scopes(&["xtask", "mutants"]).unwrap(), all);
+        assert_eq!(
+            scopes(&["xtask", "mutants", "--scope", "user"]).unwrap(),
+            ["user"]
+        );
+        assert!(scopes(&["xtask", "mutants", "--scope", "ebpf"]).is_err());
     }
 
     #[test]

@@ -39,14 +39,16 @@ pub enum For {
     Dist,
     /// `cargo xtask image`: dist's, and what builds and runs the image
     Image,
+    /// `cargo xtask mutants`: a build, and cargo-mutants
+    Mutants,
     /// Everything above
     All,
 }
 
-use For::{Bench, Build, Demo, Dist, Image, Matrix, Test};
+use For::{Bench, Build, Demo, Dist, Image, Matrix, Mutants, Test};
 
 /// Every command that builds shaper.
-const BUILDS: &[For] = &[Build, Demo, Bench, Test, Matrix, Dist, Image];
+const BUILDS: &[For] = &[Build, Demo, Bench, Test, Matrix, Dist, Image, Mutants];
 /// Every command that loads shaper into this machine's kernel and pins it.
 const RUNS: &[For] = &[Demo, Bench, Test];
 /// The tests, on this machine's kernel or in the guests (which run on this machine's
@@ -169,6 +171,14 @@ const NEEDS: &[Need] = &[
             present: Present::File(
                 "/usr/lib/python3/dist-packages/prometheus_client/openmetrics/parser.py",
             ),
+        },
+        by: &[Test],
+    },
+    // metrics.rs counts the bpf calls of a scrape with strace.
+    Need {
+        item: Item::Apt {
+            package: "strace",
+            present: Present::Programs(&["strace"]),
         },
         by: &[Test],
     },
@@ -297,11 +307,23 @@ const NEEDS: &[Need] = &[
         item: Item::Crate {
             name: "bpf-linker",
             version: "0.13.0",
+            version_args: &["--version"],
             // The default feature links LLVM 23; Debian bookworm ships 22.
             args: &["--no-default-features", "--features", "llvm-22"],
             env: &[("LLVM_PREFIX", LLVM_PREFIX)],
         },
         by: BUILDS,
+    },
+    // Mutation testing (not part of CI: `cargo xtask mutants`).
+    Need {
+        item: Item::Crate {
+            name: "cargo-mutants",
+            version: "27.1.0",
+            version_args: &["mutants", "--version"],
+            args: &[],
+            env: &[],
+        },
+        by: &[Mutants],
     },
     // shaper pins its link and maps there; systemd mounts it on most hosts, a bare
     // container or VM may not (bpftool mounts it on demand the same way).
@@ -328,6 +350,7 @@ impl For {
             Matrix => "cargo xtask test --kernel",
             Dist => "cargo xtask dist",
             Image => "cargo xtask image",
+            Mutants => "cargo xtask mutants",
             For::All => "every command",
         }
     }
@@ -350,10 +373,12 @@ enum Item {
         name: &'static str,
         toolchain: &'static str,
     },
-    /// A binary crate from crates.io, present when `<name> --version` mentions `version`.
+    /// A binary crate from crates.io, present when `<name> <version_args>` mentions `version`.
     Crate {
         name: &'static str,
         version: &'static str,
+        /// `--version`, or `mutants --version` for a cargo subcommand that wants its name.
+        version_args: &'static [&'static str],
         args: &'static [&'static str],
         env: &'static [(&'static str, &'static str)],
     },
@@ -675,9 +700,14 @@ impl Item {
                 cmd::stdout(Command::new(binary).arg("--version"))
                     .is_ok_and(|out| out.trim() == *version)
             }),
-            Item::Crate { name, version, .. } => crate_binaries(name).iter().any(|binary| {
+            Item::Crate {
+                name,
+                version,
+                version_args,
+                ..
+            } => crate_binaries(name).iter().any(|binary| {
                 // A binary that does not run counts as missing: reinstalling fixes it.
-                cmd::stdout(Command::new(binary).arg("--version"))
+                cmd::stdout(Command::new(binary).args(*version_args))
                     .is_ok_and(|out| out.lines().any(|line| line.contains(version)))
             }),
         })
@@ -752,6 +782,7 @@ impl Item {
                 version,
                 args,
                 env,
+                ..
             } => {
                 let mut cargo = Command::new("cargo");
                 cargo

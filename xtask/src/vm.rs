@@ -76,11 +76,19 @@ pub const SERIES: &[Series] = &[
     },
 ];
 
-/// Where a test file of the lab package (`workspace::LAB_DIR`) runs.
+/// Where a test file of the lab package (`workspace::LAB_DIR`) runs. Every kernel test runs
+/// on the host (`cargo xtask test`) but those of [`Place::GuestOnly`]; the guests run what
+/// differs from kernel to kernel, and nothing twice that is the same on every kernel.
 enum Place {
-    /// In every guest, without the tests named in `skip` (each with the reason).
-    Guest {
-        skip: &'static [(&'static str, &'static str)],
+    /// On the host, and in every guest: every kernel test of the file.
+    Guests,
+    /// On the host; in every guest only the tests `run` names, each with what it checks
+    /// that differs from kernel to kernel (verifier acceptance, a load or attach path, a
+    /// kernel feature, an upgrade's link update and pin exchange). The file's other tests
+    /// run the same program and the same userspace on any kernel, or time something: the
+    /// host run covers them once.
+    SomeInGuests {
+        run: &'static [(&'static str, &'static str)],
     },
     /// Only on the host (`cargo xtask test`).
     Host,
@@ -107,40 +115,56 @@ struct Suite {
 const SUITES: &[Suite] = &[
     Suite {
         file: "tests/test_run.rs",
-        place: Place::Guest { skip: &[] },
+        place: Place::Guests,
         why: "verifier acceptance (every test loads the program) and verdicts and counters \
               through BPF_PROG_TEST_RUN; rates are slow enough that run time does not matter",
     },
     Suite {
         file: "tests/verifier.rs",
-        place: Place::Guest { skip: &[] },
+        place: Place::Guests,
         why: "each entry point's processed instruction count, printed and held under the \
               verifier's budget: it differs from kernel to kernel",
     },
     Suite {
         file: "tests/parse_golden.rs",
-        place: Place::Guest { skip: &[] },
+        place: Place::SomeInGuests {
+            run: &[
+                (
+                    "golden_frames_are_classified_keyed_and_charged_in_full",
+                    "every encapsulation through the kernel's own test_run frame setup",
+                ),
+                (
+                    "jumbo_frames_are_charged_in_full",
+                    "multi-buffer (xdp.frags) frames: the kernel's frags support",
+                ),
+            ],
+        },
         why: "golden frames of every encapsulation and every truncation through \
               BPF_PROG_TEST_RUN, including multi-buffer (xdp.frags) jumbo frames",
     },
     Suite {
         file: "tests/fuzz.rs",
-        place: Place::Guest { skip: &[] },
-        why: "fuzzed frames through BPF_PROG_TEST_RUN: each passes or drops and is counted",
+        place: Place::Host,
+        why: "fuzzed frames through BPF_PROG_TEST_RUN: the same program's parser on every \
+              kernel (its acceptance is test_run.rs's and verifier.rs's)",
     },
     Suite {
         file: "tests/policy_test_run.rs",
-        place: Place::Guest { skip: &[] },
+        place: Place::SomeInGuests {
+            run: &[(
+                "longest_prefix_wins_across_nested_prefixes",
+                "the kernel's LPM trie lookups",
+            )],
+        },
         why: "prefix policies (LPM tries, monitor, aggregates, rescaling) through \
               BPF_PROG_TEST_RUN",
     },
     Suite {
         file: "tests/admission_test_run.rs",
-        place: Place::Guest {
-            skip: &[(
-                "a_warm_start_is_tracked_by_each_sources_second_frame",
-                "the traces' window is 10 s of the kernel's clock: 200,000 first frames \
-                 take longer than that under emulation",
+        place: Place::SomeInGuests {
+            run: &[(
+                "a_spoofed_flood_under_the_default_admission_gets_under_1_percent_of_the_table",
+                "the default admission against the kernel's LRU hash under a flood",
             )],
         },
         why: "new-source admission through BPF_PROG_TEST_RUN; its bounds are computed from \
@@ -148,23 +172,38 @@ const SUITES: &[Suite] = &[
     },
     Suite {
         file: "tests/cli.rs",
-        place: Place::Guest {
-            skip: &[(
-                "attach_reattach_detach",
-                "holds passed bytes to rate × measured time of live traffic (within 1.6%)",
-            )],
+        place: Place::SomeInGuests {
+            run: &[
+                (
+                    "native_refused_and_auto_falls_back_to_skb",
+                    "native and generic XDP attach on veth, dummy and bridge devices",
+                ),
+                (
+                    "unprivileged_is_refused",
+                    "what the kernel refuses without CAP_BPF and CAP_NET_ADMIN",
+                ),
+                (
+                    "the_units_capabilities_suffice",
+                    "that the unit's capabilities are enough on this kernel",
+                ),
+            ],
         },
         why: "attach, re-attach, detach and every refusal, with native and generic XDP on \
               veth, dummy and bridge devices",
     },
     Suite {
         file: "tests/apply.rs",
-        place: Place::Guest { skip: &[] },
+        place: Place::SomeInGuests {
+            run: &[(
+                "apply_then_show_round_trips",
+                "apply's attach and policies read back from this kernel's maps",
+            )],
+        },
         why: "apply and config show round trips and all-or-nothing refusals: no traffic",
     },
     Suite {
         file: "tests/kernel_support.rs",
-        place: Place::Guest { skip: &[] },
+        place: Place::Guests,
         why: "what the program needs of the kernel: attach works where it is there, and is \
               refused in one line naming what is missing where it is not (the only suite \
               the 5.10 guest runs)",
@@ -179,7 +218,7 @@ const SUITES: &[Suite] = &[
     },
     Suite {
         file: "tests/stale_pins.rs",
-        place: Place::Guest { skip: &[] },
+        place: Place::Guests,
         why: "attach over pins left by a deleted interface: no traffic",
     },
     Suite {
@@ -191,32 +230,16 @@ const SUITES: &[Suite] = &[
     },
     Suite {
         file: "tests/upgrade.rs",
-        place: Place::Guest {
-            skip: &[
+        place: Place::SomeInGuests {
+            run: &[
                 (
-                    "a_killed_upgrade_leaves_the_old_or_the_new_attachment_whole",
-                    "twenty upgrades of seconds each under emulation, kills timed against one; \
-                     the pin swap and link update it kills are run by the tests above",
+                    "an_upgrade_from_layout_5_keeps_every_cell_and_counter",
+                    "BPF_LINK_UPDATE and RENAME_EXCHANGE on bpffs, the new program over the \
+                     old maps (from the previous layout: decoding earlier ones is userspace)",
                 ),
                 (
-                    "traffic_through_an_upgrade_from_layout_1_is_all_metered_and_never_refilled",
-                    "holds passed bytes to rate x measured time + one burst within 4%",
-                ),
-                (
-                    "traffic_through_an_upgrade_from_layout_2_is_all_metered_and_never_refilled",
-                    "holds passed bytes to rate x measured time + one burst within 4%",
-                ),
-                (
-                    "traffic_through_an_upgrade_from_layout_3_is_all_metered_and_never_refilled",
-                    "holds passed bytes to rate x measured time + one burst within 4%",
-                ),
-                (
-                    "traffic_through_an_upgrade_from_layout_4_is_all_metered_and_never_refilled",
-                    "holds passed bytes to rate x measured time + one burst within 4%",
-                ),
-                (
-                    "traffic_through_an_upgrade_from_layout_5_is_all_metered_and_never_refilled",
-                    "holds passed bytes to rate x measured time + one burst within 4%",
+                    "an_ingress_upgrade_keeps_the_egress_attachment_beside_it",
+                    "the tc attachment (TCX or clsact) untouched by an XDP link update",
                 ),
             ],
         },
@@ -225,11 +248,29 @@ const SUITES: &[Suite] = &[
     },
     Suite {
         file: "tests/live_egress.rs",
-        place: Place::Guest {
-            skip: &[(
-                "egress_holds_each_destination_and_each_source_to_the_rate",
-                "holds received bytes to rate × measured time + burst within 1%",
-            )],
+        place: Place::SomeInGuests {
+            run: &[
+                (
+                    "a_tso_send_is_charged_its_wire_bytes_on_every_hook",
+                    "GSO packets as each kernel hands them to tc egress, tc ingress and XDP",
+                ),
+                (
+                    "clsact_is_added_only_if_absent_and_removed_only_if_shaper_added_it",
+                    "the clsact attach path (6.1 has no TCX)",
+                ),
+                (
+                    "tcx_where_the_kernel_has_it",
+                    "TCX on 6.6 and later, clsact before",
+                ),
+                (
+                    "egress_has_its_own_settings_and_round_trips_through_apply",
+                    "the tc program loaded and attached through apply",
+                ),
+                (
+                    "attach_refuses_shape_without_fq_in_one_line",
+                    "the fq probe against each kernel's qdiscs",
+                ),
+            ],
         },
         why: "the tc program: TCX (6.6 and later) and clsact, the qdiscs left as found, \
               egress settings through apply, and a TSO send charged its wire bytes on tc \
@@ -237,7 +278,7 @@ const SUITES: &[Suite] = &[
     },
     Suite {
         file: "tests/shape_test_run.rs",
-        place: Place::Guest { skip: &[] },
+        place: Place::Guests,
         why: "shape mode's departure stamps, CE marks and horizon drops through \
               BPF_PROG_TEST_RUN of the tc program (bpf_skb_set_tstamp and \
               bpf_skb_ecn_set_ce on each kernel), bounded by the clock around each run",
@@ -256,14 +297,14 @@ const SUITES: &[Suite] = &[
     },
     Suite {
         file: "tests/watch.rs",
-        place: Place::Guest {
-            skip: &[(
-                "the_kernel_holds_events_to_the_watchers_rate",
-                "also asks for rate x 2 s of events from 2 s of a flood offered against the clock",
+        place: Place::SomeInGuests {
+            run: &[(
+                "watch_reports_a_source_over_its_limit_and_none_under_it",
+                "the BPF ring buffer and its reader on each kernel",
             )],
         },
-        why: "shaper watch: the ring buffer and the lease on each kernel (events of a source \
-              over its limit, none of one under it, none while nobody watches)",
+        why: "shaper watch: the ring buffer and the lease (events of a source over its \
+              limit, none of one under it, none while nobody watches)",
     },
     Suite {
         file: "tests/live_rate.rs",
@@ -491,7 +532,7 @@ pub fn run_command(
         executable: executable.to_owned(),
         dir: workspace::root().to_path_buf(),
         args,
-        skip: &[],
+        skip: Vec::new(),
     };
     let mut ok = true;
     for series in series {
@@ -517,7 +558,9 @@ struct GuestSuite {
     /// What it is run with before the skips and the caller's arguments: libtest's
     /// `--ignored --test-threads=1` for a test binary.
     args: Vec<String>,
-    skip: &'static [(&'static str, &'static str)],
+    /// The tests it skips (`--skip NAME`, which skips every test whose name contains NAME):
+    /// those of [`Place::SomeInGuests`] the guests do not run.
+    skip: Vec<String>,
 }
 
 /// Builds the test binaries here (the guests only run them) and picks the guest suites.
@@ -556,8 +599,8 @@ fn build_suites() -> Result<Vec<GuestSuite>> {
             continue;
         };
         let skip = match suite.place {
-            Place::Guest { skip } => skip,
-            Place::GuestOnly { .. } => &[],
+            Place::Guests | Place::GuestOnly { .. } => Vec::new(),
+            Place::SomeInGuests { run } => not_run(suite.file, Path::new(&executable), run)?,
             Place::Host => continue,
         };
         let name = file
@@ -592,6 +635,39 @@ fn build_suites() -> Result<Vec<GuestSuite>> {
         );
     }
     Ok(found)
+}
+
+/// The kernel tests of the test binary `executable` (of `file`) that are not in `run`, for the
+/// guests to skip; fails if `run` names a test the binary does not have.
+fn not_run(file: &str, executable: &Path, run: &[(&str, &str)]) -> Result<Vec<String>> {
+    let listed = cmd::stdout(Command::new(executable).args(["--ignored", "--list"]))?;
+    let tests = kernel_tests(&listed);
+    for (test, _) in run {
+        if !tests.contains(test) {
+            bail!("vm::SUITES runs {test} of {file} in the guests, but it has no such kernel test");
+        }
+    }
+    let skip: Vec<String> = tests
+        .into_iter()
+        .filter(|test| !run.iter().any(|(name, _)| name == test))
+        .map(str::to_owned)
+        .collect();
+    // libtest's --skip matches parts of names (--exact would make the caller's filter exact
+    // too): no skipped name may be part of a name the guests run.
+    for test in &skip {
+        if let Some((name, _)) = run.iter().find(|(name, _)| name.contains(test.as_str())) {
+            bail!("{file}: skipping {test} in the guests would skip {name} too: rename one");
+        }
+    }
+    Ok(skip)
+}
+
+/// The test names of libtest's `--list` output (`name: test` lines).
+fn kernel_tests(listed: &str) -> Vec<&str> {
+    listed
+        .lines()
+        .filter_map(|line| line.strip_suffix(": test"))
+        .collect()
 }
 
 /// The string value of the first `"key":"..."` in a line of cargo's JSON output, unescaped.
@@ -939,7 +1015,7 @@ dmesg --clear
             sh_quote(&suite.executable.to_string_lossy()),
         ];
         words.extend(suite.args.iter().map(|arg| sh_quote(arg)));
-        for (test, _) in suite.skip {
+        for test in &suite.skip {
             words.push("--skip".to_owned());
             words.push(sh_quote(test));
         }
@@ -1302,11 +1378,13 @@ fn print_plan() {
     println!("kernel tests in the guests ({}):", workspace::LAB_DIR);
     for suite in SUITES {
         match suite.place {
-            Place::Guest { skip } => {
+            Place::Guests => println!("  {} (every test): {}", suite.file, suite.why),
+            Place::SomeInGuests { run } => {
                 println!("  {}: {}", suite.file, suite.why);
-                for (test, why) in skip {
-                    println!("    except {test}: {why}");
+                for (test, why) in run {
+                    println!("    {test}: {why}");
                 }
+                println!("    (its other tests: the host run, once)");
             }
             Place::GuestOnly { .. } => println!("  {} (guests only): {}", suite.file, suite.why),
             Place::Host => {}
@@ -1391,6 +1469,32 @@ mod tests {
             }
         }
         assert!(guest_only_tests().count() > 0);
+    }
+
+    #[test]
+    fn the_tests_some_files_run_in_the_guests_are_theirs() {
+        for suite in SUITES {
+            let Place::SomeInGuests { run } = suite.place else {
+                continue;
+            };
+            let path = workspace::root().join(workspace::LAB_DIR).join(suite.file);
+            let text = fs::read_to_string(path).unwrap();
+            assert!(!run.is_empty(), "{}: Place::Host runs none", suite.file);
+            for (test, why) in run {
+                assert!(
+                    text.contains(&format!("fn {test}(")),
+                    "{}: {test}",
+                    suite.file
+                );
+                assert!(!why.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn listed_tests() {
+        let listed = "a_test: test\nmod_x::b: test\na_bench: bench\n\n2 tests, 1 benchmark\n";
+        assert_eq!(kernel_tests(listed), ["a_test", "mod_x::b"]);
     }
 
     #[test]

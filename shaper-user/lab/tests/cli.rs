@@ -16,7 +16,7 @@ use std::{
     time::Duration,
 };
 
-use common::{assert_near, error_line, guard, limit_gives, nobody_binary, shaper_ok, stats};
+use common::{assert_limited, error_line, guard, nobody_binary, replay, shaper_ok, stats};
 use serde_json::Value;
 use shaper_lab::{
     bins::shaper as shaper_bin,
@@ -55,9 +55,13 @@ fn run(cmd: &mut Command) -> Output {
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
-/// UDP traffic through the lab, all of it counted by the receiver.
+/// UDP traffic through the lab, all of it counted by the receiver, every send's time kept.
 fn run_udp(lab: &Lab, flows: &[Flow], duration: Duration) -> Vec<FlowResult> {
-    let report = run_udp_with(lab, flows, duration, &RunOptions::default()).expect("traffic");
+    let options = RunOptions {
+        record_sends: true,
+        ..RunOptions::default()
+    };
+    let report = run_udp_with(lab, flows, duration, &options).expect("traffic");
     assert_eq!(report.receiver_drops, 0, "the receiver lost datagrams");
     report.flows
 }
@@ -272,11 +276,13 @@ fn attach_reattach_detach() {
     assert!(after.dropped_bytes > updated.dropped_bytes, "{after:?}");
     // The cell has been idle for longer than the new burst lasts, so the source gets the
     // full new burst plus the new rate for as long as it sent.
-    assert_near(
+    let limit = (4_000_000, 32_768);
+    assert_limited(
         "passed at 4mbit",
-        passed as f64,
-        limit_gives(4_000_000, 32_768, &[&result]),
-        32_768.0,
+        passed,
+        replay(&[&result], Some(limit), None)[0],
+        limit,
+        &[&result],
     );
     // What shaper let through is what arrived.
     assert_eq!(result.received_l2_bytes, passed);

@@ -357,14 +357,10 @@ fn one_source_live_from_every_cpu_gets_one_bucket() {
             counts.packets()
         );
     }
-    // The CPUs metered the cell at the same time: some compare-and-swap lost to another
-    // CPU's and was tried again. (On one queue they never do: a queue's NAPI, and so the
-    // program, runs on one CPU at a time.)
-    assert!(
-        total.cas_won[1..].iter().sum::<u64>() > 0,
-        "no CPU ever found the cell changed under it: {}",
-        cas_report(&total)
-    );
+    // Whether the CPUs' programs ever ran at the same instant is the scheduler's: on a
+    // loaded machine they may not (a run at load 10 found no retry in 36,915 wins), so
+    // the retries are required only of the test_run tests above, whose threads hold their
+    // CPUs in the kernel for the whole run. Here: every CPU metered, and the exact balance.
     // Each passed frame was charged once, each key given a cell took a token from the
     // admission cell, and each admitted on its first sighting one from the first-sighting
     // allowance before that, each with one compare-and-swap won; a CPU that found the key

@@ -115,6 +115,87 @@ pub fn limit_gives<R: Received>(rate_bps: u64, burst: u64, flows: &[&R]) -> f64 
     rate_bps as f64 / 8.0 * (last - first) as f64 / 1e9 + burst as f64
 }
 
+/// What GCRA buckets pass of frames as they were sent: `flows` run with
+/// [`shaper_lab::lab::RunOptions::record_sends`], each flow a key of its own held to
+/// `per_key` (rate in bit/s, burst in bytes) if given, and all of them also through one
+/// bucket of `aggregate` if given (a frame either bucket refuses is charged to neither);
+/// every bucket full at the first frame. Returns the bytes passed per flow.
+///
+/// The kernel saw each frame moments after its send: a replay of the real sends, stalls
+/// of the senders included (a sender that stops for longer than its bucket takes to
+/// fill loses tokens, here as in the kernel), so a test compares the kernel's exact
+/// counts with it however loaded the machine was. Written here in nanoseconds and f64,
+/// apart from shaper-common's fixed-point arithmetic, which it checks.
+pub fn replay(
+    flows: &[&FlowResult],
+    per_key: Option<(u64, u64)>,
+    aggregate: Option<(u64, u64)>,
+) -> Vec<u64> {
+    let mut frames: Vec<(u64, usize)> = Vec::new();
+    for (i, flow) in flows.iter().enumerate() {
+        assert_eq!(
+            flow.send_offsets_ns.len() as u64,
+            flow.sent_packets,
+            "{}: run with RunOptions::record_sends",
+            flow.src
+        );
+        frames.extend(flow.send_offsets_ns.iter().map(|&t| (t, i)));
+    }
+    frames.sort_unstable();
+    let bytes: Vec<u64> = flows
+        .iter()
+        .map(|f| f.sent_l2_bytes / f.sent_packets.max(1))
+        .collect();
+    let mut keys: Vec<Option<Bucket>> = flows
+        .iter()
+        .map(|_| per_key.map(|(rate, burst)| Bucket::new(rate, burst)))
+        .collect();
+    let mut shared = aggregate.map(|(rate, burst)| Bucket::new(rate, burst));
+    let mut passed = vec![0; flows.len()];
+    for (t, i) in frames {
+        let t = t as f64;
+        let own = keys[i].as_ref().map(|b| b.admit(t, bytes[i]));
+        let all = shared.as_ref().map(|b| b.admit(t, bytes[i]));
+        if own.is_some_and(|tat| tat.is_none()) || all.is_some_and(|tat| tat.is_none()) {
+            continue;
+        }
+        if let (Some(b), Some(Some(tat))) = (keys[i].as_mut(), own) {
+            b.tat = tat;
+        }
+        if let (Some(b), Some(Some(tat))) = (shared.as_mut(), all) {
+            b.tat = tat;
+        }
+        passed[i] += bytes[i];
+    }
+    passed
+}
+
+/// One GCRA bucket: its theoretical arrival time, the time one byte costs and how far
+/// ahead of now the time may run (the burst's cost), in nanoseconds.
+struct Bucket {
+    tat: f64,
+    ns_per_byte: f64,
+    tau: f64,
+}
+
+impl Bucket {
+    fn new(rate_bps: u64, burst: u64) -> Self {
+        let ns_per_byte = 8e9 / rate_bps as f64;
+        Self {
+            tat: f64::NEG_INFINITY,
+            ns_per_byte,
+            tau: burst as f64 * ns_per_byte,
+        }
+    }
+
+    /// The bucket's time after passing a frame of `bytes` at `t`, if it conforms.
+    fn admit(&self, t: f64, bytes: u64) -> Option<f64> {
+        let tat = self.tat.max(t) + bytes as f64 * self.ns_per_byte;
+        // A picosecond for f64's rounding of a burst of whole frames.
+        (tat - t <= self.tau + 1e-3).then_some(tat)
+    }
+}
+
 /// A flow's kernel receive timestamps: its first and last frame's.
 pub trait Received {
     fn received_ns(&self) -> (u64, u64);
@@ -149,6 +230,35 @@ pub fn assert_near(what: &str, got: f64, expected: f64, burst: f64) -> f64 {
         tol * 100.0
     );
     err
+}
+
+/// Asserts that `got`, the bytes a limit of `rate_bps` and `burst` passed of `flows` (one
+/// key's), is within a quarter of the burst of `replayed`, what GCRA passes of the same
+/// sends ([`replay`]: the kernel met them moments later, which moves a frame or two), so
+/// that a burst halved or missing fails; and no further above what the limit gives over
+/// the kernel's own receive times ([`limit_gives`]) than [`tolerance`], its bound
+/// whatever the senders did.
+pub fn assert_limited<R: Received>(
+    what: &str,
+    got: u64,
+    replayed: u64,
+    (rate_bps, burst): (u64, u64),
+    flows: &[&R],
+) {
+    let off = got as f64 - replayed as f64;
+    println!("{what}: {got} against {replayed} replayed ({off:+.0} bytes, burst {burst})");
+    assert!(
+        off.abs() <= burst as f64 / 4.0,
+        "{what}: {got} is {off:+.0} bytes from {replayed}, what the limit passes of the \
+         same sends, beyond a quarter of the {burst}-byte burst"
+    );
+    let bound = limit_gives(rate_bps, burst, flows);
+    let over = got as f64 - bound;
+    println!("{what}: {got} against the bound {bound:.0} over the receive times");
+    assert!(
+        over <= tolerance(bound, burst as f64) * bound,
+        "{what}: {got} is {over:.0} bytes over {bound:.0}, rate x received span + burst"
+    );
 }
 
 /// Asserts that the command failed with exactly one line on stderr, and returns that line.
