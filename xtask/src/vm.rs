@@ -160,13 +160,6 @@ const SUITES: &[Suite] = &[
               BPF_PROG_TEST_RUN",
     },
     Suite {
-        file: "tests/colour_test_run.rs",
-        place: Place::Guests,
-        why: "the second meter and the DSCP remark through BPF_PROG_TEST_RUN: XDP's direct \
-              write and tc's checksum helpers as each kernel has them, at rates slow enough \
-              that run time does not matter",
-    },
-    Suite {
         file: "tests/admission_test_run.rs",
         place: Place::SomeInGuests {
             run: &[(
