@@ -107,9 +107,13 @@ fn quick_run_gives_well_formed_results() {
             assert!(c.net_rx_ns > 0 && c.softirq_ns >= c.net_rx_ns, "{c:?}");
             assert!(c.softirq_ms_per_mpkt.is_finite(), "{c:?}");
             if load == "under" {
-                // Nothing over the limit: what was sent arrives (1% allowed for the lab's own
-                // losses on a busy machine; the note would name them).
-                assert!(c.delivered_packets * 100 >= c.packets * 99, "{c:?}");
+                // Nothing over the limit: what was sent arrives, but for what the kernel
+                // counted lost in the lab's own path (a veth ring or backlog full on a busy
+                // machine: 1,479 of 31,916 with no limiter at all, once) and 1% besides.
+                assert!(
+                    (c.delivered_packets + c.lab_lost_packets) * 100 >= c.packets * 99,
+                    "{c:?}"
+                );
             }
         }
     }

@@ -918,6 +918,7 @@ fn cpu_cost(
         softirq_ns,
         net_rx_ns: spent.ns[NET_RX_SOFTIRQ],
         net_tx_ns: spent.ns[NET_TX_SOFTIRQ],
+        lab_lost_packets: report.path_drops + report.receiver_drops,
         softirq_ms_per_mpkt: if packets > 0 {
             softirq_ns as f64 / 1e6 / (packets as f64 / 1e6)
         } else {

@@ -108,6 +108,9 @@ pub struct CpuCost {
     pub net_rx_ns: u64,
     pub net_tx_ns: u64,
     pub softirq_ms_per_mpkt: f64,
+    /// Frames lost in the lab's path (veth ring or backlog full) and datagrams the
+    /// receiving socket dropped: the kernel's own counts, not the limiter's doing.
+    pub lab_lost_packets: u64,
     /// Anything a reader must know (frames lost in the lab's path, a short run).
     pub note: Option<String>,
 }

@@ -1359,6 +1359,7 @@ mod tests {
                 net_rx_ns: 900_000,
                 net_tx_ns: 0,
                 softirq_ms_per_mpkt: 2.0,
+                lab_lost_packets: 0,
                 note: None,
             }],
         };
