@@ -6,7 +6,6 @@
 pub mod bench;
 #[cfg(feature = "user")]
 pub mod config;
-pub mod dscp;
 pub mod gcra;
 pub mod layout;
 pub mod maps;

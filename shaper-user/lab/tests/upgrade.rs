@@ -307,7 +307,13 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
     assert_ne!(new_prog, old_prog, "the link runs the new program");
     assert!(lab.xdp_attached().unwrap());
     let cells_after = cells(&old.at);
-    assert_eq!((cells_after.v4.len(), cells_after.v6.len()), (4, 2));
+    assert_eq!(
+        (cells_after.v4.len(), cells_after.v6.len()),
+        (4, 2),
+        "IPv6 before {:?}, after {:?}",
+        cells_before.v6.keys().collect::<Vec<_>>(),
+        cells_after.v6.keys().collect::<Vec<_>>()
+    );
     same_cells("upgrade", &cells_before, &cells_after, layout);
     let status = &json(&new_shaper(), lab.rx_ns(), &["status", lab.rx_iface()])[0];
     assert_eq!(status["layout_version"], LAYOUT_VERSION);

@@ -129,7 +129,6 @@ impl Config1 {
             shape: Shape::default_settings(),
             // Layouts before 6 had no traces: the new program's are seeded afresh.
             trace_seed: crate::system::random_seed(),
-            meter2: Default::default(),
         }
     }
 }
@@ -153,7 +152,6 @@ impl Policy1 {
             _pad: self._pad,
             addr: self.addr,
             admission: Admission::default(),
-            meter2: Default::default(),
         }
     }
 }
@@ -176,7 +174,6 @@ impl PolicyStats1 {
             unadmitted: Outcomes::default(),
             new_sources: 0,
             sightings: Sightings::default(),
-            meter2: Default::default(),
         }
     }
 }
@@ -216,7 +213,6 @@ impl Counters1 {
             shape_delay: [0; DELAY_BUCKETS],
             shape_delay_ns: 0,
             sightings: Sightings::default(),
-            meter2: Default::default(),
         }
     }
 }

@@ -66,7 +66,6 @@ impl Counters3 {
             shape_delay: [0; DELAY_BUCKETS],
             shape_delay_ns: 0,
             sightings: Sightings::default(),
-            meter2: Default::default(),
         }
     }
 }

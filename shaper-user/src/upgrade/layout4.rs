@@ -88,7 +88,6 @@ impl Config4 {
             shape: Shape::default_settings(),
             // Layouts before 6 had no traces: the new program's are seeded afresh.
             trace_seed: crate::system::random_seed(),
-            meter2: Default::default(),
         }
     }
 }
@@ -120,7 +119,6 @@ impl Counters4 {
             shape_delay: [0; DELAY_BUCKETS],
             shape_delay_ns: 0,
             sightings: Sightings::default(),
-            meter2: Default::default(),
         }
     }
 }

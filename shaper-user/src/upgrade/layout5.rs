@@ -79,7 +79,6 @@ impl Policy5 {
             _pad: self._pad,
             addr: self.addr,
             admission: self.admission.current(),
-            meter2: Default::default(),
         }
     }
 }
@@ -181,7 +180,6 @@ impl Config5 {
             prefixes_v6: self.prefixes_v6,
             shape: self.shape,
             trace_seed: crate::system::random_seed(),
-            meter2: Default::default(),
         }
     }
 }
@@ -196,7 +194,6 @@ impl PolicyStats5 {
             unadmitted: self.unadmitted,
             new_sources: self.new_sources,
             sightings: Sightings::default(),
-            meter2: Default::default(),
         }
     }
 }
@@ -229,7 +226,6 @@ impl Counters5 {
             // Layout 5 kept no sum of the delays.
             shape_delay_ns: 0,
             sightings: Sightings::default(),
-            meter2: Default::default(),
         }
     }
 }

@@ -231,6 +231,7 @@ impl Lab {
         }
         self.add_addresses()?;
         for (ns, iface) in [(&self.tx, &self.tx_iface), (&self.rx, &self.rx_iface)] {
+            quiet(ns, iface)?;
             ns.ip(&["link", "set", "dev", "lo", "up"])?;
             ns.ip(&["link", "set", "dev", iface, "up"])?;
         }
@@ -299,6 +300,7 @@ impl Lab {
             (rt, rout),
             (&self.rx, self.rx_iface.as_str()),
         ] {
+            quiet(ns, iface)?;
             ns.ip(&["link", "set", "dev", "lo", "up"])?;
             ns.ip(&["link", "set", "dev", iface, "up"])?;
         }
@@ -530,6 +532,14 @@ impl Lab {
 
 /// A veth pair: `a_iface` in `a`, its peer `b_iface` moved straight into `b`, each end
 /// with `queues` transmit and receive queues.
+/// Keeps `iface` of `ns` from sending frames of its own: no link-local IPv6 address, so
+/// no duplicate address detection and no router solicitations from it (up to three, 4 s
+/// apart, each a source the attached program meters: a test comparing sources saw one
+/// appear mid-run). The lab's addresses and neighbours are all static.
+fn quiet(ns: &Netns, iface: &str) -> Result<()> {
+    ns.ip(&["link", "set", "dev", iface, "addrgenmode", "none"])
+}
+
 fn veth_pair(a: &Netns, a_iface: &str, b: &Netns, b_iface: &str, queues: usize) -> Result<()> {
     let q = queues.to_string();
     let q = ["numtxqueues", &q, "numrxqueues", &q];
