@@ -22,6 +22,11 @@
 //!   (`--only tcp`, results-tcp.md; in a guest with `cargo xtask bench --kernel 6.12`).
 //! - `report`: writes `bench/results.md`, `bench/results.json` and the plots.
 
+/// The kernel figures' files in the results directory ([`kernels`] writes them, [`report`]
+/// links them): here, so neither module imports the other.
+pub const KERNELS_JSON: &str = "results-kernels.json";
+pub const KERNELS_MARKDOWN: &str = "results-kernels.md";
+
 pub mod accuracy;
 pub mod attach;
 mod bpf_info;

@@ -240,7 +240,7 @@ pub fn write(dir: &Path, inputs: &Inputs<'_>) -> Result<Vec<PathBuf>> {
                 "measured"
             },
             reason: inputs.kernel_missing,
-            results: super::kernels::JSON,
+            results: super::KERNELS_JSON,
         },
         per_packet: inputs.per_packet,
         scale: inputs.scale,
@@ -606,8 +606,8 @@ fn versus_markdown(w: &mut String, pp: &PerPacketResults, kernel_missing: Option
                  (instructions walked, sizes, BTF functions, load time) and how long \
                  `shaper attach` takes with each, from this run: \
                  [{}]({}) (every kernel measured, one entry each).\n",
-                super::kernels::MARKDOWN,
-                super::kernels::MARKDOWN
+                super::KERNELS_MARKDOWN,
+                super::KERNELS_MARKDOWN
             );
         }
         Some(why) => {
