@@ -4,11 +4,13 @@
 use core::fmt;
 
 use crate::{
+    dscp::DSCP_MAX,
     gcra::{Limit, LimitError, MAX_RATE_BPS},
     maps::{
         ACTION_DROP, ACTION_LIMIT, ACTION_PASS, Admission, Config, DEFAULT_ECN_THRESHOLD_NS,
         DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, FIRST_SIGHTING_SHARE, KEY_BY_DST,
-        KEY_BY_SRC, MAX_HORIZON_NS, MODE_ENFORCE, MODE_MONITOR, MODE_SHAPE, Policy, Shape,
+        KEY_BY_SRC, MAX_HORIZON_NS, METER2_EXCESS, METER2_PACKETS, MODE_ENFORCE, MODE_MONITOR,
+        MODE_SHAPE, Meter2, Policy, Shape,
     },
 };
 
@@ -38,6 +40,20 @@ pub enum ConfigError {
     ShapeNeedsLimit,
     /// Shape mode with an aggregate rate (not supported: the aggregate is policed).
     ShapeWithAggregate,
+    /// The excess rate and burst (RFC 4115's EIR and EBS).
+    Excess(LimitError),
+    /// An excess burst or DSCP without an excess rate, or a rate without a burst.
+    ExcessIncomplete,
+    /// A DSCP above 63.
+    ExcessDscp(u8),
+    /// The packet rate and burst.
+    PacketRate(LimitError),
+    /// A packet burst without a packet rate, or a rate without a burst.
+    PacketRateIncomplete,
+    /// More packets a second than a limit can count.
+    PacketRateTooHigh(u64),
+    /// Shape mode with a second meter (not supported: the second meter polices).
+    ShapeWithMeter2,
 }
 
 impl fmt::Display for ConfigError {
@@ -63,6 +79,22 @@ impl fmt::Display for ConfigError {
             }
             Self::ShapeWithAggregate => f.write_str(
                 "mode shape with an aggregate rate is not supported (shape the prefix with a policy of its own, or police it)",
+            ),
+            Self::Excess(e) => write!(f, "excess: {e}"),
+            Self::ExcessIncomplete => {
+                f.write_str("an excess rate and an excess burst go together")
+            }
+            Self::ExcessDscp(d) => write!(f, "DSCP {d} is above {DSCP_MAX}"),
+            Self::PacketRate(e) => write!(f, "packet rate: {e}"),
+            Self::PacketRateIncomplete => {
+                f.write_str("a packet rate and a packet burst go together")
+            }
+            Self::PacketRateTooHigh(n) => write!(
+                f,
+                "{n} packets a second is more than the {MAX_PACKET_RATE} that can be metered"
+            ),
+            Self::ShapeWithMeter2 => f.write_str(
+                "mode shape with an excess rate or a packet rate is not supported (they police: mark or drop)",
             ),
         }
     }
@@ -116,6 +148,65 @@ impl Admission {
     /// a second (and at once) that may get a cell on their first sighting.
     pub fn first_sightings_per_sec(new_sources: u64) -> u64 {
         (new_sources / FIRST_SIGHTING_SHARE).max(1)
+    }
+}
+
+/// The most packets a second a packet-rate meter can count (a packet counts as one byte).
+pub const MAX_PACKET_RATE: u64 = MAX_RATE_BPS / 8;
+
+/// A second meter as asked for: an excess rate, burst and DSCP, and a packet rate and
+/// burst; zero rates for none. The check of [`Meter2::new`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Meter2Limits {
+    pub excess_rate_bps: u64,
+    pub excess_burst_bytes: u64,
+    /// Meaningful with an excess rate only (0 without one).
+    pub excess_dscp: u8,
+    pub packet_rate: u64,
+    pub packet_burst: u64,
+}
+
+impl Meter2 {
+    /// The second meter `m` asks for; none (all zero) if it asks for neither meter.
+    pub fn new(m: &Meter2Limits) -> Result<Self, ConfigError> {
+        let mut meter = Self::default();
+        match (m.excess_rate_bps, m.excess_burst_bytes) {
+            (0, 0) if m.excess_dscp == 0 => {}
+            (0, _) | (_, 0) => return Err(ConfigError::ExcessIncomplete),
+            (rate, burst) => {
+                if m.excess_dscp > DSCP_MAX {
+                    return Err(ConfigError::ExcessDscp(m.excess_dscp));
+                }
+                meter.excess = Limit::new(rate, burst).map_err(ConfigError::Excess)?;
+                meter.excess_rate_bps = rate;
+                meter.excess_burst_bytes = burst;
+                meter.excess_dscp = m.excess_dscp;
+                meter.meters |= METER2_EXCESS;
+            }
+        }
+        match (m.packet_rate, m.packet_burst) {
+            (0, 0) => {}
+            (0, _) | (_, 0) => return Err(ConfigError::PacketRateIncomplete),
+            (n, _) if n > MAX_PACKET_RATE => return Err(ConfigError::PacketRateTooHigh(n)),
+            (n, burst) => {
+                meter.packets = Limit::new(n * 8, burst).map_err(ConfigError::PacketRate)?;
+                meter.packet_rate = n;
+                meter.packet_burst = burst;
+                meter.meters |= METER2_PACKETS;
+            }
+        }
+        Ok(meter)
+    }
+
+    /// What [`Meter2::new`] was given.
+    pub fn limits(&self) -> Meter2Limits {
+        Meter2Limits {
+            excess_rate_bps: self.excess_rate_bps,
+            excess_burst_bytes: self.excess_burst_bytes,
+            excess_dscp: self.excess_dscp,
+            packet_rate: self.packet_rate,
+            packet_burst: self.packet_burst,
+        }
     }
 }
 
@@ -254,6 +345,8 @@ impl Config {
             shape: Shape::default_settings(),
             // Set per attachment by the loader; 0 hashes as well, only predictably.
             trace_seed: 0,
+            // The byte rate alone unless a second meter is asked for.
+            meter2: Meter2::default(),
         })
     }
 
@@ -286,6 +379,9 @@ pub struct PolicyLimits {
     /// New-source admission ([`Admission::new`]); both zero for none.
     pub new_sources: u64,
     pub new_sources_burst: u64,
+    /// The second meter ([`Meter2::new`]); all zero for none, and unless the action is
+    /// `ACTION_LIMIT`.
+    pub meter2: Meter2Limits,
 }
 
 impl Policy {
@@ -325,6 +421,14 @@ impl Policy {
         if p.mode == MODE_SHAPE && p.aggregate_rate_bps != 0 {
             return Err(ConfigError::ShapeWithAggregate);
         }
+        let meter2 = if p.action == ACTION_LIMIT {
+            Meter2::new(&p.meter2)?
+        } else {
+            Meter2::default()
+        };
+        if p.mode == MODE_SHAPE && meter2.any() {
+            return Err(ConfigError::ShapeWithMeter2);
+        }
         let admission = Admission::new(p.new_sources, p.new_sources_burst)?;
         let limited = p.action == ACTION_LIMIT;
         Ok(Self {
@@ -342,6 +446,7 @@ impl Policy {
             _pad: 0,
             addr,
             admission,
+            meter2,
         })
     }
 
@@ -356,6 +461,7 @@ impl Policy {
             aggregate_burst_bytes: self.aggregate_burst_bytes,
             new_sources: self.admission.new_sources,
             new_sources_burst: self.admission.new_sources_burst,
+            meter2: self.meter2.limits(),
         }
     }
 }

@@ -24,10 +24,11 @@
 
 use crate::maps::{
     MAP_ADMISSION, MAP_AGGREGATES, MAP_CONFIG, MAP_COUNTERS, MAP_COUNTERS_CARRIED, MAP_EVENTS,
-    MAP_FIRSTS, MAP_LAYOUT, MAP_POLICIES, MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED,
-    MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6, MAP_TRACES, MAP_WATCH,
-    MAX_POLICIES, PIN_ADMISSION, PIN_AGGREGATES, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED,
-    PIN_EVENTS, PIN_FIRSTS, PIN_LAYOUT, PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED,
+    MAP_FIRSTS, MAP_LAYOUT, MAP_METER2, MAP_METER2_6, MAP_METER2_SHARED, MAP_POLICIES,
+    MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SOURCES,
+    MAP_SOURCES6, MAP_TRACES, MAP_WATCH, MAX_POLICIES, PIN_ADMISSION, PIN_AGGREGATES, PIN_CONFIG,
+    PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_EVENTS, PIN_FIRSTS, PIN_LAYOUT, PIN_METER2,
+    PIN_METER2_6, PIN_METER2_SHARED, PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED,
     PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES, PIN_SOURCES6, PIN_TRACES, PIN_WATCH,
     TRACE_BUCKETS,
 };
@@ -192,10 +193,10 @@ const CONFIG_152: MapLayout = map(
     (ARRAY, 4, 152, 1, 0),
     Holds::Settings,
 );
-const CONFIG_184: MapLayout = map(
+const CONFIG_272: MapLayout = map(
     PIN_CONFIG,
     MAP_CONFIG,
-    (ARRAY, 4, 184, 1, 0),
+    (ARRAY, 4, 272, 1, 0),
     Holds::Settings,
 );
 const SOURCES: MapLayout = map(PIN_SOURCES, MAP_SOURCES, (LRU, 4, 72, ANY, 0), Holds::Cells);
@@ -229,10 +230,10 @@ const COUNTERS_432: MapLayout = map(
     (PERCPU, 4, 432, 1, 0),
     Holds::Counters,
 );
-const COUNTERS_464: MapLayout = map(
+const COUNTERS_496: MapLayout = map(
     PIN_COUNTERS,
     MAP_COUNTERS,
-    (PERCPU, 4, 464, 1, 0),
+    (PERCPU, 4, 496, 1, 0),
     Holds::Counters,
 );
 const POLICIES_120: MapLayout = map(
@@ -247,10 +248,10 @@ const POLICIES_160: MapLayout = map(
     (ARRAY, 4, 160, SLOTS, 0),
     Holds::Settings,
 );
-const POLICIES_184: MapLayout = map(
+const POLICIES_272: MapLayout = map(
     PIN_POLICIES,
     MAP_POLICIES,
-    (ARRAY, 4, 184, SLOTS, 0),
+    (ARRAY, 4, 272, SLOTS, 0),
     Holds::Settings,
 );
 const PREFIXES_V4: MapLayout = map(
@@ -283,10 +284,10 @@ const POLICY_STATS_120: MapLayout = map(
     (PERCPU, 4, 120, SLOTS, 0),
     Holds::Counters,
 );
-const POLICY_STATS_152: MapLayout = map(
+const POLICY_STATS_184: MapLayout = map(
     PIN_POLICY_STATS,
     MAP_POLICY_STATS,
-    (PERCPU, 4, 152, SLOTS, 0),
+    (PERCPU, 4, 184, SLOTS, 0),
     Holds::Counters,
 );
 const ADMISSION: MapLayout = map(
@@ -314,10 +315,10 @@ const COUNTERS_CARRIED_432: MapLayout = map(
     (ARRAY, 4, 432, 1, 0),
     Holds::Carried,
 );
-const COUNTERS_CARRIED_464: MapLayout = map(
+const COUNTERS_CARRIED_496: MapLayout = map(
     PIN_COUNTERS_CARRIED,
     MAP_COUNTERS_CARRIED,
-    (ARRAY, 4, 464, 1, 0),
+    (ARRAY, 4, 496, 1, 0),
     Holds::Carried,
 );
 const POLICY_STATS_CARRIED_120: MapLayout = map(
@@ -326,10 +327,10 @@ const POLICY_STATS_CARRIED_120: MapLayout = map(
     (HASH, 4, 120, SLOTS, BPF_F_NO_PREALLOC),
     Holds::Carried,
 );
-const POLICY_STATS_CARRIED_152: MapLayout = map(
+const POLICY_STATS_CARRIED_184: MapLayout = map(
     PIN_POLICY_STATS_CARRIED,
     MAP_POLICY_STATS_CARRIED,
-    (HASH, 4, 152, SLOTS, BPF_F_NO_PREALLOC),
+    (HASH, 4, 184, SLOTS, BPF_F_NO_PREALLOC),
     Holds::Carried,
 );
 
@@ -344,6 +345,19 @@ const FIRSTS: MapLayout = map(
     PIN_FIRSTS,
     MAP_FIRSTS,
     (ARRAY, 4, 16, SLOTS, 0),
+    Holds::Cells,
+);
+const METER2: MapLayout = map(PIN_METER2, MAP_METER2, (LRU, 4, 48, ANY, 0), Holds::Cells);
+const METER2_6: MapLayout = map(
+    PIN_METER2_6,
+    MAP_METER2_6,
+    (LRU, 16, 48, ANY, 0),
+    Holds::Cells,
+);
+const METER2_SHARED: MapLayout = map(
+    PIN_METER2_SHARED,
+    MAP_METER2_SHARED,
+    (ARRAY, 4, 48, SLOTS, 0),
     Holds::Cells,
 );
 const TRACES_8M: MapLayout = map(
@@ -452,27 +466,32 @@ pub const LAYOUTS: &[Layout] = &[
     // back from the metering, no longer through a scratch field of the counters, which
     // sum the shaping delays instead. New-source admission's doorkeeper: the traces of keys
     // seen once, the seed of their hash in the settings, what it saw in the counters; its
-    // first-sighting allowance in the settings and the policies, and its cells.
+    // first-sighting allowance in the settings and the policies, and its cells. The second
+    // meter (excess rate and packet rate) in the settings and the policies, its cells per
+    // key and per policy, and what it decided in the counters.
     Layout {
         version: 6,
         maps: &[
             VERSION,
-            CONFIG_184,
+            CONFIG_272,
             SOURCES,
             SOURCES6,
-            COUNTERS_464,
-            COUNTERS_CARRIED_464,
-            POLICIES_184,
+            COUNTERS_496,
+            COUNTERS_CARRIED_496,
+            POLICIES_272,
             PREFIXES_V4,
             PREFIXES_V6,
             AGGREGATES,
-            POLICY_STATS_152,
-            POLICY_STATS_CARRIED_152,
+            POLICY_STATS_184,
+            POLICY_STATS_CARRIED_184,
             ADMISSION,
             EVENTS_256K,
             WATCH_72,
             TRACES_8M,
             FIRSTS,
+            METER2,
+            METER2_6,
+            METER2_SHARED,
         ],
     },
 ];
@@ -481,8 +500,8 @@ pub const LAYOUTS: &[Layout] = &[
 mod tests {
     use super::*;
     use crate::maps::{
-        AdmissionCells, Cell, Config, Counters, EVENTS_BYTES, Ipv4Key, Ipv6Key, Policy,
-        PolicyStats, SourceState, TraceBucket, WATCH_ENTRIES, Watch,
+        AdmissionCells, Cell, Config, Counters, EVENTS_BYTES, Ipv4Key, Ipv6Key, Meter2Cells,
+        Policy, PolicyStats, SourceState, TraceBucket, WATCH_ENTRIES, Watch,
     };
 
     /// An LPM trie's key: the prefix length, then the address.
@@ -554,6 +573,24 @@ mod tests {
                 TRACE_BUCKETS,
             ),
             (PIN_FIRSTS, u32_size, size_of::<Cell>(), MAX_POLICIES),
+            (
+                PIN_METER2,
+                size_of::<Ipv4Key>(),
+                size_of::<Meter2Cells>(),
+                SIZED_AT_ATTACH,
+            ),
+            (
+                PIN_METER2_6,
+                size_of::<Ipv6Key>(),
+                size_of::<Meter2Cells>(),
+                SIZED_AT_ATTACH,
+            ),
+            (
+                PIN_METER2_SHARED,
+                u32_size,
+                size_of::<Meter2Cells>(),
+                MAX_POLICIES,
+            ),
         ];
         let newest = current();
         assert_eq!(newest.version, LAYOUT_VERSION);

@@ -6,6 +6,7 @@
 pub mod bench;
 #[cfg(feature = "user")]
 pub mod config;
+pub mod dscp;
 pub mod gcra;
 pub mod layout;
 pub mod maps;

@@ -35,6 +35,11 @@ pub const PIN_TRACES: &str = "traces";
 /// The cells of the first-sighting allowance of new-source admission ([`Admission`]), by
 /// policy slot.
 pub const PIN_FIRSTS: &str = "first_sightings";
+/// The second meter's cells of each key whose policy has one ([`Meter2Cells`]), IPv4 and
+/// IPv6, and those its policy's unadmitted frames share, by policy slot.
+pub const PIN_METER2: &str = "meter2";
+pub const PIN_METER2_6: &str = "meter2_6";
+pub const PIN_METER2_SHARED: &str = "meter2_unadmitted";
 /// While an upgrade is under way: the program the link is being switched to.
 pub const PIN_UPGRADE_PROG: &str = "upgrade_prog";
 /// A tc program attached with clsact and `cls_bpf`, which has no bpf_link to pin: the
@@ -59,6 +64,12 @@ pub const MAP_EVENTS: &str = "SHAPER_EVENTS";
 pub const MAP_WATCH: &str = "SHAPER_WATCH";
 pub const MAP_TRACES: &str = "SHAPER_TRACES";
 pub const MAP_FIRSTS: &str = "SHAPER_FIRSTS";
+pub const MAP_METER2: &str = "SHAPER_METER2";
+pub const MAP_METER2_6: &str = "SHAPER_METER2_6";
+pub const MAP_METER2_SHARED: &str = "SHAPER_METER2_U";
+
+/// The maps sized at attach (`--max-sources`): one entry per key of its family.
+pub const SIZED_BY_SOURCES: [&str; 4] = [MAP_SOURCES, MAP_SOURCES6, MAP_METER2, MAP_METER2_6];
 
 /// Program names in the object file.
 pub const PROG_XDP: &str = "shaper_xdp";
@@ -181,11 +192,102 @@ pub struct Config {
     /// random per attachment: without it, a flood could aim at the bucket of a source it
     /// wants kept out.
     pub trace_seed: u64,
+    /// The default policy's second meter: its excess rate and packet rate ([`Meter2`]).
+    pub meter2: Meter2,
 }
 
-const _: () = assert!(size_of::<Config>() == 184);
+const _: () = assert!(size_of::<Config>() == 272);
 const _: () = assert!(offset_of!(Config, shape) == 160);
 const _: () = assert!(offset_of!(Config, trace_seed) == 176);
+const _: () = assert!(offset_of!(Config, meter2) == 184);
+
+/// [`Meter2::meters`]: the excess meter of RFC 4115's two-rate three-colour marker.
+pub const METER2_EXCESS: u8 = 1;
+/// [`Meter2::meters`]: the packet-rate meter.
+pub const METER2_PACKETS: u8 = 2;
+
+/// A policy's second meter, beside its byte rate (the committed rate and burst, CIR and
+/// CBS): an excess rate and burst (EIR, EBS) and a packet rate, each optional. Its cells
+/// are a key's [`Meter2Cells`], made for the keys of policies that have one.
+///
+/// With an excess rate, a frame is coloured as RFC 4115's colour-blind two-rate
+/// three-colour marker colours it (MEF 10.4's bandwidth profile, without coupling): green
+/// if it fits the committed cell (charged there), otherwise yellow if it fits the excess
+/// cell (charged there, and its DSCP rewritten to `excess_dscp`), otherwise red (dropped,
+/// charged nowhere). The two buckets are independent: green frames never drain the
+/// excess one (RFC 2698's peak rate would count them twice).
+///
+/// With a packet rate, a frame passes only if the packet meter allows it too (a packet
+/// counted as one byte: `packets` is `Limit::new(8 × packet_rate, packet_burst)`, as
+/// [`Admission`] counts keys); it is charged there only if it passes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Meter2 {
+    pub excess: Limit,
+    pub packets: Limit,
+    /// What the operator asked for, kept for `status`, `policy list` and `config show`:
+    /// zero rates for none.
+    pub excess_rate_bps: u64,
+    pub excess_burst_bytes: u64,
+    /// Packets a second, and at once.
+    pub packet_rate: u64,
+    pub packet_burst: u64,
+    /// The DSCP (0 to 63) written into yellow frames, ECN bits kept.
+    pub excess_dscp: u8,
+    /// Which meters it has: [`METER2_EXCESS`], [`METER2_PACKETS`]; 0: none (the frame is
+    /// metered by its byte rate alone, and nothing of this is read).
+    pub meters: u8,
+    pub _pad: [u8; 6],
+}
+
+const _: () = assert!(size_of::<Meter2>() == 88);
+
+impl Meter2 {
+    /// Whether frames of a policy with this second meter need it at all.
+    #[inline(always)]
+    pub fn any(&self) -> bool {
+        self.meters != 0
+    }
+}
+
+/// The second meter's cells of one key (value of the LRU hashes `SHAPER_METER2` and
+/// `SHAPER_METER2_6`, keyed as the sources maps are), or of a policy's unadmitted frames
+/// (array `SHAPER_METER2_U`, by slot), with what its excess meter passed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Meter2Cells {
+    pub excess: Cell,
+    pub packets: Cell,
+    /// Frames the excess meter passed (yellow), and their bytes.
+    pub yellow_packets: u64,
+    pub yellow_bytes: u64,
+}
+
+const _: () = assert!(size_of::<Meter2Cells>() == 48);
+
+/// What the second meters decided, of the interface's frames ([`Counters::meter2`]) or a
+/// policy's ([`PolicyStats::meter2`]), of keys with a cell of their own and unadmitted
+/// alike: yellow frames (passed, counted as passed too) and the packet-rate meter's
+/// refusals (dropped or would-drop, counted so too).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Meter2Counts {
+    pub yellow_packets: u64,
+    pub yellow_bytes: u64,
+    pub packet_rate_refused_packets: u64,
+    pub packet_rate_refused_bytes: u64,
+}
+
+const _: () = assert!(size_of::<Meter2Counts>() == 32);
+
+impl PerCpuSum for Meter2Counts {
+    fn add(&mut self, o: &Self) {
+        self.yellow_packets += o.yellow_packets;
+        self.yellow_bytes += o.yellow_bytes;
+        self.packet_rate_refused_packets += o.packet_rate_refused_packets;
+        self.packet_rate_refused_bytes += o.packet_rate_refused_bytes;
+    }
+}
 
 /// How shaping treats a packet it holds back ([`MODE_SHAPE`]).
 #[repr(C)]
@@ -340,9 +442,12 @@ pub struct Policy {
     /// New-source admission of the keys this policy covers; unlimited (all zero): they
     /// share the interface's ([`Config::admission`]).
     pub admission: Admission,
+    /// The second meter: excess rate and packet rate ([`Meter2`]).
+    pub meter2: Meter2,
 }
 
-const _: () = assert!(size_of::<Policy>() == 184);
+const _: () = assert!(size_of::<Policy>() == 272);
+const _: () = assert!(offset_of!(Policy, meter2) == 184);
 
 /// A GCRA cell: the TAT, and the scale ([`Limit::scale`]) of the limit it is expressed in,
 /// so a rate change can carry it over (see [`crate::rescale`]). Zero scale: never charged.
@@ -375,9 +480,12 @@ pub struct PolicyStats {
     pub new_sources: u64,
     /// New-source admission's doorkeeper: the traces it counts ([`Sightings`]).
     pub sightings: Sightings,
+    /// Yellow frames and the packet-rate meter's refusals ([`Meter2Counts`]).
+    pub meter2: Meter2Counts,
 }
 
-const _: () = assert!(size_of::<PolicyStats>() == 152);
+const _: () = assert!(size_of::<PolicyStats>() == 184);
+const _: () = assert!(offset_of!(PolicyStats, meter2) == 152);
 const _: () = assert!(offset_of!(PolicyStats, outcomes) == 0);
 const _: () = assert!(offset_of!(PolicyStats, aggregate_refused_packets) == 48);
 const _: () = assert!(offset_of!(PolicyStats, unadmitted) == 64);
@@ -391,6 +499,7 @@ impl PerCpuSum for PolicyStats {
         self.unadmitted.add(&o.unadmitted);
         self.new_sources += o.new_sources;
         self.sightings.add(&o.sightings);
+        self.meter2.add(&o.meter2);
     }
 }
 
@@ -546,9 +655,12 @@ pub struct Counters {
     pub shape_delay_ns: u64,
     /// New-source admission's doorkeeper: the traces it counts ([`Sightings`]).
     pub sightings: Sightings,
+    /// Yellow frames and the packet-rate meter's refusals ([`Meter2Counts`]).
+    pub meter2: Meter2Counts,
 }
 
-const _: () = assert!(size_of::<Counters>() == 464);
+const _: () = assert!(size_of::<Counters>() == 496);
+const _: () = assert!(offset_of!(Counters, meter2) == 464);
 const _: () = assert!(offset_of!(Counters, shaped_packets) == 240);
 const _: () = assert!(offset_of!(Counters, shape_delay) == 264);
 const _: () = assert!(offset_of!(Counters, outcomes) == 0);
@@ -609,6 +721,7 @@ impl PerCpuSum for Counters {
         }
         self.shape_delay_ns += o.shape_delay_ns;
         self.sightings.add(&o.sightings);
+        self.meter2.add(&o.meter2);
     }
 }
 
@@ -626,6 +739,7 @@ mod pod {
     unsafe impl aya::Pod for super::Watch {}
     unsafe impl aya::Pod for super::WatchEvent {}
     unsafe impl aya::Pod for super::TraceBucket {}
+    unsafe impl aya::Pod for super::Meter2Cells {}
 }
 
 /// The size of the ring buffer of sampled events (`SHAPER_EVENTS`), in bytes: a power of
@@ -680,6 +794,8 @@ pub const REASON_BLOCKED: u8 = 2;
 /// Its key was refused a cell by new-source admission and the policy's shared cell of
 /// unadmitted frames had no room.
 pub const REASON_UNADMITTED: u8 = 3;
+/// Over its key's packet rate ([`Meter2::packets`]).
+pub const REASON_PACKET_RATE: u8 = 4;
 
 /// One sampled refused frame: a record of the ring buffer `SHAPER_EVENTS`.
 #[repr(C)]

@@ -13,7 +13,7 @@
 
 use shaper_common::{
     gcra::{self, Limit},
-    maps::{ACTION_DROP, ACTION_PASS, CAS_TRIES, Cell, Config, Counters, PolicyStats},
+    maps::{ACTION_DROP, ACTION_PASS, CAS_TRIES, Cell, Counters, PolicyStats},
     shape::delay_ticks,
 };
 
@@ -22,7 +22,7 @@ use shaper_ebpf::atomic;
 use crate::{
     maps::{COUNTERS, POLICY_STATS},
     outcome::{self, AGGREGATE, BLOCKED, Metered, Outcome, Reason, SOURCE},
-    policy::{self, Rule},
+    policy::Rule,
 };
 
 /// How [`decide`] counts a frame in its policy's counters.
@@ -36,31 +36,30 @@ pub enum Count {
     Later,
 }
 
-/// The rule of policy slot `slot` under `config` on a `len`-byte frame metered in `cell` at
+/// The rule of policy slot `slot` (`rule`) on a `len`-byte frame metered in `cell` at
 /// `now` (ticks): pass, drop, or charge the cell and, if the policy has one, its prefix's
 /// aggregate cell; counted in the policy's counters as `count` says and, for the
 /// compare-and-swap, in `counters`. For a charged aggregate, the [`Metered`] says what it
 /// was charged, so a caller that finds the frame must be metered elsewhere after all can
-/// give it back.
+/// give it back. A policy with a second meter is not decided here (`meter::metered`).
 ///
 /// # Safety
 /// `cell` points to a live map value, or to a value on the stack.
 #[inline(always)]
 pub unsafe fn decide(
     cell: *mut Cell,
-    config: &Config,
+    rule: &Rule,
     slot: u32,
     count: Count,
     len: u32,
     now: u64,
     counters: &mut Counters,
 ) -> Metered {
-    let rule = policy::rule(config, slot);
     let charged = match rule.action {
         ACTION_PASS => Ok(Charged::Source(0)),
         ACTION_DROP => Err(BLOCKED),
         // SAFETY: the caller's.
-        _ => unsafe { charge(cell, &rule, len, now, counters) },
+        _ => unsafe { charge(cell, rule, len, now, counters) },
     };
     let (outcome, reason) = match charged {
         Ok(_) => (Outcome::Passed, SOURCE),
@@ -179,7 +178,7 @@ unsafe fn charge(
     reason = "the first try's whole state, kept in registers"
 )]
 #[inline(always)]
-unsafe fn publish(
+pub unsafe fn publish(
     tat: *mut u64,
     old: u64,
     new: u64,
@@ -284,7 +283,7 @@ pub extern "C" fn shaper_retry(
 /// # Safety
 /// `cell` points to a live map value, or to a value on a caller's stack.
 #[inline(always)]
-unsafe fn carry_over(cell: *mut Cell, limit: &Limit, now: u64) {
+pub unsafe fn carry_over(cell: *mut Cell, limit: &Limit, now: u64) {
     // SAFETY: the caller's.
     if unsafe { atomic::load(&raw const (*cell).scale) } != limit.scale() {
         shaper_carry_over(cell, limit, now);

@@ -54,6 +54,8 @@ pub struct Decision {
     pub ecn_threshold_ns: u64,
     /// This CPU's global counters (null when the frame was not metered).
     pub counters: *mut Counters,
+    /// A yellow frame (`meter2`): the policy slot whose DSCP to write into its IP header.
+    pub remark: Option<u32>,
 }
 
 impl Decision {
@@ -66,6 +68,7 @@ impl Decision {
             len: 0,
             ecn_threshold_ns: 0,
             counters: core::ptr::null_mut(),
+            remark: None,
         }
     }
 
@@ -123,7 +126,7 @@ pub fn meter_frame(seen: &Seen) -> Decision {
         }
         _ => return Decision::now(Verdict::Pass),
     };
-    let metered = meter(key, len, now, config, c);
+    let (metered, slot) = meter(key, len, now, config, c);
     if metered.is_untracked() {
         c.untracked_packets += 1;
     }
@@ -141,5 +144,9 @@ pub fn meter_frame(seen: &Seen) -> Decision {
         len: len64,
         ecn_threshold_ns: config.shape.ecn_threshold_ns,
         counters,
+        // The header is found again by the entry point's remark: a packet pointer kept
+        // across the metering would keep apart, for the verifier, the paths of every
+        // encapsulation, which otherwise meet once the key is read.
+        remark: metered.remarks().then_some(slot),
     }
 }

@@ -51,6 +51,9 @@
 //! | `shaper_retry` | a compare-and-swap's tries after the first lost | wherever a cell is charged, when another CPU charged it between the read and the swap |
 //! | `shaper_carry_over` | a cell's backlog carried over to a new rate | wherever a cell is charged, when its scale is not its limit's |
 //! | `shaper_sample` | a refused frame's event for `shaper watch` | the meter, only while someone watches |
+//! | `shaper_meter2` | the second meter: RFC 4115's excess rate (green, yellow, red) and the packet rate | the meter, only for a key whose policy has one (one byte of the rule tested otherwise) |
+//! | `shaper_meter2_prepare` | a key's second cells made, its cells carried over to new rates | the meter, when `shaper_meter2` finds them not ready |
+//! | `shaper_remark_xdp`, `shaper_remark_tc` | a yellow frame's DSCP rewritten (IPv4 checksum per RFC 1624, IPv6 traffic class) | the entry point, for a yellow frame |
 //!
 //! What is common stays in the program, inlined: parse, key, and a known key's meter and
 //! decision (`meter::meter`, `cell::decide`, one copy for both families, and one for the
@@ -78,6 +81,7 @@ mod entry;
 mod key;
 mod maps;
 mod meter;
+mod meter2;
 mod outcome;
 mod parse;
 mod policy;

@@ -7,8 +7,8 @@ use aya_ebpf::{
 };
 use shaper_common::maps::{
     AdmissionCells, Cell, Config, Counters, DEFAULT_MAX_SOURCES, EVENTS_BYTES, Ipv4Key, Ipv6Key,
-    MAX_POLICIES, Policy, PolicyStats, SourceState, TRACE_BUCKETS, TraceBucket, WATCH_ENTRIES,
-    Watch,
+    MAX_POLICIES, Meter2Cells, Policy, PolicyStats, SourceState, TRACE_BUCKETS, TraceBucket,
+    WATCH_ENTRIES, Watch,
 };
 
 /// The interface's settings and default policy: one entry, written by userspace (also
@@ -87,3 +87,19 @@ pub static TRACES: Array<TraceBucket> = Array::with_max_entries(TRACE_BUCKETS, 0
 /// default policy's at slot 0), metered where the slot's admission is.
 #[map(name = "SHAPER_FIRSTS")]
 pub static FIRSTS: Array<Cell> = Array::with_max_entries(MAX_POLICIES, 0);
+
+/// The second meter's cells of each IPv4 key whose policy has one (`crate::meter2`), sized
+/// like `SOURCES`.
+#[map(name = "SHAPER_METER2")]
+pub static METER2: LruHashMap<Ipv4Key, Meter2Cells> =
+    LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
+
+/// The same per IPv6 key.
+#[map(name = "SHAPER_METER2_6")]
+pub static METER2_6: LruHashMap<Ipv6Key, Meter2Cells> =
+    LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
+
+/// The second meter's cells the unadmitted frames of each policy slot share (the default
+/// policy's at slot 0), beside their committed cell in `ADMISSION`.
+#[map(name = "SHAPER_METER2_U")]
+pub static METER2_SHARED: Array<Meter2Cells> = Array::with_max_entries(MAX_POLICIES, 0);

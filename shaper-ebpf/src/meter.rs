@@ -15,13 +15,14 @@
 
 use core::{mem::MaybeUninit, ptr};
 
-use shaper_common::maps::{Config, Counters, Ipv4Key, Ipv6Key, SourceState};
+use shaper_common::maps::{Cell, Config, Counters, Ipv4Key, Ipv6Key, SourceState};
 
 use shaper_ebpf::atomic;
 
 use crate::{
     cell::{Count, count_policy, decide, take},
     maps::{ADMISSION, AGGREGATES, CONFIG, FIRSTS, POLICY_STATS, SOURCES, SOURCES6},
+    meter2::{self, shaper_meter2, shaper_meter2_prepare},
     outcome::{Metered, Outcome, outcome_counters},
     policy,
     trace::{self, Sighting},
@@ -78,9 +79,9 @@ impl Key {
         }
     }
 
-    /// The halves and family `watch::shaper_sample` takes.
+    /// The halves and family `watch::shaper_sample` and `meter2::shaper_meter2` take.
     #[inline(always)]
-    fn halves(self) -> (u64, u64, u8) {
+    pub fn halves(self) -> (u64, u64, u8) {
         match self {
             Self::V4(key) => (u64::from(key), 0, 4),
             Self::V6(hi, lo) => (hi, lo, 6),
@@ -90,7 +91,7 @@ impl Key {
 
 /// The IPv6 key of its halves.
 #[inline(always)]
-fn join(hi: u64, lo: u64) -> Ipv6Key {
+pub fn join(hi: u64, lo: u64) -> Ipv6Key {
     let mut key = [0u8; 16];
     key[..8].copy_from_slice(&hi.to_ne_bytes());
     key[8..].copy_from_slice(&lo.to_ne_bytes());
@@ -111,14 +112,23 @@ enum Admitted {
 }
 
 /// Meters a `len`-byte frame of `key` at `now` (ticks) under `config`, counted in this
-/// CPU's global `counters`.
+/// CPU's global `counters`: what became of it, and the slot of its policy.
 #[inline(always)]
-pub fn meter(key: Key, len: u32, now: u64, config: &Config, counters: &mut Counters) -> Metered {
+pub fn meter(
+    key: Key,
+    len: u32,
+    now: u64,
+    config: &Config,
+    counters: &mut Counters,
+) -> (Metered, u32) {
     let (metered, slot) = match key.state() {
         Some(state) => {
             // SAFETY: a live map value.
             let slot = unsafe { policy::resolve(state, config, || key.slot(config)) };
-            (known(state, config, slot, len, now, counters), slot)
+            (
+                known::<true>(state, key, config, slot, len, now, counters),
+                slot,
+            )
         }
         None => {
             let slot = key.slot(config);
@@ -129,14 +139,57 @@ pub fn meter(key: Key, len: u32, now: u64, config: &Config, counters: &mut Count
         let (hi, lo, family) = key.halves();
         watch::shaper_sample(hi, lo, watch::info(metered, slot, len, family), now);
     }
-    metered
+    (metered, slot)
+}
+
+/// The rule of policy `slot` on a `len`-byte frame of `key` metered in `cell` at `now`,
+/// counted as `count` says: `cell::decide`; or, if `SECOND` and the policy has a second
+/// meter, `meter2::shaper_meter2`. The rule's one byte is all a policy without one pays:
+/// no call, no lookup. A caller that is itself a global function passes `false` (a third
+/// frame of calls would not fit the stack) and must not meter such a policy.
+///
+/// # Safety
+/// `cell` points to a live map value, or to a value of this program's own.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the frame's whole state, inlined"
+)]
+#[inline(always)]
+unsafe fn metered<const SECOND: bool>(
+    cell: *mut Cell,
+    key: Key,
+    config: &Config,
+    slot: u32,
+    count: Count,
+    len: u32,
+    now: u64,
+    counters: &mut Counters,
+) -> Metered {
+    let rule = policy::rule(config, slot);
+    if SECOND && rule.meter2.any() {
+        let (hi, lo, family) = key.halves();
+        let frame = meter2::frame(len, slot, family, count);
+        let mut metered = shaper_meter2(cell, hi, lo, frame, now);
+        if metered == meter2::AGAIN {
+            shaper_meter2_prepare(cell, hi, lo, frame, now);
+            metered = shaper_meter2(cell, hi, lo, frame, now);
+        }
+        return if metered == meter2::AGAIN {
+            Metered::UNTRACKED
+        } else {
+            Metered(metered)
+        };
+    }
+    // SAFETY: the caller's.
+    unsafe { decide(cell, &rule, slot, count, len, now, counters) }
 }
 
 /// Meters the frame of a key with an entry of its own, `state` (a live map value), under
-/// policy `slot`: the hot path.
+/// policy `slot`: the hot path ([`metered`] says what `SECOND` is).
 #[inline(always)]
-fn known(
+fn known<const SECOND: bool>(
     state: *mut SourceState,
+    key: Key,
     config: &Config,
     slot: u32,
     len: u32,
@@ -146,7 +199,7 @@ fn known(
     // SAFETY: a live map value (found by this program run).
     unsafe {
         let cell = &raw mut (*state).cell;
-        let metered = decide(cell, config, slot, Count::Policy, len, now, counters);
+        let metered = metered::<SECOND>(cell, key, config, slot, Count::Policy, len, now, counters);
         count_source(state, metered.outcome(), len);
         metered
     }
@@ -183,7 +236,7 @@ fn new_key(
         (&raw mut fresh.cell, Count::Later)
     };
     // SAFETY: a live map value or this program's own.
-    let metered = unsafe { decide(cell, config, slot, count, len, now, counters) };
+    let metered = unsafe { metered::<true>(cell, key, config, slot, count, len, now, counters) };
     if admitted == Admitted::Not {
         return metered;
     }
@@ -195,7 +248,8 @@ fn new_key(
 /// The entry of a key new to the table, `fresh`, whose cell has metered its first frame
 /// (`metered`): inserted, and counted. If another CPU created the key first, what the
 /// aggregate was charged for the fresh cell is given back and the frame is metered in that
-/// CPU's entry instead.
+/// CPU's entry instead (by `meter2::shaper_meter2` again if it metered the first time:
+/// `shaper_meter_raced` calling it would be a third frame of calls).
 ///
 /// The entry is inserted and not looked up again: a lookup would mark it referenced, and
 /// the kernel's LRU evicts unreferenced entries first.
@@ -242,16 +296,30 @@ fn created(
                 // SAFETY: the aggregate's TAT, a live map value.
                 unsafe { atomic::add(&raw mut (*aggregate).tat, refund.wrapping_neg()) };
             }
-            match key.state() {
-                Some(state) => Metered(shaper_meter_raced(
-                    state,
-                    slot,
-                    len,
-                    now,
-                    ptr::from_mut(counters),
-                )),
-                None => Metered::UNTRACKED,
+            let Some(state) = key.state() else {
+                return Metered::UNTRACKED;
+            };
+            if metered.is_second() {
+                let (hi, lo, family) = key.halves();
+                let frame = meter2::frame(len, slot, family, Count::Policy);
+                // SAFETY: a live map value. Its cells are made (by this frame), and
+                // scarcely charged under another rate since.
+                let metered =
+                    match shaper_meter2(unsafe { &raw mut (*state).cell }, hi, lo, frame, now) {
+                        meter2::AGAIN => Metered::UNTRACKED,
+                        metered => Metered(metered),
+                    };
+                // SAFETY: a live map value.
+                unsafe { count_source(state, metered.outcome(), len) };
+                return metered;
             }
+            Metered(shaper_meter_raced(
+                state,
+                slot,
+                len,
+                now,
+                ptr::from_mut(counters),
+            ))
         }
         Err(_) => Metered::UNTRACKED,
     }
@@ -281,7 +349,9 @@ pub extern "C" fn shaper_meter_raced(
     if state.is_null() {
         return Metered::UNTRACKED.0;
     }
-    known(state, config, slot, len, now, counters).0
+    // The key is not looked at: without a second meter, a key's own cell is all there is
+    // (`created` meters a frame of a policy with one itself).
+    known::<false>(state, Key::V4(0), config, slot, len, now, counters).0
 }
 
 /// Adds the frame to the key's own counters, atomically: every CPU shares them.

@@ -4,7 +4,9 @@
 //! once each, and a global function may return only a scalar: everything its caller needs
 //! to know is packed into [`Metered`]'s bits.
 
-use shaper_common::maps::{Outcomes, REASON_AGGREGATE, REASON_BLOCKED, REASON_SOURCE};
+use shaper_common::maps::{
+    Outcomes, REASON_AGGREGATE, REASON_BLOCKED, REASON_PACKET_RATE, REASON_SOURCE,
+};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -31,35 +33,41 @@ impl Outcome {
     }
 }
 
-/// Why a frame did not conform: `REASON_SOURCE`, `REASON_AGGREGATE` or `REASON_BLOCKED`
-/// (`shaper_common::maps`, as `shaper watch` reports it).
+/// Why a frame did not conform: `REASON_SOURCE`, `REASON_AGGREGATE`, `REASON_BLOCKED` or
+/// `REASON_PACKET_RATE` (`shaper_common::maps`, as `shaper watch` reports it).
 pub type Reason = u8;
 pub const SOURCE: Reason = REASON_SOURCE;
 pub const AGGREGATE: Reason = REASON_AGGREGATE;
 pub const BLOCKED: Reason = REASON_BLOCKED;
+pub const PACKET_RATE: Reason = REASON_PACKET_RATE;
 
 /// A metered frame, packed:
 ///
 /// | bits  | what |
 /// | ----- | ---- |
 /// | 0–1   | [`Outcome`]: 0 passed, 1 dropped, 2 would drop |
-/// | 2–3   | the [`Reason`] it was refused (meaningless when passed) |
-/// | 4     | unadmitted: its key was refused a cell (new-source admission) |
-/// | 5     | untracked: no cell could be had for it, passed unmetered |
-/// | 6     | the amount is what the prefix's aggregate cell was charged |
-/// | 8–63  | the amount: ticks the frame is held back (shaping), or see bit 6 |
+/// | 2–4   | the [`Reason`] it was refused (meaningless when passed) |
+/// | 5     | unadmitted: its key was refused a cell (new-source admission) |
+/// | 6     | untracked: no cell could be had for it, passed unmetered |
+/// | 7     | the amount is what the prefix's aggregate cell was charged |
+/// | 8     | remark: passed yellow by the excess meter (`meter2`), its DSCP to be rewritten |
+/// | 9     | metered by the second meter (`meter2`): its policy has one |
+/// | 10–63 | the amount: ticks the frame is held back (shaping), or see bit 7 |
 ///
 /// The amount fits: a delay is at most the horizon (10 s, 2^40 ticks), a charge at most
-/// `MAX_FRAME_BYTES` bytes at the slowest rate (2^18 × 2^36 ticks).
+/// `MAX_FRAME_BYTES` bytes at the slowest rate (under 2^18 × 2^36 ticks).
 #[derive(Clone, Copy)]
 pub struct Metered(pub u64);
 
 const OUTCOME_BITS: u64 = 0b11;
 const REASON_SHIFT: u32 = 2;
-const UNADMITTED: u64 = 1 << 4;
-const UNTRACKED: u64 = 1 << 5;
-const CHARGED_AGGREGATE: u64 = 1 << 6;
-const AMOUNT_SHIFT: u32 = 8;
+const REASON_BITS: u64 = 0b111;
+const UNADMITTED: u64 = 1 << 5;
+const UNTRACKED: u64 = 1 << 6;
+const CHARGED_AGGREGATE: u64 = 1 << 7;
+const REMARK: u64 = 1 << 8;
+const SECOND: u64 = 1 << 9;
+const AMOUNT_SHIFT: u32 = 10;
 
 impl Metered {
     /// A frame passed unmetered: no cell could be had for its key.
@@ -72,7 +80,36 @@ impl Metered {
             Outcome::Dropped => 1,
             Outcome::WouldDrop => 2,
         };
-        Self(outcome | (u64::from(reason) & 0b11) << REASON_SHIFT | delay_ticks << AMOUNT_SHIFT)
+        Self(
+            outcome
+                | (u64::from(reason) & REASON_BITS) << REASON_SHIFT
+                | delay_ticks << AMOUNT_SHIFT,
+        )
+    }
+
+    /// The same, passed yellow by the excess meter, its DSCP to be rewritten.
+    #[inline(always)]
+    pub fn remark(self) -> Self {
+        Self(self.0 | REMARK)
+    }
+
+    /// Whether the entry point rewrites the frame's DSCP.
+    #[inline(always)]
+    pub fn remarks(self) -> bool {
+        self.0 & REMARK != 0
+    }
+
+    /// The same, metered by the second meter (`meter2`).
+    #[inline(always)]
+    pub fn second(self) -> Self {
+        Self(self.0 | SECOND)
+    }
+
+    /// Whether the second meter metered it: a frame metered again elsewhere (a key
+    /// created by two CPUs at once) goes to it again.
+    #[inline(always)]
+    pub fn is_second(self) -> bool {
+        self.0 & SECOND != 0
     }
 
     /// The same, its amount being what the aggregate cell was charged, in ticks.
@@ -98,7 +135,7 @@ impl Metered {
 
     #[inline(always)]
     pub fn reason(self) -> Reason {
-        ((self.0 >> REASON_SHIFT) & 0b11) as Reason
+        ((self.0 >> REASON_SHIFT) & REASON_BITS) as Reason
     }
 
     #[inline(always)]

@@ -10,7 +10,7 @@ use shaper_common::{
     gcra::{Limit, ticks_from_ns},
     maps::{
         ACTION_LIMIT, Admission, Cell, Config, DEFAULT_SLOT, Ipv4Key, Ipv6Key, MODE_MONITOR,
-        MODE_SHAPE, SourceState,
+        MODE_SHAPE, Meter2, SourceState,
     },
 };
 
@@ -31,6 +31,8 @@ pub struct Rule<'a> {
     /// pointer of a `None` undefined and may spill it, which the verifier refuses.
     pub aggregate_cell: *mut Cell,
     pub aggregate_limit: &'a Limit,
+    /// The second meter (`meter2`): excess rate and packet rate, if it has them.
+    pub meter2: &'a Meter2,
 }
 
 /// The slot of the longest prefix policy covering an IPv4 key, or the default; no search
@@ -129,6 +131,7 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
             limit: &p.limit,
             aggregate_cell,
             aggregate_limit: &p.aggregate,
+            meter2: &p.meter2,
         };
     }
     Rule {
@@ -138,7 +141,20 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
         limit: &config.limit,
         aggregate_cell: core::ptr::null_mut(),
         aggregate_limit: &config.limit,
+        meter2: &config.meter2,
     }
+}
+
+/// The second meter of policy `slot` (as [`rule`] finds it).
+#[inline(always)]
+pub fn meter2(config: &Config, slot: u32) -> &Meter2 {
+    if slot != DEFAULT_SLOT
+        && let Some(p) = POLICIES.get(slot)
+        && p.in_use != 0
+    {
+        return &p.meter2;
+    }
+    &config.meter2
 }
 
 /// How keys new to the table under policy `slot` get a cell: the policy's own admission,

@@ -1,20 +1,32 @@
 //! The tc classifier entry point (TCX, or clsact with `cls_bpf` in direct-action mode),
 //! for either direction: a thin wrapper around [`crate::entry`], which also carries out
-//! shaping's decisions (egress only): the departure time and the CE mark.
+//! shaping's decisions (egress only): the departure time and the CE mark; and rewrites the
+//! DSCP of yellow frames (`meter2`) through the skb helpers, which keep the checksum
+//! state of the skb right.
 
 use aya_ebpf::{
-    bindings::TC_ACT_UNSPEC,
-    helpers::{bpf_skb_ecn_set_ce, bpf_skb_set_tstamp},
+    EbpfContext,
+    bindings::{__sk_buff, BPF_F_RECOMPUTE_CSUM, TC_ACT_UNSPEC},
+    helpers::{bpf_l3_csum_replace, bpf_skb_ecn_set_ce, bpf_skb_set_tstamp, bpf_skb_store_bytes},
     macros::classifier,
     programs::TcContext,
 };
 
-use shaper_common::{gcra::TICK_SHIFT, shape::delay_bucket};
+use shaper_common::{
+    dscp::{ipv6_with_dscp, with_dscp},
+    gcra::TICK_SHIFT,
+    shape::delay_bucket,
+};
 
 use crate::{
     entry::{Decision, Seen, meter_frame},
+    meter2,
     outcome::Verdict,
+    parse::{Frame, classify},
 };
+
+/// The IPv4 header's checksum, from its start.
+const IPV4_CHECK_AT: u32 = 10;
 
 /// `TC_ACT_SHOT` (the bindings' type of it differs between the host and BPF targets).
 const TC_ACT_SHOT: i32 = 2;
@@ -27,6 +39,9 @@ pub fn shaper_tc(ctx: TcContext) -> i32 {
     let decision = try_shaper_tc(&ctx);
     match decision.verdict {
         Verdict::Pass => {
+            if let Some(slot) = decision.remark {
+                shaper_remark_tc(ctx.as_ptr().cast(), slot);
+            }
             // One branch, after metering: the verifier walks the shaping below once per
             // state that reaches here, and few do (everything else is dead by now).
             let delay_ns = decision.delay_ns();
@@ -38,6 +53,52 @@ pub fn shaper_tc(ctx: TcContext) -> i32 {
         }
         Verdict::Drop => TC_ACT_SHOT,
     }
+}
+
+/// Writes `dscp` into the packet's IP header (found again: see
+/// `entry::Decision::remark`), ECN bits kept: an IPv4 header's checksum updated with
+/// `bpf_l3_csum_replace` (the header's sum is then unchanged, so a CHECKSUM_COMPLETE sum
+/// stays right), an IPv6 header's traffic class stored with the packet's sum recomputed.
+/// A global function given the context: only yellow frames call it, and its parse is
+/// verified once rather than in every state that reaches the verdict.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_remark_tc(skb: *mut __sk_buff, slot: u32) -> u32 {
+    let ctx = TcContext::new(skb);
+    let Some(dscp) = meter2::dscp(slot) else {
+        return 0;
+    };
+    let start = ctx.data();
+    // SAFETY: `classify` checked that the fixed header lies within the packet; helpers
+    // take offsets from the packet's start (its MAC header, in both directions) and the
+    // context pointer the kernel passed in.
+    unsafe {
+        match classify(start, ctx.data_end()) {
+            Frame::Ipv6(ip) => {
+                let p = ip as *const u8;
+                let (b0, b1) = ipv6_with_dscp(*p, *p.add(1), dscp);
+                let bytes = [b0, b1];
+                bpf_skb_store_bytes(
+                    skb,
+                    (ip as usize - start) as u32,
+                    bytes.as_ptr().cast(),
+                    2,
+                    u64::from(BPF_F_RECOMPUTE_CSUM),
+                );
+            }
+            Frame::Ipv4(ip) => {
+                let p = ip as *const u8;
+                let at = (ip as usize - start) as u32;
+                let tos = with_dscp(*p.add(1), dscp);
+                let old = u16::from_ne_bytes([*p, *p.add(1)]);
+                let new = u16::from_ne_bytes([*p, tos]);
+                bpf_l3_csum_replace(skb, at + IPV4_CHECK_AT, u64::from(old), u64::from(new), 2);
+                bpf_skb_store_bytes(skb, at + 1, (&raw const tos).cast(), 1, 0);
+            }
+            _ => {}
+        }
+    }
+    0
 }
 
 /// Holds a packet back `delay_ns` (sch_fq releases it then), unless it is already held

@@ -13,7 +13,7 @@ use aya::{
 };
 use shaper_common::{
     layout::LAYOUT_VERSION,
-    maps::{Config, MAP_CONFIG, MAP_LAYOUT, MAP_SOURCES, MAP_SOURCES6, PROG_TC},
+    maps::{Config, MAP_CONFIG, MAP_LAYOUT, PROG_TC, SIZED_BY_SOURCES},
 };
 
 use crate::kernel::{self, KernelError};
@@ -37,7 +37,7 @@ impl ObjectError {
     }
 }
 
-/// Loads the object with each per-source map (IPv4, IPv6) sized as asked, on a kernel
+/// Loads the object with each per-source map (IPv4, IPv6, and the second meter's) sized as asked, on a kernel
 /// that has what the program needs.
 pub fn load(max_sources: u32) -> Result<Ebpf, ObjectError> {
     load_with(EbpfLoader::new(), max_sources)
@@ -47,11 +47,10 @@ pub fn load(max_sources: u32) -> Result<Ebpf, ObjectError> {
 /// sized `max_sources`, on a kernel that has what the program needs.
 pub fn load_with(mut loader: EbpfLoader<'_>, max_sources: u32) -> Result<Ebpf, ObjectError> {
     kernel::check()?;
-    loader
-        .map_max_entries(MAP_SOURCES, max_sources)
-        .map_max_entries(MAP_SOURCES6, max_sources)
-        .load(EBPF_OBJECT)
-        .map_err(ObjectError::load)
+    for name in SIZED_BY_SOURCES {
+        loader.map_max_entries(name, max_sources);
+    }
+    loader.load(EBPF_OBJECT).map_err(ObjectError::load)
 }
 
 /// The XDP program `name` of a loaded object, loaded into the kernel.

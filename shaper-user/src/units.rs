@@ -252,6 +252,61 @@ impl fmt::Display for Size {
     }
 }
 
+/// A count of packets (a packet rate, per second, or a packet burst), written `20000`,
+/// `20k` or `1m` (1000-based, as tc's `pkts_rate` counts); parsing rejects zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Packets(u64);
+
+/// Why a text is not a count of packets.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "not a count of packets: give a positive whole number, with k or m for thousands or millions"
+)]
+pub struct PacketsError;
+
+impl Packets {
+    #[must_use]
+    pub const fn from_count(n: u64) -> Self {
+        Self(n)
+    }
+
+    #[must_use]
+    pub const fn count(self) -> u64 {
+        self.0
+    }
+}
+
+impl FromStr for Packets {
+    type Err = PacketsError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (digits, scale) = match s.as_bytes().last() {
+            Some(b'k' | b'K') => (&s[..s.len() - 1], 1_000),
+            Some(b'm' | b'M') => (&s[..s.len() - 1], 1_000_000),
+            _ => (s, 1),
+        };
+        match digits
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(scale))
+        {
+            Some(n) if n > 0 && digits.bytes().all(|b| b.is_ascii_digit()) => Ok(Self(n)),
+            _ => Err(PacketsError),
+        }
+    }
+}
+
+impl fmt::Display for Packets {
+    /// `m` or `k` when it divides the count exactly: `20k`, `1500`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            n if n % 1_000_000 == 0 => write!(f, "{}m", n / 1_000_000),
+            n if n % 1_000 == 0 => write!(f, "{}k", n / 1_000),
+            n => write!(f, "{n}"),
+        }
+    }
+}
+
 /// A rate for reading rather than pasting: three significant figures in SI (1000-based)
 /// units, e.g. `9.98 Mbit/s`, `812 kbit/s`, `1.00 Gbit/s`, `56 bit/s`.
 #[must_use]
@@ -469,6 +524,18 @@ mod tests {
         let mut capitalised = name.to_owned();
         capitalised[..1].make_ascii_uppercase();
         [name.to_owned(), name.to_ascii_uppercase(), capitalised]
+    }
+
+    #[test]
+    fn packet_counts_take_k_and_m_and_refuse_zero_and_junk() {
+        assert_eq!("20k".parse(), Ok(Packets::from_count(20_000)));
+        assert_eq!("1m".parse(), Ok(Packets::from_count(1_000_000)));
+        assert_eq!("1500".parse(), Ok(Packets::from_count(1500)));
+        for bad in ["0", "0k", "", "k", "1.5k", "-3", "3x", "+5"] {
+            assert_eq!(bad.parse::<Packets>(), Err(PacketsError), "{bad}");
+        }
+        assert_eq!(Packets::from_count(20_000).to_string(), "20k");
+        assert_eq!(Packets::from_count(1500).to_string(), "1500");
     }
 
     #[test]

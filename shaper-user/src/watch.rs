@@ -17,8 +17,8 @@ use aya::maps::{Array, Map, MapData, MapError, RingBuf};
 use shaper_common::{
     gcra::{Limit, ticks_from_ns},
     maps::{
-        Config, REASON_AGGREGATE, REASON_BLOCKED, REASON_SOURCE, REASON_UNADMITTED, WATCH_CONTROL,
-        WATCH_METER, Watch, WatchEvent,
+        Config, REASON_AGGREGATE, REASON_BLOCKED, REASON_PACKET_RATE, REASON_SOURCE,
+        REASON_UNADMITTED, WATCH_CONTROL, WATCH_METER, Watch, WatchEvent,
     },
 };
 
@@ -234,13 +234,15 @@ pub fn key_of(event: &WatchEvent, config: &Config) -> KeyNet {
     }
 }
 
-/// The reason's name in JSON (`source_limit`, `aggregate`, `blocked`, `unadmitted`).
+/// The reason's name in JSON (`source_limit`, `aggregate`, `blocked`, `unadmitted`,
+/// `packet_rate`).
 pub fn reason_name(reason: u8) -> &'static str {
     match reason {
         REASON_SOURCE => "source_limit",
         REASON_AGGREGATE => "aggregate",
         REASON_BLOCKED => "blocked",
         REASON_UNADMITTED => "unadmitted",
+        REASON_PACKET_RATE => "packet_rate",
         _ => "unknown",
     }
 }

@@ -7,6 +7,7 @@ pub mod config;
 pub mod detach;
 pub mod explain;
 pub mod man;
+pub mod meter2;
 pub mod new_sources;
 pub mod outcomes;
 pub mod policy;

@@ -3,7 +3,10 @@
 use super::Scope;
 use anyhow::{Result, bail};
 use serde::Serialize;
-use shaper_common::{config::PolicyLimits, maps::DEFAULT_SLOT};
+use shaper_common::{
+    config::{Meter2Limits, PolicyLimits},
+    maps::DEFAULT_SLOT,
+};
 use shaper_user::{
     admission, journal, link,
     pins::Attachment,
@@ -15,7 +18,7 @@ use shaper_user::{
 
 use super::{
     attach::check_burst_fits,
-    new_sources,
+    meter2, new_sources,
     outcomes::{OutcomeFields, SightingFields, Unadmitted},
 };
 
@@ -88,6 +91,8 @@ pub struct SetArgs {
     pub mode: Mode,
     #[command(flatten)]
     pub new_sources: new_sources::Flags,
+    #[command(flatten)]
+    pub meter2: meter2::SecondMeter,
 }
 
 const SET_EXAMPLES: &str = "\
@@ -98,6 +103,10 @@ Examples:
       Block an IPv6 network.
   shaper policy set eth0 198.18.0.0/15 --rate 2mbit --burst 16k --new-sources 200
       At most 200 new sources a second of the /15 get a bucket of their own.
+  shaper policy set eth0 203.0.113.0/24 --rate 10mbit --burst 64k --excess-rate 10mbit --excess-burst 64k --excess-dscp cs1
+      A bandwidth profile (RFC 4115): 10 Mbit/s delivered as sent, 10 Mbit/s more marked CS1, the rest dropped.
+  shaper policy set eth0 198.51.100.0/24 --rate 10mbit --burst 64k --packet-rate 2k --packet-burst 200
+      Also at most 2000 frames a second per source, whatever their size.
 ";
 
 /// Remove the policy of PREFIX; its sources fall back to the next longest prefix
@@ -170,6 +179,8 @@ fn limits(args: &SetArgs) -> Result<PolicyLimits> {
             ("--rate", args.rate.is_some()),
             ("--burst", args.burst.is_some()),
             ("--aggregate-rate", args.aggregate_rate.is_some()),
+            ("--excess-rate", args.meter2.excess_rate.is_some()),
+            ("--packet-rate", args.meter2.packet_rate.is_some()),
         ] {
             if given {
                 bail!("{flag} has no meaning with --action {}", action.name());
@@ -191,6 +202,7 @@ fn limits(args: &SetArgs) -> Result<PolicyLimits> {
         aggregate_burst_bytes: args.aggregate_burst.map_or(0, |b| b.bytes()),
         new_sources: admission.new_sources,
         new_sources_burst: admission.new_sources_burst,
+        meter2: args.meter2.limits()?,
     })
 }
 
@@ -267,6 +279,7 @@ pub fn describe(spec: &PolicySpec) -> String {
         text += ", new sources ";
         text += &admission::describe(l.new_sources, l.new_sources_burst);
     }
+    text += &meter2::describe(&l.meter2);
     match spec.mode() {
         Mode::Monitor => text += " (monitor)",
         Mode::Shape => text += " (shape)",
@@ -302,6 +315,18 @@ struct Row {
     sightings: SightingFields,
     #[serde(flatten)]
     unadmitted: Unadmitted,
+    /// The second meter: the excess rate (zero: none), its burst and DSCP; the packet
+    /// rate (zero: none) and burst.
+    excess_rate_bps: u64,
+    excess_burst_bytes: u64,
+    excess_dscp: u8,
+    packet_rate: u64,
+    packet_burst: u64,
+    /// Frames passed yellow (marked), and the packet rate's refusals.
+    yellow_packets: u64,
+    yellow_bytes: u64,
+    packet_rate_refused_packets: u64,
+    packet_rate_refused_bytes: u64,
 }
 
 fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Result<Row> {
@@ -329,6 +354,15 @@ fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Res
         new_sources: s.new_sources,
         sightings: (&s.sightings).into(),
         unadmitted: (&s.unadmitted).into(),
+        excess_rate_bps: l.meter2.excess_rate_bps,
+        excess_burst_bytes: l.meter2.excess_burst_bytes,
+        excess_dscp: l.meter2.excess_dscp,
+        packet_rate: l.meter2.packet_rate,
+        packet_burst: l.meter2.packet_burst,
+        yellow_packets: s.meter2.yellow_packets,
+        yellow_bytes: s.meter2.yellow_bytes,
+        packet_rate_refused_packets: s.meter2.packet_rate_refused_packets,
+        packet_rate_refused_bytes: s.meter2.packet_rate_refused_bytes,
     })
 }
 
@@ -343,6 +377,7 @@ fn list(args: &ListArgs, scope: Scope<'_>, json: bool) -> Result<()> {
             burst_bytes: config.burst_bytes,
             new_sources: config.admission.new_sources,
             new_sources_burst: config.admission.new_sources_burst,
+            meter2: config.meter2.limits(),
             ..PolicyLimits::default()
         },
     };
@@ -399,6 +434,22 @@ fn list(args: &ListArgs, scope: Scope<'_>, json: bool) -> Result<()> {
             r.sightings.seen_once,
             r.unadmitted.unadmitted_packets
         );
+        if r.excess_rate_bps != 0 || r.packet_rate != 0 {
+            let m = Meter2Limits {
+                excess_rate_bps: r.excess_rate_bps,
+                excess_burst_bytes: r.excess_burst_bytes,
+                excess_dscp: r.excess_dscp,
+                packet_rate: r.packet_rate,
+                packet_burst: r.packet_burst,
+            };
+            println!(
+                "{:<24} {}: yellow {} pkts, over the packet rate {} pkts",
+                "",
+                meter2::describe(&m).trim_start_matches(", "),
+                r.yellow_packets,
+                r.packet_rate_refused_packets
+            );
+        }
     }
     Ok(())
 }

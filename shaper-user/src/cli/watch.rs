@@ -176,6 +176,7 @@ fn reason_text(reason: &str) -> &'static str {
         "aggregate" => "over its prefix's aggregate",
         "blocked" => "blocked",
         "unadmitted" => "unadmitted (no cell of its own; the shared cell is full)",
+        "packet_rate" => "over its packet rate",
         _ => "unknown reason",
     }
 }

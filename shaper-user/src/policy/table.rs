@@ -212,7 +212,7 @@ fn trie_key(prefix: &IpNet) -> TrieKey {
 
 /// A step taken, and how to take it back.
 enum Undo {
-    Slot(u32, Policy),
+    Slot(u32, Box<Policy>),
     Unroute(IpNet),
     Route(IpNet, u32),
 }
@@ -452,7 +452,7 @@ impl PolicyTable {
         // New policies into free slots, with a fresh aggregate cell and counters: nothing
         // points at them yet.
         for (slot, policy) in added {
-            undo.push(Undo::Slot(*slot, Policy::default()));
+            undo.push(Undo::Slot(*slot, Box::default()));
             self.reset_slot(*slot)?;
             self.write_slot(*slot, &policy.entry)?;
             crate::crash::point("policy-step");
@@ -464,7 +464,7 @@ impl PolicyTable {
                     .policies
                     .get(&installed.slot, 0)
                     .map_err(map_err("read the policies"))?;
-                undo.push(Undo::Slot(installed.slot, old));
+                undo.push(Undo::Slot(installed.slot, Box::new(old)));
                 self.write_slot(installed.slot, &policy.entry)?;
                 crate::crash::point("policy-step");
             }

@@ -129,6 +129,7 @@ impl Config1 {
             shape: Shape::default_settings(),
             // Layouts before 6 had no traces: the new program's are seeded afresh.
             trace_seed: crate::system::random_seed(),
+            meter2: Default::default(),
         }
     }
 }
@@ -152,6 +153,7 @@ impl Policy1 {
             _pad: self._pad,
             addr: self.addr,
             admission: Admission::default(),
+            meter2: Default::default(),
         }
     }
 }
@@ -174,6 +176,7 @@ impl PolicyStats1 {
             unadmitted: Outcomes::default(),
             new_sources: 0,
             sightings: Sightings::default(),
+            meter2: Default::default(),
         }
     }
 }
@@ -213,6 +216,7 @@ impl Counters1 {
             shape_delay: [0; DELAY_BUCKETS],
             shape_delay_ns: 0,
             sightings: Sightings::default(),
+            meter2: Default::default(),
         }
     }
 }

@@ -66,6 +66,7 @@ impl Counters3 {
             shape_delay: [0; DELAY_BUCKETS],
             shape_delay_ns: 0,
             sightings: Sightings::default(),
+            meter2: Default::default(),
         }
     }
 }

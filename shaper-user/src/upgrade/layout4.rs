@@ -88,6 +88,7 @@ impl Config4 {
             shape: Shape::default_settings(),
             // Layouts before 6 had no traces: the new program's are seeded afresh.
             trace_seed: crate::system::random_seed(),
+            meter2: Default::default(),
         }
     }
 }
@@ -119,6 +120,7 @@ impl Counters4 {
             shape_delay: [0; DELAY_BUCKETS],
             shape_delay_ns: 0,
             sightings: Sightings::default(),
+            meter2: Default::default(),
         }
     }
 }

@@ -79,6 +79,7 @@ impl Policy5 {
             _pad: self._pad,
             addr: self.addr,
             admission: self.admission.current(),
+            meter2: Default::default(),
         }
     }
 }
@@ -180,6 +181,7 @@ impl Config5 {
             prefixes_v6: self.prefixes_v6,
             shape: self.shape,
             trace_seed: crate::system::random_seed(),
+            meter2: Default::default(),
         }
     }
 }
@@ -194,6 +196,7 @@ impl PolicyStats5 {
             unadmitted: self.unadmitted,
             new_sources: self.new_sources,
             sightings: Sightings::default(),
+            meter2: Default::default(),
         }
     }
 }
@@ -226,6 +229,7 @@ impl Counters5 {
             // Layout 5 kept no sum of the delays.
             shape_delay_ns: 0,
             sightings: Sightings::default(),
+            meter2: Default::default(),
         }
     }
 }

@@ -69,10 +69,10 @@ use shaper_common::{
     layout::{self, Holds, LAYOUT_VERSION, Layout, MapLayout},
     maps::{
         Config, Counters, Ipv4Key, Ipv6Key, MAP_CONFIG, MAP_COUNTERS_CARRIED, MAP_POLICIES,
-        MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6,
-        PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LINK, PIN_POLICIES, PIN_POLICY_STATS,
-        PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_UPGRADE_PROG, PROG_XDP,
-        Policy, PolicyStats, is_tc_mode,
+        MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6, PIN_CONFIG, PIN_COUNTERS,
+        PIN_COUNTERS_CARRIED, PIN_LINK, PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED,
+        PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_UPGRADE_PROG, PROG_XDP, Policy, PolicyStats,
+        SIZED_BY_SOURCES, is_tc_mode,
     },
 };
 
@@ -313,8 +313,9 @@ fn stage(
     pins::remove_dir_of_pins(&staging).map_err(step(at, "remove old staged pins"))?;
     std::fs::create_dir_all(&staging).map_err(step(at, "make the staging directory"))?;
     let mut load = EbpfLoader::new();
-    load.map_max_entries(MAP_SOURCES, cap)
-        .map_max_entries(MAP_SOURCES6, cap);
+    for name in SIZED_BY_SOURCES {
+        load.map_max_entries(name, cap);
+    }
     for &(m, reuse) in plan {
         // aya reuses the map pinned there, or creates the map and pins it there.
         let path = if reuse { &dir } else { &staging }.join(m.pin);
@@ -563,9 +564,9 @@ mod tests {
     use shaper_common::{
         layout::{LAYOUTS, SIZED_AT_ATTACH},
         maps::{
-            PIN_ADMISSION, PIN_AGGREGATES, PIN_EVENTS, PIN_FIRSTS, PIN_LAYOUT, PIN_POLICIES,
-            PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_SOURCES, PIN_SOURCES6, PIN_TRACES,
-            PIN_WATCH,
+            PIN_ADMISSION, PIN_AGGREGATES, PIN_EVENTS, PIN_FIRSTS, PIN_LAYOUT, PIN_METER2,
+            PIN_METER2_6, PIN_METER2_SHARED, PIN_POLICIES, PIN_POLICY_STATS,
+            PIN_POLICY_STATS_CARRIED, PIN_SOURCES, PIN_SOURCES6, PIN_TRACES, PIN_WATCH,
         },
     };
 
@@ -651,8 +652,11 @@ mod tests {
         // Every layout before 6 lacks the traces and the first-sighting cells, and its
         // config, policies, counters and policy counters (and so what carries them)
         // changed since (the doorkeeper's seed, allowance and sightings, the shaping
-        // delays' sum).
+        // delays' sum; the second meter's settings, counts and cells).
         let changed = [
+            PIN_METER2,
+            PIN_METER2_6,
+            PIN_METER2_SHARED,
             PIN_LAYOUT,
             PIN_CONFIG,
             PIN_POLICIES,

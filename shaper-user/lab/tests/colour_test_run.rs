@@ -1,0 +1,362 @@
+//! The second meter in the real kernel through BPF_PROG_TEST_RUN: RFC 4115's colour-blind
+//! two-rate three-colour marker (green passed untouched, yellow passed with its DSCP
+//! rewritten, red dropped) and the packet-rate limit, on the XDP and the tc program.
+//!
+//! The rates are the slowest there are (8 bit/s, one byte a second; one packet a second),
+//! so a cell refills less than a frame's worth while a test runs: what a bucket lets
+//! through is its burst, exactly. Yellow frames are compared byte for byte with the frame
+//! as it should be, its header checksum computed afresh (not incrementally, as the
+//! programs do), under every encapsulation the parser reads; and XDP and tc must write the
+//! same bytes.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use aya::{
+    Ebpf,
+    programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp},
+};
+use shaper_common::{
+    config::Meter2Limits,
+    dscp::DSCP_LE,
+    gcra::MIN_RATE_BPS,
+    maps::{Config, Counters, MODE_MONITOR, Meter2, PROG_TC, PROG_XDP},
+};
+use shaper_lab::{
+    frame::{
+        self, DEFAULT_DST_V4, DEFAULT_DST_V6, ETH_HLEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP,
+        ETH_P_IPV6, Fragment, IPPROTO_UDP, PPP_IP, PPP_IPV6,
+    },
+    testrun,
+};
+use shaper_user::object;
+
+/// Bytes of every frame.
+const FRAME: usize = 100;
+/// Committed and excess bursts: ten and five frames.
+const CBS: u64 = 10 * FRAME as u64;
+const EBS: u64 = 5 * FRAME as u64;
+/// `TC_ACT_UNSPEC` and `TC_ACT_SHOT`; `struct __sk_buff`'s size and `gso_segs`.
+const TC_ACT_UNSPEC: i32 = -1;
+const TC_ACT_SHOT: i32 = 2;
+const SKB_SIZE: usize = 192;
+const GSO_SEGS_AT: usize = 164;
+
+/// The interface's settings with a second meter as `m` asks.
+fn config(cbs: u64, m: Meter2Limits) -> Config {
+    Config {
+        meter2: Meter2::new(&m).unwrap(),
+        ..testrun::config(MIN_RATE_BPS, cbs).unwrap()
+    }
+}
+
+fn excess(ebs: u64, dscp: u8) -> Meter2Limits {
+    Meter2Limits {
+        excess_rate_bps: MIN_RATE_BPS,
+        excess_burst_bytes: ebs,
+        excess_dscp: dscp,
+        ..Meter2Limits::default()
+    }
+}
+
+/// Both programs loaded over the same maps, configured.
+fn load(config: &Config) -> Ebpf {
+    let mut ebpf = object::load(1024).unwrap();
+    object::xdp_program(&mut ebpf, PROG_XDP).unwrap();
+    object::tc_program(&mut ebpf).unwrap();
+    object::configure(&mut ebpf, config).unwrap();
+    ebpf
+}
+
+/// A verdict, and the bytes the program passed on.
+#[derive(Debug, PartialEq, Eq)]
+enum Out {
+    Pass(Vec<u8>),
+    Drop,
+}
+
+fn xdp(ebpf: &Ebpf, f: &[u8]) -> Out {
+    let prog: &Xdp = ebpf.program(PROG_XDP).unwrap().try_into().unwrap();
+    let mut data_out = vec![0u8; f.len()];
+    let mut opts = TestRunOptions::new();
+    opts.data_in = Some(f);
+    opts.data_out = Some(&mut data_out);
+    match prog
+        .test_run(opts)
+        .expect("test_run of the XDP program")
+        .return_value
+    {
+        testrun::XDP_PASS => Out::Pass(data_out),
+        testrun::XDP_DROP => Out::Drop,
+        v => panic!("XDP verdict {v}"),
+    }
+}
+
+fn tc(ebpf: &Ebpf, f: &[u8]) -> Out {
+    let prog: &SchedClassifier = ebpf.program(PROG_TC).unwrap().try_into().unwrap();
+    let mut ctx_in = [0u8; SKB_SIZE];
+    ctx_in[GSO_SEGS_AT..GSO_SEGS_AT + 4].copy_from_slice(&1u32.to_ne_bytes());
+    let mut ctx_out = [0u8; SKB_SIZE];
+    let mut data_out = vec![0u8; f.len()];
+    let mut opts = TestRunOptions::new();
+    opts.data_in = Some(f);
+    opts.data_out = Some(&mut data_out);
+    opts.ctx_in = Some(&ctx_in);
+    opts.ctx_out = Some(&mut ctx_out);
+    match prog
+        .test_run(opts)
+        .expect("test_run of the tc program")
+        .return_value as i32
+    {
+        TC_ACT_UNSPEC => Out::Pass(data_out),
+        TC_ACT_SHOT => Out::Drop,
+        v => panic!("tc verdict {v}"),
+    }
+}
+
+/// RFC 1071's checksum of `bytes`.
+fn checksum(bytes: &[u8]) -> u16 {
+    let mut sum: u32 = bytes
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// An IPv4 UDP packet from `src` of `tos`, its checksum valid.
+fn ipv4(src: Ipv4Addr, tos: u8, len: usize) -> Vec<u8> {
+    let mut ip = frame::ipv4(
+        src,
+        DEFAULT_DST_V4,
+        &[],
+        IPPROTO_UDP,
+        Fragment::default(),
+        &frame::udp(len - 28),
+    );
+    ip[1] = tos;
+    ip[10..12].fill(0);
+    let c = checksum(&ip[..20]);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    ip
+}
+
+/// An IPv6 UDP packet from `src` of traffic class `tc` (flow label 0xabcde).
+fn ipv6(src: Ipv6Addr, tc: u8, len: usize) -> Vec<u8> {
+    let mut ip = frame::ipv6(src, DEFAULT_DST_V6, IPPROTO_UDP, &frame::udp(len - 48));
+    ip[0] = 0x60 | tc >> 4;
+    ip[1] = (tc << 4) | 0x0a;
+    ip
+}
+
+/// `packet` as the expected yellow: DSCP `dscp`, ECN kept, IPv4 checksum computed afresh.
+fn remarked(packet: &[u8], dscp: u8) -> Vec<u8> {
+    let mut p = packet.to_vec();
+    if p[0] >> 4 == 4 {
+        p[1] = dscp << 2 | (p[1] & 3);
+        p[10..12].fill(0);
+        let c = checksum(&p[..20]);
+        p[10..12].copy_from_slice(&c.to_be_bytes());
+    } else {
+        let tc = (p[0] << 4 | p[1] >> 4) & 3 | dscp << 2;
+        p[0] = 0x60 | tc >> 4;
+        p[1] = (tc << 4) | (p[1] & 0x0f);
+    }
+    p
+}
+
+/// Every encapsulation the parser reads, of an IP packet: its frame.
+fn encapsulations(ip: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
+    let v4 = ip[0] >> 4 == 4;
+    let plain = frame::ethernet(if v4 { ETH_P_IP } else { ETH_P_IPV6 }, ip);
+    let vlan = frame::with_vlan(&plain, ETH_P_8021Q, 7);
+    let qinq = frame::with_vlan(&vlan, ETH_P_8021AD, 100);
+    let pppoe = frame::pppoe_session(if v4 { PPP_IP } else { PPP_IPV6 }, ip);
+    let pppoe_vlan = frame::with_vlan(&pppoe, ETH_P_8021Q, 9);
+    vec![
+        ("untagged", plain),
+        ("vlan", vlan),
+        ("qinq", qinq),
+        ("pppoe", pppoe),
+        ("vlan+pppoe", pppoe_vlan),
+    ]
+}
+
+/// The frame `f` with its IP packet (at `at`) replaced by `ip`.
+fn with_packet(f: &[u8], at: usize, ip: &[u8]) -> Vec<u8> {
+    let mut g = f.to_vec();
+    g[at..at + ip.len()].copy_from_slice(ip);
+    g
+}
+
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn yellow_frames_are_remarked_alike_under_every_encapsulation_by_xdp_and_tc() {
+    // One frame of committed burst (of the longest, 112 bytes; not two of the shortest,
+    // 100): a key's first frame is green, the next yellow.
+    let dscp = 8; // cs1
+    let ebpf = load(&config(150, excess(EBS, dscp)));
+    let mut source = 0u32;
+    let mut next_v4 = || {
+        source += 1;
+        Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 1, 0)) + source)
+    };
+    let mut six = 0u16;
+    let mut next_v6 = || {
+        six += 1;
+        Ipv6Addr::new(0x2001, 0xdb8, 7, six, 0, 0, 0, 1)
+    };
+    // EF with ECT(1), AF41 with CE, CS0 with Not-ECT; IPv6 EF with ECT(0).
+    for tos in [0xb9u8, 0x8b, 0x00] {
+        for program in ["xdp", "tc"] {
+            let src = next_v4();
+            let ip = ipv4(src, tos, FRAME - ETH_HLEN);
+            check(&ebpf, program, &ip, dscp);
+        }
+    }
+    for program in ["xdp", "tc"] {
+        let ip = ipv6(next_v6(), 0xba, FRAME - ETH_HLEN);
+        check(&ebpf, program, &ip, dscp);
+    }
+    let c = testrun::counters(&ebpf).unwrap();
+    // 4 packets x 2 programs x 5 encapsulations, each key's frame green, then yellow.
+    assert_eq!(c.meter2.yellow_packets, 40, "{:?}", c.meter2);
+    assert_eq!(c.outcomes.passed_packets, 80);
+    assert_eq!(c.outcomes.dropped_packets, 0);
+
+    /// Runs every encapsulation of `ip` through `program`, each from a key of its own,
+    /// twice: green, then yellow.
+    fn check(ebpf: &Ebpf, program: &str, ip: &[u8], dscp: u8) {
+        let run = |f: &[u8]| {
+            if program == "xdp" {
+                xdp(ebpf, f)
+            } else {
+                tc(ebpf, f)
+            }
+        };
+        for (i, (name, f)) in encapsulations(ip).into_iter().enumerate() {
+            let at = f.len() - ip.len();
+            // Each encapsulation its own key: a byte of the source moved on.
+            let mut ip = ip.to_vec();
+            if ip[0] >> 4 == 4 {
+                ip[14] += 10 * i as u8;
+                ip[10..12].fill(0);
+                let c = checksum(&ip[..20]);
+                ip[10..12].copy_from_slice(&c.to_be_bytes());
+            } else {
+                ip[12] += i as u8;
+            }
+            let f = with_packet(&f, at, &ip);
+            assert_eq!(
+                run(&f),
+                Out::Pass(f.clone()),
+                "{program} {name}: green untouched"
+            );
+            let want = with_packet(&f, at, &remarked(&ip, dscp));
+            let Out::Pass(got) = run(&f) else {
+                panic!("{program} {name}: yellow dropped");
+            };
+            assert_eq!(got, want, "{program} {name}: yellow remarked");
+            if ip[0] >> 4 == 4 {
+                assert_eq!(checksum(&got[at..at + 20]), 0, "{program} {name}: checksum");
+            }
+        }
+    }
+}
+
+/// A key offered far more than CIR + EIR gets CBS green, EBS yellow, the rest red, exactly
+/// (the rates refill less than a frame while it runs), counted so globally and in its own
+/// cells; in monitor mode the red are would-drops and the yellow are not rewritten.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_key_over_both_rates_gets_its_bursts_green_and_yellow_and_the_rest_red() {
+    for monitor in [false, true] {
+        let mut c = config(CBS, excess(EBS, DSCP_LE));
+        if monitor {
+            c.mode = MODE_MONITOR;
+        }
+        let ebpf = load(&c);
+        let ip = ipv4(Ipv4Addr::new(198, 18, 2, 1), 0, FRAME - ETH_HLEN);
+        let f = frame::ethernet(ETH_P_IP, &ip);
+        let yellow = frame::ethernet(ETH_P_IP, &remarked(&ip, DSCP_LE));
+        let (mut green, mut marked, mut red) = (0, 0, 0);
+        let sent = 40;
+        for i in 0..sent {
+            let run = if i % 2 == 0 {
+                xdp(&ebpf, &f)
+            } else {
+                tc(&ebpf, &f)
+            };
+            match run {
+                Out::Pass(out) if out == f => green += 1,
+                Out::Pass(out) if out == yellow => marked += 1,
+                Out::Pass(out) => panic!("frame {i} passed altered: {out:x?}"),
+                Out::Drop => red += 1,
+            }
+        }
+        let counters: Counters = testrun::counters(&ebpf).unwrap();
+        let (cbs, ebs) = (CBS / FRAME as u64, EBS / FRAME as u64);
+        if monitor {
+            // Nothing dropped, nothing rewritten: what would have been is counted.
+            assert_eq!((green, marked, red), (sent, 0, 0));
+            assert_eq!(counters.outcomes.would_drop_packets, sent - cbs - ebs);
+        } else {
+            assert_eq!((green, marked, red), (cbs, ebs, sent - cbs - ebs));
+            assert_eq!(counters.outcomes.dropped_packets, red);
+        }
+        assert_eq!(
+            counters.outcomes.passed_packets,
+            cbs + ebs,
+            "monitor {monitor}"
+        );
+        assert_eq!(counters.meter2.yellow_packets, ebs, "monitor {monitor}");
+        assert_eq!(counters.meter2.yellow_bytes, ebs * FRAME as u64);
+        assert_eq!(counters.meter2.packet_rate_refused_packets, 0);
+    }
+}
+
+/// A packet rate of one a second with a burst of five: five frames of a key pass, then
+/// each is refused and counted as the packet rate's, however few bytes; another key has
+/// its own five.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn the_packet_rate_passes_its_burst_and_refuses_the_rest() {
+    let limits = Meter2Limits {
+        packet_rate: 1,
+        packet_burst: 5,
+        ..Meter2Limits::default()
+    };
+    let c = Config {
+        meter2: Meter2::new(&limits).unwrap(),
+        ..testrun::open_config().unwrap()
+    };
+    let ebpf = load(&c);
+    for (k, src) in [Ipv4Addr::new(198, 18, 3, 1), Ipv4Addr::new(198, 18, 3, 2)]
+        .into_iter()
+        .enumerate()
+    {
+        let f = frame::ipv4_udp(src, 60);
+        let verdicts: Vec<bool> = (0..12)
+            .map(|i| {
+                let out = if i % 2 == 0 {
+                    xdp(&ebpf, &f)
+                } else {
+                    tc(&ebpf, &f)
+                };
+                out == Out::Pass(f.clone())
+            })
+            .collect();
+        assert_eq!(
+            verdicts,
+            [[true; 5].as_slice(), &[false; 7]].concat(),
+            "key {k}"
+        );
+    }
+    let counters = testrun::counters(&ebpf).unwrap();
+    assert_eq!(counters.meter2.packet_rate_refused_packets, 14);
+    assert_eq!(counters.meter2.packet_rate_refused_bytes, 14 * 60);
+    assert_eq!(counters.outcomes.dropped_packets, 14);
+    assert_eq!(counters.outcomes.passed_packets, 10);
+    assert_eq!(counters.meter2.yellow_packets, 0);
+}
