@@ -93,6 +93,41 @@ impl core::fmt::Display for Dscp {
     }
 }
 
+/// The configuration file's `excess_dscp`: a name or a number, as `--excess-dscp` takes
+/// them (`"cs1"`, `8`, `"8"`); written back by name where it has one.
+#[cfg(feature = "user")]
+impl<'de> serde::Deserialize<'de> for Dscp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Dscp;
+            fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str("a DSCP: 0 to 63 or a name (cs0..cs7, af11..af43, ef, le)")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Dscp, E> {
+                s.parse().map_err(E::custom)
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Dscp, E> {
+                u8::try_from(n)
+                    .ok()
+                    .and_then(Dscp::new)
+                    .ok_or_else(|| E::custom(DscpError))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Dscp, E> {
+                self.visit_i64(i64::try_from(n).unwrap_or(-1))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+#[cfg(feature = "user")]
+impl serde::Serialize for Dscp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// The TOS byte (or IPv6 traffic class) `tos` with its DSCP replaced by `dscp`, its ECN
 /// bits kept.
 #[inline(always)]

@@ -307,6 +307,54 @@ impl fmt::Display for Packets {
     }
 }
 
+/// serde on the units: each is read from the text its flag takes (`FromStr`, so a file
+/// and the command line accept and refuse the same values, with the same message), and
+/// written as it prints (`Display`), so `config show` writes what `apply` reads back.
+/// `integers`: a bare TOML integer is taken too (as its digits).
+macro_rules! serde_by_text {
+    ($t:ty, $expecting:literal, integers: $integers:literal) => {
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct Visitor;
+                impl serde::de::Visitor<'_> for Visitor {
+                    type Value = $t;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($expecting)
+                    }
+                    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<$t, E> {
+                        s.parse().map_err(E::custom)
+                    }
+                    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<$t, E> {
+                        if $integers {
+                            self.visit_str(&n.to_string())
+                        } else {
+                            Err(E::invalid_type(serde::de::Unexpected::Signed(n), &self))
+                        }
+                    }
+                    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<$t, E> {
+                        if $integers {
+                            self.visit_str(&n.to_string())
+                        } else {
+                            Err(E::invalid_type(serde::de::Unexpected::Unsigned(n), &self))
+                        }
+                    }
+                }
+                d.deserialize_any(Visitor)
+            }
+        }
+
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+    };
+}
+
+serde_by_text!(Rate, "a rate in tc units, as a string (\"10mbit\")", integers: false);
+serde_by_text!(Size, "a size in tc units, as a string (\"64k\")", integers: false);
+serde_by_text!(Packets, "a count of packets (2000 or \"2k\")", integers: true);
+
 /// A rate for reading rather than pasting: three significant figures in SI (1000-based)
 /// units, e.g. `9.98 Mbit/s`, `812 kbit/s`, `1.00 Gbit/s`, `56 bit/s`.
 #[must_use]

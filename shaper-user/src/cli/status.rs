@@ -1,9 +1,9 @@
 //! `shaper status [IFACE]`: what is attached where, and how.
 
-use super::Scope;
+use super::{Scope, meter2};
 use anyhow::Result;
 use serde::Serialize;
-use shaper_common::layout::LAYOUT_VERSION;
+use shaper_common::{config::Meter2Limits, layout::LAYOUT_VERSION};
 use shaper_user::{
     admission, link, maps,
     pins::{self, Attachment},
@@ -16,7 +16,8 @@ use shaper_user::{
 /// Show where shaper is attached, its mode, rate, burst and map fill.
 ///
 /// One line per attachment of the namespace (both directions): the hook and how it is
-/// attached, the mode, the default policy's rate and burst, the key and its prefixes,
+/// attached, the mode, the default policy's rate and burst (and its excess rate and
+/// packet rate, if attached with them), the key and its prefixes,
 /// the sources tracked of the map's size per family, the new-source admission, and the
 /// pin layout. An attachment whose interface is gone is marked so (detach removes its
 /// pins); one an older shaper made shows its layout and the attach that upgrades it.
@@ -67,6 +68,14 @@ struct Row {
     /// New-source admission of the default policy; zero: unlimited.
     new_sources_per_sec: u64,
     new_sources_burst: u64,
+    /// The default policy's second meter: an excess rate (zero: none; `attach
+    /// --excess-rate`), its burst and the DSCP its frames are marked with (0 to 63); a
+    /// packet rate (zero: none) and burst, in packets.
+    excess_rate_bits_per_sec: u64,
+    excess_burst_bytes: u64,
+    excess_dscp: u8,
+    packet_rate_per_sec: u64,
+    packet_burst: u64,
     pin_dir: String,
     /// The layout of the pins (`shaper_common::layout`); below this shaper's, an older
     /// shaper attached it and `attach` with the same settings upgrades it in place.
@@ -102,6 +111,11 @@ fn row(at: &Attachment) -> Result<Row> {
         max_sources: maps::sources_capacity(at)?,
         new_sources_per_sec: config.admission.new_sources,
         new_sources_burst: config.admission.new_sources_burst,
+        excess_rate_bits_per_sec: config.meter2.excess_rate_bps,
+        excess_burst_bytes: config.meter2.excess_burst_bytes,
+        excess_dscp: config.meter2.excess_dscp,
+        packet_rate_per_sec: config.meter2.packet_rate,
+        packet_burst: config.meter2.packet_burst,
         pin_dir: at.dir().display().to_string(),
         layout_version: layout.version,
         upgrade_interrupted: upgrade::interrupted(at),
@@ -149,8 +163,15 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
         } else {
             String::new()
         };
+        let meter2 = meter2::describe(&Meter2Limits {
+            excess_rate_bps: r.excess_rate_bits_per_sec,
+            excess_burst_bytes: r.excess_burst_bytes,
+            excess_dscp: r.excess_dscp,
+            packet_rate: r.packet_rate_per_sec,
+            packet_burst: r.packet_burst,
+        });
         println!(
-            "{}: {} {} rate {} burst {}{shaping} per {} /{} (IPv6 /{}), sources {}/{} IPv4 {}/{} IPv6, new sources {}, pin layout {}{gone}{older}",
+            "{}: {} {} rate {} burst {}{meter2}{shaping} per {} /{} (IPv6 /{}), sources {}/{} IPv4 {}/{} IPv6, new sources {}, pin layout {}{gone}{older}",
             at.label(),
             r.hook,
             r.xdp_mode,

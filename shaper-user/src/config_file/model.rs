@@ -6,8 +6,11 @@ use std::ops::Range;
 
 use serde::Deserialize;
 use shaper_common::{
-    config::{PolicyLimits, RateLimit},
-    maps::{DEFAULT_ECN_THRESHOLD_NS, DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6},
+    config::{ConfigError, Meter2Limits, PolicyLimits, RateLimit},
+    dscp::Dscp,
+    maps::{
+        DEFAULT_ECN_THRESHOLD_NS, DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, Meter2,
+    },
 };
 use toml::{Spanned, Value};
 
@@ -18,7 +21,7 @@ use crate::{
     request::{AdmissionRequest, AttachRequest, Hook, KeyBy, XdpAttachMode},
     setting::Setting,
     tc::TcAttachMode,
-    units::{Delay, Rate, Size, UnitError},
+    units::{Delay, Packets, Rate, Size, UnitError},
 };
 
 /// An error in a configuration file: `FILE:LINE: FIELD: what is wrong`.
@@ -71,6 +74,16 @@ struct InterfaceModel {
     new_sources: Option<Spanned<Value>>,
     #[serde(default)]
     new_sources_burst: Option<Spanned<u64>>,
+    #[serde(default)]
+    excess_rate: Option<Spanned<Rate>>,
+    #[serde(default)]
+    excess_burst: Option<Spanned<Size>>,
+    #[serde(default)]
+    excess_dscp: Option<Spanned<Dscp>>,
+    #[serde(default)]
+    packet_rate: Option<Spanned<Packets>>,
+    #[serde(default)]
+    packet_burst: Option<Spanned<Packets>>,
     #[serde(default, rename = "policy")]
     policies: Vec<PolicyModel>,
 }
@@ -95,6 +108,121 @@ struct PolicyModel {
     new_sources: Option<Spanned<Value>>,
     #[serde(default)]
     new_sources_burst: Option<Spanned<u64>>,
+    #[serde(default)]
+    excess_rate: Option<Spanned<Rate>>,
+    #[serde(default)]
+    excess_burst: Option<Spanned<Size>>,
+    #[serde(default)]
+    excess_dscp: Option<Spanned<Dscp>>,
+    #[serde(default)]
+    packet_rate: Option<Spanned<Packets>>,
+    #[serde(default)]
+    packet_burst: Option<Spanned<Packets>>,
+}
+
+/// The second meter of a policy or of the interface's default one (`policy set
+/// --excess-rate ...`, `shaper_common::config::Meter2Limits`), as its table gives it: each
+/// field the type its flag parses. (Fields of both tables: serde's flatten would lose
+/// their spans and unknown fields.)
+struct SecondMeterModel {
+    excess_rate: Option<Spanned<Rate>>,
+    excess_burst: Option<Spanned<Size>>,
+    excess_dscp: Option<Spanned<Dscp>>,
+    packet_rate: Option<Spanned<Packets>>,
+    packet_burst: Option<Spanned<Packets>>,
+}
+
+/// The [`SecondMeterModel`] of a table.
+macro_rules! second_meter {
+    ($m:expr) => {
+        SecondMeterModel {
+            excess_rate: $m.excess_rate.clone(),
+            excess_burst: $m.excess_burst.clone(),
+            excess_dscp: $m.excess_dscp.clone(),
+            packet_rate: $m.packet_rate.clone(),
+            packet_burst: $m.packet_burst.clone(),
+        }
+    };
+}
+
+impl SecondMeterModel {
+    /// The fields given, by name, with their spans.
+    fn given(&self) -> [(&'static str, Option<Range<usize>>); 5] {
+        [
+            ("excess_rate", self.excess_rate.as_ref().map(Spanned::span)),
+            (
+                "excess_burst",
+                self.excess_burst.as_ref().map(Spanned::span),
+            ),
+            ("excess_dscp", self.excess_dscp.as_ref().map(Spanned::span)),
+            ("packet_rate", self.packet_rate.as_ref().map(Spanned::span)),
+            (
+                "packet_burst",
+                self.packet_burst.as_ref().map(Spanned::span),
+            ),
+        ]
+    }
+
+    /// The limits asked for, checked as the flags are (`excess_dscp` defaults to `le`);
+    /// an error names the field at fault (`at`: the table's first field, for one left
+    /// out).
+    fn limits(
+        &self,
+        src: &Source,
+        here: &str,
+        at: Range<usize>,
+    ) -> Result<Meter2Limits, FileError> {
+        let value = |v: &Option<Spanned<Packets>>| v.as_ref().map_or(0, |n| n.get_ref().count());
+        let limits = Meter2Limits {
+            excess_rate_bps: self
+                .excess_rate
+                .as_ref()
+                .map_or(0, |r| r.get_ref().bits_per_sec()),
+            excess_burst_bytes: self
+                .excess_burst
+                .as_ref()
+                .map_or(0, |b| b.get_ref().bytes()),
+            excess_dscp: match (&self.excess_rate, &self.excess_dscp) {
+                (None, _) => 0,
+                (Some(_), None) => Dscp::LE.value(),
+                (Some(_), Some(d)) => d.get_ref().value(),
+            },
+            packet_rate: value(&self.packet_rate),
+            packet_burst: value(&self.packet_burst),
+        };
+        if let (None, Some(d)) = (&self.excess_rate, &self.excess_dscp) {
+            return Err(src.error(d.span(), format!("{here}.excess_dscp"), "needs excess_rate"));
+        }
+        let Err(e) = Meter2::new(&limits) else {
+            return Ok(limits);
+        };
+        let field = match &e {
+            ConfigError::Excess(l) if l.field() == "rate" => "excess_rate",
+            ConfigError::Excess(_) => "excess_burst",
+            ConfigError::ExcessIncomplete if self.excess_rate.is_some() => "excess_burst",
+            ConfigError::ExcessIncomplete => "excess_rate",
+            ConfigError::ExcessDscp(_) => "excess_dscp",
+            ConfigError::PacketRate(l) if l.field() != "rate" => "packet_burst",
+            ConfigError::PacketRateIncomplete if self.packet_rate.is_some() => "packet_burst",
+            _ => "packet_rate",
+        };
+        // At the field, or (left out) at the one it goes with, or the table.
+        let partner = match field {
+            "excess_rate" => "excess_burst",
+            "excess_burst" => "excess_rate",
+            "packet_rate" => "packet_burst",
+            _ => "packet_rate",
+        };
+        let given = self.given();
+        let span = |name: &str| {
+            given
+                .iter()
+                .find(|(n, _)| *n == name)
+                .and_then(|(_, s)| s.clone())
+        };
+        let span = span(field).or_else(|| span(partner)).unwrap_or(at);
+        Err(src.error(span, format!("{here}.{field}"), e.to_string()))
+    }
 }
 
 /// Points errors at lines of one file.
@@ -119,19 +247,37 @@ impl Source<'_> {
     }
 
     /// A parser error: its span gives the line; the field is the key on that line, under
-    /// the table header above it.
+    /// the table header above it, numbered as the other errors number them
+    /// (`interface[1].policy[0]`).
     fn parse_error(&self, e: &toml::de::Error) -> FileError {
         let span = e.span().unwrap_or(0..0);
         let line = self.line_of(span.start);
         let text_line = self.text.lines().nth(line - 1).unwrap_or("");
+        let (mut interfaces, mut policies) = (0, 0);
         let table = self
             .text
             .lines()
             .take(line)
             .filter_map(|l| {
                 let l = l.trim();
-                l.starts_with('[')
-                    .then(|| l.trim_matches(|c| c == '[' || c == ']').to_owned())
+                let name = l.trim_matches(|c| c == '[' || c == ']');
+                match (l.starts_with('['), name) {
+                    (false, _) => None,
+                    (true, "interface") => {
+                        interfaces += 1;
+                        policies = 0;
+                        Some(format!("interface[{}]", interfaces - 1))
+                    }
+                    (true, "interface.policy") => {
+                        policies += 1;
+                        Some(format!(
+                            "interface[{}].policy[{}]",
+                            interfaces.max(1) - 1,
+                            policies - 1
+                        ))
+                    }
+                    (true, name) => Some(name.to_owned()),
+                }
             })
             .last();
         let key = text_line
@@ -206,6 +352,7 @@ pub fn parse(
         let given = NewSources::of(&src, &m.new_sources, &m.new_sources_burst, &here)?;
         let admission = admission::of_interface(given.n, given.burst)
             .map_err(|e| given.error(&src, &m.name, e))?;
+        let meter2 = second_meter!(m).limits(&src, &here, m.name.span())?;
         let policies = m
             .policies
             .iter()
@@ -244,7 +391,6 @@ pub fn parse(
         out.push(AttachRequest {
             at,
             rate,
-            meter2: Default::default(),
             hook: m.hook,
             xdp_mode: m.xdp_mode.unwrap_or_default(),
             tc_mode: m.tc_mode.unwrap_or_default(),
@@ -266,6 +412,7 @@ pub fn parse(
                     .unwrap_or(DEFAULT_HORIZON_NS),
             ),
             admission: admission.map_or(AdmissionRequest::Default, AdmissionRequest::Exactly),
+            meter2,
             policies: Some(policies),
         });
     }
@@ -417,17 +564,20 @@ fn policy(src: &Source, p: &PolicyModel, here: &str) -> Result<CheckedPolicy, Fi
     let prefix = parse_prefix(p.prefix.get_ref())
         .map_err(|e| src.error(p.prefix.span(), format!("{here}.prefix"), e.to_string()))?;
     let action = p.action.unwrap_or_default();
-    let fields = [
-        ("rate", &p.rate),
-        ("burst", &p.burst),
-        ("aggregate_rate", &p.aggregate_rate),
-        ("aggregate_burst", &p.aggregate_burst),
+    let span = |v: &Option<Spanned<String>>| v.as_ref().map(Spanned::span);
+    let mut fields = vec![
+        ("rate", span(&p.rate)),
+        ("burst", span(&p.burst)),
+        ("aggregate_rate", span(&p.aggregate_rate)),
+        ("aggregate_burst", span(&p.aggregate_burst)),
     ];
+    let meter2 = second_meter!(p);
+    fields.extend(meter2.given());
     if action != Action::Limit
         && let Some((name, Some(v))) = fields.iter().find(|(_, v)| v.is_some())
     {
         return Err(src.error(
-            v.span(),
+            v.clone(),
             format!("{here}.{name}"),
             format!("has no meaning with action = \"{}\"", action.name()),
         ));
@@ -450,6 +600,7 @@ fn policy(src: &Source, p: &PolicyModel, here: &str) -> Result<CheckedPolicy, Fi
                 "action \"limit\" needs rate and burst",
             ));
         };
+        limits.meter2 = meter2.limits(src, here, p.prefix.span())?;
         limits.rate_bps = rate(src, r, format!("{here}.rate"))?.bits_per_sec();
         limits.burst_bytes = size(src, b, format!("{here}.burst"))?.bytes();
         match (&p.aggregate_rate, &p.aggregate_burst) {
@@ -612,20 +763,20 @@ new_sources_burst = 200000
         let unknown_field = GOOD.replace("max_sources = 1000", "max_source = 1000");
         let e = error_of(&unknown_field);
         let want = format!(
-            "isp.toml:{}: interface.max_source: unknown field `max_source`",
+            "isp.toml:{}: interface[1].max_source: unknown field `max_source`",
             line(&unknown_field, "max_source")
         );
         assert!(e.starts_with(&want), "{e}");
         let bad_mode = GOOD.replace("mode = \"monitor\"", "mode = \"dry\"");
         let e = error_of(&bad_mode);
         let want = format!(
-            "isp.toml:{}: interface.mode: unknown variant `dry`",
+            "isp.toml:{}: interface[1].mode: unknown variant `dry`",
             line(&bad_mode, "dry")
         );
         assert!(e.starts_with(&want), "{e}");
         let syntax = GOOD.replace("burst = \"1m\"", "burst = 1m");
         let e = error_of(&syntax);
-        let want = format!("isp.toml:{}: interface.burst: ", line(&syntax, "1m"));
+        let want = format!("isp.toml:{}: interface[1].burst: ", line(&syntax, "1m"));
         assert!(e.starts_with(&want), "{e}");
         let too_long = GOOD
             .replace("prefix = \"192.0.2.0/24\"", "prefix = \"192.0.2.0/25\"")
@@ -684,6 +835,120 @@ new_sources_burst = 200000
             error_of(""),
             "isp.toml:1: interface: no [[interface]] in the file"
         );
+    }
+
+    /// The worked example of docs/operating/colour.md, on the interface and on a policy.
+    const PROFILE: &str = r#"
+[[interface]]
+name = "eth0"
+rate = "10mbit"
+burst = "64k"
+packet_rate = 20000
+packet_burst = "2k"
+
+[[interface.policy]]
+prefix = "203.0.113.0/24"
+rate = "10mbit"
+burst = "64k"
+excess_rate = "10mbit"
+excess_burst = "64k"
+excess_dscp = "cs1"
+
+[[interface.policy]]
+prefix = "198.51.100.0/24"
+rate = "10mbit"
+burst = "64k"
+excess_rate = "5mbit"
+excess_burst = "32k"
+"#;
+
+    #[test]
+    fn a_bandwidth_profile_and_a_packet_rate_read_as_the_flags_do() {
+        let got = parse("isp.toml", PROFILE, Direction::Ingress).unwrap();
+        assert_eq!(
+            got[0].meter2,
+            Meter2Limits {
+                packet_rate: 20_000,
+                packet_burst: 2_000,
+                ..Meter2Limits::default()
+            }
+        );
+        let policies = specs(&got[0]);
+        assert_eq!(
+            policies[0].limits.meter2,
+            Meter2Limits {
+                excess_rate_bps: 10_000_000,
+                excess_burst_bytes: 65_536,
+                excess_dscp: 8,
+                ..Meter2Limits::default()
+            }
+        );
+        // Without excess_dscp, Lower Effort, as --excess-dscp defaults.
+        assert_eq!(policies[1].limits.meter2.excess_dscp, 1);
+        assert_eq!(
+            parse("isp.toml", GOOD, Direction::Ingress).unwrap()[0].meter2,
+            Meter2Limits::default()
+        );
+    }
+
+    #[test]
+    fn second_meter_errors_name_their_field() {
+        let cases = [
+            (
+                PROFILE.replace("excess_rate = \"5mbit\"", "excess_rate = \"5mbt\""),
+                "5mbt",
+                "interface[0].policy[1].excess_rate: invalid rate '5mbt': unknown unit 'mbt'",
+            ),
+            (
+                PROFILE.replace("excess_dscp = \"cs1\"", "excess_dscp = \"cs9\""),
+                "cs9",
+                "interface[0].policy[0].excess_dscp: not a DSCP: give 0 to 63 or a name",
+            ),
+            (
+                PROFILE.replace("excess_dscp = \"cs1\"", "excess_dscp = 64"),
+                "= 64",
+                "interface[0].policy[0].excess_dscp: not a DSCP",
+            ),
+            (
+                PROFILE.replace("excess_burst = \"32k\"\n", ""),
+                "excess_rate = \"5mbit\"",
+                "interface[0].policy[1].excess_burst: an excess rate and an excess burst go together",
+            ),
+            (
+                PROFILE.replace("excess_rate = \"10mbit\"\n", ""),
+                "excess_dscp",
+                "interface[0].policy[0].excess_dscp: needs excess_rate",
+            ),
+            (
+                PROFILE.replace("packet_burst = \"2k\"\n", ""),
+                "packet_rate",
+                "interface[0].packet_burst: a packet rate and a packet burst go together",
+            ),
+            (
+                PROFILE.replace("packet_rate = 20000", "packet_rate = 0"),
+                "packet_rate",
+                "interface[0].packet_rate: not a count of packets",
+            ),
+            (
+                PROFILE
+                    .replace(
+                        "prefix = \"198.51.100.0/24\"",
+                        "prefix = \"198.51.100.0/24\"\naction = \"pass\"",
+                    )
+                    .replacen(
+                        "rate = \"10mbit\"\nburst = \"64k\"\nexcess_rate = \"5mbit\"",
+                        "excess_rate = \"5mbit\"",
+                        1,
+                    ),
+                "excess_rate = \"5mbit\"",
+                "interface[0].policy[1].excess_rate: has no meaning with action = \"pass\"",
+            ),
+        ];
+        for (text, at, want) in cases {
+            let e = error_of(&text);
+            let want = format!("isp.toml:{}: {want}", line(&text, at));
+            assert!(e.starts_with(&want), "{e}\nwanted {want}");
+        }
     }
 
     #[test]

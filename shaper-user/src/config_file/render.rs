@@ -8,9 +8,9 @@ use crate::{
     pins::{Attachment, Direction},
     policy::{Action, Mode, PolicyError, PolicySpec, PolicyTable},
     request::{self, Hook, KeyBy},
-    units::{Delay, Rate, Size},
+    units::{Delay, Packets, Rate, Size},
 };
-use shaper_common::maps::Shape;
+use shaper_common::{config::Meter2Limits, dscp::Dscp, maps::Shape};
 
 #[derive(Serialize)]
 struct FileOut {
@@ -44,8 +44,39 @@ struct InterfaceOut {
     new_sources: KeysPerSec,
     #[serde(skip_serializing_if = "Option::is_none")]
     new_sources_burst: Option<u64>,
+    #[serde(flatten)]
+    meter2: SecondMeterOut,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     policy: Vec<PolicyOut>,
+}
+
+/// A second meter's fields, those it has (`excess_dscp` always with an excess rate).
+#[derive(Serialize)]
+struct SecondMeterOut {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    excess_rate: Option<Rate>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    excess_burst: Option<Size>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    excess_dscp: Option<Dscp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    packet_rate: Option<Packets>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    packet_burst: Option<Packets>,
+}
+
+impl From<&Meter2Limits> for SecondMeterOut {
+    fn from(m: &Meter2Limits) -> Self {
+        let excess = m.excess_rate_bps != 0;
+        let packets = m.packet_rate != 0;
+        Self {
+            excess_rate: excess.then(|| Rate::from_bps(m.excess_rate_bps)),
+            excess_burst: excess.then(|| Size::from_bytes(m.excess_burst_bytes)),
+            excess_dscp: Dscp::new(m.excess_dscp).filter(|_| excess),
+            packet_rate: packets.then(|| Packets::from_count(m.packet_rate)),
+            packet_burst: packets.then(|| Packets::from_count(m.packet_burst)),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -65,6 +96,8 @@ struct PolicyOut {
     new_sources: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     new_sources_burst: Option<u64>,
+    #[serde(flatten)]
+    meter2: SecondMeterOut,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +126,7 @@ fn policy_out(spec: &PolicySpec) -> PolicyOut {
         mode: spec.mode().name(),
         new_sources: (l.new_sources != 0).then_some(l.new_sources),
         new_sources_burst: (l.new_sources != 0).then_some(l.new_sources_burst),
+        meter2: (&l.meter2).into(),
     }
 }
 
@@ -135,6 +169,7 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
             max_sources: maps::sources_capacity(at)?,
             new_sources: KeysPerSec(a.new_sources),
             new_sources_burst: a.limited().then_some(a.new_sources_burst),
+            meter2: (&config.meter2.limits()).into(),
             policy: policies.iter().map(|i| policy_out(&i.spec)).collect(),
         }],
     };
