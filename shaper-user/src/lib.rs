@@ -5,6 +5,7 @@ pub mod admission;
 pub mod apply;
 pub mod attach;
 pub mod bpf;
+pub mod colour;
 pub mod config_file;
 pub mod crash;
 pub mod detach;

@@ -23,11 +23,12 @@ use prometheus_client::{
     registry::Registry,
 };
 use shaper_common::{
-    maps::{DEFAULT_SLOT, MODE_MONITOR, MODE_SHAPE, Outcomes, Sightings},
+    maps::{DEFAULT_SLOT, MODE_MONITOR, MODE_SHAPE, Meter2Counts, Outcomes, Sightings},
     shape::bucket_bounds_ns,
 };
 
 use crate::{
+    colour::Colours,
     maps::{self, PinnedMapError},
     pins::{self, Attachment, Direction},
     policy::{Mode, PolicyError, PolicyTable},
@@ -110,6 +111,26 @@ impl Families {
         }
     }
 
+    /// The colour counters of `m`'s frames (`crate::colour`) and its packet-rate
+    /// refusals, named `{prefix}green_packets` and so on.
+    fn colours(&mut self, names: &ColourNames, labels: &Labels, c: &Colours, m: &Meter2Counts) {
+        for (i, value) in [
+            c.green_packets,
+            c.green_bytes,
+            c.yellow_packets,
+            c.yellow_bytes,
+            c.red_packets,
+            c.red_bytes,
+            m.packet_rate_refused_packets,
+            m.packet_rate_refused_bytes,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            self.counter(names.0[i], names.1[i], labels.clone(), value);
+        }
+    }
+
     /// The four doorkeeper counters of `s`, named `{prefix}seen_once` and so on.
     fn sightings(&mut self, names: &SightingNames, labels: &Labels, s: &Sightings) {
         for (name, help, value) in [
@@ -153,6 +174,55 @@ const POLICY_SIGHTINGS: SightingNames = (
         "A policy's keys given a cell on their second sighting",
         "A policy's keys given a cell on their first sighting, within the first-sighting allowance",
         "A policy's first sightings whose trace took the place of another key's live one",
+    ],
+);
+
+/// Names and help of the colour counters of one kind (`stats -j`'s names).
+type ColourNames = ([&'static str; 8], [&'static str; 8]);
+
+const COLOURS: ColourNames = (
+    [
+        "shaper_green_packets",
+        "shaper_green_bytes",
+        "shaper_yellow_packets",
+        "shaper_yellow_bytes",
+        "shaper_red_packets",
+        "shaper_red_bytes",
+        "shaper_packet_rate_refused_packets",
+        "shaper_packet_rate_refused_bytes",
+    ],
+    [
+        "Metered frames passed unmarked (passed, unadmitted included, less yellow)",
+        "Bytes of metered frames passed unmarked",
+        "Frames passed by an excess rate, their DSCP rewritten (monitor mode: left alone)",
+        "Bytes of frames passed by an excess rate",
+        "Metered frames refused: dropped or would drop, unadmitted included",
+        "Bytes of metered frames refused",
+        "Frames refused by a packet rate (also red)",
+        "Bytes of frames refused by a packet rate (also red)",
+    ],
+);
+
+const POLICY_COLOURS: ColourNames = (
+    [
+        "shaper_policy_green_packets",
+        "shaper_policy_green_bytes",
+        "shaper_policy_yellow_packets",
+        "shaper_policy_yellow_bytes",
+        "shaper_policy_red_packets",
+        "shaper_policy_red_bytes",
+        "shaper_policy_packet_rate_refused_packets",
+        "shaper_policy_packet_rate_refused_bytes",
+    ],
+    [
+        "A policy's frames passed unmarked (passed, unadmitted included, less yellow)",
+        "Bytes of a policy's frames passed unmarked",
+        "A policy's frames passed by its excess rate, their DSCP rewritten (monitor mode: left alone)",
+        "Bytes of a policy's frames passed by its excess rate",
+        "A policy's frames refused: dropped or would drop, unadmitted included",
+        "Bytes of a policy's frames refused",
+        "A policy's frames refused by its packet rate (also red)",
+        "Bytes of a policy's frames refused by its packet rate (also red)",
     ],
 );
 
@@ -257,6 +327,9 @@ fn collect(
     f.outcomes(&INTERFACE, &base, &c.outcomes);
     f.outcomes(&UNADMITTED, &base, &c.unadmitted);
     f.sightings(&SIGHTINGS, &base, &c.sightings);
+    let yellow = (c.meter2.yellow_packets, c.meter2.yellow_bytes);
+    let colours = Colours::new(&[&c.outcomes, &c.unadmitted], yellow);
+    f.colours(&COLOURS, &base, &colours, &c.meter2);
     for (kind, packets, bytes) in c.unmetered() {
         let mut l = base.clone();
         l.push(("kind".to_owned(), kind.to_owned()));
@@ -408,6 +481,9 @@ fn collect(
         f.outcomes(&POLICY, &l, &s.outcomes);
         f.outcomes(&POLICY_UNADMITTED, &l, &s.unadmitted);
         f.sightings(&POLICY_SIGHTINGS, &l, &s.sightings);
+        let yellow = (s.meter2.yellow_packets, s.meter2.yellow_bytes);
+        let colours = Colours::new(&[&s.outcomes, &s.unadmitted], yellow);
+        f.colours(&POLICY_COLOURS, &l, &colours, &s.meter2);
         f.counter(
             "shaper_policy_aggregate_refused_packets",
             "Of a policy's dropped or would-drop frames, those its aggregate refused",

@@ -5,9 +5,10 @@
 use std::{cmp::Ordering, collections::HashMap, time::Instant};
 
 use ipnet::IpNet;
-use shaper_common::maps::{Config, Counters, Outcomes, SourceState};
+use shaper_common::maps::{Config, Counters, Outcomes, PerCpuSum as _, SourceState};
 
 use crate::{
+    colour::{self, Colours},
     maps::{self, KeyNet, PinnedMapError},
     pins::Attachment,
     policy::{PolicyError, PolicyTable},
@@ -19,6 +20,8 @@ pub enum SourcesError {
     Map(#[from] PinnedMapError),
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    #[error("cannot read the second meter's cells")]
+    Meter2(#[from] aya::maps::MapError),
 }
 
 /// Refused bytes (dropped, or would drop in monitor mode) first, then passed bytes, then
@@ -87,6 +90,8 @@ pub struct Source {
     pub key: KeyNet,
     pub policy: String,
     pub outcomes: Outcomes,
+    /// Of the passed, those passed yellow (marked): packets, bytes (`crate::colour`).
+    pub yellow: (u64, u64),
 }
 
 /// One read of an attachment's counters and keys.
@@ -103,10 +108,12 @@ impl Sample {
         let config = maps::read_config(at)?;
         let names = PolicyNames::read(at, &config)?;
         let totals = maps::read_counters(at)?;
+        let yellow = colour::yellow_by_key(at, &config)?;
         let sources = maps::read_all_keys(at, &config)?
             .into_iter()
             .map(|(key, state)| Source {
                 policy: names.of(&key, &state),
+                yellow: yellow.get(&key).copied().unwrap_or_default(),
                 key,
                 outcomes: state.outcomes,
             })
@@ -124,14 +131,27 @@ impl Sample {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Change {
     pub counts: Outcomes,
+    /// Of the passed, the yellow (marked): packets, bytes.
+    pub yellow: (u64, u64),
     pub secs: f64,
 }
 
+/// A count between two reads: a key evicted and seen again starts from zero, and counts
+/// from there.
+fn d(a: u64, b: u64) -> u64 {
+    if b >= a { b - a } else { b }
+}
+
 impl Change {
-    fn between(before: &Outcomes, after: &Outcomes, secs: f64) -> Self {
-        // A key evicted and seen again starts from zero: it counts from there.
-        let d = |a: u64, b: u64| if b >= a { b - a } else { b };
+    /// The change of `before` to `after`, the yellow of each beside it.
+    fn between(before: (&Outcomes, (u64, u64)), after: (&Outcomes, (u64, u64)), secs: f64) -> Self {
+        let (before, yellow_before) = before;
+        let (after, yellow_after) = after;
         Self {
+            yellow: (
+                d(yellow_before.0, yellow_after.0),
+                d(yellow_before.1, yellow_after.1),
+            ),
             counts: Outcomes {
                 passed_packets: d(before.passed_packets, after.passed_packets),
                 passed_bytes: d(before.passed_bytes, after.passed_bytes),
@@ -174,6 +194,29 @@ impl Change {
     pub fn would_drop_packets_per_sec(&self) -> f64 {
         self.per_sec(self.counts.would_drop_packets)
     }
+
+    /// The same frames by colour (`crate::colour`).
+    pub fn colours(&self) -> Colours {
+        Colours::new(&[&self.counts], self.yellow)
+    }
+    pub fn green_bits_per_sec(&self) -> f64 {
+        self.per_sec(self.colours().green_bytes) * 8.0
+    }
+    pub fn green_packets_per_sec(&self) -> f64 {
+        self.per_sec(self.colours().green_packets)
+    }
+    pub fn yellow_bits_per_sec(&self) -> f64 {
+        self.per_sec(self.yellow.1) * 8.0
+    }
+    pub fn yellow_packets_per_sec(&self) -> f64 {
+        self.per_sec(self.yellow.0)
+    }
+    pub fn red_bits_per_sec(&self) -> f64 {
+        self.per_sec(self.colours().red_bytes) * 8.0
+    }
+    pub fn red_packets_per_sec(&self) -> f64 {
+        self.per_sec(self.colours().red_packets)
+    }
 }
 
 /// A key's rates between two reads.
@@ -190,6 +233,8 @@ pub struct SourceRate {
 pub struct TotalRates {
     pub metered: Change,
     pub unadmitted: Change,
+    /// Both together, with the yellow frames of both (for the colours).
+    pub all: Change,
 }
 
 /// How `shaper top` orders its rows.
@@ -217,10 +262,10 @@ impl SortKey {
 /// zero), sorted by `key`, and the interface's.
 pub fn rates(before: &Sample, after: &Sample, key: SortKey) -> (TotalRates, Vec<SourceRate>) {
     let secs = after.taken.duration_since(before.taken).as_secs_f64();
-    let earlier: HashMap<KeyNet, &Outcomes> = before
+    let earlier: HashMap<KeyNet, (&Outcomes, (u64, u64))> = before
         .sources
         .iter()
-        .map(|s| (s.key, &s.outcomes))
+        .map(|s| (s.key, (&s.outcomes, s.yellow)))
         .collect();
     let mut rows: Vec<SourceRate> = after
         .sources
@@ -229,16 +274,31 @@ pub fn rates(before: &Sample, after: &Sample, key: SortKey) -> (TotalRates, Vec<
             key: s.key,
             policy: s.policy.clone(),
             change: Change::between(
-                earlier.get(&s.key).copied().unwrap_or(&Outcomes::default()),
-                &s.outcomes,
+                earlier
+                    .get(&s.key)
+                    .copied()
+                    .unwrap_or((&Outcomes::default(), (0, 0))),
+                (&s.outcomes, s.yellow),
                 secs,
             ),
         })
         .collect();
     sort(&mut rows, key);
+    let (b, a) = (&before.totals, &after.totals);
+    let all = |c: &Counters| {
+        let mut o = c.outcomes;
+        o.add(&c.unadmitted);
+        (o, (c.meter2.yellow_packets, c.meter2.yellow_bytes))
+    };
+    let (all_before, all_after) = (all(b), all(a));
     let totals = TotalRates {
-        metered: Change::between(&before.totals.outcomes, &after.totals.outcomes, secs),
-        unadmitted: Change::between(&before.totals.unadmitted, &after.totals.unadmitted, secs),
+        metered: Change::between((&b.outcomes, (0, 0)), (&a.outcomes, (0, 0)), secs),
+        unadmitted: Change::between((&b.unadmitted, (0, 0)), (&a.unadmitted, (0, 0)), secs),
+        all: Change::between(
+            (&all_before.0, all_before.1),
+            (&all_after.0, all_after.1),
+            secs,
+        ),
     };
     (totals, rows)
 }
@@ -268,6 +328,7 @@ mod tests {
                 prefix: 32,
             },
             policy: "default".to_owned(),
+            yellow: (0, 0),
             outcomes: Outcomes {
                 passed_packets: passed / 1000,
                 passed_bytes: passed,
@@ -355,8 +416,8 @@ mod tests {
     #[test]
     fn a_key_seen_again_after_eviction_counts_from_zero() {
         let c = Change::between(
-            &source("10.0.0.1", 9_000, 0).outcomes,
-            &source("10.0.0.1", 2_000, 0).outcomes,
+            (&source("10.0.0.1", 9_000, 0).outcomes, (0, 0)),
+            (&source("10.0.0.1", 2_000, 0).outcomes, (0, 0)),
             1.0,
         );
         assert_eq!(c.counts.passed_bytes, 2_000);

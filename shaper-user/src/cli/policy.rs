@@ -8,7 +8,9 @@ use shaper_common::{
     maps::DEFAULT_SLOT,
 };
 use shaper_user::{
-    admission, journal, link,
+    admission,
+    colour::Colours,
+    journal, link,
     pins::Attachment,
     policy::{Action, CheckedPolicy, Installed, Mode, PolicySpec, PolicyTable, parse_prefix},
     request, system,
@@ -322,9 +324,10 @@ struct Row {
     excess_dscp: u8,
     packet_rate: u64,
     packet_burst: u64,
-    /// Frames passed yellow (marked), and the packet rate's refusals.
-    yellow_packets: u64,
-    yellow_bytes: u64,
+    /// The frames above, unadmitted included, green, yellow (marked) and red
+    /// (`shaper_user::colour`); and of the red, the packet rate's refusals.
+    #[serde(flatten)]
+    colours: Colours,
     packet_rate_refused_packets: u64,
     packet_rate_refused_bytes: u64,
 }
@@ -359,8 +362,10 @@ fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Res
         excess_dscp: l.meter2.excess_dscp,
         packet_rate: l.meter2.packet_rate,
         packet_burst: l.meter2.packet_burst,
-        yellow_packets: s.meter2.yellow_packets,
-        yellow_bytes: s.meter2.yellow_bytes,
+        colours: Colours::new(
+            &[&s.outcomes, &s.unadmitted],
+            (s.meter2.yellow_packets, s.meter2.yellow_bytes),
+        ),
         packet_rate_refused_packets: s.meter2.packet_rate_refused_packets,
         packet_rate_refused_bytes: s.meter2.packet_rate_refused_bytes,
     })
@@ -446,7 +451,7 @@ fn list(args: &ListArgs, scope: Scope<'_>, json: bool) -> Result<()> {
                 "{:<24} {}: yellow {} pkts, over the packet rate {} pkts",
                 "",
                 meter2::describe(&m).trim_start_matches(", "),
-                r.yellow_packets,
+                r.colours.yellow_packets,
                 r.packet_rate_refused_packets
             );
         }

@@ -9,11 +9,13 @@ use shaper_common::{
     shape::{bucket_bounds_ns, percentile_ns},
 };
 use shaper_user::{
+    colour::{self, Colours},
     maps::{self, KeyNet},
     policy::{Mode, PolicyTable},
     request, sources,
     units::Delay,
 };
+use std::collections::HashMap;
 
 /// Show counters for IFACE and its top sources by dropped bytes.
 ///
@@ -25,6 +27,13 @@ use shaper_user::{
 /// which try each compare-and-swap charge won. Then the --top sources by dropped bytes,
 /// each with its policy. Every IP frame is counted once. Counters carried over by an
 /// upgrade are included. With -j, JSON whose keys carry their unit.
+///
+/// With an excess rate or a packet rate (policy set --excess-rate, --packet-rate), the
+/// same frames by colour, as a bandwidth profile counts them: green (passed unmarked:
+/// passed minus yellow), yellow (passed with the excess DSCP) and red (dropped or would
+/// drop, whatever refused them), of which those over the packet rate; per source too
+/// (-j: green_packets, yellow_packets, red_packets, packet_rate_refused_packets, and
+/// their _bytes).
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = EXAMPLES)]
 pub struct Args {
@@ -40,12 +49,20 @@ Examples:
       The counters and the 10 sources dropped most.
   shaper -j stats eth0 --direction egress
       The egress attachment's counters as JSON.
+  shaper -j stats eth0 | jq '.totals | {green_bytes, yellow_bytes, red_bytes}'
+      What a bandwidth profile (--excess-rate) delivered unmarked, marked and refused.
 ";
 
 #[derive(Debug, Serialize)]
 struct Totals {
     #[serde(flatten)]
     outcomes: OutcomeFields,
+    /// The same frames, unadmitted ones included, by colour (`shaper_user::colour`).
+    #[serde(flatten)]
+    colours: Colours,
+    /// Of the red frames, those the packet rate refused.
+    packet_rate_refused_packets: u64,
+    packet_rate_refused_bytes: u64,
     ipv4_packets: u64,
     ipv6_packets: u64,
     not_ip_packets: u64,
@@ -181,6 +198,12 @@ impl From<Counters> for Totals {
     fn from(c: Counters) -> Self {
         Self {
             outcomes: OutcomeFields::new(c.outcomes),
+            colours: Colours::new(
+                &[&c.outcomes, &c.unadmitted],
+                (c.meter2.yellow_packets, c.meter2.yellow_bytes),
+            ),
+            packet_rate_refused_packets: c.meter2.packet_rate_refused_packets,
+            packet_rate_refused_bytes: c.meter2.packet_rate_refused_bytes,
             ipv4_packets: c.ipv4_packets,
             ipv6_packets: c.ipv6_packets,
             not_ip_packets: c.not_ip_packets,
@@ -230,6 +253,8 @@ struct Source {
     source: String,
     #[serde(flatten)]
     outcomes: OutcomeFields,
+    #[serde(flatten)]
+    colours: Colours,
 }
 
 #[derive(Debug, Serialize)]
@@ -246,10 +271,19 @@ struct Stats {
     top_sources: Vec<Source>,
 }
 
-fn top(sources: Vec<(KeyNet, SourceState)>, n: usize) -> Vec<Source> {
+/// The `n` keys dropped most, each with its colours (`yellow`: by key).
+fn top(
+    sources: Vec<(KeyNet, SourceState)>,
+    yellow: &HashMap<KeyNet, (u64, u64)>,
+    n: usize,
+) -> Vec<Source> {
     sources::top_dropped(sources, n)
         .into_iter()
         .map(|(source, outcomes)| Source {
+            colours: Colours::new(
+                &[&outcomes],
+                yellow.get(&source).copied().unwrap_or_default(),
+            ),
             source: source.to_string(),
             outcomes: OutcomeFields::new(outcomes),
         })
@@ -273,12 +307,13 @@ pub fn top_json(iface: &str, scope: Scope<'_>, n: usize) -> Result<String> {
     }
     let config = maps::read_config(&at)?;
     let sources = maps::read_all_keys(&at, &config)?;
+    let yellow = colour::yellow_by_key(&at, &config)?;
     let top = Top {
         interface: at.iface.clone(),
         netns: at.netns.clone(),
         key: request::key_name(config.key_by),
         sources_tracked: sources.len(),
-        top_sources: top(sources, n),
+        top_sources: top(sources, &yellow, n),
     };
     Ok(serde_json::to_string_pretty(&top)?)
 }
@@ -294,6 +329,7 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
     // The sources last: their counters are the freshest at exit, however long the reads
     // above take (a script that times `stats` calls times them, the policy table included).
     let sources = maps::read_all_keys(&at, &config)?;
+    let yellow = colour::yellow_by_key(&at, &config)?;
     let mut stats = Stats {
         interface: at.iface.clone(),
         netns: at.netns.clone(),
@@ -302,7 +338,7 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
         totals: counters.into(),
         shape_delay: ShapeDelay::new(&counters),
         sources_tracked: sources.len(),
-        top_sources: top(sources, args.top),
+        top_sources: top(sources, &yellow, args.top),
     };
     stats.totals.shaping = Shaping::new(&counters, horizon);
     if json {
@@ -341,6 +377,21 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
             } else {
                 String::new()
             }
+        );
+    }
+    let k = &t.colours;
+    if config.meter2.any() || k.yellow_packets != 0 || t.packet_rate_refused_packets != 0 {
+        println!(
+            "  green      {:>12} pkts {:>16} bytes (passed unmarked)",
+            k.green_packets, k.green_bytes
+        );
+        println!(
+            "  yellow     {:>12} pkts {:>16} bytes (passed marked by the excess rate)",
+            k.yellow_packets, k.yellow_bytes
+        );
+        println!(
+            "  red        {:>12} pkts {:>16} bytes (refused; {} pkts over the packet rate)",
+            k.red_packets, k.red_bytes, t.packet_rate_refused_packets
         );
     }
     println!(
@@ -391,9 +442,15 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
             Delay::from_ns(config.shape.horizon_ns)
         );
     }
+    // A column of marked (yellow) frames when any listed source has one.
+    let marked = stats
+        .top_sources
+        .iter()
+        .any(|s| s.colours.yellow_packets != 0);
+    let yellow = |text: String| if marked { text } else { String::new() };
     if !stats.top_sources.is_empty() {
         println!(
-            "  {:<24} {:>12} {:>16} {:>12} {:>16} {:>12}",
+            "  {:<24} {:>12} {:>16} {:>12} {:>16} {:>12}{}",
             if stats.key == "dst" {
                 "destination"
             } else {
@@ -403,19 +460,21 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
             "passed bytes",
             "dropped pkts",
             "dropped bytes",
-            "would drop"
+            "would drop",
+            yellow(format!(" {:>12}", "yellow pkts"))
         );
     }
     for s in &stats.top_sources {
         let o = &s.outcomes.counts;
         println!(
-            "  {:<24} {:>12} {:>16} {:>12} {:>16} {:>12}",
+            "  {:<24} {:>12} {:>16} {:>12} {:>16} {:>12}{}",
             s.source,
             o.passed_packets,
             o.passed_bytes,
             o.dropped_packets,
             o.dropped_bytes,
-            o.would_drop_packets
+            o.would_drop_packets,
+            yellow(format!(" {:>12}", s.colours.yellow_packets))
         );
     }
     Ok(())

@@ -30,8 +30,11 @@ use super::Scope;
 ///
 /// In the manner of iftop: the counters are read every second, and each source is shown
 /// with its current rate (all it sent: passed, dropped and would drop), passed and
-/// dropped per second, and its policy (default, or the prefix, as shaper-policy(8) list
-/// names it), under the interface's totals per second. Without a terminal (stdout not a
+/// dropped per second, marked (passed yellow by an excess rate, its DSCP rewritten: see
+/// shaper-policy(8) --excess-rate), and its policy (default, or the prefix, as
+/// shaper-policy(8) list names it), under the interface's totals per second. With -j,
+/// each row and the totals also carry the colours: green (passed unmarked), yellow
+/// (marked) and red (refused), in bits and packets per second. Without a terminal (stdout not a
 /// tty) it prints one snapshot of two reads a second apart and exits; -j prints that
 /// snapshot as JSON.
 #[derive(Debug, clap::Args)]
@@ -103,6 +106,7 @@ fn snapshot(at: &Attachment, sort: SortKey, json: bool) -> Result<()> {
             sort: sort.name(),
             totals: TotalsJson {
                 metered: Rates::from(&totals.metered),
+                colours: ColourRates::from(&totals.all),
                 unadmitted_rate_bits_per_sec: totals.unadmitted.rate_bits_per_sec(),
                 unadmitted_passed_bits_per_sec: totals.unadmitted.passed_bits_per_sec(),
                 unadmitted_dropped_bits_per_sec: totals.unadmitted.dropped_bits_per_sec(),
@@ -114,6 +118,7 @@ fn snapshot(at: &Attachment, sort: SortKey, json: bool) -> Result<()> {
                     source: r.key.to_string(),
                     policy: r.policy.clone(),
                     rates: Rates::from(&r.change),
+                    colours: ColourRates::from(&r.change),
                 })
                 .collect(),
         };
@@ -147,6 +152,9 @@ struct Snapshot {
 struct TotalsJson {
     #[serde(flatten)]
     metered: Rates,
+    /// Unadmitted frames included.
+    #[serde(flatten)]
+    colours: ColourRates,
     unadmitted_rate_bits_per_sec: f64,
     unadmitted_passed_bits_per_sec: f64,
     unadmitted_dropped_bits_per_sec: f64,
@@ -160,6 +168,33 @@ struct SourceJson {
     policy: String,
     #[serde(flatten)]
     rates: Rates,
+    #[serde(flatten)]
+    colours: ColourRates,
+}
+
+/// The frames by colour (`shaper_user::colour`): green passed unmarked, yellow passed
+/// marked by an excess rate, red refused.
+#[derive(Serialize)]
+struct ColourRates {
+    green_bits_per_sec: f64,
+    green_packets_per_sec: f64,
+    yellow_bits_per_sec: f64,
+    yellow_packets_per_sec: f64,
+    red_bits_per_sec: f64,
+    red_packets_per_sec: f64,
+}
+
+impl From<&Change> for ColourRates {
+    fn from(c: &Change) -> Self {
+        Self {
+            green_bits_per_sec: c.green_bits_per_sec(),
+            green_packets_per_sec: c.green_packets_per_sec(),
+            yellow_bits_per_sec: c.yellow_bits_per_sec(),
+            yellow_packets_per_sec: c.yellow_packets_per_sec(),
+            red_bits_per_sec: c.red_bits_per_sec(),
+            red_packets_per_sec: c.red_packets_per_sec(),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -218,6 +253,13 @@ fn header(at: &Attachment, s: &Sample, t: &TotalRates, sort: SortKey) -> [String
     if t.unadmitted.counts.packets() != 0 {
         totals += &format!("  unadmitted {}", bits(t.unadmitted.rate_bits_per_sec()));
     }
+    if t.all.yellow.0 != 0 {
+        totals += &format!(
+            "  marked {} ({})",
+            bits(t.all.yellow_bits_per_sec()),
+            pps(t.all.yellow_packets_per_sec())
+        );
+    }
     [
         format!(
             "{} {}: {} keys tracked, sorted by {}",
@@ -230,7 +272,7 @@ fn header(at: &Attachment, s: &Sample, t: &TotalRates, sort: SortKey) -> [String
     ]
 }
 
-const WIDTHS: [usize; 7] = [24, 20, 14, 14, 10, 14, 10];
+const WIDTHS: [usize; 8] = [24, 20, 14, 14, 10, 14, 10, 14];
 
 /// The column titles.
 fn columns(s: &Sample) -> Vec<String> {
@@ -239,12 +281,14 @@ fn columns(s: &Sample) -> Vec<String> {
     } else {
         "source"
     };
-    [key, "policy", "rate", "passed", "pkts", "dropped", "pkts"]
-        .iter()
-        .zip(WIDTHS)
-        .enumerate()
-        .map(|(i, (t, w))| pad(i, t, w))
-        .collect()
+    [
+        key, "policy", "rate", "passed", "pkts", "dropped", "pkts", "marked",
+    ]
+    .iter()
+    .zip(WIDTHS)
+    .enumerate()
+    .map(|(i, (t, w))| pad(i, t, w))
+    .collect()
 }
 
 /// One row's cells.
@@ -260,6 +304,7 @@ fn cells(r: &SourceRate) -> Vec<String> {
         pps(c.passed_packets_per_sec()),
         bits(dropped),
         pps(dropped_pps),
+        bits(c.yellow_bits_per_sec()),
     ]
     .iter()
     .zip(WIDTHS)
