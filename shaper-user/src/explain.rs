@@ -1,8 +1,10 @@
-//! `shaper explain`: what a rate and burst mean on the wire, before they are enforced.
+//! `shaper explain`: what a rate and burst mean on the wire, before they are enforced, and
+//! what a bandwidth profile's excess rate and a packet rate mean for a frame size.
 //!
 //! Pure arithmetic on the operator's figures; nothing touches the kernel.
 
 use serde::Serialize;
+use shaper_common::{config::Meter2Limits, dscp::Dscp};
 
 use crate::units::{Rate, Size, human_bytes, human_rate};
 
@@ -90,9 +92,141 @@ pub fn explain(rate: Rate, burst: Size) -> Explanation {
     }
 }
 
+/// What a second meter (`--excess-rate`, `--packet-rate`) beside a rate means for frames
+/// of one size, sent flat out by one source: what passes unmarked (green) and marked
+/// (yellow), and which limit binds. The packet rate is checked first and counts green and
+/// yellow frames alike; a frame within it is green if the committed rate allows it, else
+/// yellow if the excess rate does (RFC 4115: the two byte rates add up).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Profile {
+    /// The frame size asked about, as shaper counts a frame (from the Ethernet header,
+    /// without the FCS).
+    pub frame_bytes: u64,
+    /// Frames a second the committed rate passes at this size.
+    pub committed_frames_per_sec: f64,
+    /// The excess rate (0: none), its burst, and the DSCP yellow frames get (`null`: none).
+    pub excess_rate_bps: u64,
+    pub excess_burst_bytes: u64,
+    pub excess_dscp: Option<String>,
+    /// Frames a second the excess rate passes at this size.
+    pub excess_frames_per_sec: f64,
+    /// The packet rate (0: none) and burst, and what they come to at this size, in bytes.
+    pub packet_rate: u64,
+    pub packet_burst: u64,
+    pub packet_rate_bps: f64,
+    pub packet_burst_bytes: u64,
+    /// The frame size at which the packet rate and the byte rates (committed plus excess)
+    /// allow the same bytes: smaller frames are held by the packet rate (`null`: no
+    /// packet rate).
+    pub packet_rate_binds_below_bytes: Option<f64>,
+    /// What binds at this size: `packet rate` or `byte rate`.
+    pub binding: &'static str,
+    /// At most, of a source sending flat out at this size (burst aside): passed unmarked,
+    /// passed marked, and both.
+    pub green_bps: f64,
+    pub yellow_bps: f64,
+    pub passed_bps: f64,
+}
+
+/// The arithmetic of a second meter `m` beside the committed `rate`, for frames of
+/// `frame` bytes (see [`Profile`]).
+pub fn profile(rate: Rate, m: &Meter2Limits, frame: Size) -> Profile {
+    let frame_bytes = frame.bytes().max(1);
+    let frame_bits = frame_bytes as f64 * 8.0;
+    let committed = rate.bits_per_sec() as f64;
+    let excess = m.excess_rate_bps as f64;
+    let packet_rate_bps = m.packet_rate as f64 * frame_bits;
+    let bytes_bound = committed + excess;
+    let packet_binds = m.packet_rate != 0 && packet_rate_bps < bytes_bound;
+    let passed = if packet_binds {
+        packet_rate_bps
+    } else {
+        bytes_bound
+    };
+    let green = passed.min(committed);
+    Profile {
+        frame_bytes,
+        committed_frames_per_sec: committed / frame_bits,
+        excess_rate_bps: m.excess_rate_bps,
+        excess_burst_bytes: m.excess_burst_bytes,
+        excess_dscp: (m.excess_rate_bps != 0).then(|| {
+            Dscp::new(m.excess_dscp).map_or_else(|| m.excess_dscp.to_string(), |d| d.to_string())
+        }),
+        excess_frames_per_sec: excess / frame_bits,
+        packet_rate: m.packet_rate,
+        packet_burst: m.packet_burst,
+        packet_rate_bps,
+        packet_burst_bytes: m.packet_burst.saturating_mul(frame_bytes),
+        packet_rate_binds_below_bytes: (m.packet_rate != 0)
+            .then(|| bytes_bound / 8.0 / m.packet_rate as f64),
+        binding: if packet_binds {
+            "packet rate"
+        } else {
+            "byte rate"
+        },
+        green_bps: green,
+        yellow_bps: passed - green,
+        passed_bps: passed,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn limits(excess: &str, packets: u64) -> Meter2Limits {
+        Meter2Limits {
+            excess_rate_bps: excess.parse::<Rate>().map_or(0, Rate::bits_per_sec),
+            excess_burst_bytes: 65_536,
+            excess_dscp: 8,
+            packet_rate: packets,
+            packet_burst: packets / 10,
+        }
+    }
+
+    #[test]
+    fn the_worked_isp_profile_at_full_size_and_at_64_bytes() {
+        // CIR 10 Mbit/s, EIR 10 Mbit/s marked CS1, 2000 frames a second.
+        let m = limits("10mbit", 2_000);
+        let full = profile("10mbit".parse().unwrap(), &m, Size::from_bytes(1250));
+        // 1250-byte frames: 1000 a second each for CIR and EIR; 2000/s is 20 Mbit/s, the
+        // byte rates' sum: the crossover itself.
+        assert_eq!(full.committed_frames_per_sec, 1_000.0);
+        assert_eq!(full.excess_frames_per_sec, 1_000.0);
+        assert_eq!(full.packet_rate_bps, 20e6);
+        assert_eq!(full.packet_rate_binds_below_bytes, Some(1250.0));
+        assert_eq!(full.binding, "byte rate");
+        assert_eq!((full.green_bps, full.yellow_bps), (10e6, 10e6));
+        assert_eq!(full.excess_dscp.as_deref(), Some("cs1"));
+        // 64-byte frames: 2000/s is 1.024 Mbit/s, all of it green.
+        let small = profile("10mbit".parse().unwrap(), &m, Size::from_bytes(64));
+        assert_eq!(small.binding, "packet rate");
+        assert_eq!(small.packet_rate_bps, 1_024_000.0);
+        assert_eq!(small.packet_burst_bytes, 200 * 64);
+        assert_eq!((small.green_bps, small.yellow_bps), (1_024_000.0, 0.0));
+        // 1000-byte frames: 16 Mbit/s, 10 green and 6 yellow.
+        let mid = profile("10mbit".parse().unwrap(), &m, Size::from_bytes(1000));
+        assert_eq!(mid.binding, "packet rate");
+        assert_eq!((mid.green_bps, mid.yellow_bps), (10e6, 6e6));
+    }
+
+    #[test]
+    fn without_a_packet_rate_the_byte_rates_bind() {
+        let p = profile(
+            "10mbit".parse().unwrap(),
+            &limits("5mbit", 0),
+            Size::from_bytes(64),
+        );
+        assert_eq!(p.binding, "byte rate");
+        assert_eq!(p.packet_rate_binds_below_bytes, None);
+        assert_eq!(p.passed_bps, 15e6);
+        let none = profile(
+            "10mbit".parse().unwrap(),
+            &Meter2Limits::default(),
+            Size::from_bytes(1514),
+        );
+        assert_eq!((none.yellow_bps, none.excess_dscp), (0.0, None));
+    }
 
     fn ex(rate: &str, burst: &str) -> Explanation {
         explain(rate.parse().unwrap(), burst.parse().unwrap())

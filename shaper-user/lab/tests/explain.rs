@@ -56,3 +56,59 @@ fn bad_values_are_one_line_errors() {
         assert!(err.starts_with("shaper: "), "{err}");
     }
 }
+
+/// A bandwidth profile and a packet rate for a frame size: which limit binds, and what a
+/// source sending flat out gets unmarked and marked.
+#[test]
+fn a_profile_for_a_frame_size() {
+    let out = explain(&[
+        "--rate",
+        "10mbit",
+        "--burst",
+        "64k",
+        "--excess-rate",
+        "10mbit",
+        "--excess-burst",
+        "64k",
+        "--excess-dscp",
+        "cs1",
+        "--packet-rate",
+        "2k",
+        "--packet-burst",
+        "200",
+        "--frame-size",
+        "1000b",
+        "-j",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &v["profile"];
+    assert_eq!(p["frame_bytes"], 1000);
+    assert_eq!(p["excess_dscp"], "cs1");
+    // 2000 frames of 1000 bytes: 16 Mbit/s, under CIR + EIR (20): the packet rate binds.
+    assert_eq!(p["packet_rate_bps"], 16e6);
+    assert_eq!(p["binding"], "packet rate");
+    assert_eq!(p["green_bps"], 10e6);
+    assert_eq!(p["yellow_bps"], 6e6);
+    assert_eq!(p["packet_rate_binds_below_bytes"], 1250.0);
+    // Without a second meter, no profile.
+    let plain = explain(&["--rate", "10mbit", "--burst", "64k", "-j"]);
+    let v: serde_json::Value = serde_json::from_slice(&plain.stdout).unwrap();
+    assert!(v.get("profile").is_none(), "{v}");
+    // A half-given profile is a one-line error naming the flag.
+    let out = explain(&[
+        "--rate",
+        "10mbit",
+        "--burst",
+        "64k",
+        "--excess-rate",
+        "5mbit",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--excess-burst"), "{err}");
+}
