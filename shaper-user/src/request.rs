@@ -8,8 +8,8 @@
 use shaper_common::{
     config::{ConfigError, Meter2Limits, RateLimit},
     maps::{
-        Admission, Config, Meter2, DEFAULT_MAX_SOURCES, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST,
-        KEY_BY_SRC, MODE_ENFORCE, MODE_SHAPE, Shape, TC_MODE_CLSACT, TC_MODE_CLSACT_OWN,
+        Admission, Config, DEFAULT_MAX_SOURCES, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST,
+        KEY_BY_SRC, MODE_ENFORCE, MODE_SHAPE, Meter2, Shape, TC_MODE_CLSACT, TC_MODE_CLSACT_OWN,
         TC_MODE_TCX, XDP_MODE_NATIVE, XDP_MODE_SKB, is_tc_mode,
     },
 };

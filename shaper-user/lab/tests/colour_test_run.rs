@@ -60,7 +60,7 @@ fn excess(ebs: u64, dscp: u8) -> Meter2Limits {
 
 /// Both programs loaded over the same maps, configured.
 fn load(config: &Config) -> Ebpf {
-    let mut ebpf = object::load(1024).unwrap();
+    let mut ebpf = object::load(object::Sizes::full(1024)).unwrap();
     object::xdp_program(&mut ebpf, PROG_XDP).unwrap();
     object::tc_program(&mut ebpf).unwrap();
     object::configure(&mut ebpf, config).unwrap();
