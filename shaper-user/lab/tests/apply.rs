@@ -42,8 +42,9 @@ fn show(lab: &Lab, iface: &str) -> String {
     ok(lab, &["config", "show", iface])
 }
 
-/// The ISP example: a default rate, a customer /24 capped per address and in aggregate,
-/// the operator's own servers exempt, an abusive IPv6 /48 blocked, one trial in monitor.
+/// The ISP example: a default rate with a packet rate, a customer /24 capped per address
+/// (its excess marked CS1: a bandwidth profile) and in aggregate, the operator's own
+/// servers exempt, an abusive IPv6 /48 blocked, one trial in monitor.
 fn isp(iface: &str) -> String {
     format!(
         r#"
@@ -53,6 +54,8 @@ rate = "10mbit"
 burst = "64k"
 new_sources = 2000
 new_sources_burst = 200000
+packet_rate = "20k"
+packet_burst = 2000
 
 [[interface.policy]]
 prefix = "203.0.113.0/24"
@@ -60,6 +63,9 @@ rate = "4mbit"
 burst = "64k"
 aggregate_rate = "10mbit"
 aggregate_burst = "128k"
+excess_rate = "6mbit"
+excess_burst = "64k"
+excess_dscp = "cs1"
 
 [[interface.policy]]
 prefix = "192.0.2.0/28"
@@ -101,6 +107,10 @@ fn apply_then_show_round_trips() {
         "new_sources = 2000",
         "new_sources_burst = 200000",
         "new_sources = 50",
+        "packet_rate = \"20k\"",
+        "packet_burst = \"2k\"",
+        "excess_rate = \"6mbit\"",
+        "excess_dscp = \"cs1\"",
     ] {
         assert!(shown.contains(line), "{line} missing from:\n{shown}");
     }
@@ -130,17 +140,47 @@ fn apply_then_show_round_trips() {
             "2001:db8:bad::/48"
         ]
     );
-    // A file without one of the policies removes it.
-    let fewer = isp(iface).replace(
-        "[[interface.policy]]\nprefix = \"192.0.2.0/28\"\naction = \"pass\"\n",
-        "",
+    let profile = &rows[3];
+    assert_eq!(
+        (
+            &profile["excess_rate_bps"],
+            &profile["excess_burst_bytes"],
+            &profile["excess_dscp"]
+        ),
+        (&6_000_000.into(), &65_536.into(), &8.into()),
+        "{profile}"
     );
+    let status = |lab: &Lab| -> serde_json::Value {
+        serde_json::from_str::<serde_json::Value>(&ok(lab, &["-j", "status", iface])).unwrap()[0]
+            .clone()
+    };
+    let s = status(&lab);
+    assert_eq!(
+        (&s["packet_rate_per_sec"], &s["packet_burst"]),
+        (&20_000.into(), &2_000.into()),
+        "{s}"
+    );
+    assert!(
+        ok(&lab, &["status", iface]).contains("20k packets/s burst 2k"),
+        "status"
+    );
+    // A file without one of the policies removes it; without the packet rate, the
+    // default policy has none.
+    let fewer = isp(iface)
+        .replace(
+            "[[interface.policy]]\nprefix = \"192.0.2.0/28\"\naction = \"pass\"\n",
+            "",
+        )
+        .replace("packet_rate = \"20k\"\npacket_burst = 2000\n", "");
     let fewer = TempFile::new("fewer", &fewer);
     assert_eq!(
         ok(&lab, &["apply", "-f", fewer.path()]),
         format!("{iface}: updated, 3 policies\n")
     );
-    assert!(!show(&lab, iface).contains("192.0.2.0/28"));
+    let shown = show(&lab, iface);
+    assert!(!shown.contains("192.0.2.0/28"));
+    assert!(!shown.contains("packet_rate"), "{shown}");
+    assert_eq!(status(&lab)["packet_rate_per_sec"], 0);
 }
 
 #[test]
@@ -193,6 +233,19 @@ fn an_invalid_file_or_a_failure_part_way_changes_nothing() {
     assert!(
         err.starts_with(&format!(
             "shaper: {}:{line}: interface[0].policy[0].rate: invalid rate '4mbt'",
+            bad.path()
+        )),
+        "{err}"
+    );
+    assert_eq!(show(&lab, iface), before);
+    // So is a bad mark of a bandwidth profile.
+    let text = isp(iface).replace("excess_dscp = \"cs1\"", "excess_dscp = \"cs9\"");
+    let line = text.lines().position(|l| l.contains("cs9")).unwrap() + 1;
+    let bad = TempFile::new("bad", &text);
+    let err = refused(&lab, &["apply", "-f", bad.path()]);
+    assert!(
+        err.starts_with(&format!(
+            "shaper: {}:{line}: interface[0].policy[0].excess_dscp: not a DSCP",
             bad.path()
         )),
         "{err}"

@@ -443,8 +443,9 @@ fn settled_scrape(lab: &Lab, iface: &str) -> (String, Vec<Sample>, Told) {
 /// `/metrics` in the lab, every series of every family against what `stats -j`, `policy
 /// list -j` and `status -j` say, with traffic that makes the policies' counts differ from
 /// each other and from the interface's: a policy dropping (its aggregate refusing part),
-/// one in monitor mode (would drop), sources of the default policy refused a cell by the
-/// interface's admission (unadmitted), IPv6 beside IPv4. The scrape is valid for
+/// one in monitor mode (would drop), one with a bandwidth profile and a packet rate (green,
+/// yellow and red frames, packet-rate refusals), sources of the default policy refused a
+/// cell by the interface's admission (unadmitted), IPv6 beside IPv4. The scrape is valid for
 /// Prometheus's own parser, and no label holds an address; `/top` lists the source,
 /// bounded by n.
 #[test]
@@ -454,13 +455,13 @@ fn metrics_match_stats_and_parse() {
         ipv6: true,
         ..LabOptions::default()
     };
-    let lab = Lab::with("dm-prom", 4, options).unwrap();
+    let lab = Lab::with("dm-prom", 5, options).unwrap();
     let iface = lab.rx_iface().to_owned();
     let _guard = guard(lab.rx_ns(), &iface);
     lab.rx_netns()
         .ip(&["link", "set", "dev", "lo", "up"])
         .unwrap();
-    let [a, b, c, d] = [0, 1, 2, 3].map(|i| lab.sources()[i]);
+    let [a, b, c, d, e] = [0, 1, 2, 3, 4].map(|i| lab.sources()[i]);
     let dir = scratch("dm-prom");
     let file = dir.join("shaper.toml");
     // The interface admits one new key a second at most; the policies admit their own.
@@ -473,7 +474,10 @@ fn metrics_match_stats_and_parse() {
              aggregate_rate = \"2mbit\"\naggregate_burst = \"32k\"\n\
              new_sources = 100\nnew_sources_burst = 100\n\n\
              [[interface.policy]]\nprefix = \"{b}/32\"\nrate = \"3mbit\"\nburst = \"32k\"\n\
-             mode = \"monitor\"\nnew_sources = 100\nnew_sources_burst = 100\n"
+             mode = \"monitor\"\nnew_sources = 100\nnew_sources_burst = 100\n\n\
+             [[interface.policy]]\nprefix = \"{e}/32\"\nrate = \"1mbit\"\nburst = \"16k\"\n\
+             excess_rate = \"1mbit\"\nexcess_burst = \"16k\"\nexcess_dscp = \"cs1\"\n\
+             packet_rate = 200\npacket_burst = 20\nnew_sources = 100\nnew_sources_burst = 100\n"
         ),
     )
     .unwrap();
@@ -484,8 +488,9 @@ fn metrics_match_stats_and_parse() {
     }
 
     // a over its rate and its aggregate, b over its rate in monitor mode, c and d under
-    // the default's (one of them refused a cell), and an IPv6 source.
-    let offered = [16_000_000, 8_000_000, 1_000_000, 1_000_000];
+    // the default's (one of them refused a cell), e at 500 frames a second against its 200
+    // (1.6 Mbit/s of them: 1 green, 0.6 yellow), and an IPv6 source.
+    let offered = [16_000_000, 8_000_000, 1_000_000, 1_000_000, 4_000_000];
     let report = run_udp_with(
         &lab,
         &lab.flows(&offered, 1000),
@@ -518,7 +523,7 @@ fn metrics_match_stats_and_parse() {
             !sample
                 .labels
                 .values()
-                .any(|v| [a, b, c, d].iter().any(|s| *v == s.to_string())),
+                .any(|v| [a, b, c, d, e].iter().any(|s| *v == s.to_string())),
             "an address label: {sample}"
         );
     }
@@ -552,6 +557,38 @@ fn metrics_match_stats_and_parse() {
     );
     assert!(told.total("passed_bytes") > policy(pa, "passed_bytes") as f64);
     assert!(told.total("ipv6_packets") > 0.0);
+    // The bandwidth profile: every colour, and refusals by the packet rate, which the
+    // interface's count too; the colours add up to every frame of the policy.
+    let pe = format!("{e}/32");
+    for field in [
+        "green_packets",
+        "yellow_packets",
+        "red_packets",
+        "packet_rate_refused_packets",
+    ] {
+        assert!(policy(pe.clone(), field) > 0, "{field}");
+    }
+    assert_eq!(
+        told.total("yellow_packets"),
+        policy(pe.clone(), "yellow_packets") as f64
+    );
+    let colours = ["green", "yellow", "red"].map(|c| policy(pe.clone(), &format!("{c}_packets")));
+    let outcomes =
+        ["passed_packets", "dropped_packets", "unadmitted_packets"].map(|f| policy(pe.clone(), f));
+    assert_eq!(colours.iter().sum::<u64>(), outcomes.iter().sum::<u64>());
+    // And per source, from the key's own cells.
+    let source = told.stats["top_sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["source"] == e.to_string().as_str())
+        .unwrap();
+    assert!(source["yellow_packets"].as_u64().unwrap() > 0, "{source}");
+    assert_eq!(
+        source["green_packets"].as_u64().unwrap() + source["yellow_packets"].as_u64().unwrap(),
+        source["passed_packets"].as_u64().unwrap(),
+        "{source}"
+    );
 
     let top: Value =
         serde_json::from_str(&scrape(&lab, &format!("/top?iface={iface}&n=1"))).unwrap();

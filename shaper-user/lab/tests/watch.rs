@@ -1,5 +1,5 @@
 //! `shaper watch` with live traffic through the real XDP program: events for a source over
-//! its limit and none for one under it, the kernel's bound on the events' rate, nothing
+//! its limit and none for one under it, the packet rate named as a reason of its own, the kernel's bound on the events' rate, nothing
 //! sampled while nobody watches (or once a killed watcher's lease has run out), and a
 //! second watcher refused.
 
@@ -150,6 +150,56 @@ fn watch_reports_a_source_over_its_limit_and_none_under_it() {
                 && line.ends_with("1000 bytes  dropped: over its limit"),
             "{line}"
         );
+    }
+}
+
+/// A source over its policy's packet rate, far under its byte rate: each event names the
+/// packet rate as the reason, in JSON (`packet_rate`) and in text.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn watch_names_the_packet_rate() {
+    let lab = Lab::new("watchpr", 1).unwrap();
+    let iface = lab.rx_iface();
+    let _attached = attach(lab.rx_ns(), iface, "100mbit", "64k");
+    let src = lab.sources()[0];
+    let prefix = format!("{src}/32");
+    // 500 frames a second against 100.
+    let set = [
+        "policy",
+        "set",
+        iface,
+        &prefix,
+        "--rate",
+        "100mbit",
+        "--burst",
+        "64k",
+        "--packet-rate",
+        "100",
+        "--packet-burst",
+        "10",
+    ];
+    assert!(shaper(lab.rx_ns(), &set).status.success());
+    let watcher = Watcher::start(&lab, &["--rate", "1000", "--duration", "3s"]);
+    send(&lab, &flows(&lab, &[RATE_BPS]), 2);
+    let (events, _) = watcher.finish();
+    assert!(events.len() > 100, "{} events", events.len());
+    for e in &events {
+        assert_eq!(e["reason"], "packet_rate", "{e}");
+        assert_eq!(e["policy"], prefix.as_str(), "{e}");
+        assert_eq!(e["action"], "dropped", "{e}");
+    }
+    let text = Command::new(shaper_bin())
+        .args(["-n", lab.rx_ns(), "watch", iface, "--count", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    send(&lab, &flows(&lab, &[RATE_BPS]), 1);
+    let out = text.wait_with_output().unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success());
+    for line in stdout.lines() {
+        assert!(line.ends_with("dropped: over its packet rate"), "{line}");
     }
 }
 
