@@ -1,5 +1,6 @@
-//! The worked example of docs/operating/policies.md is `examples/isp.toml`, word for
-//! word, and it is a valid configuration (host only: nothing is applied).
+//! The worked examples of docs/operating/policies.md and colour.md are `examples/isp.toml`
+//! and `examples/profile.toml`, word for word, and they are valid configurations (host
+//! only: nothing is applied).
 
 use shaper_user::{
     config_file,
@@ -10,6 +11,8 @@ use shaper_user::{
 
 const EXAMPLE: &str = include_str!("../../../examples/isp.toml");
 const POLICIES: &str = include_str!("../../../docs/operating/policies.md");
+const PROFILE: &str = include_str!("../../../examples/profile.toml");
+const COLOUR: &str = include_str!("../../../docs/operating/colour.md");
 
 #[test]
 fn the_docs_show_the_example_file_verbatim() {
@@ -53,4 +56,33 @@ fn the_example_is_valid_and_says_what_its_comments_say() {
         ]
     );
     assert_eq!(policies[0].limits.aggregate_rate_bps, 10_000_000);
+}
+
+#[test]
+fn the_bandwidth_profile_example_is_shown_verbatim_and_says_what_it_says() {
+    assert!(
+        COLOUR.contains(&format!("```toml\n{PROFILE}```")),
+        "docs/operating/colour.md's example differs from examples/profile.toml"
+    );
+    let interfaces =
+        config_file::parse("examples/profile.toml", PROFILE, Direction::Ingress).unwrap();
+    let eth1 = &interfaces[0];
+    let m = eth1.meter2;
+    assert_eq!(
+        (m.excess_rate_bps, m.excess_burst_bytes, m.excess_dscp),
+        (10_000_000, 65_536, 8)
+    );
+    assert_eq!((m.packet_rate, m.packet_burst), (20_000, 2_000));
+    let policy = eth1
+        .policies
+        .iter()
+        .flat_map(PolicySet::specs)
+        .next()
+        .unwrap();
+    let m = policy.limits.meter2;
+    // Lower Effort, DSCP 1, when the file names no mark.
+    assert_eq!(
+        (m.excess_rate_bps, m.excess_dscp, m.packet_rate),
+        (50_000_000, 1, 0)
+    );
 }

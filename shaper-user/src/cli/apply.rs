@@ -27,11 +27,13 @@ use shaper_user::{
 /// and the field (isp.toml:12: interface[0].policy[0].rate: ...); if an interface fails
 /// part way, the ones already changed are put back. An [[interface]] takes name, rate,
 /// burst, and optionally direction, hook, tc_mode, xdp_mode, mode, key, prefix_v4,
-/// prefix_v6, max_sources, new_sources, new_sources_burst, ecn_threshold and horizon,
-/// each as attach's flag of that name; an [[interface.policy]] takes prefix, action,
-/// rate, burst, aggregate_rate, aggregate_burst, mode, new_sources and
-/// new_sources_burst, as shaper-policy(8) set's flags. shaper-config(8) show prints a
-/// running interface as such a file.
+/// prefix_v6, max_sources, new_sources, new_sources_burst, ecn_threshold, horizon,
+/// excess_rate, excess_burst, excess_dscp, packet_rate and packet_burst, each as attach's
+/// flag of that name; an [[interface.policy]] takes prefix, action, rate, burst,
+/// aggregate_rate, aggregate_burst, mode, new_sources, new_sources_burst, excess_rate,
+/// excess_burst, excess_dscp, packet_rate and packet_burst, as shaper-policy(8) set's
+/// flags (excess_rate = "10mbit", excess_dscp = "cs1" or 8, packet_rate = "20k" or
+/// 20000). shaper-config(8) show prints a running interface as such a file.
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = EXAMPLES)]
 pub struct Args {
@@ -51,6 +53,8 @@ Examples:
       Make every interface it names look as it says, or change nothing.
   shaper config show eth1 > eth1.toml && shaper apply -f eth1.toml
       A round trip: the running configuration, applied back, changes nothing.
+  shaper apply -f examples/profile.toml
+      A bandwidth profile per address: 10 Mbit/s unmarked, 10 Mbit/s more marked CS1.
 ";
 
 /// Reads and checks the file; the error names its line and field.

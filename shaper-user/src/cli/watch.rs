@@ -27,8 +27,9 @@ use super::Scope;
 ///
 /// Each event has the time, the key (the source, or the destination with --key dst, as
 /// its network when keys are masked to a prefix), the policy it fell under, the frame's
-/// bytes and the reason: source_limit (its own bucket was empty), aggregate (its
-/// prefix's was), blocked, or unadmitted. With -j, one JSON object a line, with action
+/// bytes and the reason: source_limit (its own bucket was empty, and its excess one too
+/// if its policy has an excess rate), aggregate (its prefix's was), blocked, unadmitted,
+/// or packet_rate (over its policy's --packet-rate). With -j, one JSON object a line, with action
 /// dropped or would_drop.
 ///
 /// The watcher holds a lease in the pinned map watch (its pid, rate and an end time 3 s

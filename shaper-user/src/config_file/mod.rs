@@ -12,6 +12,11 @@
 //! prefix_v6 = 64
 //! xdp_mode = "auto"        # optional: auto | native | skb
 //! max_sources = 262144     # optional
+//! excess_rate = "10mbit"   # optional: a bandwidth profile's excess, marked, not dropped
+//! excess_burst = "64k"
+//! excess_dscp = "cs1"      # optional: the mark (default "le"); a name or 0-63
+//! packet_rate = "20k"      # optional: frames a second per source, beside the bytes
+//! packet_burst = 2000
 //!
 //! [[interface.policy]]
 //! prefix = "203.0.113.0/24"
@@ -21,6 +26,7 @@
 //! aggregate_rate = "10mbit"   # optional: the whole prefix shares this
 //! aggregate_burst = "128k"
 //! mode = "enforce"         # optional
+//! # and, as the interface: excess_rate, excess_burst, excess_dscp, packet_rate, packet_burst
 //! ```
 //!
 //! The file is the whole truth for each interface it names: policies not in it are
