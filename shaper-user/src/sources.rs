@@ -414,6 +414,28 @@ mod tests {
     }
 
     #[test]
+    fn colours_are_rates_of_the_change_and_yellow_is_part_of_passed() {
+        let t0 = Instant::now();
+        let mut marked = source("10.0.0.1", 1_000_000, 0);
+        marked.yellow = (100, 100_000);
+        let before = sample(t0, vec![marked]);
+        // In 2 s: 500,000 bytes passed, 200,000 of them yellow; 250,000 dropped.
+        let mut marked = source("10.0.0.1", 1_500_000, 250_000);
+        marked.yellow = (300, 300_000);
+        let after = sample(t0 + Duration::from_secs(2), vec![marked]);
+        let (_, rows) = rates(&before, &after, SortKey::Rate);
+        let c = &rows[0].change;
+        assert_eq!(c.yellow_bits_per_sec(), 0.8e6);
+        assert_eq!(c.yellow_packets_per_sec(), 100.0);
+        assert_eq!(c.green_bits_per_sec(), 1.2e6);
+        assert_eq!(c.red_bits_per_sec(), 1e6);
+        assert_eq!(
+            c.green_bits_per_sec() + c.yellow_bits_per_sec(),
+            c.passed_bits_per_sec()
+        );
+    }
+
+    #[test]
     fn a_key_seen_again_after_eviction_counts_from_zero() {
         let c = Change::between(
             (&source("10.0.0.1", 9_000, 0).outcomes, (0, 0)),
