@@ -1,6 +1,7 @@
 //! `shaper top` against live lab traffic: two sources at known rates, one under a prefix
-//! policy that drops half of what it sends. In a terminal (tmux: send-keys and
-//! capture-pane) the pane shows both with their policy and rates within ±2% of what was
+//! policy that drops two thirds of what it sends (without a terminal, a quarter of what
+//! it passes marked by an excess rate). In a terminal (tmux: send-keys and capture-pane)
+//! the pane shows both with their policy and rates within ±2% of what was
 //! offered, sorted by rate, and by passed after `p`, and `q` quits; without a terminal it
 //! prints one snapshot, as text or (`-j`) JSON.
 
@@ -285,8 +286,12 @@ fn top_without_a_terminal_prints_one_snapshot() {
             lab.rx_iface(),
             &prefix,
             "--rate",
-            "2mbit",
+            "1500kbit",
             "--burst",
+            "16k",
+            "--excess-rate",
+            "500kbit",
+            "--excess-burst",
             "16k",
         ],
     );
@@ -320,6 +325,20 @@ fn top_without_a_terminal_prints_one_snapshot() {
         dropped: v["dropped_bits_per_sec"].as_f64().unwrap(),
     };
     check_rows(&sources.iter().map(row).collect::<Vec<_>>(), srcs, [0, 1]);
+    // The policy's 2 Mbit/s are a bandwidth profile here: 1.5 Mbit/s committed (green),
+    // 0.5 more marked (yellow), in the text's marked column and in JSON by colour.
+    let marked = &sources[1];
+    let colour = |c: &str| marked[format!("{c}_bits_per_sec")].as_f64().unwrap();
+    assert_rate("green", colour("green"), 1.5e6);
+    assert_rate("yellow", colour("yellow"), 0.5e6);
+    assert_rate("red", colour("red"), OFFERED[1] as f64 - POLICY_RATE);
+    assert_eq!(sources[0]["yellow_bits_per_sec"], 0.0);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&srcs[1].to_string()))
+        .unwrap();
+    let w: Vec<&str> = line.split_whitespace().collect();
+    assert_rate("marked column", bits(w[10], w[11]), 0.5e6);
     assert_rate(
         "the interface's rate",
         top["totals"]["rate_bits_per_sec"].as_f64().unwrap(),
