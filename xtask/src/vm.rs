@@ -233,9 +233,14 @@ const SUITES: &[Suite] = &[
         place: Place::SomeInGuests {
             run: &[
                 (
-                    "an_upgrade_from_layout_5_keeps_every_cell_and_counter",
+                    "an_upgrade_from_layout_6_keeps_every_cell_and_counter",
                     "BPF_LINK_UPDATE and RENAME_EXCHANGE on bpffs, the new program over the \
                      old maps (from the previous layout: decoding earlier ones is userspace)",
+                ),
+                (
+                    "a_second_meter_grows_its_maps_in_place_keeping_every_cell",
+                    "the same steps with every map reused but the second meter's, and the \
+                     smallest LRU hash each kernel makes",
                 ),
                 (
                     "an_ingress_upgrade_keeps_the_egress_attachment_beside_it",
@@ -275,6 +280,14 @@ const SUITES: &[Suite] = &[
         why: "the tc program: TCX (6.6 and later) and clsact, the qdiscs left as found, \
               egress settings through apply, and a TSO send charged its wire bytes on tc \
               egress, tc ingress and XDP (exact byte counts, no rates)",
+    },
+    Suite {
+        file: "tests/colour_test_run.rs",
+        place: Place::Guests,
+        why: "the second meter through BPF_PROG_TEST_RUN: its global functions verified, \
+              yellow frames' DSCP rewritten by XDP and by tc (bpf_l3_csum_replace and \
+              bpf_skb_store_bytes on each kernel), its bursts counted exactly at the slowest \
+              rates",
     },
     Suite {
         file: "tests/shape_test_run.rs",
