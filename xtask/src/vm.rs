@@ -325,6 +325,12 @@ const SUITES: &[Suite] = &[
         why: "rate accuracy of live traffic",
     },
     Suite {
+        file: "tests/live_colour.rs",
+        place: Place::Host,
+        why: "the second meter's rates on live traffic, counted by DSCP at the receiver \
+              against rate x the kernel's receive window + burst",
+    },
+    Suite {
         file: "tests/contention.rs",
         place: Place::Host,
         why: "one key from every CPU, through test_run and live over a veth with a queue \
