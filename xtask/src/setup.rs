@@ -674,7 +674,12 @@ impl Item {
                 list.lines().any(|line| is_toolchain(line, name))
             }
             Item::Component { name, toolchain } => {
-                // Not there either when its toolchain is not (rustup then fails).
+                // Not there either when its toolchain is not. Asked first: a newer rustup
+                // installs a toolchain named to `component list` on the spot, unlogged.
+                let toolchains = cmd::stdout(Command::new("rustup").args(["toolchain", "list"]))?;
+                if !toolchains.lines().any(|line| is_toolchain(line, toolchain)) {
+                    return Ok(false);
+                }
                 let Ok(list) = cmd::stdout(Command::new("rustup").args([
                     "component",
                     "list",
