@@ -407,12 +407,6 @@ fn an_upgrade_from_layout_2_keeps_every_cell_and_counter() {
 
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
-fn an_upgrade_from_layout_3_keeps_every_cell_and_counter() {
-    upgrade_keeps_every_cell_and_counter(3);
-}
-
-#[test]
-#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn an_upgrade_from_layout_4_keeps_every_cell_and_counter() {
     upgrade_keeps_every_cell_and_counter(4);
 }
@@ -606,12 +600,6 @@ fn traffic_through_an_upgrade_from_layout_1_is_all_metered_and_never_refilled() 
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn traffic_through_an_upgrade_from_layout_2_is_all_metered_and_never_refilled() {
     traffic_through_an_upgrade(2);
-}
-
-#[test]
-#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
-fn traffic_through_an_upgrade_from_layout_3_is_all_metered_and_never_refilled() {
-    traffic_through_an_upgrade(3);
 }
 
 #[test]
