@@ -3,7 +3,7 @@
 //! ANDs.
 
 use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
-use shaper_common::maps::{Config, Ipv4Key, KEY_BY_DST};
+use shaper_common::maps::{Config, Ipv4Key, Ipv6Key, KEY_BY_DST};
 
 /// # Safety
 /// `ip` points to a whole IPv4 header inside the frame (`parse::classify` checked it).
@@ -41,4 +41,13 @@ pub unsafe fn v6(ip: *const Ipv6Hdr, config: &Config) -> (u64, u64) {
         u64::from_ne_bytes(bytes)
     };
     (half(0), half(8))
+}
+
+/// The IPv6 key of its halves ([`v6`]'s), as the maps take it.
+#[inline(always)]
+pub fn join(hi: u64, lo: u64) -> Ipv6Key {
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&hi.to_ne_bytes());
+    key[8..].copy_from_slice(&lo.to_ne_bytes());
+    key
 }

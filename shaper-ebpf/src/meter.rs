@@ -15,12 +15,13 @@
 
 use core::{mem::MaybeUninit, ptr};
 
-use shaper_common::maps::{Cell, Config, Counters, Ipv4Key, Ipv6Key, SourceState};
+use shaper_common::maps::{Cell, Config, Counters, Ipv4Key, SourceState};
 
 use shaper_ebpf::atomic;
 
 use crate::{
     cell::{Count, count_policy, decide, take},
+    key::join,
     maps::{ADMISSION, AGGREGATES, CONFIG, FIRSTS, POLICY_STATS, SOURCES, SOURCES6},
     meter2::{self, shaper_meter2, shaper_meter2_prepare},
     outcome::{Metered, Outcome, outcome_counters},
@@ -87,15 +88,6 @@ impl Key {
             Self::V6(hi, lo) => (hi, lo, 6),
         }
     }
-}
-
-/// The IPv6 key of its halves.
-#[inline(always)]
-pub fn join(hi: u64, lo: u64) -> Ipv6Key {
-    let mut key = [0u8; 16];
-    key[..8].copy_from_slice(&hi.to_ne_bytes());
-    key[8..].copy_from_slice(&lo.to_ne_bytes());
-    key
 }
 
 /// Whether new-source admission gives a key new to the table a cell.

@@ -47,8 +47,8 @@ use shaper_ebpf::atomic;
 
 use crate::{
     cell::{Count, carry_over, count_policy, publish},
+    key::join,
     maps::{CONFIG, COUNTERS, METER2, METER2_6, METER2_SHARED, POLICY_STATS},
-    meter::join,
     outcome::{AGGREGATE, Metered, Outcome, PACKET_RATE, SOURCE},
     policy::{self, Rule},
 };
