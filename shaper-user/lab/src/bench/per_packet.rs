@@ -60,6 +60,7 @@ use shaper_user::{
 
 use super::{
     builds::Build,
+    colour::{self, ColourResults},
     population::Population,
     spread::{Summary, median},
 };
@@ -122,6 +123,9 @@ pub struct PerPacketResults {
     /// `baseline_missing` says why).
     pub baseline: Option<BaselineResults>,
     pub baseline_missing: Option<String>,
+    /// The second meter's rows (today's build only; also among `cases`) against the
+    /// single-rate pass of the same runs ([`colour`]).
+    pub colour: ColourResults,
 }
 
 /// The baseline's cases, and each product case of both builds side by side.
@@ -410,6 +414,12 @@ impl<'a> Rig<'a> {
         })
     }
 
+    /// The main object configured with `config` (the second meter's rows).
+    fn main_with(&mut self, config: &Config) -> Result<&mut Ebpf> {
+        object::configure(&mut self.main, config)?;
+        Ok(&mut self.main)
+    }
+
     /// The object a loop case runs on, configured for it.
     fn looped(&mut self, c: &LoopCase) -> Result<&mut Ebpf> {
         Ok(if c.policied {
@@ -656,6 +666,7 @@ pub fn run(
             )
         },
     ];
+    let colour_cases = colour::cases()?;
     let mut singles = vec![
         SingleCase {
             id: "noop_single",
@@ -748,6 +759,8 @@ pub fn run(
     let per_build = || vec![Vec::with_capacity(opts.runs); rigs.len()];
     let mut loop_samples: Vec<Vec<Vec<f64>>> = loop_cases.iter().map(|_| per_build()).collect();
     let mut single_samples: Vec<Vec<Vec<f64>>> = singles.iter().map(|_| per_build()).collect();
+    // Today's build only.
+    let mut colour_samples = vec![Vec::with_capacity(opts.runs); colour_cases.len()];
     let hot_frames = vec![hot.clone(); opts.frames];
     // Of the refused cases' frames, those admitted all the same (the cell refills at one
     // key a second), per case and build.
@@ -783,6 +796,23 @@ pub fn run(
                     build.label
                 );
             }
+        }
+        // The second meter's rows, on the object of the single-rate pass, each frame's
+        // colour checked (see `colour`).
+        let today = rigs.last_mut().context("today's build is measured")?;
+        for (c, samples) in colour_cases.iter().zip(&mut colour_samples) {
+            let build = today.build;
+            let ebpf = today.main_with(&c.config)?;
+            colour::prime(ebpf, c)?;
+            let before = build.counters(ebpf)?;
+            samples.push(test_run(
+                ebpf,
+                PROG_XDP,
+                &c.frame,
+                opts.repeat,
+                c.colour.verdict(),
+            )?);
+            colour::check(c, &before, &build.counters(ebpf)?, opts.repeat.into())?;
         }
         for ((case, samples), admitted) in singles
             .iter()
@@ -859,7 +889,20 @@ pub fn run(
         );
         per_build.push(cases);
     }
-    let cases = per_build.pop().context("today's build is measured")?;
+    let mut cases = per_build.pop().context("today's build is measured")?;
+    let (noop_runs, floor_runs) = (&loop_samples[0][0], &loop_samples[1][0]);
+    for (c, runs) in colour_cases.iter().zip(&colour_samples) {
+        cases.push(looped(opts, c.id, c.name, runs, noop_runs, floor_runs));
+    }
+    let single_rate = cases
+        .iter()
+        .find(|c| c.id == "pass_existing")
+        .context("the single-rate pass is measured")?;
+    let colour = colour::results(
+        &single_rate.ns_per_packet_runs,
+        &colour_cases,
+        &colour_samples,
+    );
     let baseline = match (per_build.pop(), rigs.first()) {
         (Some(base), Some(rig)) => Some(BaselineResults {
             label: rig.build.label.clone(),
@@ -877,6 +920,7 @@ pub fn run(
         cases,
         baseline,
         baseline_missing: None,
+        colour,
     })
 }
 
@@ -894,27 +938,11 @@ fn results(
     let noop_runs = loop_samples[0];
     let noop_loop = median(noop_runs);
     let floor_loop = median(loop_samples[1]);
-    let mut cases = Vec::new();
-    for (c, runs) in loop_cases.iter().zip(loop_samples) {
-        let over: Vec<f64> = runs.iter().zip(noop_runs).map(|(c, n)| c - n).collect();
-        let ns = median(runs);
-        cases.push(CaseResult {
-            id: c.id,
-            case: c.name,
-            method: Method::Loop,
-            packets_per_run: opts.repeat.into(),
-            tracked_sources: None,
-            measured_ns_median: ns,
-            measured_ns_runs: runs.to_vec(),
-            over_noop_ns: median(&over),
-            ns_per_packet: ns,
-            ratio_to_noop: ns / noop_loop,
-            ratio_to_floor: ns / floor_loop,
-            ns_per_packet_runs: runs.to_vec(),
-            packets_per_sec: 1e9 / ns,
-            note: None,
-        });
-    }
+    let mut cases: Vec<CaseResult> = loop_cases
+        .iter()
+        .zip(loop_samples)
+        .map(|(c, runs)| looped(opts, c.id, c.name, runs, noop_runs, loop_samples[1]))
+        .collect();
     let noop_single = single_samples[0];
     for ((case, runs), &admitted) in singles.iter().zip(single_samples).zip(admitted_anyway) {
         let over_runs: Vec<f64> = runs.iter().zip(noop_single).map(|(c, n)| c - n).collect();
@@ -958,6 +986,35 @@ fn results(
         });
     }
     Ok(cases)
+}
+
+/// A loop case's result from its samples and the no-op's and the floor's of the same runs.
+fn looped(
+    opts: &Options,
+    id: &'static str,
+    case: &'static str,
+    runs: &[f64],
+    noop_runs: &[f64],
+    floor_runs: &[f64],
+) -> CaseResult {
+    let over: Vec<f64> = runs.iter().zip(noop_runs).map(|(c, n)| c - n).collect();
+    let ns = median(runs);
+    CaseResult {
+        id,
+        case,
+        method: Method::Loop,
+        packets_per_run: opts.repeat.into(),
+        tracked_sources: None,
+        measured_ns_median: ns,
+        measured_ns_runs: runs.to_vec(),
+        over_noop_ns: median(&over),
+        ns_per_packet: ns,
+        ratio_to_noop: ns / median(noop_runs),
+        ratio_to_floor: ns / median(floor_runs),
+        ns_per_packet_runs: runs.to_vec(),
+        packets_per_sec: 1e9 / ns,
+        note: None,
+    }
 }
 
 /// Every case of both builds but the shared baselines, side by side, in today's order.
