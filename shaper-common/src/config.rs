@@ -166,6 +166,13 @@ pub struct Meter2Limits {
     pub packet_burst: u64,
 }
 
+impl Meter2Limits {
+    /// Whether it asks for either meter.
+    pub fn any(&self) -> bool {
+        self.excess_rate_bps != 0 || self.packet_rate != 0
+    }
+}
+
 impl Meter2 {
     /// The second meter `m` asks for; none (all zero) if it asks for neither meter.
     pub fn new(m: &Meter2Limits) -> Result<Self, ConfigError> {

@@ -34,7 +34,7 @@ use crate::maps::{
 };
 
 /// The layout this build pins.
-pub const LAYOUT_VERSION: u32 = 6;
+pub const LAYOUT_VERSION: u32 = 7;
 
 /// The first layout whose pins record their version in [`PIN_LAYOUT`].
 pub const FIRST_VERSIONED: u32 = 3;
@@ -193,6 +193,12 @@ const CONFIG_152: MapLayout = map(
     (ARRAY, 4, 152, 1, 0),
     Holds::Settings,
 );
+const CONFIG_184: MapLayout = map(
+    PIN_CONFIG,
+    MAP_CONFIG,
+    (ARRAY, 4, 184, 1, 0),
+    Holds::Settings,
+);
 const CONFIG_272: MapLayout = map(
     PIN_CONFIG,
     MAP_CONFIG,
@@ -230,6 +236,12 @@ const COUNTERS_432: MapLayout = map(
     (PERCPU, 4, 432, 1, 0),
     Holds::Counters,
 );
+const COUNTERS_464: MapLayout = map(
+    PIN_COUNTERS,
+    MAP_COUNTERS,
+    (PERCPU, 4, 464, 1, 0),
+    Holds::Counters,
+);
 const COUNTERS_496: MapLayout = map(
     PIN_COUNTERS,
     MAP_COUNTERS,
@@ -246,6 +258,12 @@ const POLICIES_160: MapLayout = map(
     PIN_POLICIES,
     MAP_POLICIES,
     (ARRAY, 4, 160, SLOTS, 0),
+    Holds::Settings,
+);
+const POLICIES_184: MapLayout = map(
+    PIN_POLICIES,
+    MAP_POLICIES,
+    (ARRAY, 4, 184, SLOTS, 0),
     Holds::Settings,
 );
 const POLICIES_272: MapLayout = map(
@@ -284,6 +302,12 @@ const POLICY_STATS_120: MapLayout = map(
     (PERCPU, 4, 120, SLOTS, 0),
     Holds::Counters,
 );
+const POLICY_STATS_152: MapLayout = map(
+    PIN_POLICY_STATS,
+    MAP_POLICY_STATS,
+    (PERCPU, 4, 152, SLOTS, 0),
+    Holds::Counters,
+);
 const POLICY_STATS_184: MapLayout = map(
     PIN_POLICY_STATS,
     MAP_POLICY_STATS,
@@ -315,6 +339,12 @@ const COUNTERS_CARRIED_432: MapLayout = map(
     (ARRAY, 4, 432, 1, 0),
     Holds::Carried,
 );
+const COUNTERS_CARRIED_464: MapLayout = map(
+    PIN_COUNTERS_CARRIED,
+    MAP_COUNTERS_CARRIED,
+    (ARRAY, 4, 464, 1, 0),
+    Holds::Carried,
+);
 const COUNTERS_CARRIED_496: MapLayout = map(
     PIN_COUNTERS_CARRIED,
     MAP_COUNTERS_CARRIED,
@@ -325,6 +355,12 @@ const POLICY_STATS_CARRIED_120: MapLayout = map(
     PIN_POLICY_STATS_CARRIED,
     MAP_POLICY_STATS_CARRIED,
     (HASH, 4, 120, SLOTS, BPF_F_NO_PREALLOC),
+    Holds::Carried,
+);
+const POLICY_STATS_CARRIED_152: MapLayout = map(
+    PIN_POLICY_STATS_CARRIED,
+    MAP_POLICY_STATS_CARRIED,
+    (HASH, 4, 152, SLOTS, BPF_F_NO_PREALLOC),
     Holds::Carried,
 );
 const POLICY_STATS_CARRIED_184: MapLayout = map(
@@ -466,11 +502,35 @@ pub const LAYOUTS: &[Layout] = &[
     // back from the metering, no longer through a scratch field of the counters, which
     // sum the shaping delays instead. New-source admission's doorkeeper: the traces of keys
     // seen once, the seed of their hash in the settings, what it saw in the counters; its
-    // first-sighting allowance in the settings and the policies, and its cells. The second
-    // meter (excess rate and packet rate) in the settings and the policies, its cells per
-    // key and per policy, and what it decided in the counters.
+    // first-sighting allowance in the settings and the policies, and its cells.
     Layout {
         version: 6,
+        maps: &[
+            VERSION,
+            CONFIG_184,
+            SOURCES,
+            SOURCES6,
+            COUNTERS_464,
+            COUNTERS_CARRIED_464,
+            POLICIES_184,
+            PREFIXES_V4,
+            PREFIXES_V6,
+            AGGREGATES,
+            POLICY_STATS_152,
+            POLICY_STATS_CARRIED_152,
+            ADMISSION,
+            EVENTS_256K,
+            WATCH_72,
+            TRACES_8M,
+            FIRSTS,
+        ],
+    },
+    // The second meter (excess rate and packet rate): appended to the settings and the
+    // policies, and what it decided to the counters; its cells per key (sized at load:
+    // `--max-sources` keys where a policy has a second meter, otherwise the smallest map,
+    // grown in place when one is set) and per policy.
+    Layout {
+        version: 7,
         maps: &[
             VERSION,
             CONFIG_272,

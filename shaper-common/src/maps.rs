@@ -69,7 +69,15 @@ pub const MAP_METER2_6: &str = "SHAPER_METER2_6";
 pub const MAP_METER2_SHARED: &str = "SHAPER_METER2_U";
 
 /// The maps sized at attach (`--max-sources`): one entry per key of its family.
-pub const SIZED_BY_SOURCES: [&str; 4] = [MAP_SOURCES, MAP_SOURCES6, MAP_METER2, MAP_METER2_6];
+pub const SIZED_BY_SOURCES: [&str; 2] = [MAP_SOURCES, MAP_SOURCES6];
+/// The second meter's per-key maps: sized as [`SIZED_BY_SOURCES`] on an attachment where
+/// the default policy or a prefix policy has a second meter, otherwise
+/// [`METER2_UNUSED_ENTRIES`] (the per-packet path never looks into them then), and grown
+/// in place when one is set.
+pub const METER2_PER_KEY: [&str; 2] = [MAP_METER2, MAP_METER2_6];
+/// The size of [`METER2_PER_KEY`] on an attachment no policy of which has a second meter:
+/// the smallest LRU hash the kernel makes (an LRU hash shared by every CPU takes 1).
+pub const METER2_UNUSED_ENTRIES: u32 = 1;
 
 /// Program names in the object file.
 pub const PROG_XDP: &str = "shaper_xdp";

@@ -28,7 +28,7 @@ use shaper_common::{
 use crate::{
     link,
     maps::{self, PinnedMapError},
-    object::{self, ObjectError},
+    object::{self, ObjectError, Sizes},
     policy::{PolicyError, PolicySet, PolicyTable},
     request::{self, AttachRequest, Hook, RequestError, XdpAttachMode},
     tc::{self, TcAttachError},
@@ -135,8 +135,11 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
     let cap = maps::sources_capacity(&req.at)?;
     // The limit, mode and admission change: the keys stay as attached.
     let config = request::check_over(req, &current, cap)?;
-    let mut table = PolicyTable::open(&req.at)?;
     check_policies(req, &config, Hook::of_mode(current.xdp_mode))?;
+    if wants_meter2(req, &config) {
+        upgrade::make_room_for_meter2(&req.at)?;
+    }
+    let mut table = PolicyTable::open(&req.at)?;
     table.set_config(&config)?;
     crate::crash::point("update-config");
     if let Some(policies) = &req.policies
@@ -149,6 +152,18 @@ fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
     Ok(Attached::Updated {
         xdp_mode: current.xdp_mode,
     })
+}
+
+/// Whether the attachment `req` asks for, whose settings are `config`, needs the second
+/// meter's per-key maps full size: its default policy or one of the policies it sets has
+/// a second meter.
+fn wants_meter2(req: &AttachRequest, config: &Config) -> bool {
+    config.meter2.any()
+        || req
+            .policies
+            .iter()
+            .flat_map(PolicySet::specs)
+            .any(|p| p.limits.meter2.any())
 }
 
 /// Refuses the request's policies where they could never match (longer than the keys of
@@ -194,7 +209,10 @@ pub(crate) fn pin_err<E: std::error::Error + Send + Sync + 'static>(
 /// Loads, configures with `config` (its mode recorded once known), pins and attaches.
 fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attached, AttachError> {
     let at = &req.at;
-    let mut ebpf = object::load(req.max_sources.unwrap_or(DEFAULT_MAX_SOURCES))?;
+    let mut ebpf = object::load(Sizes {
+        max_sources: req.max_sources.unwrap_or(DEFAULT_MAX_SOURCES),
+        meter2: wants_meter2(req, config),
+    })?;
 
     std::fs::create_dir_all(at.dir()).map_err(pin_err("the pin directory", &at.dir()))?;
     for m in layout::current().maps {
@@ -251,13 +269,26 @@ fn relink(req: &AttachRequest) -> Result<Option<Attached>, AttachError> {
     for m in layout::current().maps {
         load.map_pin_path(m.name, at.dir().join(m.pin));
     }
-    let mut ebpf = object::load_with(load, cap)?;
+    // Every map is reused from its pin, whatever its size.
+    let mut ebpf = object::load_with(load, Sizes::full(cap))?;
+    // A second meter on maps too small for it waits until they are grown, which needs
+    // the link: linked first with the settings as they are.
+    let grow = wants_meter2(req, &config) && !upgrade::meter2_room(at)?;
+    let first = if grow { current } else { config };
     let mut table = PolicyTable::open(at)?;
-    table.set_config(&config)?;
-    if let Some(policies) = &req.policies {
+    table.set_config(&first)?;
+    if let Some(policies) = req.policies.as_ref().filter(|_| !grow) {
         table.replace(policies)?;
     }
-    let xdp_mode = link_program(req, &mut ebpf, &config, hook)?;
+    let xdp_mode = link_program(req, &mut ebpf, &first, hook)?;
+    if grow {
+        upgrade::make_room_for_meter2(at)?;
+        let mut table = PolicyTable::open(at)?;
+        table.set_config(&Config { xdp_mode, ..config })?;
+        if let Some(policies) = &req.policies {
+            table.replace(policies)?;
+        }
+    }
     Ok(Some(Attached::Relinked { xdp_mode }))
 }
 

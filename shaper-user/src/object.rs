@@ -13,7 +13,10 @@ use aya::{
 };
 use shaper_common::{
     layout::LAYOUT_VERSION,
-    maps::{Config, MAP_CONFIG, MAP_LAYOUT, PROG_TC, SIZED_BY_SOURCES},
+    maps::{
+        Config, MAP_CONFIG, MAP_LAYOUT, METER2_PER_KEY, METER2_UNUSED_ENTRIES, PROG_TC,
+        SIZED_BY_SOURCES,
+    },
 };
 
 use crate::kernel::{self, KernelError};
@@ -37,19 +40,57 @@ impl ObjectError {
     }
 }
 
-/// Loads the object with each per-source map (IPv4, IPv6, and the second meter's) sized as asked, on a kernel
-/// that has what the program needs.
-pub fn load(max_sources: u32) -> Result<Ebpf, ObjectError> {
-    load_with(EbpfLoader::new(), max_sources)
+/// How big the per-key maps of a loaded object are made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizes {
+    /// Keys of each family (`--max-sources`).
+    pub max_sources: u32,
+    /// Whether the second meter's per-key maps get as many ([`METER2_PER_KEY`]): where a
+    /// policy has a second meter; otherwise they take [`METER2_UNUSED_ENTRIES`].
+    pub meter2: bool,
 }
 
-/// Loads the object as `loader` says (maps reused from pins, say), each per-source map
-/// sized `max_sources`, on a kernel that has what the program needs.
-pub fn load_with(mut loader: EbpfLoader<'_>, max_sources: u32) -> Result<Ebpf, ObjectError> {
-    kernel::check()?;
-    for name in SIZED_BY_SOURCES {
-        loader.map_max_entries(name, max_sources);
+impl Sizes {
+    /// Every per-key map `max_sources` keys (for test runs, which set any policy).
+    pub fn full(max_sources: u32) -> Self {
+        Self {
+            max_sources,
+            meter2: true,
+        }
     }
+
+    /// The size of each of the second meter's per-key maps.
+    pub fn meter2_entries(self) -> u32 {
+        if self.meter2 {
+            self.max_sources
+        } else {
+            METER2_UNUSED_ENTRIES
+        }
+    }
+
+    /// Sizes `loader`'s per-key maps (those it makes: a map reused from a pin keeps its
+    /// size).
+    pub fn apply(self, loader: &mut EbpfLoader<'_>) {
+        for name in SIZED_BY_SOURCES {
+            loader.map_max_entries(name, self.max_sources);
+        }
+        for name in METER2_PER_KEY {
+            loader.map_max_entries(name, self.meter2_entries());
+        }
+    }
+}
+
+/// Loads the object with its per-key maps sized as asked, on a kernel that has what the
+/// program needs.
+pub fn load(sizes: Sizes) -> Result<Ebpf, ObjectError> {
+    load_with(EbpfLoader::new(), sizes)
+}
+
+/// Loads the object as `loader` says (maps reused from pins, say), its per-key maps sized
+/// as asked, on a kernel that has what the program needs.
+pub fn load_with(mut loader: EbpfLoader<'_>, sizes: Sizes) -> Result<Ebpf, ObjectError> {
+    kernel::check()?;
+    sizes.apply(&mut loader);
     loader.load(EBPF_OBJECT).map_err(ObjectError::load)
 }
 

@@ -6,10 +6,10 @@
 //! ([`Setting`]); the command line names the flag instead.
 
 use shaper_common::{
-    config::{ConfigError, RateLimit},
+    config::{ConfigError, Meter2Limits, RateLimit},
     maps::{
         Admission, Config, DEFAULT_MAX_SOURCES, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST,
-        KEY_BY_SRC, MODE_ENFORCE, MODE_SHAPE, Shape, TC_MODE_CLSACT, TC_MODE_CLSACT_OWN,
+        KEY_BY_SRC, MODE_ENFORCE, MODE_SHAPE, Meter2, Shape, TC_MODE_CLSACT, TC_MODE_CLSACT_OWN,
         TC_MODE_TCX, XDP_MODE_NATIVE, XDP_MODE_SKB, is_tc_mode,
     },
 };
@@ -131,6 +131,9 @@ pub struct AttachRequest {
     pub at: Attachment,
     /// Per source, the default policy's.
     pub rate: RateLimit,
+    /// The default policy's second meter (excess rate, packet rate); all zero for none.
+    /// Like `rate`, what the request asks for replaces what is attached.
+    pub meter2: Meter2Limits,
     /// `None`: XDP for a new ingress attachment, tc for egress; as it is on an existing one.
     pub hook: Option<Hook>,
     pub xdp_mode: XdpAttachMode,
@@ -272,17 +275,53 @@ fn config_for(
         req.horizon_ns.unwrap_or(shape.horizon_ns),
     )
     .map_err(|e| setting(Setting::Horizon, e.to_string()))?;
+    let mode = req
+        .mode
+        .map_or(current.map_or(MODE_ENFORCE, |c| c.mode), Mode::value);
+    let meter2 = meter2_for(&req.meter2)?;
+    if mode == MODE_SHAPE && meter2.any() {
+        return Err(setting(
+            Setting::Mode,
+            "shape: with an excess rate or a packet rate is not supported (they police: mark or drop)",
+        ));
+    }
     Ok(Config {
         shape,
-        mode: req
-            .mode
-            .map_or(current.map_or(MODE_ENFORCE, |c| c.mode), Mode::value),
+        mode,
+        meter2,
         admission: req
             .admission
             .resolve(max_sources, current.map(|c| c.admission)),
         // Kept for the life of the attachment: a new seed would lose every trace.
         trace_seed: current.map_or_else(system::random_seed, |c| c.trace_seed),
         ..config
+    })
+}
+
+/// The default policy's second meter as `m` asks, checked; an error names the setting.
+fn meter2_for(m: &Meter2Limits) -> Result<Meter2, RequestError> {
+    Meter2::new(m).map_err(|e| {
+        let s = match e {
+            ConfigError::Excess(l) => {
+                if l.field() == "rate" {
+                    Setting::ExcessRate
+                } else {
+                    Setting::ExcessBurst
+                }
+            }
+            ConfigError::ExcessIncomplete => {
+                if m.excess_rate_bps == 0 {
+                    Setting::ExcessRate
+                } else {
+                    Setting::ExcessBurst
+                }
+            }
+            ConfigError::ExcessDscp(_) => Setting::ExcessDscp,
+            ConfigError::PacketRate(l) if l.field() != "rate" => Setting::PacketBurst,
+            ConfigError::PacketRateIncomplete if m.packet_rate != 0 => Setting::PacketBurst,
+            _ => Setting::PacketRate,
+        };
+        setting(s, e.to_string())
     })
 }
 

@@ -21,6 +21,11 @@ pub enum Setting {
     Mode,
     EcnThreshold,
     Horizon,
+    ExcessRate,
+    ExcessBurst,
+    ExcessDscp,
+    PacketRate,
+    PacketBurst,
 }
 
 impl Setting {
@@ -41,6 +46,11 @@ impl Setting {
             Self::Mode => "mode",
             Self::EcnThreshold => "ecn_threshold",
             Self::Horizon => "horizon",
+            Self::ExcessRate => "excess_rate",
+            Self::ExcessBurst => "excess_burst",
+            Self::ExcessDscp => "excess_dscp",
+            Self::PacketRate => "packet_rate",
+            Self::PacketBurst => "packet_burst",
         }
     }
 

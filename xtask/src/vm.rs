@@ -233,9 +233,14 @@ const SUITES: &[Suite] = &[
         place: Place::SomeInGuests {
             run: &[
                 (
-                    "an_upgrade_from_layout_5_keeps_every_cell_and_counter",
+                    "an_upgrade_from_layout_6_keeps_every_cell_and_counter",
                     "BPF_LINK_UPDATE and RENAME_EXCHANGE on bpffs, the new program over the \
                      old maps (from the previous layout: decoding earlier ones is userspace)",
+                ),
+                (
+                    "a_second_meter_grows_its_maps_in_place_keeping_every_cell",
+                    "the same steps with every map reused but the second meter's, and the \
+                     smallest LRU hash each kernel makes",
                 ),
                 (
                     "an_ingress_upgrade_keeps_the_egress_attachment_beside_it",
@@ -277,6 +282,14 @@ const SUITES: &[Suite] = &[
               egress, tc ingress and XDP (exact byte counts, no rates)",
     },
     Suite {
+        file: "tests/colour_test_run.rs",
+        place: Place::Guests,
+        why: "the second meter through BPF_PROG_TEST_RUN: its global functions verified, \
+              yellow frames' DSCP rewritten by XDP and by tc (bpf_l3_csum_replace and \
+              bpf_skb_store_bytes on each kernel), its bursts counted exactly at the slowest \
+              rates",
+    },
+    Suite {
         file: "tests/shape_test_run.rs",
         place: Place::Guests,
         why: "shape mode's departure stamps, CE marks and horizon drops through \
@@ -310,6 +323,12 @@ const SUITES: &[Suite] = &[
         file: "tests/live_rate.rs",
         place: Place::Host,
         why: "rate accuracy of live traffic",
+    },
+    Suite {
+        file: "tests/live_colour.rs",
+        place: Place::Host,
+        why: "the second meter's rates on live traffic, counted by DSCP at the receiver \
+              against rate x the kernel's receive window + burst",
     },
     Suite {
         file: "tests/contention.rs",

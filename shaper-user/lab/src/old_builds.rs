@@ -48,6 +48,12 @@ pub const OLD_BUILDS: &[OldBuild] = &[
         layout: 5,
         commit: "dd8a0a0058f57171920b89bcef1df1e42fbe50d3",
     },
+    // The kernel programs verified in pieces and the doorkeeper; the last before the
+    // second meter.
+    OldBuild {
+        layout: 6,
+        commit: "b3662dc741b3eceee3216661187cff9a82462f60",
+    },
 ];
 
 /// The build `cargo xtask bench` measures today's against, in the same run (issue 21): the

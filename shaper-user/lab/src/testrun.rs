@@ -66,7 +66,7 @@ impl Harness {
     /// The program loaded with per-source maps of `max_sources` entries and `config` as
     /// its settings and default policy, or none at all.
     pub fn new(config: Option<&Config>, max_sources: u32) -> Result<Self> {
-        let mut ebpf = object::load(max_sources)?;
+        let mut ebpf = object::load(object::Sizes::full(max_sources))?;
         object::xdp_program(&mut ebpf, PROG_XDP)?;
         let table = PolicyTable::take(&mut ebpf)?;
         let mut h = Self { ebpf, table };
@@ -175,7 +175,7 @@ pub fn open_config() -> Result<Config> {
 
 /// Loads the object with a `max_sources` map, its XDP program, and the open policy.
 pub fn load_open(max_sources: u32) -> Result<Ebpf> {
-    open(object::load(max_sources)?)
+    open(object::load(object::Sizes::full(max_sources))?)
 }
 
 /// Loads the XDP program of an object and sets the open policy.

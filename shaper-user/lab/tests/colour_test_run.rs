@@ -60,7 +60,7 @@ fn excess(ebs: u64, dscp: u8) -> Meter2Limits {
 
 /// Both programs loaded over the same maps, configured.
 fn load(config: &Config) -> Ebpf {
-    let mut ebpf = object::load(1024).unwrap();
+    let mut ebpf = object::load(object::Sizes::full(1024)).unwrap();
     object::xdp_program(&mut ebpf, PROG_XDP).unwrap();
     object::tc_program(&mut ebpf).unwrap();
     object::configure(&mut ebpf, config).unwrap();
@@ -359,4 +359,54 @@ fn the_packet_rate_passes_its_burst_and_refuses_the_rest() {
     assert_eq!(counters.outcomes.dropped_packets, 14);
     assert_eq!(counters.outcomes.passed_packets, 10);
     assert_eq!(counters.meter2.yellow_packets, 0);
+}
+
+/// A frame the byte meter refuses (red) gives its packet back: a key with a packet burst
+/// of ten whose byte buckets hold three frames (committed only), or three and two
+/// (committed and excess), sends twenty frames at once; those over the byte buckets are
+/// red for the source's rate, never the packet rate's, since only the frames that passed
+/// took a packet. (Kept, each red frame would take one: from the eleventh frame on, the
+/// packet rate would refuse.)
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_frame_red_for_its_bytes_gives_its_packet_back() {
+    let packets = Meter2Limits {
+        packet_rate: 1,
+        packet_burst: 10,
+        ..Meter2Limits::default()
+    };
+    let with_excess = Meter2Limits {
+        excess_rate_bps: MIN_RATE_BPS,
+        excess_burst_bytes: 2 * FRAME as u64,
+        excess_dscp: DSCP_LE,
+        ..packets
+    };
+    for (what, m, passing) in [
+        ("committed only", packets, 3),
+        ("committed and excess", with_excess, 5),
+    ] {
+        let ebpf = load(&config(3 * FRAME as u64, m));
+        let f = frame::ethernet(
+            ETH_P_IP,
+            &ipv4(Ipv4Addr::new(198, 18, 4, 1), 0, FRAME - ETH_HLEN),
+        );
+        let sent = 20;
+        let passed = (0..sent)
+            .filter(|i| {
+                let out = if i % 2 == 0 {
+                    xdp(&ebpf, &f)
+                } else {
+                    tc(&ebpf, &f)
+                };
+                out != Out::Drop
+            })
+            .count() as u64;
+        let counters: Counters = testrun::counters(&ebpf).unwrap();
+        assert_eq!(passed, passing, "{what}");
+        assert_eq!(counters.outcomes.dropped_packets, sent - passing, "{what}");
+        assert_eq!(
+            counters.meter2.packet_rate_refused_packets, 0,
+            "{what}: frames red for their bytes kept the packet they took"
+        );
+    }
 }

@@ -77,7 +77,7 @@ fn run(prog: &SchedClassifier, frame: &[u8], ecn_capable: bool) -> Run {
 #[test]
 #[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
 fn departure_stamps_are_the_rate_within_the_horizon_and_marks_past_the_threshold() {
-    let mut ebpf = object::load(1024).unwrap();
+    let mut ebpf = object::load(object::Sizes::full(1024)).unwrap();
     object::tc_program(&mut ebpf).unwrap();
     let mut config = Config::per_source(RATE_BPS, BURST).unwrap();
     config.mode = MODE_SHAPE;

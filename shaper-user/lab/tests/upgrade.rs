@@ -24,7 +24,10 @@ use aya::maps::{Array, Map, MapData, PerCpuArray};
 use serde_json::Value;
 use shaper_common::{
     layout::LAYOUT_VERSION,
-    maps::{AdmissionCells, Cell, Counters, SourceState, sum_per_cpu},
+    maps::{
+        AdmissionCells, Cell, Counters, METER2_UNUSED_ENTRIES, PIN_FIRSTS, PIN_LAYOUT, PIN_METER2,
+        PIN_METER2_6, PIN_SOURCES, SourceState, sum_per_cpu,
+    },
 };
 use shaper_lab::{
     bins::old_shaper,
@@ -153,6 +156,8 @@ struct Cells {
     v6: BTreeMap<Ipv6Addr, SourceState>,
     aggregates: BTreeMap<u32, Cell>,
     admission: BTreeMap<u32, AdmissionCells>,
+    /// The first-sighting allowance's cells (layout 6 on).
+    firsts: BTreeMap<u32, Cell>,
 }
 
 fn cells(at: &Attachment) -> Cells {
@@ -162,6 +167,11 @@ fn cells(at: &Attachment) -> Cells {
         aggregates: slots(&at.aggregates()),
         admission: if at.admission().exists() {
             slots(&at.admission())
+        } else {
+            BTreeMap::new()
+        },
+        firsts: if at.dir().join(PIN_FIRSTS).exists() {
+            slots(&at.dir().join(PIN_FIRSTS))
         } else {
             BTreeMap::new()
         },
@@ -191,6 +201,10 @@ fn same_cells(what: &str, before: &Cells, after: &Cells, layout: u32) {
     assert_eq!(
         after.admission, before.admission,
         "{what}: admission cells changed"
+    );
+    assert_eq!(
+        after.firsts, before.firsts,
+        "{what}: first-sighting cells changed"
     );
     assert!(
         !before.v4.is_empty() && !before.v6.is_empty() && !before.aggregates.is_empty(),
@@ -318,6 +332,12 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
     let status = &json(&new_shaper(), lab.rx_ns(), &["status", lab.rx_iface()])[0];
     assert_eq!(status["layout_version"], LAYOUT_VERSION);
     assert_eq!(status["upgrade_interrupted"], false);
+    // The second meter's per-key maps, new in layout 7, were made at their smallest: no
+    // policy has a second meter.
+    for pin in [PIN_METER2, PIN_METER2_6] {
+        let info = bpf::map_info(&old.at.dir().join(pin)).unwrap();
+        assert_eq!(info.max_entries, METER2_UNUSED_ENTRIES, "{pin}");
+    }
     // The maps new in layout 5 (`shaper watch`'s) were made, empty: nobody watches.
     let (control, meter) = shaper_user::watch::read_control(&old.at).unwrap();
     assert_eq!((control.until, meter.cell.tat), (0, 0));
@@ -403,6 +423,12 @@ fn an_upgrade_from_layout_5_keeps_every_cell_and_counter() {
     upgrade_keeps_every_cell_and_counter(5);
 }
 
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_upgrade_from_layout_6_keeps_every_cell_and_counter() {
+    upgrade_keeps_every_cell_and_counter(6);
+}
+
 /// Upgrades an attachment of pin layout `layout` in the middle of live traffic.
 fn traffic_through_an_upgrade(layout: u32) {
     let lab = Lab::new("upgt", 4).unwrap();
@@ -465,22 +491,41 @@ fn traffic_through_an_upgrade(layout: u32) {
             .unwrap_or_else(|| panic!("{src} not in stats"))
     };
     let n = |v: &Value, key: &str| v[key].as_u64().unwrap();
+    let totals = &stats["totals"];
+    // From layout 6 on, new-source admission's doorkeeper meters a key's first frame
+    // unadmitted (in its policy's shared cell, not the key's): counted in the totals, not
+    // in the key's row.
+    let (mut unadmitted, mut unadmitted_passed) = (0, 0);
     for (flow, result) in flows.iter().zip(&report.flows) {
         let r = row(flow.src);
+        let metered = n(r, "passed_packets") + n(r, "dropped_packets");
+        let first = result.sent_packets - metered;
+        let first_passed = result.received_packets - n(r, "passed_packets");
         // Every frame sent was metered once, by one program or the other.
-        assert_eq!(
-            n(r, "passed_packets") + n(r, "dropped_packets"),
-            result.sent_packets,
-            "{}: frames sent and frames metered differ",
-            flow.src
+        assert!(
+            first <= u64::from(layout >= 6),
+            "{}: {} frames sent and {metered} metered",
+            flow.src,
+            result.sent_packets
         );
+        assert!(first_passed <= first);
         assert_eq!(
-            (n(r, "passed_packets"), n(r, "passed_bytes")),
-            (result.received_packets, result.received_l2_bytes),
+            n(r, "passed_bytes") + first_passed * u64::from(FRAME),
+            result.received_l2_bytes,
             "{}: what shaper passed is not what arrived",
             flow.src
         );
+        unadmitted += first;
+        unadmitted_passed += first_passed;
     }
+    assert_eq!(
+        (unadmitted, unadmitted_passed),
+        (
+            n(totals, "unadmitted_packets"),
+            n(totals, "unadmitted_passed_packets")
+        ),
+        "frames metered unadmitted"
+    );
     // No bucket was refilled: an overloaded source got its rate over the time its frames
     // passed (by the kernel's receive timestamps of the first and the last) plus one
     // burst (from idle at the start), not two.
@@ -521,8 +566,7 @@ fn traffic_through_an_upgrade(layout: u32) {
     assert_eq!(quiet.received_packets, quiet.sent_packets);
 
     // The global counters (carried over from every older layout: they changed in each) balance
-    // against every source's.
-    let totals = &stats["totals"];
+    // against every source's (what was metered unadmitted is counted apart, above).
     let sum = |key: &str| rows.iter().map(|r| n(r, key)).sum::<u64>();
     for key in [
         "passed_packets",
@@ -580,6 +624,12 @@ fn traffic_through_an_upgrade_from_layout_4_is_all_metered_and_never_refilled() 
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn traffic_through_an_upgrade_from_layout_5_is_all_metered_and_never_refilled() {
     traffic_through_an_upgrade(5);
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn traffic_through_an_upgrade_from_layout_6_is_all_metered_and_never_refilled() {
+    traffic_through_an_upgrade(6);
 }
 
 /// The version recorded in an attachment's `layout` map, overwritten.
@@ -888,4 +938,214 @@ fn an_ingress_upgrade_keeps_the_egress_attachment_beside_it() {
     egress.detach().unwrap();
     let status = json(&new_shaper(), ns, &["status", iface]);
     assert_eq!(status[0]["layout_version"], LAYOUT_VERSION, "{status}");
+}
+
+/// The id and size of every map pinned for `at`, by pin.
+fn map_ids(at: &Attachment) -> BTreeMap<&'static str, (u32, u32)> {
+    shaper_common::layout::current()
+        .maps
+        .iter()
+        .map(|m| {
+            let info = bpf::map_info(&at.dir().join(m.pin)).unwrap();
+            (m.pin, (info.id, info.max_entries))
+        })
+        .collect()
+}
+
+/// The second meter's per-key maps are made at their smallest where no policy has a
+/// second meter; `policy set` with one grows them in place: every other map is the same
+/// map (its id), every cell the same bytes, the counters the same numbers, the link the
+/// same link running a new program, and the maps now hold a key per source. A clsact
+/// attachment (no link to switch) is refused in one line naming what to run, and an
+/// attach that asks for a second meter makes them full size at once.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_second_meter_grows_its_maps_in_place_keeping_every_cell() {
+    let options = LabOptions {
+        ipv6: true,
+        ..LabOptions::default()
+    };
+    let lab = Lab::with("upgm", 4, options).unwrap();
+    let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
+    let new = new_shaper();
+    let at = Attachment::new(iface, Some(ns));
+    let mut ingress = AttachGuard::new(&new, ns, iface);
+    ingress.attach(&settings(LAYOUT_VERSION)).unwrap();
+    let limited = format!("{}/32", lab.sources()[2]);
+    let policy = [
+        "--rate",
+        POLICY_RATE,
+        "--burst",
+        BURST,
+        "--aggregate-rate",
+        POLICY_RATE,
+        "--aggregate-burst",
+        BURST,
+    ];
+    let set = |prefix: &str, policy: &[&str]| {
+        let mut args = vec!["policy", "set", iface, prefix];
+        args.extend_from_slice(policy);
+        run_ok(&new, ns, &args)
+    };
+    set(&limited, &policy);
+    // No aggregate: what is over the rate is the excess meter's to mark.
+    let excess = [
+        "--rate",
+        POLICY_RATE,
+        "--burst",
+        BURST,
+        "--excess-rate",
+        "1mbit",
+        "--excess-burst",
+        BURST,
+    ];
+    run_udp_with(
+        &lab,
+        &flows(&lab),
+        Duration::from_millis(500),
+        &RunOptions::default(),
+    )
+    .unwrap();
+    let v6: Vec<Flow> = lab.sources6()[..2]
+        .iter()
+        .map(|&src| Flow {
+            src: src.into(),
+            offered_bps: 4 * RATE_BPS,
+            frame_bytes: FRAME,
+        })
+        .collect();
+    run_udp_with(
+        &lab,
+        &v6,
+        Duration::from_millis(300),
+        &RunOptions::default(),
+    )
+    .unwrap();
+
+    let ids_before = map_ids(&at);
+    let cap = ids_before[PIN_SOURCES].1;
+    for pin in [PIN_METER2, PIN_METER2_6] {
+        assert_eq!(ids_before[pin].1, METER2_UNUSED_ENTRIES, "{pin} at attach");
+    }
+    let cells_before = cells(&at);
+    let (totals_before, policies_before) = counters(&new, &lab);
+    let (link_id, prog_before) = link(&at);
+
+    let marked = format!("{}/32", lab.sources()[3]);
+    println!("{}", set(&marked, &excess).trim());
+
+    let ids_after = map_ids(&at);
+    for (pin, (id, size)) in &ids_after {
+        if [PIN_METER2, PIN_METER2_6].contains(pin) {
+            assert_ne!(*id, ids_before[pin].0, "{pin}: not made anew");
+            assert_eq!(*size, cap, "{pin}: not a key per source");
+        } else if *pin != PIN_LAYOUT {
+            assert_eq!(
+                (*id, *size),
+                ids_before[pin],
+                "{pin}: not the same map after the second meter's maps grew"
+            );
+        }
+    }
+    same_cells("grow", &cells_before, &cells(&at), LAYOUT_VERSION);
+    let (totals, policies) = counters(&new, &lab);
+    same_numbers("stats totals", &totals_before, &totals, 16);
+    for (a, b) in policies_before
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(policies.as_array().unwrap())
+    {
+        same_numbers("policy list", a, b, 12);
+    }
+    let (link_after, prog_after) = link(&at);
+    assert_eq!(link_after, link_id, "the same link, never detached");
+    assert_ne!(
+        prog_after, prog_before,
+        "the link runs a program on the new maps"
+    );
+    assert!(!at.staging().exists() && !at.upgrade_prog().exists());
+    // The program on the new maps marks: the fourth source, over its rate, gets yellow.
+    let over = [Flow {
+        src: lab.sources()[3].into(),
+        offered_bps: 4 * POLICY_RATE_BPS,
+        frame_bytes: FRAME,
+    }];
+    run_udp_with(
+        &lab,
+        &over,
+        Duration::from_millis(500),
+        &RunOptions::default(),
+    )
+    .unwrap();
+    let policies = json(&new, ns, &["policy", "list", iface]);
+    let row = policies
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["prefix"] == marked.as_str())
+        .unwrap();
+    assert!(row["yellow_packets"].as_u64().unwrap() > 0, "{row}");
+    // Set again: nothing grows twice.
+    set(&marked, &excess);
+    assert_eq!(map_ids(&at), ids_after);
+
+    // clsact has no link: refused in one line, nothing changed.
+    let mut egress = AttachGuard::toward(&new, ns, iface, "egress");
+    egress
+        .attach(&["--rate", "8mbit", "--burst", "64k", "--tc-mode", "clsact"])
+        .unwrap();
+    let out_at = Attachment::toward(iface, Some(ns), shaper_user::pins::Direction::Egress);
+    let ids = map_ids(&out_at);
+    let args = [
+        "--direction",
+        "egress",
+        "policy",
+        "set",
+        iface,
+        &marked,
+        "--rate",
+        "1mbit",
+        "--burst",
+        "64k",
+        "--packet-rate",
+        "1000",
+        "--packet-burst",
+        "100",
+    ];
+    let line = refusal(&run(&new, ns, &args), "a second meter on clsact");
+    assert!(
+        line.contains(&format!("shaper -n {ns} detach {iface} --direction egress")),
+        "{line}"
+    );
+    assert_eq!(map_ids(&out_at), ids);
+    let policies = json(
+        &new,
+        ns,
+        &["--direction", "egress", "policy", "list", iface],
+    );
+    assert_eq!(policies.as_array().unwrap().len(), 1, "{policies}");
+    egress.detach().unwrap();
+    // Asked for at attach, the maps are made full size at once.
+    let mut egress = AttachGuard::toward(&new, ns, iface, "egress");
+    egress
+        .attach(&[
+            "--rate",
+            "8mbit",
+            "--burst",
+            "64k",
+            "--tc-mode",
+            "clsact",
+            "--excess-rate",
+            "8mbit",
+            "--excess-burst",
+            "64k",
+        ])
+        .unwrap();
+    let ids = map_ids(&out_at);
+    let cap = ids[PIN_SOURCES].1;
+    for pin in [PIN_METER2, PIN_METER2_6] {
+        assert_eq!(ids[pin].1, cap, "{pin}");
+    }
+    egress.detach().unwrap();
 }

@@ -22,7 +22,7 @@ use shaper_user::{
     units::{Delay, Rate, Size},
 };
 
-use super::{flag, new_sources};
+use super::{flag, meter2, new_sources};
 
 /// Attach shaper to IFACE, or change its rate and burst in place if already attached.
 ///
@@ -100,6 +100,8 @@ pub struct Args {
     pub horizon: Option<Delay>,
     #[command(flatten)]
     pub new_sources: new_sources::Flags,
+    #[command(flatten)]
+    pub meter2: meter2::SecondMeter,
 }
 
 const EXAMPLES: &str = "\
@@ -144,10 +146,12 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         anyhow!("invalid --{} {given}: {e}", e.field())
     })?;
     let admission = args.new_sources.of_interface()?;
+    let meter2 = args.meter2.limits()?;
     check_burst_fits("--burst", args.burst, &args.iface)?;
     let req = AttachRequest {
         at: scope.at(&args.iface),
         rate,
+        meter2,
         hook: args.hook,
         xdp_mode: args.xdp_mode,
         tc_mode: args.tc_mode,
@@ -169,6 +173,7 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         ),
         None => String::new(),
     };
+    let admitted = format!("{}{admitted}", meter2::describe(&meter2));
     let change = journal::begin("attach", journal::Undo::of(&req.at)?.into_iter().collect())?;
     let attached = attach::attach(&req).map_err(flagged)?;
     change.commit()?;

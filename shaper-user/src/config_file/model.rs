@@ -244,6 +244,7 @@ pub fn parse(
         out.push(AttachRequest {
             at,
             rate,
+            meter2: Default::default(),
             hook: m.hook,
             xdp_mode: m.xdp_mode.unwrap_or_default(),
             tc_mode: m.tc_mode.unwrap_or_default(),

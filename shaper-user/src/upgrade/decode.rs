@@ -1,7 +1,7 @@
 //! Reading the settings and counters of pins of any known layout as today's types.
 //!
 //! A map whose layout is today's is read as it is; one that changed since is read with the
-//! frozen types of its layout (`layout1`, `layout3`, `layout4`, `layout5`) and carried into today's. A layout with no
+//! frozen types of its layout (`layout1`, `layout3` to `layout6`) and carried into today's. A layout with no
 //! decoder for a changed map cannot be upgraded from, and says so.
 
 use std::{collections::BTreeMap, path::Path};
@@ -19,7 +19,10 @@ use shaper_common::{
     },
 };
 
-use super::{layout1, layout3, layout4, layout5};
+use super::{
+    layout1, layout3, layout4, layout5,
+    layout6::{Config6, Counters6, Policy6, PolicyStats6},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
@@ -35,6 +38,13 @@ pub struct Settings {
     pub config: Config,
     /// The slots in use.
     pub policies: Vec<(u32, Policy)>,
+}
+
+impl Settings {
+    /// Whether the default policy or a prefix policy has a second meter.
+    pub fn has_meter2(&self) -> bool {
+        self.config.meter2.any() || self.policies.iter().any(|(_, p)| p.meter2.any())
+    }
 }
 
 /// What the program counted: the global counters and those of the default policy and each
@@ -134,6 +144,11 @@ pub fn read_settings(dir: &Path, l: &Layout) -> Result<Settings, DecodeError> {
             .iter()
             .map(layout5::Policy5::current)
             .collect()
+    } else if l.version == 6 {
+        array_entries::<Policy6>(&path)?
+            .iter()
+            .map(Policy6::current)
+            .collect()
     } else {
         return Err(no_decoder(PIN_POLICIES, l));
     };
@@ -164,6 +179,11 @@ pub fn read_settings(dir: &Path, l: &Layout) -> Result<Settings, DecodeError> {
             .get(&0, 0)
             .map_err(read_err(&path))?
             .current()
+    } else if l.version == 6 {
+        array::<Config6>(&path)?
+            .get(&0, 0)
+            .map_err(read_err(&path))?
+            .current()
     } else {
         return Err(no_decoder(PIN_CONFIG, l));
     };
@@ -184,6 +204,8 @@ pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts
         per_cpu_sums(&path, &global, layout4::Counters4::current)?
     } else if l.version == 5 {
         per_cpu_sums(&path, &global, layout5::Counters5::current)?
+    } else if l.version == 6 {
+        per_cpu_sums(&path, &global, Counters6::current)?
     } else {
         return Err(no_decoder(PIN_COUNTERS, l));
     }
@@ -199,6 +221,8 @@ pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts
         per_cpu_sums(&path, &slots, layout1::PolicyStats1::current)?
     } else if matches!(l.version, 2..=5) {
         per_cpu_sums(&path, &slots, layout5::PolicyStats5::current)?
+    } else if l.version == 6 {
+        per_cpu_sums(&path, &slots, PolicyStats6::current)?
     } else {
         return Err(no_decoder(PIN_POLICY_STATS, l));
     };
@@ -223,6 +247,8 @@ pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts
             array::<layout5::Counters5>(&path)?
                 .get(&0, 0)
                 .map(|c| c.current())
+        } else if l.version == 6 {
+            array::<Counters6>(&path)?.get(&0, 0).map(|c| c.current())
         } else {
             return Err(no_decoder(PIN_COUNTERS_CARRIED, l));
         };
@@ -234,6 +260,8 @@ pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts
             hash_entries(&path, |s: &PolicyStats| *s)?
         } else if matches!(l.version, 3..=5) {
             hash_entries(&path, layout5::PolicyStats5::current)?
+        } else if l.version == 6 {
+            hash_entries(&path, PolicyStats6::current)?
         } else {
             return Err(no_decoder(PIN_POLICY_STATS_CARRIED, l));
         };

@@ -48,6 +48,7 @@ mod layout1;
 mod layout3;
 mod layout4;
 mod layout5;
+mod layout6;
 mod pinned;
 
 use std::{
@@ -70,9 +71,9 @@ use shaper_common::{
     maps::{
         Config, Counters, Ipv4Key, Ipv6Key, MAP_CONFIG, MAP_COUNTERS_CARRIED, MAP_POLICIES,
         MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6, PIN_CONFIG, PIN_COUNTERS,
-        PIN_COUNTERS_CARRIED, PIN_LINK, PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED,
-        PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_UPGRADE_PROG, PROG_XDP, Policy, PolicyStats,
-        SIZED_BY_SOURCES, is_tc_mode,
+        PIN_COUNTERS_CARRIED, PIN_LINK, PIN_METER2, PIN_METER2_6, PIN_POLICIES, PIN_POLICY_STATS,
+        PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES, PIN_UPGRADE_PROG,
+        PROG_XDP, Policy, PolicyStats, is_tc_mode,
     },
 };
 
@@ -80,7 +81,8 @@ pub use decode::{Counts, DecodeError, Settings, read_counts, read_settings};
 pub use pinned::{LayoutError, identify};
 
 use crate::{
-    bpf, object,
+    bpf,
+    object::{self, Sizes},
     pins::{self, Attachment},
     units::{Rate, Size},
 };
@@ -115,6 +117,10 @@ pub enum UpgradeError {
         "cannot upgrade {label} in place: it is attached with clsact, which has no link to switch to the new program; detach and attach again (which refills every source's bucket)"
     )]
     Clsact { label: String },
+    #[error(
+        "cannot give {label} a second meter in place: it is attached with clsact, which has no link to switch to a program on maps big enough for one; detach it (`{command}`) and attach it again with the second meter (which refills every source's bucket)"
+    )]
+    Meter2Clsact { label: String, command: String },
     #[error("an upgrade of {label} was interrupted: `{command}` finishes it")]
     Interrupted { label: String, command: String },
     #[error(transparent)]
@@ -281,22 +287,95 @@ pub fn upgrade(
     settings: &Settings,
     cap: u32,
 ) -> Result<(), UpgradeError> {
-    let dir = at.dir();
     if at.tc_prog().exists() {
         return Err(UpgradeError::Clsact { label: at.label() });
     }
     let plan = plan(at, from)?;
+    let sizes = Sizes {
+        max_sources: cap,
+        meter2: settings.has_meter2(),
+    };
+    swap_in(at, from, settings, &plan, sizes)
+}
+
+/// Steps 2 to 6 (see the module docs): stages `plan` with new maps of `sizes`, swaps the
+/// pins, then the program, and finishes.
+fn swap_in(
+    at: &Attachment,
+    from: &Layout,
+    settings: &Settings,
+    plan: &[(&'static MapLayout, bool)],
+    sizes: Sizes,
+) -> Result<(), UpgradeError> {
     let staging = at.staging();
-    if let Err(e) = stage(at, from, settings, &plan, cap) {
+    if let Err(e) = stage(at, from, settings, plan, sizes) {
         // Best effort: the old attachment was never touched.
         let _ = pins::remove_dir_of_pins(&staging);
         return Err(e);
     }
-    if let Err(e) = exchange(&staging, &dir) {
+    if let Err(e) = exchange(&staging, &at.dir()) {
         let _ = pins::remove_dir_of_pins(&staging);
         return Err(step(at, "swap the pins")(e));
     }
     finish(at)
+}
+
+/// Whether `at`'s second-meter maps have room for a key of each of its sources: false
+/// where they were made small ([`object::Sizes`]) since no policy had a second meter.
+pub fn meter2_room(at: &Attachment) -> Result<bool, UpgradeError> {
+    let size = |pin: &str| -> Result<u32, UpgradeError> {
+        Ok(bpf::map_info(&at.dir().join(pin))
+            .map_err(step(at, format!("read map '{pin}'")))?
+            .max_entries)
+    };
+    let cap = size(PIN_SOURCES)?;
+    Ok(size(PIN_METER2)? >= cap && size(PIN_METER2_6)? >= cap)
+}
+
+/// Makes room for a second meter on `at` (this build's pins, its link live; the caller
+/// holds the host lock): if its second-meter maps are the small ones, grows them in
+/// place, through the upgrade's steps with every map reused but those two, made anew at
+/// the sources' size (empty: no key has a second-meter cell yet). Every cell, counter and
+/// policy stays as it is; the program is switched to one on the new maps in one step.
+/// Returns whether it grew them. Refused in one line on a clsact attachment (no link).
+pub fn make_room_for_meter2(at: &Attachment) -> Result<bool, UpgradeError> {
+    if meter2_room(at)? {
+        return Ok(false);
+    }
+    if at.tc_prog().exists() {
+        let netns = at
+            .netns
+            .as_ref()
+            .map_or(String::new(), |ns| format!("-n {ns} "));
+        return Err(UpgradeError::Meter2Clsact {
+            label: at.label(),
+            command: format!("shaper {netns}detach {}{}", at.iface, at.direction_flag()),
+        });
+    }
+    let current = layout::current();
+    let settings = read_settings(&at.dir(), current).map_err(decode_err(at))?;
+    let cap = bpf::map_info(&at.dir().join(PIN_SOURCES))
+        .map_err(step(at, format!("read map '{PIN_SOURCES}'")))?
+        .max_entries;
+    let sizes = Sizes {
+        max_sources: cap,
+        meter2: true,
+    };
+    swap_in(at, current, &settings, &grow_plan(), sizes)?;
+    Ok(true)
+}
+
+/// The plan of [`make_room_for_meter2`]: every map of today's layout reused but the
+/// version (written anew, as always) and the second meter's per-key maps.
+fn grow_plan() -> Vec<(&'static MapLayout, bool)> {
+    layout::current()
+        .maps
+        .iter()
+        .map(|m| {
+            let anew = m.holds == Holds::Version || [PIN_METER2, PIN_METER2_6].contains(&m.pin);
+            (m, !anew)
+        })
+        .collect()
 }
 
 /// Loads the object on the reused and new maps and pins all of it, the link and the new
@@ -306,16 +385,14 @@ fn stage(
     from: &Layout,
     settings: &Settings,
     plan: &[(&'static MapLayout, bool)],
-    cap: u32,
+    sizes: Sizes,
 ) -> Result<(), UpgradeError> {
     let dir = at.dir();
     let staging = at.staging();
     pins::remove_dir_of_pins(&staging).map_err(step(at, "remove old staged pins"))?;
     std::fs::create_dir_all(&staging).map_err(step(at, "make the staging directory"))?;
     let mut load = EbpfLoader::new();
-    for name in SIZED_BY_SOURCES {
-        load.map_max_entries(name, cap);
-    }
+    sizes.apply(&mut load);
     for &(m, reuse) in plan {
         // aya reuses the map pinned there, or creates the map and pins it there.
         let path = if reuse { &dir } else { &staging }.join(m.pin);
@@ -678,8 +755,50 @@ mod tests {
         }
         assert!(reused(2).contains(&PIN_ADMISSION));
         assert_eq!(reused(5), all_but(&changed));
+        // Layout 6 lacks the second meter's maps; its settings, policies, counters and
+        // policy counters grew by the second meter's fields.
+        assert_eq!(
+            reused(6),
+            all_but(&[
+                PIN_METER2,
+                PIN_METER2_6,
+                PIN_METER2_SHARED,
+                PIN_LAYOUT,
+                PIN_CONFIG,
+                PIN_POLICIES,
+                PIN_COUNTERS,
+                PIN_COUNTERS_CARRIED,
+                PIN_POLICY_STATS,
+                PIN_POLICY_STATS_CARRIED,
+            ])
+        );
+        // Growing the second meter's maps reuses every map but those two (and the
+        // version): every cell, counter and policy stays.
+        let mut grown: Vec<&str> = grow_plan()
+            .into_iter()
+            .filter(|(_, reuse)| *reuse)
+            .map(|(m, _)| m.pin)
+            .collect();
+        grown.sort_unstable();
+        assert_eq!(grown, all_but(&[PIN_METER2, PIN_METER2_6, PIN_LAYOUT]));
         // The version is always written anew.
         assert!(!reused(LAYOUT_VERSION).contains(&PIN_LAYOUT));
+    }
+
+    /// The second meter's per-key maps are sized at load: a small one is still the layout.
+    #[test]
+    fn a_small_second_meter_map_is_of_the_layout() {
+        for pin in [PIN_METER2, PIN_METER2_6] {
+            let m = layout::current().map(pin).unwrap();
+            assert_eq!(m.max_entries, SIZED_AT_ATTACH, "{pin}");
+            assert!(m.matches(
+                m.map_type,
+                m.key_size,
+                m.value_size,
+                shaper_common::maps::METER2_UNUSED_ENTRIES,
+                m.flags
+            ));
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! spreads the receive-side work too.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     io,
     net::{IpAddr, SocketAddr, UdpSocket},
     os::fd::AsRawFd as _,
@@ -139,10 +139,23 @@ pub struct FlowResult {
     /// L2 bytes received per time bin from the common start, when [`RunOptions::bin`] is set
     /// (empty otherwise). Bins run to the end of the drain; trailing empty bins are kept.
     pub received_bins: Vec<u64>,
+    /// What arrived by DSCP (the receiver reads each datagram's TOS or traffic class):
+    /// frames a limiter marked arrive with its DSCP, the rest with the sender's (0).
+    pub received_by_dscp: BTreeMap<u8, DscpCount>,
     /// When each successful send was handed to the kernel, nanoseconds from the common
     /// start, in order, when [`RunOptions::record_sends`] is set (empty otherwise).
     #[serde(skip)]
     pub send_offsets_ns: Vec<u64>,
+}
+
+/// Datagrams that arrived with one DSCP, their layer-2 bytes, and the kernel's receive
+/// timestamps of the first and the last (as [`FlowResult::first_received_ns`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DscpCount {
+    pub packets: u64,
+    pub l2_bytes: u64,
+    pub first_received_ns: u64,
+    pub last_received_ns: u64,
 }
 
 impl FlowResult {
@@ -338,6 +351,7 @@ pub fn run_udp_with(
             first_received_ns: 0,
             last_received_ns: 0,
             received_bins: Vec::new(),
+            received_by_dscp: BTreeMap::new(),
             send_offsets_ns: Vec::new(),
         })
         .collect();
@@ -361,6 +375,7 @@ pub fn run_udp_with(
             r.first_received_ns = got.first_received_ns;
             r.last_received_ns = got.last_received_ns;
             r.received_bins.clone_from(&got.bins);
+            r.received_by_dscp.clone_from(&got.by_dscp);
         }
         if let Some(bin) = bin {
             // Every source gets the same number of bins, silent ones included.
@@ -560,6 +575,12 @@ fn open_receiver(lab: &Lab, rx: IpAddr) -> Result<UdpSocket> {
         // The kernel's receive time of each datagram ([`FlowResult::first_received_ns`]).
         set_int_option(&socket, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
             .context("cannot set SO_TIMESTAMPNS")?;
+        // Each datagram's TOS or traffic class ([`FlowResult::received_by_dscp`]).
+        let (level, name) = match rx {
+            IpAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_RECVTOS),
+            IpAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS),
+        };
+        set_int_option(&socket, level, name, 1).context("cannot ask for the TOS")?;
         socket.set_read_timeout(Some(RECV_TIMEOUT))?;
         Ok(socket)
     })?
@@ -637,6 +658,7 @@ struct Counts {
     last_received_ns: u64,
     /// L2 bytes per bin, when binning.
     bins: Vec<u64>,
+    by_dscp: BTreeMap<u8, DscpCount>,
 }
 
 /// Counts datagrams per source address until `stop` is set or `deadline` passes, taking
@@ -663,10 +685,13 @@ fn receive(
         .collect();
     // SAFETY: as above.
     let mut msgs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; RECV_BATCH];
-    // Room for one SCM_TIMESTAMPNS control message (a timespec) per datagram, u64-aligned
-    // as cmsghdr needs.
+    // Room for one SCM_TIMESTAMPNS control message (a timespec) and one of the TOS or
+    // traffic class (an int at most) per datagram, u64-aligned as cmsghdr needs.
     // SAFETY: CMSG_SPACE only computes a size.
-    let control_len = unsafe { libc::CMSG_SPACE(size_of::<libc::timespec>() as u32) } as usize;
+    let control_len = unsafe {
+        libc::CMSG_SPACE(size_of::<libc::timespec>() as u32)
+            + libc::CMSG_SPACE(size_of::<libc::c_int>() as u32)
+    } as usize;
     let mut controls = vec![0u64; RECV_BATCH * control_len.div_ceil(8)];
     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
         let control_chunks = controls.chunks_exact_mut(control_len.div_ceil(8));
@@ -727,6 +752,18 @@ fn receive(
             }
             entry.packets += 1;
             entry.l2_bytes += l2;
+            let by_dscp = entry
+                .by_dscp
+                .entry(received_tos(&msg.msg_hdr).unwrap_or(0) >> 2)
+                .or_default();
+            if let Some(ns) = received_ns(&msg.msg_hdr) {
+                if by_dscp.packets == 0 {
+                    by_dscp.first_received_ns = ns;
+                }
+                by_dscp.last_received_ns = ns;
+            }
+            by_dscp.packets += 1;
+            by_dscp.l2_bytes += l2;
             entry.last_arrival_secs = at;
             if let Some(i) = bin_index {
                 if entry.bins.len() <= i {
@@ -750,6 +787,26 @@ pub(crate) fn received_ns(hdr: &libc::msghdr) -> Option<u64> {
             {
                 let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
                 return Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+            }
+            cmsg = libc::CMSG_NXTHDR(hdr, cmsg);
+        }
+    }
+    None
+}
+
+/// The TOS (IPv4) or traffic class (IPv6) of a datagram recvmmsg filled in, DSCP and ECN.
+fn received_tos(hdr: &libc::msghdr) -> Option<u8> {
+    // SAFETY: as in [`received_ns`].
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(hdr);
+        while !cmsg.is_null() {
+            match ((*cmsg).cmsg_level, (*cmsg).cmsg_type) {
+                (libc::IPPROTO_IP, libc::IP_TOS) => return Some(*libc::CMSG_DATA(cmsg)),
+                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                    let class: libc::c_int = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                    return u8::try_from(class).ok();
+                }
+                _ => {}
             }
             cmsg = libc::CMSG_NXTHDR(hdr, cmsg);
         }

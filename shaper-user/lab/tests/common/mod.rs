@@ -15,7 +15,7 @@ use std::{
 use shaper_lab::{
     bins::shaper as shaper_bin,
     cli::{self, AttachGuard, NobodyBinary, Stats},
-    lab::{FlowResult, raw::RawResult},
+    lab::{FlowResult, raw::RawResult, traffic::DscpCount},
 };
 
 /// Runs `shaper -n NS ARGS...` (standard input closed).
@@ -170,6 +170,54 @@ pub fn replay(
     passed
 }
 
+/// What a key's second meter passes of its frames as they were sent, as [`replay`] does
+/// for one bucket: `flow` (run with `record_sends`, one key) through its committed bucket
+/// `committed` (rate in bit/s, burst in bytes), then, for a frame it refuses, the excess
+/// bucket `excess` if given (RFC 4115's colour-blind marker: the two are independent);
+/// and a frame passes only if the packet bucket `packets` (frames a second, frames at
+/// once) if given lets it too, which is charged only for frames that pass. Every bucket
+/// full at the first frame. Returns the frames passed green and yellow.
+pub fn replay_colour(
+    flow: &FlowResult,
+    committed: (u64, u64),
+    excess: Option<(u64, u64)>,
+    packets: Option<(u64, u64)>,
+) -> (u64, u64) {
+    assert_eq!(
+        flow.send_offsets_ns.len() as u64,
+        flow.sent_packets,
+        "{}: run with RunOptions::record_sends",
+        flow.src
+    );
+    let bytes = flow.sent_l2_bytes / flow.sent_packets.max(1);
+    let mut green = Bucket::new(committed.0, committed.1);
+    let mut yellow = excess.map(|(rate, burst)| Bucket::new(rate, burst));
+    // A packet costs what a byte costs at 8 × the packet rate (as the kernel counts it).
+    let mut count = packets.map(|(rate, burst)| Bucket::new(8 * rate, burst));
+    let (mut greens, mut yellows) = (0, 0);
+    for &t in &flow.send_offsets_ns {
+        let t = t as f64;
+        let packet = match count.as_ref().map(|b| b.admit(t, 1)) {
+            Some(None) => continue,
+            Some(Some(tat)) => Some(tat),
+            None => None,
+        };
+        if let Some(tat) = green.admit(t, bytes) {
+            green.tat = tat;
+            greens += 1;
+        } else if let Some(tat) = yellow.as_ref().and_then(|b| b.admit(t, bytes)) {
+            yellow.as_mut().unwrap().tat = tat;
+            yellows += 1;
+        } else {
+            continue;
+        }
+        if let (Some(b), Some(tat)) = (count.as_mut(), packet) {
+            b.tat = tat;
+        }
+    }
+    (greens, yellows)
+}
+
 /// One GCRA bucket: its theoretical arrival time, the time one byte costs and how far
 /// ahead of now the time may run (the burst's cost), in nanoseconds.
 struct Bucket {
@@ -202,6 +250,12 @@ pub trait Received {
 }
 
 impl Received for FlowResult {
+    fn received_ns(&self) -> (u64, u64) {
+        (self.first_received_ns, self.last_received_ns)
+    }
+}
+
+impl Received for DscpCount {
     fn received_ns(&self) -> (u64, u64) {
         (self.first_received_ns, self.last_received_ns)
     }
