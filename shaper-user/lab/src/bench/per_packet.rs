@@ -53,13 +53,13 @@ use shaper_common::{
     },
 };
 use shaper_user::{
-    object,
+    object::{self, Sizes},
     policy::{PolicySpec, PolicyTable, parse_prefix},
     watch::MAX_EVENTS_PER_SEC,
 };
 
 use super::{
-    builds::Build,
+    builds::{Build, single_rate},
     colour::{self, ColourResults},
     population::Population,
     spread::{Summary, median},
@@ -294,7 +294,7 @@ const POLICY_PREFIXES: [&str; 3] = ["198.18.1.0/24", "198.18.2.0/24", "198.18.3.
 /// An object of `build` open to all, with the prefix policies of [`POLICY_PREFIXES`] and
 /// its maps taken into a [`PolicyTable`].
 fn policied(build: &Build, max_sources: u32) -> Result<(Ebpf, PolicyTable)> {
-    let mut ebpf = open(build.load(max_sources)?)?;
+    let mut ebpf = open(build.load(single_rate(max_sources))?)?;
     let mut table = PolicyTable::take(&mut ebpf)?;
     let open = PolicyLimits {
         action: ACTION_LIMIT,
@@ -385,7 +385,7 @@ impl<'a> Rig<'a> {
     /// new-source frame of any run evicts anything.
     fn new(subject: Subject<'a>, main_entries: u32) -> Result<Self> {
         let build = subject.build;
-        let load_open = |max| open(build.load(max)?);
+        let load_open = |max| open(build.load(single_rate(max))?);
         let mut evict = load_open(EVICTION_MAP_ENTRIES)?;
         // Full before the first measurement, with keys no measured frame uses
         // (172.16.0.0/12).
@@ -401,7 +401,9 @@ impl<'a> Rig<'a> {
         prefill(&mut refusing_policied, full())?;
         Ok(Rig {
             build,
-            main: load_open(main_entries)?,
+            // The second meter's maps as big, as where a policy has one: the colour rows
+            // run here (a key without one never looks into them).
+            main: open(build.load(Sizes::full(main_entries))?)?,
             evict,
             with_policies,
             table,
