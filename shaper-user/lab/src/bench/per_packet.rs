@@ -800,9 +800,11 @@ pub fn run(
             }
         }
         // The second meter's rows, on the object of the single-rate pass, each frame's
-        // colour checked (see `colour`).
+        // colour checked (see `colour`); which goes first turns from run to run.
         let today = rigs.last_mut().context("today's build is measured")?;
-        for (c, samples) in colour_cases.iter().zip(&mut colour_samples) {
+        for i in 0..colour_cases.len() {
+            let i = (i + run) % colour_cases.len();
+            let (c, samples) = (&colour_cases[i], &mut colour_samples[i]);
             let build = today.build;
             let ebpf = today.main_with(&c.config)?;
             colour::prime(ebpf, c)?;
