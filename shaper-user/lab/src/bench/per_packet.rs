@@ -894,9 +894,10 @@ pub fn run(
         per_build.push(cases);
     }
     let mut cases = per_build.pop().context("today's build is measured")?;
+    // The no-op's and the floor's samples, the same for every build.
     let (noop_runs, floor_runs) = (&loop_samples[0][0], &loop_samples[1][0]);
     for (c, runs) in colour_cases.iter().zip(&colour_samples) {
-        cases.push(looped(opts, c.id, c.name, runs, noop_runs, floor_runs));
+        cases.push(loop_result(opts, c.id, c.name, runs, noop_runs, floor_runs));
     }
     let single_rate = cases
         .iter()
@@ -945,7 +946,7 @@ fn results(
     let mut cases: Vec<CaseResult> = loop_cases
         .iter()
         .zip(loop_samples)
-        .map(|(c, runs)| looped(opts, c.id, c.name, runs, noop_runs, loop_samples[1]))
+        .map(|(c, runs)| loop_result(opts, c.id, c.name, runs, noop_runs, loop_samples[1]))
         .collect();
     let noop_single = single_samples[0];
     for ((case, runs), &admitted) in singles.iter().zip(single_samples).zip(admitted_anyway) {
@@ -993,7 +994,7 @@ fn results(
 }
 
 /// A loop case's result from its samples and the no-op's and the floor's of the same runs.
-fn looped(
+fn loop_result(
     opts: &Options,
     id: &'static str,
     case: &'static str,
