@@ -25,7 +25,8 @@
 //!
 //! In the loop the kernel runs the program on one buffer, so from the second run on a
 //! yellow frame already carries the DSCP it is given: the rewrite does the same work all
-//! the same (it writes and updates the checksum without looking at the old value first).
+//! the same (`shaper_remark_xdp` never skips a frame that has it: it writes the byte and
+//! updates the checksum either way).
 //!
 //! Only today's build has a second meter: the rows are not measured on the baseline. Only
 //! the XDP program is measured, as for every per-packet row: the tc program's remark (with
