@@ -1,5 +1,6 @@
 //! Builds the kernel programs (shaper-ebpf's binaries: `shaper-ebpf`, the product, and
-//! `shaper-ebpf-bench`, the lab's) with the nightly toolchain and bpf-linker, once for
+//! `shaper-ebpf-bench`, the lab's) with the pinned nightly toolchain
+//! (`shaper-ebpf/rust-toolchain.toml`) and bpf-linker, once for
 //! every profile and command (build, check, clippy, test, release): the eBPF build is
 //! always a release build, in `target/ebpf/`, whatever this one is. The objects are
 //! copied into OUT_DIR, where the loader embeds its own with `include_bytes_aligned!`;
@@ -50,9 +51,10 @@ fn build() -> Result<()> {
     let arch = env::var("CARGO_CFG_TARGET_ARCH")?;
     let target_dir = ebpf_target_dir(workspace);
 
+    let toolchain = ebpf_toolchain(workspace)?;
     let mut cargo = Command::new("rustup");
     cargo
-        .args(["run", "nightly", "cargo", "build", "--quiet", "--release"])
+        .args(["run", &toolchain, "cargo", "build", "--quiet", "--release"])
         .args(["--package", PACKAGE, "--bins", "--target", target])
         .args(["-Z", "build-std=core"])
         .arg("--target-dir")
@@ -67,13 +69,13 @@ fn build() -> Result<()> {
             ]
             .join("\x1f"),
         )
-        // The nightly toolchain's own compiler, not this build's (nor clippy's wrapper).
+        // The pinned toolchain's own compiler, not this build's (nor clippy's wrapper).
         .env_remove("RUSTC")
         .env_remove("RUSTC_WRAPPER")
         .env_remove("RUSTC_WORKSPACE_WRAPPER");
-    let output = cargo
-        .output()
-        .with_context(|| format!("cannot run {cargo:?} (`cargo xtask setup` installs nightly)"))?;
+    let output = cargo.output().with_context(|| {
+        format!("cannot run {cargo:?} (`cargo xtask setup` installs {toolchain})")
+    })?;
     let said = String::from_utf8_lossy(&output.stderr);
     if !output.status.success() {
         eprintln!("{said}");
@@ -102,4 +104,18 @@ fn ebpf_target_dir(workspace: &Path) -> PathBuf {
         _ => workspace.join("target"),
     };
     target.join("ebpf")
+}
+
+/// The channel `shaper-ebpf/rust-toolchain.toml` pins (`channel = "nightly-YYYY-MM-DD"`).
+fn ebpf_toolchain(workspace: &Path) -> Result<String> {
+    // In the package's directory, which cargo already watches.
+    let file = workspace.join(PACKAGE).join("rust-toolchain.toml");
+    let text = std::fs::read_to_string(&file)
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    text.lines()
+        .filter_map(|line| line.trim().strip_prefix("channel"))
+        .filter_map(|rest| rest.trim_start().strip_prefix('='))
+        .map(|value| value.trim().trim_matches('"').to_owned())
+        .next()
+        .with_context(|| format!("{} names no channel", file.display()))
 }

@@ -282,8 +282,8 @@ fn relink(req: &AttachRequest) -> Result<Option<Attached>, AttachError> {
     }
     let xdp_mode = link_program(req, &mut ebpf, &first, hook)?;
     if grow {
+        // Every map the table holds is kept.
         upgrade::make_room_for_meter2(at)?;
-        let mut table = PolicyTable::open(at)?;
         table.set_config(&Config { xdp_mode, ..config })?;
         if let Some(policies) = &req.policies {
             table.replace(policies)?;

@@ -9,6 +9,12 @@
 //! sources removed: the debug binary to `target/old-shaper/COMMIT/shaper` (upgrade tests),
 //! the release binary and its kernel object to `target/old-shaper/COMMIT/release/` (bench).
 //! A build already there is not built again.
+//!
+//! Old commits build their kernel programs with `rustup run nightly` (aya-build's default,
+//! or their own build script): whatever nightly is installed, which on a fresh machine is
+//! newer than the LLVM bpf-linker reads. They are built with a `rustup` first on PATH
+//! (`target/old-shaper/bin/rustup`) that runs the pinned toolchain
+//! ([`workspace::EBPF_TOOLCHAIN`]) where they ask for `nightly`, as today's build does.
 
 use std::{
     fs,
@@ -18,7 +24,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd, vm::json_string, workspace};
+use crate::{cmd, host, vm::json_string, workspace};
 
 #[path = "../../shaper-user/lab/src/old_builds.rs"]
 mod old_builds;
@@ -76,9 +82,14 @@ fn build_commit(commit: &str, release: bool) -> Result<Built> {
     let dir = old_builds::dir(&workspace::target_dir());
     let src = dir.join("src").join(commit);
     export(commit, &src)?;
+    let shim = pinned_rustup(&dir.join("bin"))?;
+    let path = std::env::join_paths(std::iter::once(shim).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))?;
     let mut cargo = Command::new("cargo");
     cargo
         .current_dir(&src)
+        .env("PATH", path)
         .env("CARGO_TARGET_DIR", dir.join("target"))
         .args(["build", "--locked", "-p", "shaper-user", "--bin", "shaper"])
         .args(release.then_some("--release"))
@@ -97,6 +108,31 @@ fn build_commit(commit: &str, release: bool) -> Result<Built> {
     }
     built(&String::from_utf8_lossy(&output.stdout))
         .with_context(|| format!("`{line}` said nothing of the shaper binary or its object"))
+}
+
+/// Writes into `bin` a `rustup` that runs the pinned toolchain where it is asked for
+/// `nightly` (`rustup run nightly ...`) and is the real one otherwise; returns `bin`.
+fn pinned_rustup(bin: &Path) -> Result<PathBuf> {
+    let real = host::find_program("rustup")
+        .filter(|found| found.parent() != Some(bin))
+        .context("rustup is not on PATH (`cargo xtask setup` needs it)")?;
+    let script = format!(
+        "#!/bin/sh\n\
+         # Written by cargo xtask (xtask/src/old_shaper.rs) for the builds of old commits.\n\
+         if [ \"$1\" = run ] && [ \"$2\" = nightly ]; then\n\
+         \x20   shift 2\n\
+         \x20   exec '{real}' run {toolchain} \"$@\"\n\
+         fi\n\
+         exec '{real}' \"$@\"\n",
+        real = real.display(),
+        toolchain = workspace::EBPF_TOOLCHAIN,
+    );
+    fs::create_dir_all(bin)?;
+    let shim = bin.join("rustup");
+    fs::write(&shim, script).with_context(|| format!("writing {}", shim.display()))?;
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::set_permissions(&shim, fs::Permissions::from_mode(0o755))?;
+    Ok(bin.to_owned())
 }
 
 /// The `shaper` executable and shaper-user's build script output in cargo's JSON messages.

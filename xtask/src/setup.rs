@@ -17,7 +17,7 @@ use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd, host};
+use crate::{cmd, host, workspace::EBPF_TOOLCHAIN};
 
 /// Where Debian's llvm-22-dev puts LLVM; bpf-linker is built against it.
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
@@ -65,7 +65,7 @@ struct Need {
 }
 
 /// Everything setup makes sure of, in order. Order matters: bpf-linker is built against
-/// llvm-22-dev, and rust-src goes into the nightly toolchain.
+/// llvm-22-dev, and rust-src goes into the pinned nightly toolchain.
 const NEEDS: &[Need] = &[
     // bpf-linker links to the system LLVM.
     Need {
@@ -288,10 +288,10 @@ const NEEDS: &[Need] = &[
         },
         by: &[Matrix],
     },
-    // The eBPF crate is built with nightly's -Z build-std, which needs rust-src.
+    // The eBPF crate is built with the pinned nightly's -Z build-std, which needs rust-src.
     Need {
         item: Item::Toolchain {
-            name: "nightly",
+            name: EBPF_TOOLCHAIN,
             components: &["rust-src"],
         },
         by: BUILDS,
@@ -299,7 +299,7 @@ const NEEDS: &[Need] = &[
     Need {
         item: Item::Component {
             name: "rust-src",
-            toolchain: "nightly",
+            toolchain: EBPF_TOOLCHAIN,
         },
         by: BUILDS,
     },
@@ -674,7 +674,12 @@ impl Item {
                 list.lines().any(|line| is_toolchain(line, name))
             }
             Item::Component { name, toolchain } => {
-                // Not there either when its toolchain is not (rustup then fails).
+                // Not there either when its toolchain is not. Asked first: a newer rustup
+                // installs a toolchain named to `component list` on the spot, unlogged.
+                let toolchains = cmd::stdout(Command::new("rustup").args(["toolchain", "list"]))?;
+                if !toolchains.lines().any(|line| is_toolchain(line, toolchain)) {
+                    return Ok(false);
+                }
                 let Ok(list) = cmd::stdout(Command::new("rustup").args([
                     "component",
                     "list",
@@ -822,6 +827,14 @@ fn apt_get() -> Command {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dated_toolchain_is_found_by_its_name() {
+        assert!(is_toolchain(
+            &format!("{EBPF_TOOLCHAIN}-x86_64-unknown-linux-gnu"),
+            EBPF_TOOLCHAIN
+        ));
+    }
 
     #[test]
     fn toolchain_lines() {

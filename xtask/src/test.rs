@@ -94,9 +94,10 @@ fn run_all(args: &Args, tally: &mut Tally, phases: &mut Phases) -> Result<ExitCo
         cmd::run(&mut workspace::build_bins())?;
         cmd::run(workspace::cargo().args(["test", "--workspace", "--no-run"]))
     })?;
-    // Kernel tests are #[ignore]d, so this runs only what needs no privileges.
+    // Kernel tests are #[ignore]d, so this runs only what needs no privileges. Every test
+    // binary runs even after one fails (`--no-fail-fast`): a run shows all its failures.
     phases.time("host tests", || {
-        tally.run(workspace::cargo().args(["test", "--workspace"]))
+        tally.run(workspace::cargo().args(["test", "--workspace", "--no-fail-fast"]))
     })?;
 
     let root = host::is_root()?;
@@ -121,7 +122,14 @@ fn run_all(args: &Args, tally: &mut Tally, phases: &mut Phases) -> Result<ExitCo
     // One thread: the tests share the kernel (namespaces, interfaces, qdiscs). Those that
     // need what this kernel lacks run in the guests only.
     let mut cargo = workspace::cargo();
-    cargo.args(["test", "--workspace", "--", "--ignored", "--test-threads=1"]);
+    cargo.args([
+        "test",
+        "--workspace",
+        "--no-fail-fast",
+        "--",
+        "--ignored",
+        "--test-threads=1",
+    ]);
     for test in vm::guest_only_tests() {
         println!("left to the kernel matrix (--kernel): {test}");
         cargo.args(["--skip", test]);

@@ -4,6 +4,12 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The toolchain the kernel programs are built with: the channel
+/// `shaper-ebpf/rust-toolchain.toml` pins, which shaper-user/build.rs reads (a test checks
+/// they agree). A dated nightly whose LLVM is bpf-linker's (22): a newer nightly writes
+/// bitcode bpf-linker 0.13 cannot read (`ERROR llvm: Invalid record`).
+pub const EBPF_TOOLCHAIN: &str = "nightly-2026-05-20";
+
 /// The workspace root: the parent of this crate's directory, fixed at compile time so xtask
 /// works from any current directory.
 pub fn root() -> &'static Path {
@@ -39,4 +45,19 @@ pub fn cargo() -> Command {
     let mut cmd = Command::new("cargo");
     cmd.current_dir(root());
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pinned_toolchain_is_the_one_the_build_runs() {
+        let file = include_str!("../../shaper-ebpf/rust-toolchain.toml");
+        assert!(
+            file.lines()
+                .any(|line| line.trim() == format!("channel = \"{EBPF_TOOLCHAIN}\"")),
+            "shaper-ebpf/rust-toolchain.toml pins another channel than EBPF_TOOLCHAIN ({EBPF_TOOLCHAIN})"
+        );
+    }
 }

@@ -222,7 +222,7 @@ fn set(args: &SetArgs, scope: Scope<'_>) -> Result<()> {
     }
     let _lock = system::lock()?;
     upgrade::recover(&scope.at(&args.iface))?;
-    let (at, table) = open_live(&args.iface, scope)?;
+    let (at, mut table) = open_live(&args.iface, scope)?;
     let config = table.config()?;
     request::check_shape(
         &at,
@@ -230,12 +230,11 @@ fn set(args: &SetArgs, scope: Scope<'_>) -> Result<()> {
         &config,
         [spec].iter(),
     )?;
-    // The second meter's maps are made small where no policy has one: grown first.
-    let mut table = if spec.limits.meter2.any() && upgrade::make_room_for_meter2(&at)? {
-        PolicyTable::open(&at)?
-    } else {
-        table
-    };
+    // The second meter's maps are made small where no policy has one: grown first (every
+    // map the table holds is kept).
+    if spec.limits.meter2.any() {
+        upgrade::make_room_for_meter2(&at)?;
+    }
     let change = journal::begin("policy set", journal::Undo::of(&at)?.into_iter().collect())?;
     let changes = table.set(policy)?;
     change.commit()?;
