@@ -22,6 +22,7 @@ use super::{
     flood::FloodRow,
     per_packet::{Method, PerPacketResults},
     scale::ScaleResults,
+    spread::Summary,
 };
 
 /// Where the figures were measured.
@@ -600,6 +601,16 @@ fn flood_markdown(w: &mut String, rows: &[FloodRow]) {
     }
 }
 
+/// A time over runs: the median and the range, in ns.
+fn ns_range(s: &Summary) -> String {
+    format!("{:.1} ({:.1}–{:.1})", s.median, s.min, s.max)
+}
+
+/// A ratio over runs: the median in bold, and the range.
+fn ratio_range(s: &Summary) -> String {
+    format!("**{:.3}** ({:.3}–{:.3})", s.median, s.min, s.max)
+}
+
 /// The second meter's rows against the single-rate pass, and yellow against green.
 fn colour_markdown(w: &mut String, pp: &PerPacketResults) {
     let c = &pp.colour;
@@ -627,27 +638,17 @@ fn colour_markdown(w: &mut String, pp: &PerPacketResults) {
     for r in &c.rows {
         let _ = writeln!(
             w,
-            "| {} | {:.1} ({:.1}–{:.1}) | **{:.3}** ({:.3}–{:.3}) |",
+            "| {} | {} | {} |",
             r.case,
-            r.ns.median,
-            r.ns.min,
-            r.ns.max,
-            r.over_single_rate.median,
-            r.over_single_rate.min,
-            r.over_single_rate.max
+            ns_range(&r.ns),
+            ratio_range(&r.over_single_rate)
         );
     }
-    let (y, y6) = (&c.yellow_over_green, &c.yellow_over_green_v6);
     let _ = writeln!(
         w,
-        "\nYellow against green, run by run: IPv4 **{:.3}×** ({:.3}–{:.3}), IPv6 **{:.3}×** \
-         ({:.3}–{:.3}); issue 24's bound is {:.2}× ({}).\n",
-        y.median,
-        y.min,
-        y.max,
-        y6.median,
-        y6.min,
-        y6.max,
+        "\nYellow against green, run by run: IPv4 {}, IPv6 {}; issue 24's bound is {:.2}× ({}).\n",
+        ratio_range(&c.yellow_over_green),
+        ratio_range(&c.yellow_over_green_v6),
         c.bound,
         if c.within_bound {
             "within it"
@@ -710,17 +711,11 @@ fn versus_markdown(w: &mut String, pp: &PerPacketResults, kernel_missing: Option
     for v in &b.versus {
         let _ = writeln!(
             w,
-            "| {} | {:.1} ({:.1}–{:.1}) | {:.1} ({:.1}–{:.1}) | **{:.3}** ({:.3}–{:.3}) |",
+            "| {} | {} | {} | {} |",
             v.case,
-            v.baseline_ns.median,
-            v.baseline_ns.min,
-            v.baseline_ns.max,
-            v.today_ns.median,
-            v.today_ns.min,
-            v.today_ns.max,
-            v.ratio.median,
-            v.ratio.min,
-            v.ratio.max
+            ns_range(&v.baseline_ns),
+            ns_range(&v.today_ns),
+            ratio_range(&v.ratio)
         );
     }
     for c in b.cases.iter().filter(|c| c.note.is_some()) {
@@ -1307,7 +1302,6 @@ mod tests {
         AccuracyRow, CpuCost, TimeSeries,
         per_packet::{BaselineResults, CaseResult, Versus},
         scale::ScaleRow,
-        spread::Summary,
     };
 
     fn case(id: &'static str, method: Method, ns: f64, tracked: Option<u32>) -> CaseResult {
@@ -1532,7 +1526,7 @@ mod tests {
             md.contains("checksum updated) against a green one, both under a second meter: **1.10×** (1.10–1.10× run by run; issue 24's bound is 1.25×)"),
             "{md}"
         );
-        assert!(md.contains("IPv4 **1.100×** (1.100–1.100), IPv6 **1.000×**"));
+        assert!(md.contains("IPv4 **1.100** (1.100–1.100), IPv6 **1.000** (1.000–1.000);"));
         assert!(md.contains("- not measured: the tc program"));
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap())
