@@ -321,8 +321,15 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
     assert_ne!(new_prog, old_prog, "the link runs the new program");
     assert!(lab.xdp_attached().unwrap());
     let cells_after = cells(&old.at);
+    // The lab's own IPv6 duplicate address detection sends from `::` (now and then twice
+    // after the attach: the doorkeeper of layout 6 on then gives it a cell too).
+    let v6 = cells_after
+        .v6
+        .keys()
+        .filter(|a| !a.is_unspecified())
+        .count();
     assert_eq!(
-        (cells_after.v4.len(), cells_after.v6.len()),
+        (cells_after.v4.len(), v6),
         (4, 2),
         "IPv6 before {:?}, after {:?}",
         cells_before.v6.keys().collect::<Vec<_>>(),
