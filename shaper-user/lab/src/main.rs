@@ -804,6 +804,10 @@ fn print_per_packet(results: &shaper_lab::bench::per_packet::PerPacketResults) {
             println!("    note: {note}");
         }
     }
+    println!("\nthe second meter (today's build), run by run:");
+    for line in shaper_lab::bench::colour::summary_lines(&results.colour) {
+        println!("  {line}");
+    }
     match (&results.baseline, &results.baseline_missing) {
         (Some(b), _) => {
             println!(

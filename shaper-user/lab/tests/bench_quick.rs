@@ -75,6 +75,35 @@ fn quick_bench_writes_a_well_formed_report() {
         assert!(c["ns_per_packet"].as_f64().unwrap() > 0.0, "{c}");
         assert!(c["ratio_to_noop"].as_f64().unwrap() > 0.0, "{c}");
     }
+    // The second meter's rows (each frame's colour checked by the bench itself: a run with
+    // a frame of another colour fails it), each among the cases and set against the
+    // single-rate pass.
+    let colour = &json["per_packet"]["colour"];
+    let rows = colour["rows"].as_array().expect("colour rows");
+    let row_ids: Vec<&str> = rows.iter().filter_map(|r| r["id"].as_str()).collect();
+    for id in [
+        "colour_green",
+        "colour_yellow",
+        "colour_red",
+        "packet_rate_pass",
+        "packet_rate_refused",
+        "colour_green_v6",
+        "colour_yellow_v6",
+    ] {
+        assert!(
+            row_ids.contains(&id),
+            "colour row {id} missing from {row_ids:?}"
+        );
+        assert!(ids.contains(&id), "colour row {id} missing from the cases");
+    }
+    for r in rows {
+        assert!(
+            r["over_single_rate"]["median"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+    }
+    assert!(colour["yellow_over_green"]["median"].as_f64().unwrap() > 0.0);
+    assert!(colour["within_bound"].is_boolean());
     let rows = json["scale"]["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 3);
     for r in rows {
@@ -122,6 +151,7 @@ fn quick_bench_writes_a_well_formed_report() {
     assert!(md.contains(kernel), "results.md does not name the kernel");
     assert!(md.contains(date), "results.md does not give the date");
     assert!(md.contains("## Rate accuracy"));
+    assert!(md.contains("### The second meter: colours and the packet rate"));
 
     let mut svgs = 0;
     for entry in std::fs::read_dir(&out).unwrap() {

@@ -19,10 +19,10 @@ use anyhow::{Context as _, Result, ensure};
 use aya::{Ebpf, EbpfLoader};
 use shaper_common::{
     layout::{self, Holds, LAYOUT_VERSION, Layout},
-    maps::{Config, Counters, MAP_SOURCES, MAP_SOURCES6},
+    maps::{Config, Counters},
 };
 use shaper_user::{
-    object,
+    object::{self, Sizes},
     upgrade::{Settings, read_counts},
 };
 
@@ -108,12 +108,13 @@ impl Build {
         unsafe { std::slice::from_raw_parts(self.object.as_ptr().cast(), self.object_len) }
     }
 
-    /// The object loaded with per-source maps of `max_sources` entries, its programs not
-    /// yet: as `shaper attach` loads it.
-    pub fn load(&self, max_sources: u32) -> Result<Ebpf> {
-        EbpfLoader::new()
-            .map_max_entries(MAP_SOURCES, max_sources)
-            .map_max_entries(MAP_SOURCES6, max_sources)
+    /// The object loaded with its per-key maps sized as `sizes` says, its programs not
+    /// yet: as `shaper attach` loads it (an older build's object lacks the maps it did not
+    /// have yet; their sizes are then ignored).
+    pub fn load(&self, sizes: Sizes) -> Result<Ebpf> {
+        let mut loader = EbpfLoader::new();
+        sizes.apply(&mut loader);
+        loader
             .load(self.object())
             .with_context(|| format!("loading the object of {}", self.label))
     }
@@ -143,6 +144,15 @@ fn writes_as_today(l: &Layout) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Per-key maps of `max_sources` keys, as `shaper attach` makes them where no policy has a
+/// second meter (whose maps then take one entry).
+pub fn single_rate(max_sources: u32) -> Sizes {
+    Sizes {
+        max_sources,
+        meter2: false,
+    }
 }
 
 /// Numbers the pin directories of this process.
@@ -216,7 +226,7 @@ mod tests {
     #[ignore = "loads programs: run as root by `cargo xtask test`"]
     fn counters_read_by_layout_are_the_counters() -> Result<()> {
         let b = Build::today(Path::new("shaper"));
-        let mut ebpf = open(b.load(1024)?)?;
+        let mut ebpf = open(b.load(single_rate(1024))?)?;
         let f = frame::ipv4_udp(Ipv4Addr::new(198, 18, 0, 11), 64);
         for _ in 0..3 {
             test_run(&mut ebpf, PROG_XDP, &f, 1, XDP_PASS)?;

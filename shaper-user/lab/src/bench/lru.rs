@@ -41,11 +41,11 @@ use aya::{
 use serde::Serialize;
 use shaper_common::{
     bench::PROG_NOOP,
-    maps::{Ipv4Key, MAP_SOURCES, MAP_SOURCES6, PROG_XDP, SourceState},
+    maps::{Ipv4Key, MAP_SOURCES, PROG_XDP, SourceState},
 };
 use shaper_user::object;
 
-use super::spread::median;
+use super::{builds::single_rate, spread::median};
 use crate::{
     frame,
     testrun::{XDP_PASS, key, noop, open, test_run_xdp},
@@ -206,10 +206,10 @@ fn create_sources(path: &Path, entries: u32, map_flags: u32) -> Result<()> {
 /// The object loaded on the source map pinned at `path` (the IPv6 one sized alike),
 /// with both programs and the open policy.
 fn load_on(path: &Path, entries: u32) -> Result<Ebpf> {
-    let ebpf = EbpfLoader::new()
-        .map_pin_path(MAP_SOURCES, path)
-        .map_max_entries(MAP_SOURCES, entries)
-        .map_max_entries(MAP_SOURCES6, entries)
+    let mut loader = EbpfLoader::new();
+    loader.map_pin_path(MAP_SOURCES, path);
+    single_rate(entries).apply(&mut loader);
+    let ebpf = loader
         .load(object::EBPF_OBJECT)
         .context("loading the object on the pinned map")?;
     open(ebpf)

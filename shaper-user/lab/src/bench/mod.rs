@@ -9,7 +9,8 @@
 //!   `results-kernels.json`, one entry per kernel, and the docs' kernel table generated
 //!   from it (`--only kernel`; in a guest with `cargo xtask bench --kernel K`).
 //! - `per_packet`: cost per packet with BPF_PROG_TEST_RUN next to a no-op XDP program,
-//!   for both builds.
+//!   for both builds; `colour`: the second meter's rows (green, yellow, red, packet rate)
+//!   against the single-rate pass of the same runs, today's build only.
 //! - `lru`: the common LRU against per-CPU LRU lists for the source map, under a flood
 //!   of new sources from every CPU.
 //! - `scale`: per-packet cost and kernel memory as tracked sources grow.
@@ -32,6 +33,7 @@ pub mod attach;
 mod bpf_info;
 mod btf;
 pub mod builds;
+pub mod colour;
 pub mod flood;
 pub mod kernels;
 pub mod lru;

@@ -53,13 +53,14 @@ use shaper_common::{
     },
 };
 use shaper_user::{
-    object,
+    object::{self, Sizes},
     policy::{PolicySpec, PolicyTable, parse_prefix},
     watch::MAX_EVENTS_PER_SEC,
 };
 
 use super::{
-    builds::Build,
+    builds::{Build, single_rate},
+    colour::{self, ColourResults},
     population::Population,
     spread::{Summary, median},
 };
@@ -122,6 +123,9 @@ pub struct PerPacketResults {
     /// `baseline_missing` says why).
     pub baseline: Option<BaselineResults>,
     pub baseline_missing: Option<String>,
+    /// The second meter's rows (today's build only; also among `cases`) against the
+    /// single-rate pass of the same runs ([`colour`]).
+    pub colour: ColourResults,
 }
 
 /// The baseline's cases, and each product case of both builds side by side.
@@ -290,7 +294,7 @@ const POLICY_PREFIXES: [&str; 3] = ["198.18.1.0/24", "198.18.2.0/24", "198.18.3.
 /// An object of `build` open to all, with the prefix policies of [`POLICY_PREFIXES`] and
 /// its maps taken into a [`PolicyTable`].
 fn policied(build: &Build, max_sources: u32) -> Result<(Ebpf, PolicyTable)> {
-    let mut ebpf = open(build.load(max_sources)?)?;
+    let mut ebpf = open(build.load(single_rate(max_sources))?)?;
     let mut table = PolicyTable::take(&mut ebpf)?;
     let open = PolicyLimits {
         action: ACTION_LIMIT,
@@ -381,7 +385,7 @@ impl<'a> Rig<'a> {
     /// new-source frame of any run evicts anything.
     fn new(subject: Subject<'a>, main_entries: u32) -> Result<Self> {
         let build = subject.build;
-        let load_open = |max| open(build.load(max)?);
+        let load_open = |max| open(build.load(single_rate(max))?);
         let mut evict = load_open(EVICTION_MAP_ENTRIES)?;
         // Full before the first measurement, with keys no measured frame uses
         // (172.16.0.0/12).
@@ -397,7 +401,9 @@ impl<'a> Rig<'a> {
         prefill(&mut refusing_policied, full())?;
         Ok(Rig {
             build,
-            main: load_open(main_entries)?,
+            // The second meter's maps as big, as where a policy has one: the colour rows
+            // run here (a key without one never looks into them).
+            main: open(build.load(Sizes::full(main_entries))?)?,
             evict,
             with_policies,
             table,
@@ -408,6 +414,12 @@ impl<'a> Rig<'a> {
             admit: load_open(main_entries)?,
             populations: subject.populations,
         })
+    }
+
+    /// The main object configured with `config` (the second meter's rows).
+    fn main_with(&mut self, config: &Config) -> Result<&mut Ebpf> {
+        object::configure(&mut self.main, config)?;
+        Ok(&mut self.main)
     }
 
     /// The object a loop case runs on, configured for it.
@@ -656,6 +668,7 @@ pub fn run(
             )
         },
     ];
+    let colour_cases = colour::cases()?;
     let mut singles = vec![
         SingleCase {
             id: "noop_single",
@@ -748,6 +761,8 @@ pub fn run(
     let per_build = || vec![Vec::with_capacity(opts.runs); rigs.len()];
     let mut loop_samples: Vec<Vec<Vec<f64>>> = loop_cases.iter().map(|_| per_build()).collect();
     let mut single_samples: Vec<Vec<Vec<f64>>> = singles.iter().map(|_| per_build()).collect();
+    // Today's build only.
+    let mut colour_samples = vec![Vec::with_capacity(opts.runs); colour_cases.len()];
     let hot_frames = vec![hot.clone(); opts.frames];
     // Of the refused cases' frames, those admitted all the same (the cell refills at one
     // key a second), per case and build.
@@ -783,6 +798,25 @@ pub fn run(
                     build.label
                 );
             }
+        }
+        // The second meter's rows, on the object of the single-rate pass, each frame's
+        // colour checked (see `colour`); which goes first turns from run to run.
+        let today = rigs.last_mut().context("today's build is measured")?;
+        for i in 0..colour_cases.len() {
+            let i = (i + run) % colour_cases.len();
+            let (c, samples) = (&colour_cases[i], &mut colour_samples[i]);
+            let build = today.build;
+            let ebpf = today.main_with(&c.config)?;
+            colour::prime(ebpf, c)?;
+            let before = build.counters(ebpf)?;
+            samples.push(test_run(
+                ebpf,
+                PROG_XDP,
+                &c.frame,
+                opts.repeat,
+                c.colour.verdict(),
+            )?);
+            colour::check(c, &before, &build.counters(ebpf)?, opts.repeat.into())?;
         }
         for ((case, samples), admitted) in singles
             .iter()
@@ -859,7 +893,21 @@ pub fn run(
         );
         per_build.push(cases);
     }
-    let cases = per_build.pop().context("today's build is measured")?;
+    let mut cases = per_build.pop().context("today's build is measured")?;
+    // The no-op's and the floor's samples, the same for every build.
+    let (noop_runs, floor_runs) = (&loop_samples[0][0], &loop_samples[1][0]);
+    for (c, runs) in colour_cases.iter().zip(&colour_samples) {
+        cases.push(loop_result(opts, c.id, c.name, runs, noop_runs, floor_runs));
+    }
+    let single_rate = cases
+        .iter()
+        .find(|c| c.id == "pass_existing")
+        .context("the single-rate pass is measured")?;
+    let colour = colour::results(
+        &single_rate.ns_per_packet_runs,
+        &colour_cases,
+        &colour_samples,
+    );
     let baseline = match (per_build.pop(), rigs.first()) {
         (Some(base), Some(rig)) => Some(BaselineResults {
             label: rig.build.label.clone(),
@@ -877,6 +925,7 @@ pub fn run(
         cases,
         baseline,
         baseline_missing: None,
+        colour,
     })
 }
 
@@ -894,27 +943,11 @@ fn results(
     let noop_runs = loop_samples[0];
     let noop_loop = median(noop_runs);
     let floor_loop = median(loop_samples[1]);
-    let mut cases = Vec::new();
-    for (c, runs) in loop_cases.iter().zip(loop_samples) {
-        let over: Vec<f64> = runs.iter().zip(noop_runs).map(|(c, n)| c - n).collect();
-        let ns = median(runs);
-        cases.push(CaseResult {
-            id: c.id,
-            case: c.name,
-            method: Method::Loop,
-            packets_per_run: opts.repeat.into(),
-            tracked_sources: None,
-            measured_ns_median: ns,
-            measured_ns_runs: runs.to_vec(),
-            over_noop_ns: median(&over),
-            ns_per_packet: ns,
-            ratio_to_noop: ns / noop_loop,
-            ratio_to_floor: ns / floor_loop,
-            ns_per_packet_runs: runs.to_vec(),
-            packets_per_sec: 1e9 / ns,
-            note: None,
-        });
-    }
+    let mut cases: Vec<CaseResult> = loop_cases
+        .iter()
+        .zip(loop_samples)
+        .map(|(c, runs)| loop_result(opts, c.id, c.name, runs, noop_runs, loop_samples[1]))
+        .collect();
     let noop_single = single_samples[0];
     for ((case, runs), &admitted) in singles.iter().zip(single_samples).zip(admitted_anyway) {
         let over_runs: Vec<f64> = runs.iter().zip(noop_single).map(|(c, n)| c - n).collect();
@@ -958,6 +991,35 @@ fn results(
         });
     }
     Ok(cases)
+}
+
+/// A loop case's result from its samples and the no-op's and the floor's of the same runs.
+fn loop_result(
+    opts: &Options,
+    id: &'static str,
+    case: &'static str,
+    runs: &[f64],
+    noop_runs: &[f64],
+    floor_runs: &[f64],
+) -> CaseResult {
+    let over: Vec<f64> = runs.iter().zip(noop_runs).map(|(c, n)| c - n).collect();
+    let ns = median(runs);
+    CaseResult {
+        id,
+        case,
+        method: Method::Loop,
+        packets_per_run: opts.repeat.into(),
+        tracked_sources: None,
+        measured_ns_median: ns,
+        measured_ns_runs: runs.to_vec(),
+        over_noop_ns: median(&over),
+        ns_per_packet: ns,
+        ratio_to_noop: ns / median(noop_runs),
+        ratio_to_floor: ns / median(floor_runs),
+        ns_per_packet_runs: runs.to_vec(),
+        packets_per_sec: 1e9 / ns,
+        note: None,
+    }
 }
 
 /// Every case of both builds but the shared baselines, side by side, in today's order.

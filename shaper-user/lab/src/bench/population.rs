@@ -14,7 +14,7 @@ use aya::{
 };
 use shaper_common::maps::{Ipv4Key, Ipv6Key, MAP_SOURCES, MAP_SOURCES6, SourceState};
 
-use super::builds::Build;
+use super::builds::{Build, single_rate};
 use crate::{
     frame,
     rng::Rng,
@@ -45,7 +45,7 @@ const BASE: u32 = 0x0A00_0000;
 impl Population {
     /// An object of `build` whose map holds `capacity` sources.
     pub fn filled(build: &Build, capacity: u32) -> Result<Self> {
-        let mut ebpf = open(build.load(capacity)?)?;
+        let mut ebpf = open(build.load(single_rate(capacity))?)?;
         let memlock_empty_bytes = memlock(&ebpf)?;
         let start = Instant::now();
         prefill(&mut ebpf, (0..capacity).map(|i| Ipv4Addr::from(BASE + i)))?;

@@ -24,7 +24,11 @@ use serde::{Deserialize, Serialize};
 use shaper_common::maps::{DEFAULT_MAX_SOURCES, PROG_TC, PROG_XDP};
 use shaper_user::kernel;
 
-use super::{bpf_info, btf, builds::Build, spread::Summary};
+use super::{
+    bpf_info, btf,
+    builds::{Build, single_rate},
+    spread::Summary,
+};
 
 /// The programs measured: the XDP entry and the tc entry.
 pub const PROGRAMS: [&str; 2] = [PROG_XDP, PROG_TC];
@@ -134,7 +138,7 @@ pub fn measure(builds: &[&Build], runs: usize, timed: bool) -> Result<Vec<Progra
             // The first build of a run alternates.
             let b = (i + run) % builds.len();
             let build = builds[b];
-            let mut ebpf = build.load(DEFAULT_MAX_SOURCES)?;
+            let mut ebpf = build.load(single_rate(DEFAULT_MAX_SOURCES))?;
             for (p, &name) in PROGRAMS.iter().enumerate() {
                 let loaded = load_program(&mut ebpf, name)
                     .with_context(|| format!("the build of {}", build.label))?;

@@ -22,6 +22,7 @@ use super::{
     flood::FloodRow,
     per_packet::{Method, PerPacketResults},
     scale::ScaleResults,
+    spread::Summary,
 };
 
 /// Where the figures were measured.
@@ -383,6 +384,14 @@ fn markdown(inputs: &Inputs<'_>, plots: &[String]) -> String {
             known.ns_per_packet,
         );
     }
+    let yg = &pp.colour.yellow_over_green;
+    let _ = writeln!(
+        w,
+        "- a yellow frame (over the committed rate, within the excess: DSCP rewritten, IPv4 \
+         checksum updated) against a green one, both under a second meter: **{:.2}×** \
+         ({:.2}–{:.2}× run by run; issue 24's bound is {:.2}×)",
+        yg.median, yg.min, yg.max, pp.colour.bound
+    );
     if let Some(r) = scale.rows.last() {
         let _ = writeln!(
             w,
@@ -455,6 +464,7 @@ fn markdown(inputs: &Inputs<'_>, plots: &[String]) -> String {
         "per_packet.svg",
         "per-packet cost against the no-op",
     );
+    colour_markdown(w, pp);
     versus_markdown(w, pp, inputs.kernel_missing);
 
     // Scale.
@@ -591,6 +601,66 @@ fn flood_markdown(w: &mut String, rows: &[FloodRow]) {
     }
 }
 
+/// A time over runs: the median and the range, in ns.
+fn ns_range(s: &Summary) -> String {
+    format!("{:.1} ({:.1}–{:.1})", s.median, s.min, s.max)
+}
+
+/// A ratio over runs: the median in bold, and the range.
+fn ratio_range(s: &Summary) -> String {
+    format!("**{:.3}** ({:.3}–{:.3})", s.median, s.min, s.max)
+}
+
+/// The second meter's rows against the single-rate pass, and yellow against green.
+fn colour_markdown(w: &mut String, pp: &PerPacketResults) {
+    let c = &pp.colour;
+    let _ = writeln!(w, "\n### The second meter: colours and the packet rate\n");
+    let _ = writeln!(
+        w,
+        "Frames of a key whose policy has a second meter (an excess rate, RFC 4115's \
+         two-rate three-colour marker; or a packet rate), loop method, each set against the \
+         single-rate pass of a known source (*{}*) on the same object in the same runs: \
+         the ratio is taken run by run, then its median and range. The cells are set so \
+         every frame has the row's colour (green: the committed rate the fastest there is; \
+         yellow: the committed cell one byte a second with a burst of one frame, the \
+         excess the fastest; red: both one byte a second), primed before each timed loop, \
+         and the kernel's counters checked after it: a frame of another colour fails the \
+         run. Yellow frames are marked DSCP {} (cs1) with ECT(0) set, and the first of \
+         each run is checked byte for byte (ECN kept, IPv4 checksum valid).\n",
+        c.single_rate,
+        super::colour::EXCESS_DSCP
+    );
+    let _ = writeln!(
+        w,
+        "| case | ns/packet (range) | × single-rate pass (range) |"
+    );
+    let _ = writeln!(w, "| --- | ---: | ---: |");
+    for r in &c.rows {
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} |",
+            r.case,
+            ns_range(&r.ns),
+            ratio_range(&r.over_single_rate)
+        );
+    }
+    let _ = writeln!(
+        w,
+        "\nYellow against green, run by run: IPv4 {}, IPv6 {}; issue 24's bound is {:.2}× ({}).\n",
+        ratio_range(&c.yellow_over_green),
+        ratio_range(&c.yellow_over_green_v6),
+        c.bound,
+        if c.within_bound {
+            "within it"
+        } else {
+            "over it"
+        }
+    );
+    for why in &c.not_measured {
+        let _ = writeln!(w, "- not measured: {why}");
+    }
+}
+
 /// Today's build against the baseline: the per-packet table side by side, and where the
 /// kernel figures are.
 fn versus_markdown(w: &mut String, pp: &PerPacketResults, kernel_missing: Option<&str>) {
@@ -641,17 +711,11 @@ fn versus_markdown(w: &mut String, pp: &PerPacketResults, kernel_missing: Option
     for v in &b.versus {
         let _ = writeln!(
             w,
-            "| {} | {:.1} ({:.1}–{:.1}) | {:.1} ({:.1}–{:.1}) | **{:.3}** ({:.3}–{:.3}) |",
+            "| {} | {} | {} | {} |",
             v.case,
-            v.baseline_ns.median,
-            v.baseline_ns.min,
-            v.baseline_ns.max,
-            v.today_ns.median,
-            v.today_ns.min,
-            v.today_ns.max,
-            v.ratio.median,
-            v.ratio.min,
-            v.ratio.max
+            ns_range(&v.baseline_ns),
+            ns_range(&v.today_ns),
+            ratio_range(&v.ratio)
         );
     }
     for c in b.cases.iter().filter(|c| c.note.is_some()) {
@@ -1238,7 +1302,6 @@ mod tests {
         AccuracyRow, CpuCost, TimeSeries,
         per_packet::{BaselineResults, CaseResult, Versus},
         scale::ScaleRow,
-        spread::Summary,
     };
 
     fn case(id: &'static str, method: Method, ns: f64, tracked: Option<u32>) -> CaseResult {
@@ -1258,6 +1321,17 @@ mod tests {
             packets_per_sec: 1e9 / ns,
             note: None,
         }
+    }
+
+    /// Every colour row at 30 ns but yellow (IPv4) at 33, against a single-rate pass of 25.
+    fn colour_fixture() -> crate::bench::colour::ColourResults {
+        use crate::bench::colour;
+        let cases = colour::cases().unwrap();
+        let samples: Vec<Vec<f64>> = cases
+            .iter()
+            .map(|c| vec![if c.id == colour::YELLOW { 33.0 } else { 30.0 }])
+            .collect();
+        colour::results(&[25.0], &cases, &samples)
     }
 
     fn fixtures() -> (Machine, PerPacketResults, ScaleResults, AccuracyResults) {
@@ -1288,6 +1362,7 @@ mod tests {
                 }],
             }),
             baseline_missing: None,
+            colour: colour_fixture(),
         };
         let row = |capacity: u32| ScaleRow {
             capacity,
@@ -1440,10 +1515,24 @@ mod tests {
             md.contains("no cell) against a known source's pass, both drawn from the same full default map: **1.25×** (100.0 ns against 80.0 ns; 1.25–1.25× run by run"),
             "{md}"
         );
+        // The second meter's rows against the single-rate pass, yellow against green.
+        assert!(
+            md.contains(
+                "(over both rates), dropped | 30.0 (30.0–30.0) | **1.200** (1.200–1.200) |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("checksum updated) against a green one, both under a second meter: **1.10×** (1.10–1.10× run by run; issue 24's bound is 1.25×)"),
+            "{md}"
+        );
+        assert!(md.contains("IPv4 **1.100** (1.100–1.100), IPv6 **1.000** (1.000–1.000);"));
+        assert!(md.contains("- not measured: the tc program"));
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap())
                 .unwrap();
         assert_eq!(json["accuracy"]["status"], "measured");
+        assert_eq!(json["per_packet"]["colour"]["within_bound"], true);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
