@@ -422,22 +422,38 @@ impl Told {
 /// reading missed a key it had: 0 against 1 IPv6 key, at a daemon's start).
 fn settled_scrape(lab: &Lab, iface: &str) -> (String, Vec<Sample>, Told) {
     let counts = |t: &Told| (t.stats["totals"].clone(), t.policies.clone());
-    for _ in 0..100 {
-        let at = unix_now();
-        let was = Told::read(lab, iface);
-        let text = scrape(lab, "/metrics");
-        let samples = parse(&text);
-        let told = Told::read(lab, iface);
-        let counted = samples
+    let counted = |samples: &[Sample]| {
+        samples
             .iter()
             .find(|s| s.name == "shaper_sources_counted_timestamp_seconds")
-            .map_or(0.0, |s| s.value);
-        if counted > at && counts(&was) == counts(&told) {
+            .map_or(0.0, |s| s.value)
+    };
+    for _ in 0..20 {
+        // The sources' count must be taken after `was` was read whole: a frame of a new
+        // source (the lab's own IPv6 multicast listener reports come from `::`) landing
+        // while `was` is read is then in `was`, the count and `told` alike, or `was` and
+        // `told` differ and the scrape is taken again.
+        let was = Told::read(lab, iface);
+        let at = unix_now();
+        let mut scraped = None;
+        for _ in 0..50 {
+            let text = scrape(lab, "/metrics");
+            let samples = parse(&text);
+            if counted(&samples) > at {
+                scraped = Some((text, samples));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let Some((text, samples)) = scraped else {
+            continue;
+        };
+        let told = Told::read(lab, iface);
+        if counts(&was) == counts(&told) {
             return (text, samples, told);
         }
-        std::thread::sleep(Duration::from_millis(100));
     }
-    panic!("no scrape counted between two equal readings of the counters in 100 tries");
+    panic!("no scrape counted between two equal readings of the counters in 20 tries");
 }
 
 /// `/metrics` in the lab, every series of every family against what `stats -j`, `policy
