@@ -190,12 +190,24 @@ pub fn replay_colour(
         flow.src
     );
     let bytes = flow.sent_l2_bytes / flow.sent_packets.max(1);
+    replay_colour_at(&flow.send_offsets_ns, bytes, committed, excess, packets)
+}
+
+/// [`replay_colour`] of `bytes`-byte frames of one key seen at `offsets_ns` (from any
+/// origin, in order).
+pub fn replay_colour_at(
+    offsets_ns: &[u64],
+    bytes: u64,
+    committed: (u64, u64),
+    excess: Option<(u64, u64)>,
+    packets: Option<(u64, u64)>,
+) -> (u64, u64) {
     let mut green = Bucket::new(committed.0, committed.1);
     let mut yellow = excess.map(|(rate, burst)| Bucket::new(rate, burst));
     // A packet costs what a byte costs at 8 × the packet rate (as the kernel counts it).
     let mut count = packets.map(|(rate, burst)| Bucket::new(8 * rate, burst));
     let (mut greens, mut yellows) = (0, 0);
-    for &t in &flow.send_offsets_ns {
+    for &t in offsets_ns {
         let t = t as f64;
         let packet = match count.as_ref().map(|b| b.admit(t, 1)) {
             Some(None) => continue,
