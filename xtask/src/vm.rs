@@ -283,11 +283,30 @@ const SUITES: &[Suite] = &[
     },
     Suite {
         file: "tests/colour_test_run.rs",
-        place: Place::Guests,
-        why: "the second meter through BPF_PROG_TEST_RUN: its global functions verified, \
-              yellow frames' DSCP rewritten by XDP and by tc (bpf_l3_csum_replace and \
-              bpf_skb_store_bytes on each kernel), its bursts counted exactly at the slowest \
-              rates",
+        place: Place::SomeInGuests {
+            run: &[
+                (
+                    "yellow_frames_are_remarked_alike_under_every_encapsulation_by_xdp_and_tc",
+                    "yellow frames' DSCP rewritten by XDP and by tc (bpf_l3_csum_replace and \
+                     bpf_skb_store_bytes on each kernel), the second meter's global \
+                     functions verified",
+                ),
+                (
+                    "a_key_over_both_rates_gets_its_bursts_green_and_yellow_and_the_rest_red",
+                    "its bursts counted exactly at the slowest rates, and monitor mode",
+                ),
+                (
+                    "the_packet_rate_passes_its_burst_and_refuses_the_rest",
+                    "the packet-rate meter's burst and refusals",
+                ),
+                (
+                    "a_frame_red_for_its_bytes_gives_its_packet_back",
+                    "the packet token given back on red",
+                ),
+            ],
+        },
+        why: "the second meter through BPF_PROG_TEST_RUN; the test over time (3x and 1.5x \
+              CIR) paces test runs by the clock: host only",
     },
     Suite {
         file: "tests/shape_test_run.rs",
