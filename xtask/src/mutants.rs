@@ -113,6 +113,8 @@ pub fn run(args: &Args) -> Result<ExitCode> {
 fn run_scope(scope: &Scope, args: &Args) -> Result<bool> {
     println!("mutating {}: {}", scope.name, scope.why);
     let output = workspace::target_dir().join("mutants").join(scope.name);
+    // cargo-mutants makes its output directory, not the directories above it.
+    fs::create_dir_all(&output)?;
     let mut mutants = workspace::cargo();
     mutants
         .arg("mutants")
