@@ -216,6 +216,48 @@ mod tests {
         }
     }
 
+    /// What the maps hold and what operators type: each action and mode to its kernel
+    /// value and back, by the name the flags and the file give it (serde's), and a spec
+    /// read back from its limits as it was written.
+    #[test]
+    fn actions_and_modes_are_the_kernels_values_and_the_operators_names() {
+        use serde::Deserialize as _;
+        fn named(name: &str) -> serde::de::value::StrDeserializer<'_, serde::de::value::Error> {
+            serde::de::value::StrDeserializer::new(name)
+        }
+        for (action, value, name) in [
+            (Action::Limit, ACTION_LIMIT, "limit"),
+            (Action::Pass, ACTION_PASS, "pass"),
+            (Action::Drop, ACTION_DROP, "drop"),
+        ] {
+            assert_eq!(action.value(), value);
+            assert_eq!(Action::from_value(value), Some(action));
+            assert_eq!(action.name(), name);
+            assert_eq!(Action::deserialize(named(name)), Ok(action));
+        }
+        assert_eq!(Action::from_value(99), None);
+        for (mode, value, name) in [
+            (Mode::Enforce, MODE_ENFORCE, "enforce"),
+            (Mode::Monitor, MODE_MONITOR, "monitor"),
+            (Mode::Shape, MODE_SHAPE, "shape"),
+        ] {
+            assert_eq!(mode.value(), value);
+            assert_eq!(Mode::from_value(value), mode);
+            assert_eq!(mode.name(), name);
+            assert_eq!(Mode::deserialize(named(name)), Ok(mode));
+            let spec = PolicySpec {
+                prefix: parse_prefix("198.51.100.0/24").unwrap(),
+                limits: PolicyLimits {
+                    action: ACTION_DROP,
+                    mode: value,
+                    ..PolicyLimits::default()
+                },
+            };
+            assert_eq!((spec.action(), spec.mode()), (Action::Drop, mode));
+            assert_eq!(spec.to_string(), "198.51.100.0/24 drop");
+        }
+    }
+
     #[test]
     fn specs_round_trip_through_map_entries() {
         for (prefix, action) in [
