@@ -665,6 +665,7 @@ prefix = "198.18.0.0/15"
 rate = "2mbit"
 burst = "16k"
 new_sources = 200
+mode = 'monitor'
 
 [[interface]]
 name = "eth1"
@@ -709,6 +710,10 @@ new_sources_burst = 200000
         );
         assert_eq!(policies[0].limits.aggregate_burst_bytes, 131_072);
         assert_eq!(policies[1].action(), Action::Pass);
+        assert_eq!(
+            policies.iter().map(PolicySpec::mode).collect::<Vec<_>>(),
+            [Mode::Enforce, Mode::Enforce, Mode::Monitor]
+        );
         assert_eq!(got[1].mode, Some(Mode::Monitor));
         assert_eq!(got[1].key, Some(KeyBy::Dst));
         assert_eq!(got[1].prefix_v4, Some(24));
