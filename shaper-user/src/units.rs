@@ -584,6 +584,8 @@ mod tests {
         }
         assert_eq!(Packets::from_count(20_000).to_string(), "20k");
         assert_eq!(Packets::from_count(1500).to_string(), "1500");
+        assert_eq!(Packets::from_count(2_000_000).to_string(), "2m");
+        assert_eq!(Packets::from_count(1_500_000).to_string(), "1500k");
     }
 
     #[test]

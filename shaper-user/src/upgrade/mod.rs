@@ -649,6 +649,33 @@ mod tests {
 
     use super::*;
 
+    /// An upgrade is asked for with the settings as they are: the policy generation and
+    /// the prefix counts the request resolves are not settings, so they alone never refuse
+    /// it; another rate does, and so do prefix policies named with it.
+    #[test]
+    fn an_upgrade_is_refused_other_settings_but_not_the_resolved_prefixes() {
+        let at = Attachment::new("eth0", None);
+        let from = LAYOUTS.iter().find(|l| l.version == 5).unwrap();
+        let current = Config {
+            rate_bps: 10_000_000,
+            burst_bytes: 65_536,
+            ..Config::default()
+        };
+        let resolved = Config {
+            policy_gen: current.policy_gen + 3,
+            prefixes_v4: current.prefixes_v4 + 2,
+            prefixes_v6: current.prefixes_v6 + 1,
+            ..current
+        };
+        assert!(refuse_changes(&at, from, &current, &resolved, false).is_ok());
+        let faster = Config {
+            rate_bps: 20_000_000,
+            ..resolved
+        };
+        assert!(refuse_changes(&at, from, &current, &faster, false).is_err());
+        assert!(refuse_changes(&at, from, &current, &current, true).is_err());
+    }
+
     /// The object file `attach` loads against the newest layout: a map added, resized or
     /// retyped in the kernel program fails here until `shaper_common::layout` has a new
     /// layout (and with it, an upgrade path).
