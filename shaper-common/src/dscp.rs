@@ -223,6 +223,42 @@ mod tests {
         assert_eq!(Dscp::new(3).unwrap().to_string(), "3");
     }
 
+    /// What the configuration file's `excess_dscp` reads: a name, a number as text or as
+    /// an integer of either sign's type, and a refusal that says what a DSCP is.
+    #[test]
+    fn a_dscp_field_reads_a_name_or_a_number() {
+        use serde::{
+            Deserialize,
+            de::{IntoDeserializer, value::Error},
+        };
+        use std::string::{String, ToString};
+        fn read<'de, T: IntoDeserializer<'de, Error>>(v: T) -> Result<u8, String> {
+            Dscp::deserialize(v.into_deserializer())
+                .map(Dscp::value)
+                .map_err(|e| e.to_string())
+        }
+        assert_eq!(read("af41"), Ok(34));
+        assert_eq!(read("9"), Ok(9));
+        assert_eq!(read(46_i64), Ok(46));
+        assert_eq!(read(63_u64), Ok(63));
+        let not_a_dscp = DscpError.to_string();
+        assert_eq!(
+            not_a_dscp,
+            "not a DSCP: give 0 to 63 or a name (cs0..cs7, af11..af43, ef, le)"
+        );
+        for refused in [read(64_u64), read(u64::MAX), read(-1_i64), read("af44")] {
+            assert_eq!(refused.as_ref(), Err(&not_a_dscp));
+        }
+        assert_eq!(
+            read(true),
+            Err(
+                "invalid type: boolean `true`, expected a DSCP: 0 to 63 or a name (cs0..cs7, \
+                 af11..af43, ef, le)"
+                    .into()
+            )
+        );
+    }
+
     #[test]
     fn names_are_the_standard_code_points() {
         let of = |n: &str| DSCP_NAMES.iter().find(|(name, _)| *name == n).unwrap().1;
