@@ -924,10 +924,41 @@ excess_burst = "32k"
                 "excess_dscp",
                 "interface[0].policy[0].excess_dscp: needs excess_rate",
             ),
+            // Refused by the excess meter's limit: at the field it is about.
+            (
+                PROFILE.replace("excess_rate = \"5mbit\"", "excess_rate = \"1bit\""),
+                "1bit",
+                "interface[0].policy[1].excess_rate: excess: rate is below the minimum",
+            ),
+            (
+                PROFILE
+                    .replace("excess_rate = \"5mbit\"", "excess_rate = \"8bit\"")
+                    .replace("excess_burst = \"32k\"", "excess_burst = \"1g\""),
+                "1g",
+                "interface[0].policy[1].excess_burst: excess: burst lasts more than 208 days",
+            ),
+            // A burst without its rate: named as the rate left out, at the burst.
+            (
+                PROFILE.replace("excess_rate = \"5mbit\"\n", ""),
+                "excess_burst = \"32k\"",
+                "interface[0].policy[1].excess_rate: an excess rate and an excess burst go together",
+            ),
             (
                 PROFILE.replace("packet_burst = \"2k\"\n", ""),
                 "packet_rate",
                 "interface[0].packet_burst: a packet rate and a packet burst go together",
+            ),
+            (
+                PROFILE.replace("packet_rate = 20000\n", ""),
+                "packet_burst",
+                "interface[0].packet_rate: a packet rate and a packet burst go together",
+            ),
+            (
+                PROFILE
+                    .replace("packet_rate = 20000", "packet_rate = 1")
+                    .replace("packet_burst = \"2k\"", "packet_burst = \"20m\""),
+                "20m",
+                "interface[0].packet_burst: packet rate: burst lasts more than 208 days",
             ),
             (
                 PROFILE.replace("packet_rate = 20000", "packet_rate = 0"),
