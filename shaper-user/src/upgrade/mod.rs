@@ -858,6 +858,44 @@ mod tests {
         assert!(e.to_string().contains("detach and attach again"), "{e}");
     }
 
+    /// Counters made anew get carried maps made anew too, even where the carried map's
+    /// layout did not change (writing the old one would change the old attachment's
+    /// counts before the swap); unchanged counters keep theirs.
+    #[test]
+    fn new_counters_get_new_carried_maps() {
+        let changed = |pin: &str| {
+            let maps: Vec<MapLayout> = layout::current()
+                .maps
+                .iter()
+                .map(|m| MapLayout {
+                    value_size: m.value_size - u32::from(m.pin == pin) * 8,
+                    ..*m
+                })
+                .collect();
+            let older = Layout {
+                version: LAYOUTS.len() as u32,
+                maps: maps.leak(),
+            };
+            let mut fresh: Vec<&str> = plan(&Attachment::new("eth0", None), &older)
+                .unwrap()
+                .into_iter()
+                .filter(|(_, reuse)| !*reuse)
+                .map(|(m, _)| m.pin)
+                .collect();
+            fresh.sort_unstable();
+            fresh
+        };
+        assert_eq!(changed(""), [PIN_LAYOUT]);
+        assert_eq!(
+            changed(PIN_COUNTERS),
+            [PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LAYOUT]
+        );
+        assert_eq!(
+            changed(PIN_POLICY_STATS),
+            [PIN_LAYOUT, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED]
+        );
+    }
+
     #[test]
     fn the_upgrade_command_spells_the_settings() {
         let config = Config::per_source(8_000_000, 65_536).unwrap();
