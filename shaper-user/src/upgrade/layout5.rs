@@ -287,6 +287,33 @@ mod tests {
         assert_eq!((now.aggregate_refused_bytes, now.new_sources), (3, 4));
     }
 
+    /// An admission is given today's first-sighting allowance; one today's rules refuse
+    /// (a burst lasting longer than a limit may now) is carried as it was, not lost.
+    #[test]
+    fn layout_5_admissions_carry_their_limits() {
+        let old = Admission5 {
+            limit: Limit::new(8 * 100, 500).unwrap(),
+            new_sources: 100,
+            new_sources_burst: 500,
+        };
+        assert_eq!(old.current(), Admission::new(100, 500).unwrap());
+        let refused = Admission5 {
+            limit: Limit::new(8, 1).unwrap(),
+            new_sources: 1,
+            new_sources_burst: u64::MAX,
+        };
+        assert!(Admission::new(1, u64::MAX).is_err());
+        assert_eq!(
+            refused.current(),
+            Admission {
+                limit: refused.limit,
+                new_sources: 1,
+                new_sources_burst: u64::MAX,
+                first: Limit::default(),
+            }
+        );
+    }
+
     #[test]
     fn layout_5_carries_every_setting_and_seeds_the_traces() {
         let old = Config5 {
