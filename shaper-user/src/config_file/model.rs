@@ -721,6 +721,25 @@ new_sources_burst = 200000
         assert_eq!(got[1].max_sources, Some(1000));
     }
 
+    /// An interface's ECN threshold and horizon, read as `attach` takes them; left out,
+    /// the defaults.
+    #[test]
+    fn shape_delays_read_as_the_flags_do() {
+        let given = GOOD.replace(
+            "name = \"eth0\"",
+            "name = \"eth0\"\necn_threshold = \"2ms\"\nhorizon = \"250us\"",
+        );
+        let got = parse("isp.toml", &given, Direction::Ingress).unwrap();
+        assert_eq!(
+            (got[0].ecn_threshold_ns, got[0].horizon_ns),
+            (Some(2_000_000), Some(250_000))
+        );
+        assert_eq!(
+            (got[1].ecn_threshold_ns, got[1].horizon_ns),
+            (Some(DEFAULT_ECN_THRESHOLD_NS), Some(DEFAULT_HORIZON_NS))
+        );
+    }
+
     fn error_of(text: &str) -> String {
         parse("isp.toml", text, Direction::Ingress)
             .unwrap_err()
@@ -836,6 +855,20 @@ new_sources_burst = 200000
                 line(&burst_alone, "new_sources_burst")
             )
         );
+        // The interface's rate refused by the limit: at the rate, not the burst below it.
+        let slow = GOOD.replace("rate = \"1gbit\"", "rate = \"1bit\"");
+        assert_eq!(
+            error_of(&slow),
+            format!(
+                "isp.toml:{}: interface[1].rate: rate is below the minimum of 8bit (one byte per second)",
+                line(&slow, "1bit")
+            )
+        );
+        // A parser error on a line with no key: the field is the table.
+        let no_key = GOOD.replace("burst = \"1m\"", "= \"1m\"");
+        let e = error_of(&no_key);
+        let want = format!("isp.toml:{}: interface[1]: ", line(&no_key, "= \"1m\""));
+        assert!(e.starts_with(&want), "{e}");
         assert_eq!(
             error_of(""),
             "isp.toml:1: interface: no [[interface]] in the file"
