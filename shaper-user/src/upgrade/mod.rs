@@ -896,6 +896,29 @@ mod tests {
         );
     }
 
+    /// The swap of step 3 (see the module docs): two directories change places in one
+    /// step, and a missing one is an error, not a half-done swap.
+    #[test]
+    fn exchange_swaps_two_directories() {
+        let root = std::env::temp_dir().join(format!("shaper-exchange-{}", std::process::id()));
+        let (a, b) = (root.join("a"), root.join("b"));
+        for (dir, name) in [(&a, "old"), (&b, "new")] {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(dir.join(name), name).unwrap();
+        }
+        let swap = exchange(&a, &b);
+        let swapped = (a.join("new").exists(), b.join("old").exists());
+        let missing = exchange(&a, &root.join("c"));
+        std::fs::remove_dir_all(&root).unwrap();
+        swap.unwrap();
+        assert_eq!(swapped, (true, true));
+        assert_eq!(
+            missing.unwrap_err().kind(),
+            io::ErrorKind::NotFound,
+            "exchanging with a missing directory"
+        );
+    }
+
     #[test]
     fn the_upgrade_command_spells_the_settings() {
         let config = Config::per_source(8_000_000, 65_536).unwrap();
