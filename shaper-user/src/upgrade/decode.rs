@@ -276,3 +276,55 @@ pub fn read_counts(dir: &Path, l: &Layout, settings: &Settings) -> Result<Counts
         policy_stats,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use shaper_common::maps::{METER2_EXCESS, METER2_PACKETS, Meter2};
+
+    use super::*;
+
+    /// Whether an upgrade must size the second meter's maps for every source: a second
+    /// meter on the default policy or on any prefix policy.
+    #[test]
+    fn settings_have_a_second_meter_where_any_policy_has_one() {
+        let with = |meters| Meter2 {
+            meters,
+            ..Meter2::default()
+        };
+        let policy = |meters| Policy {
+            meter2: with(meters),
+            ..Policy::default()
+        };
+        let settings = |default, prefixes: &[u8]| Settings {
+            config: Config {
+                meter2: with(default),
+                ..Config::default()
+            },
+            policies: (1..).zip(prefixes.iter().map(|&m| policy(m))).collect(),
+        };
+        assert!(!settings(0, &[]).has_meter2());
+        assert!(!settings(0, &[0, 0]).has_meter2());
+        assert!(settings(METER2_EXCESS, &[]).has_meter2());
+        assert!(settings(0, &[0, METER2_PACKETS]).has_meter2());
+    }
+
+    /// A map is read as today's only where its layout is today's.
+    #[test]
+    fn a_map_is_read_as_todays_only_if_its_layout_is() {
+        let today = layout::current();
+        let older = layout::layout(6).unwrap();
+        assert!(as_today(today, PIN_POLICIES));
+        assert!(
+            !as_today(older, PIN_POLICIES),
+            "layout 6's policies lack the second meter"
+        );
+        assert!(!as_today(today, "no such map"));
+        assert_eq!(
+            no_decoder(PIN_POLICIES, older).to_string(),
+            format!(
+                "this shaper cannot read map 'policies' of pin layout {}",
+                older.version
+            )
+        );
+    }
+}
