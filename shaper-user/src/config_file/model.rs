@@ -855,6 +855,18 @@ new_sources_burst = 200000
                 line(&burst_alone, "new_sources_burst")
             )
         );
+        // A key prefix at most as long as the address: /32 and /128 are, /33 is not.
+        let whole = GOOD.replace("prefix_v4 = 24", "prefix_v4 = 32\nprefix_v6 = 128");
+        let got = parse("isp.toml", &whole, Direction::Ingress).unwrap();
+        assert_eq!((got[1].prefix_v4, got[1].prefix_v6), (Some(32), Some(128)));
+        let longer = GOOD.replace("prefix_v4 = 24", "prefix_v4 = 33");
+        assert_eq!(
+            error_of(&longer),
+            format!(
+                "isp.toml:{}: interface[1].prefix_v4: /33 is longer than 32 bits",
+                line(&longer, "prefix_v4 = 33")
+            )
+        );
         // The interface's rate refused by the limit: at the rate, not the burst below it.
         let slow = GOOD.replace("rate = \"1gbit\"", "rate = \"1bit\"");
         assert_eq!(
