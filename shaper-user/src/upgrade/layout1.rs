@@ -240,6 +240,42 @@ mod tests {
         assert_eq!(std::mem::offset_of!(Counters1, unconfigured_packets), 152);
     }
 
+    /// A policy keeps every field, and shares the interface's admission (layout 1 had
+    /// none of its own).
+    #[test]
+    fn a_layout_1_policy_carries_every_field() {
+        let old = Policy1 {
+            limit: Limit::new(4_000_000, 65_536).unwrap(),
+            aggregate: Limit::new(10_000_000, 131_072).unwrap(),
+            rate_bps: 4_000_000,
+            burst_bytes: 65_536,
+            aggregate_rate_bps: 10_000_000,
+            aggregate_burst_bytes: 131_072,
+            action: 1,
+            mode: 1,
+            in_use: 1,
+            family: 6,
+            prefix_len: 32,
+            _pad: 0,
+            addr: [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        };
+        let now = old.current();
+        assert_eq!(
+            (now.limit, now.aggregate, now.rate_bps, now.burst_bytes),
+            (old.limit, old.aggregate, 4_000_000, 65_536)
+        );
+        assert_eq!(
+            (now.aggregate_rate_bps, now.aggregate_burst_bytes),
+            (10_000_000, 131_072)
+        );
+        assert_eq!(
+            (now.action, now.mode, now.in_use, now.family, now.prefix_len),
+            (1, 1, 1, 6, 32)
+        );
+        assert_eq!(now.addr, old.addr);
+        assert_eq!(now.admission, Admission::default());
+    }
+
     #[test]
     fn layout_1_carries_into_todays_types() {
         let old = Config1 {

@@ -287,6 +287,46 @@ mod tests {
         assert_eq!((now.aggregate_refused_bytes, now.new_sources), (3, 4));
     }
 
+    /// A policy keeps every field, its admission carried as [`Admission5::current`] does.
+    #[test]
+    fn a_layout_5_policy_carries_every_field() {
+        let old = Policy5 {
+            limit: Limit::new(4_000_000, 65_536).unwrap(),
+            aggregate: Limit::new(10_000_000, 131_072).unwrap(),
+            rate_bps: 4_000_000,
+            burst_bytes: 65_536,
+            aggregate_rate_bps: 10_000_000,
+            aggregate_burst_bytes: 131_072,
+            action: 1,
+            mode: 1,
+            in_use: 1,
+            family: 6,
+            prefix_len: 32,
+            _pad: 0,
+            addr: [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            admission: Admission5 {
+                limit: Limit::new(8 * 100, 500).unwrap(),
+                new_sources: 100,
+                new_sources_burst: 500,
+            },
+        };
+        let now = old.current();
+        assert_eq!(
+            (now.limit, now.aggregate, now.rate_bps, now.burst_bytes),
+            (old.limit, old.aggregate, 4_000_000, 65_536)
+        );
+        assert_eq!(
+            (now.aggregate_rate_bps, now.aggregate_burst_bytes),
+            (10_000_000, 131_072)
+        );
+        assert_eq!(
+            (now.action, now.mode, now.in_use, now.family, now.prefix_len),
+            (1, 1, 1, 6, 32)
+        );
+        assert_eq!(now.addr, old.addr);
+        assert_eq!(now.admission, Admission::new(100, 500).unwrap());
+    }
+
     /// An admission is given today's first-sighting allowance; one today's rules refuse
     /// (a burst lasting longer than a limit may now) is carried as it was, not lost.
     #[test]
