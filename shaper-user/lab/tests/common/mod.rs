@@ -161,6 +161,33 @@ pub fn replay<R: Recorded>(
     passed
 }
 
+/// What one key's bucket passes of `flow`'s recorded sends, as [`replay`] does, when its
+/// limit (rate in bit/s, burst in bytes) is `first` and then changes to each of `changes`
+/// at its offset (nanoseconds, from the origin of the send offsets, in order). As the
+/// kernel does (`shaper_common::rescale`), the first frame at or after a change carries
+/// the bucket over to the new limit: its backlog in bytes kept, capped at the new burst,
+/// never refilled; an idle bucket left as it is. Returns the bytes passed.
+pub fn replay_changes<R: Recorded>(
+    flow: &R,
+    first: (u64, u64),
+    changes: &[(u64, (u64, u64))],
+) -> u64 {
+    let bytes = flow.frame_bytes();
+    let mut bucket = Bucket::new(first.0, first.1);
+    let mut changes = changes.iter().peekable();
+    let mut passed = 0;
+    for &t in flow.send_offsets() {
+        while let Some(&(_, (rate, burst))) = changes.next_if(|&&(at, _)| at <= t) {
+            bucket.carry_over(t as f64, rate, burst);
+        }
+        if let Some(tat) = bucket.admit(t as f64, bytes) {
+            bucket.tat = tat;
+            passed += bytes;
+        }
+    }
+    passed
+}
+
 /// A flow whose sends were recorded: [`shaper_lab::lab::RunOptions::record_sends`] (UDP) or
 /// [`shaper_lab::lab::raw::RawOptions::record_sends`] (crafted frames).
 pub trait Recorded {
@@ -272,6 +299,19 @@ impl Bucket {
             ns_per_byte,
             tau: burst as f64 * ns_per_byte,
         }
+    }
+
+    /// Carries the bucket over to a limit of `rate_bps` and `burst` at `t`, as the kernel
+    /// does (`shaper_common::rescale`): a backlog (a time ahead of `t`) kept in bytes,
+    /// capped at the new burst; an idle bucket left as it is.
+    fn carry_over(&mut self, t: f64, rate_bps: u64, burst: u64) {
+        let new = Self::new(rate_bps, burst);
+        let tat = if self.tat > t {
+            t + ((self.tat - t) * new.ns_per_byte / self.ns_per_byte).min(new.tau)
+        } else {
+            self.tat
+        };
+        *self = Self { tat, ..new };
     }
 
     /// The bucket's time after passing a frame of `bytes` at `t`, if it conforms.
