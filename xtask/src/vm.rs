@@ -368,7 +368,7 @@ const SUITES: &[Suite] = &[
     Suite {
         file: "tests/live_policy.rs",
         place: Place::Host,
-        why: "rates of live traffic under policies, and rate changes mid-traffic bracketed to the sub-millisecond",
+        why: "rates of live traffic under policies, and rate changes mid-traffic",
     },
     Suite {
         file: "tests/bench_accuracy.rs",
