@@ -32,6 +32,7 @@ mod old_builds;
 /// Builds every old shaper the upgrade tests need that is not built yet.
 pub fn build_all() -> Result<()> {
     let target = workspace::target_dir();
+    let _lock = lock()?;
     for build in old_builds::OLD_BUILDS {
         let bin = old_builds::binary(&target, build.commit);
         if bin.is_file() {
@@ -52,6 +53,7 @@ pub fn build_all() -> Result<()> {
 /// returns its directory (`shaper` and `shaper-ebpf`).
 pub fn build_baseline() -> Result<PathBuf> {
     let build = old_builds::BASELINE;
+    let _lock = lock()?;
     let dir = old_builds::release_dir(&workspace::target_dir(), build.commit);
     let shaper = dir.join(old_builds::RELEASE_SHAPER);
     let object = dir.join(old_builds::RELEASE_OBJECT);
@@ -68,6 +70,23 @@ pub fn build_baseline() -> Result<PathBuf> {
     copy_whole(&built.shaper, &shaper)?;
     remove_sources(build.commit)?;
     Ok(dir)
+}
+
+/// Takes the old builds' lock, waiting for it: two runs at once (`.ci/run` runs the host
+/// tests and the kernel matrix side by side, and each wants the old builds first) would
+/// otherwise export and build the same commit into the same directories together. The
+/// second finds what the first built. Released when the file is dropped.
+fn lock() -> Result<fs::File> {
+    let dir = old_builds::dir(&workspace::target_dir());
+    fs::create_dir_all(&dir)?;
+    let path = dir.join(".lock");
+    let file = fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    if file.try_lock().is_err() {
+        println!("waiting for another run's old builds ({})", path.display());
+        file.lock()
+            .with_context(|| format!("locking {}", path.display()))?;
+    }
+    Ok(file)
 }
 
 /// What building one commit produced, in the shared target directory.
@@ -91,6 +110,8 @@ fn build_commit(commit: &str, release: bool) -> Result<Built> {
         .current_dir(&src)
         .env("PATH", path)
         .env("CARGO_TARGET_DIR", dir.join("target"))
+        // Only run by the tests, never debugged: no debug info to build and link.
+        .env("CARGO_PROFILE_DEV_DEBUG", "0")
         .args(["build", "--locked", "-p", "shaper-user", "--bin", "shaper"])
         .args(release.then_some("--release"))
         // Cargo's progress and errors go to the terminal; its JSON (stdout) says where

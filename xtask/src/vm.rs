@@ -368,7 +368,7 @@ const SUITES: &[Suite] = &[
     Suite {
         file: "tests/live_policy.rs",
         place: Place::Host,
-        why: "rates of live traffic under policies, and changes within a second",
+        why: "rates of live traffic under policies, and rate changes mid-traffic",
     },
     Suite {
         file: "tests/bench_accuracy.rs",

@@ -5,6 +5,10 @@
 //! This kernel has no 802.1Q VLAN devices (CONFIG_VLAN_8021Q is off), so tagged traffic is
 //! written onto the veth with packet sockets ([`shaper_lab::lab::raw`]) and counted at the
 //! receiving veth the same way.
+//!
+//! As live_rate.rs does, each overloaded key's bytes are the kernel's exact count, checked
+//! against a GCRA replay of every recorded send and against rate x the kernel's receive
+//! window + burst as an upper bound ([`assert_limited`]).
 
 #[expect(dead_code, reason = "not every helper is used here")]
 mod common;
@@ -14,12 +18,12 @@ use std::{
     time::Duration,
 };
 
-use common::{Received, assert_near, attach, attach_with, limit_gives, stats};
+use common::{Received, Recorded, assert_limited, attach, attach_with, replay, stats};
 use shaper_lab::{
     frame,
     lab::{
         Flow, FlowResult, Lab, LabOptions, Late, RunOptions,
-        raw::{RawFlow, Sources, run_raw},
+        raw::{RawFlow, RawOptions, Sources, run_raw_with},
         run_udp_with,
     },
 };
@@ -30,26 +34,34 @@ const BURST: u64 = 65_536;
 const BURST_ARG: &str = "64k";
 const SECONDS: u64 = 3;
 
-/// Delivered against rate × time + burst for one bucket (the time it passed the frames
-/// of `flows`, [`limit_gives`]), within [`common::tolerance`].
-fn assert_within<R: Received>(what: &str, delivered: u64, rate_bps: u64, flows: &[&R]) {
-    assert_near(
-        &format!("{what}: delivered"),
-        delivered as f64,
-        limit_gives(rate_bps, BURST, flows),
-        BURST as f64,
+/// What one key of `flow` (overloaded: it sent half again what the limit passes of it)
+/// received, `delivered`, against what a bucket of `rate_bps` and [`BURST`] passes of
+/// its sends ([`assert_limited`]).
+fn assert_held<R: Received + Recorded>(what: &str, delivered: u64, rate_bps: u64, flow: &R) {
+    let limit = (rate_bps, BURST);
+    let replayed = replay(&[flow], Some(limit), None)[0];
+    let sent = flow.send_offsets().len() as u64 * flow.frame_bytes();
+    assert!(
+        sent > 3 * replayed / 2,
+        "{what}: sent {sent} bytes, not overloaded"
+    );
+    assert_limited(
+        &format!("{what} received"),
+        delivered,
+        replayed,
+        limit,
+        &[flow],
     );
 }
 
-/// UDP traffic through the lab, all of it counted by the receiver.
+/// UDP traffic through the lab, all of it counted by the receiver, every send's time kept
+/// ([`replay`]).
 fn run_udp(lab: &Lab, flows: &[Flow]) -> Vec<FlowResult> {
-    let report = run_udp_with(
-        lab,
-        flows,
-        Duration::from_secs(SECONDS),
-        &RunOptions::default(),
-    )
-    .unwrap();
+    let options = RunOptions {
+        record_sends: true,
+        ..RunOptions::default()
+    };
+    let report = run_udp_with(lab, flows, Duration::from_secs(SECONDS), &options).unwrap();
     assert_eq!(report.receiver_drops, 0, "the receiver lost datagrams");
     report.flows
 }
@@ -77,7 +89,7 @@ fn ipv6_sources_are_held_to_the_limit() {
     let results = run_udp(&lab, &overload(&srcs, 1000));
     let st = stats(lab.rx_ns(), lab.rx_iface());
     for r in &results {
-        assert_within(&r.src.to_string(), r.received_l2_bytes, RATE_BPS, &[r]);
+        assert_held(&r.src.to_string(), r.received_l2_bytes, RATE_BPS, r);
         // Each source is its own /64 (the default IPv6 key) and shaper saw the same bytes.
         let IpAddr::V6(a) = r.src else { unreachable!() };
         let seg = a.segments();
@@ -119,12 +131,13 @@ fn vlan_and_qinq_frames_are_held_by_inner_address() {
             }
         })
         .collect();
-    let run = run_raw(&lab, &flows, Duration::from_secs(SECONDS)).unwrap();
+    let options = RawOptions { record_sends: true };
+    let run = run_raw_with(&lab, &flows, Duration::from_secs(SECONDS), &options).unwrap();
     assert_eq!(run.receiver_drops, 0, "the receiver lost frames");
     let st = stats(lab.rx_ns(), lab.rx_iface());
     for (src, r) in s.iter().zip(&run.flows) {
         assert!(r.sent_packets > 0, "{src}: {r:?}");
-        assert_within(&src.to_string(), r.received_l2_bytes(), RATE_BPS, &[r]);
+        assert_held(&src.to_string(), r.received_l2_bytes(), RATE_BPS, r);
         // Charged to the inner source address, with the tags' bytes.
         assert_eq!(st.key(src).passed_bytes, r.received_l2_bytes(), "{src}");
     }
@@ -147,7 +160,10 @@ fn a_24_prefix_holds_four_sources_to_one_limit() {
     let results = run_udp(&lab, &overload(&srcs, 1000));
     let delivered: u64 = results.iter().map(|r| r.received_l2_bytes).sum();
     let all: Vec<&FlowResult> = results.iter().collect();
-    assert_within("198.18.0.0/24", delivered, AGGREGATE_BPS, &all);
+    // One bucket for all four: the replay's aggregate over every send of the four.
+    let limit = (AGGREGATE_BPS, BURST);
+    let replayed = replay(&all, None, Some(limit)).iter().sum();
+    assert_limited("198.18.0.0/24 received", delivered, replayed, limit, &all);
     let st = stats(lab.rx_ns(), lab.rx_iface());
     let keys: Vec<_> = st.keys().collect();
     assert_eq!(keys.len(), 1, "one key for the /24: {keys:?}");
@@ -181,7 +197,7 @@ fn jumbo_frames_are_charged_their_full_length() {
     let st = stats(lab.rx_ns(), lab.rx_iface());
     let passed = |src: IpAddr| st.key(src).passed_bytes;
     let hot = &results[0];
-    assert_within("jumbo, overloaded", hot.received_l2_bytes, RATE_BPS, &[hot]);
+    assert_held("jumbo, overloaded,", hot.received_l2_bytes, RATE_BPS, hot);
     assert_eq!(passed(hot.src), hot.received_l2_bytes);
     let quiet = &results[1];
     assert!(quiet.sent_packets > 0);

@@ -149,6 +149,10 @@ pub struct RawResult {
     /// (a flood, at normal priority) offered what, for a model of what a limiter should
     /// make of it.
     pub per_ms: Vec<u32>,
+    /// When each successful send was handed to the kernel, nanoseconds from the flows'
+    /// common start, in order, when [`RawOptions::record_sends`] is set (empty otherwise),
+    /// as [`super::FlowResult::send_offsets_ns`].
+    pub send_offsets_ns: Vec<u64>,
 }
 
 impl std::fmt::Debug for RawResult {
@@ -171,6 +175,10 @@ impl std::fmt::Debug for RawResult {
                     self.per_ms.len(),
                     self.per_ms.iter().sum::<u32>()
                 ),
+            )
+            .field(
+                "send_offsets_ns",
+                &format_args!("[{} recorded]", self.send_offsets_ns.len()),
             )
             .finish()
     }
@@ -197,9 +205,26 @@ pub struct RawRun {
     pub receiver_drops: u64,
 }
 
+/// How [`run_raw_with`] runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RawOptions {
+    /// Keep the time of every successful send ([`RawResult::send_offsets_ns`]).
+    pub record_sends: bool,
+}
+
 /// Sends every flow for `duration` from the tx veth and counts, per flow, the frames the
 /// rx veth passed up.
 pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<RawRun> {
+    run_raw_with(lab, flows, duration, &RawOptions::default())
+}
+
+/// [`run_raw`] with [`RawOptions`]: every send's time recorded.
+pub fn run_raw_with(
+    lab: &Lab,
+    flows: &[RawFlow],
+    duration: Duration,
+    options: &RawOptions,
+) -> Result<RawRun> {
     let mut frames = Vec::with_capacity(flows.len());
     for (i, flow) in flows.iter().enumerate() {
         ensure!(
@@ -261,7 +286,7 @@ pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<RawRu
                         start,
                         duration,
                         late: flow.late,
-                        record: false,
+                        record: options.record_sends,
                     };
                     pace(&pacing, || {
                         if flow.sources != Sources::One {
@@ -315,6 +340,7 @@ pub fn run_raw(lab: &Lab, flows: &[RawFlow], duration: Duration) -> Result<RawRu
                 offered_secs: sent.secs,
                 max_gap_secs: sent.max_gap_secs,
                 per_ms: sent.per_ms,
+                send_offsets_ns: sent.send_offsets_ns,
             })
         })
         .collect::<Result<_>>()?;
@@ -579,7 +605,8 @@ mod tests {
                 late: Late::CatchUp,
             })
             .collect();
-        let run = run_raw(&lab, &flows, Duration::from_secs(1)).expect("run_raw");
+        let options = RawOptions { record_sends: true };
+        let run = run_raw_with(&lab, &flows, Duration::from_secs(1), &options).expect("run_raw");
         assert_eq!(run.receiver_drops, 0);
         for (flow, r) in flows.iter().zip(&run.flows) {
             eprintln!("{r:?}");
@@ -592,6 +619,14 @@ mod tests {
                 r.per_ms.iter().map(|&n| u64::from(n)).sum::<u64>(),
                 r.sent_packets
             );
+            // Every send's time, in order, in the millisecond that counted it.
+            assert_eq!(r.send_offsets_ns.len() as u64, r.sent_packets, "{r:?}");
+            assert!(r.send_offsets_ns.is_sorted(), "{r:?}");
+            let mut per_ms = vec![0u32; r.per_ms.len()];
+            for &ns in &r.send_offsets_ns {
+                per_ms[(ns / 1_000_000) as usize] += 1;
+            }
+            assert_eq!(per_ms, r.per_ms);
             let interval = f64::from(r.frame_bytes) * 8.0 / flow.offered_bps as f64;
             assert!(r.max_gap_secs >= 0.9 * interval, "{r:?}");
             let bps = r.sent_l2_bytes() as f64 * 8.0 / r.offered_secs;

@@ -235,6 +235,11 @@ pub struct RunReport {
     pub path_drops: u64,
     /// Sender threads used (more than the flows when a flow was split over CPUs).
     pub sender_threads: usize,
+    /// The senders' common start, the origin of [`FlowResult::send_offsets_ns`]: what
+    /// happened meanwhile (a command that changed a limit) is placed among the sends
+    /// with the same clock.
+    #[serde(skip)]
+    pub start: Instant,
 }
 
 /// Sends every flow for `duration` from the tx namespace to the receiver in the rx
@@ -392,6 +397,7 @@ pub fn run_udp_with(
         receiver_drops: drops_after.saturating_sub(drops_before),
         path_drops: path_after.saturating_sub(path_before),
         sender_threads: parts.len(),
+        start,
     })
 }
 

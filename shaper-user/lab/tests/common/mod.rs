@@ -115,37 +115,28 @@ pub fn limit_gives<R: Received>(rate_bps: u64, burst: u64, flows: &[&R]) -> f64 
     rate_bps as f64 / 8.0 * (last - first) as f64 / 1e9 + burst as f64
 }
 
-/// What GCRA buckets pass of frames as they were sent: `flows` run with
-/// [`shaper_lab::lab::RunOptions::record_sends`], each flow a key of its own held to
-/// `per_key` (rate in bit/s, burst in bytes) if given, and all of them also through one
-/// bucket of `aggregate` if given (a frame either bucket refuses is charged to neither);
-/// every bucket full at the first frame. Returns the bytes passed per flow.
+/// What GCRA buckets pass of frames as they were sent: `flows` run with their sends
+/// recorded ([`Recorded`]), each flow a key of its own held to `per_key` (rate in bit/s,
+/// burst in bytes) if given, and all of them also through one bucket of `aggregate` if
+/// given (a frame either bucket refuses is charged to neither); every bucket full at the
+/// first frame. Returns the bytes passed per flow.
 ///
 /// The kernel saw each frame moments after its send: a replay of the real sends, stalls
 /// of the senders included (a sender that stops for longer than its bucket takes to
 /// fill loses tokens, here as in the kernel), so a test compares the kernel's exact
 /// counts with it however loaded the machine was. Written here in nanoseconds and f64,
 /// apart from shaper-common's fixed-point arithmetic, which it checks.
-pub fn replay(
-    flows: &[&FlowResult],
+pub fn replay<R: Recorded>(
+    flows: &[&R],
     per_key: Option<(u64, u64)>,
     aggregate: Option<(u64, u64)>,
 ) -> Vec<u64> {
     let mut frames: Vec<(u64, usize)> = Vec::new();
     for (i, flow) in flows.iter().enumerate() {
-        assert_eq!(
-            flow.send_offsets_ns.len() as u64,
-            flow.sent_packets,
-            "{}: run with RunOptions::record_sends",
-            flow.src
-        );
-        frames.extend(flow.send_offsets_ns.iter().map(|&t| (t, i)));
+        frames.extend(flow.send_offsets().iter().map(|&t| (t, i)));
     }
     frames.sort_unstable();
-    let bytes: Vec<u64> = flows
-        .iter()
-        .map(|f| f.sent_l2_bytes / f.sent_packets.max(1))
-        .collect();
+    let bytes: Vec<u64> = flows.iter().map(|f| f.frame_bytes()).collect();
     let mut keys: Vec<Option<Bucket>> = flows
         .iter()
         .map(|_| per_key.map(|(rate, burst)| Bucket::new(rate, burst)))
@@ -170,6 +161,74 @@ pub fn replay(
     passed
 }
 
+/// What one key's bucket passes of `flow`'s recorded sends, as [`replay`] does, when its
+/// limit (rate in bit/s, burst in bytes) is `first` and then changes to each of `changes`
+/// at its offset (nanoseconds, from the origin of the send offsets, in order). As the
+/// kernel does (`shaper_common::rescale`), the first frame at or after a change carries
+/// the bucket over to the new limit: its backlog in bytes kept, capped at the new burst,
+/// never refilled; an idle bucket left as it is. Returns the bytes passed.
+pub fn replay_changes<R: Recorded>(
+    flow: &R,
+    first: (u64, u64),
+    changes: &[(u64, (u64, u64))],
+) -> u64 {
+    let bytes = flow.frame_bytes();
+    let mut bucket = Bucket::new(first.0, first.1);
+    let mut changes = changes.iter().peekable();
+    let mut passed = 0;
+    for &t in flow.send_offsets() {
+        while let Some(&(_, (rate, burst))) = changes.next_if(|&&(at, _)| at <= t) {
+            bucket.carry_over(t as f64, rate, burst);
+        }
+        if let Some(tat) = bucket.admit(t as f64, bytes) {
+            bucket.tat = tat;
+            passed += bytes;
+        }
+    }
+    passed
+}
+
+/// A flow whose sends were recorded: [`shaper_lab::lab::RunOptions::record_sends`] (UDP) or
+/// [`shaper_lab::lab::raw::RawOptions::record_sends`] (crafted frames).
+pub trait Recorded {
+    /// When each frame was sent, nanoseconds from the flows' common start, in order; panics
+    /// if the sends were not recorded.
+    fn send_offsets(&self) -> &[u64];
+    /// The layer-2 bytes of each of its frames.
+    fn frame_bytes(&self) -> u64;
+}
+
+impl Recorded for FlowResult {
+    fn send_offsets(&self) -> &[u64] {
+        assert_eq!(
+            self.send_offsets_ns.len() as u64,
+            self.sent_packets,
+            "{}: run with RunOptions::record_sends",
+            self.src
+        );
+        &self.send_offsets_ns
+    }
+
+    fn frame_bytes(&self) -> u64 {
+        self.sent_l2_bytes / self.sent_packets.max(1)
+    }
+}
+
+impl Recorded for RawResult {
+    fn send_offsets(&self) -> &[u64] {
+        assert_eq!(
+            self.send_offsets_ns.len() as u64,
+            self.sent_packets,
+            "run with RawOptions::record_sends: {self:?}"
+        );
+        &self.send_offsets_ns
+    }
+
+    fn frame_bytes(&self) -> u64 {
+        u64::from(self.frame_bytes)
+    }
+}
+
 /// What a key's second meter passes of its frames as they were sent, as [`replay`] does
 /// for one bucket: `flow` (run with `record_sends`, one key) through its committed bucket
 /// `committed` (rate in bit/s, burst in bytes), then, for a frame it refuses, the excess
@@ -183,14 +242,8 @@ pub fn replay_colour(
     excess: Option<(u64, u64)>,
     packets: Option<(u64, u64)>,
 ) -> (u64, u64) {
-    assert_eq!(
-        flow.send_offsets_ns.len() as u64,
-        flow.sent_packets,
-        "{}: run with RunOptions::record_sends",
-        flow.src
-    );
-    let bytes = flow.sent_l2_bytes / flow.sent_packets.max(1);
-    replay_colour_at(&flow.send_offsets_ns, bytes, committed, excess, packets)
+    let offsets = flow.send_offsets();
+    replay_colour_at(offsets, flow.frame_bytes(), committed, excess, packets)
 }
 
 /// [`replay_colour`] of `bytes`-byte frames of one key seen at `offsets_ns` (from any
@@ -246,6 +299,19 @@ impl Bucket {
             ns_per_byte,
             tau: burst as f64 * ns_per_byte,
         }
+    }
+
+    /// Carries the bucket over to a limit of `rate_bps` and `burst` at `t`, as the kernel
+    /// does (`shaper_common::rescale`): a backlog (a time ahead of `t`) kept in bytes,
+    /// capped at the new burst; an idle bucket left as it is.
+    fn carry_over(&mut self, t: f64, rate_bps: u64, burst: u64) {
+        let new = Self::new(rate_bps, burst);
+        let tat = if self.tat > t {
+            t + ((self.tat - t) * new.ns_per_byte / self.ns_per_byte).min(new.tau)
+        } else {
+            self.tat
+        };
+        *self = Self { tat, ..new };
     }
 
     /// The bucket's time after passing a frame of `bytes` at `t`, if it conforms.
