@@ -18,42 +18,125 @@
 
 use std::{
     fs,
+    io::{self, Write},
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, anyhow, bail};
 
 use crate::{cmd, host, vm::json_string, workspace};
 
 #[path = "../../shaper-user/lab/src/old_builds.rs"]
+#[expect(
+    dead_code,
+    reason = "`wait_for_build` is the upgrade tests', waiting on the locks taken here"
+)]
 mod old_builds;
 
-/// Builds every old shaper the upgrade tests need that is not built yet.
-pub fn build_all() -> Result<()> {
+/// Builds the old shaper the kernel matrix's guests need (they upgrade from the newest old
+/// build only) unless it is built.
+pub fn build_newest() -> Result<()> {
+    let newest = old_builds::OLD_BUILDS
+        .last()
+        .context("the list of old builds is empty")?;
+    let lock = lock(newest.commit)?;
+    build_one(newest, lock, &mut io::stdout())
+}
+
+/// Builds `build`'s debug `shaper` unless it is built, holding `lock` (its commit's) until
+/// it is; cargo's progress goes to `log`.
+fn build_one(build: &old_builds::OldBuild, lock: fs::File, log: &mut dyn Write) -> Result<()> {
+    let bin = old_builds::binary(&workspace::target_dir(), build.commit);
+    if bin.is_file() {
+        return Ok(());
+    }
+    writeln!(
+        log,
+        "building the shaper of commit {} (pin layout {}) for the upgrade tests",
+        build.commit, build.layout
+    )?;
+    let built = build_commit(build.commit, false, log)?;
+    copy_whole(&built.shaper, &bin)?;
+    remove_sources(build.commit)?;
+    drop(lock);
+    Ok(())
+}
+
+/// The old builds the upgrade tests attach with, being built in a thread of their own
+/// ([`build_all_beside`]).
+pub struct Building {
+    thread: thread::JoinHandle<Result<()>>,
+    log: PathBuf,
+    started: Instant,
+}
+
+/// Starts building, in a thread, every old shaper the upgrade tests need that is not built
+/// yet, newest first: `cargo xtask test` runs its host tests and kernel tests meanwhile,
+/// and an upgrade test that needs one waits on its lock (`old_builds::wait_for_build`),
+/// which this takes for every build before it returns. A build another run holds (the
+/// kernel matrix beside, building the newest) is waited for in the thread. Cargo's output
+/// goes to `target/old-shaper/build.log`, printed if a build fails.
+pub fn build_all_beside() -> Result<Building> {
     let target = workspace::target_dir();
-    let _lock = lock()?;
-    for build in old_builds::OLD_BUILDS {
-        let bin = old_builds::binary(&target, build.commit);
-        if bin.is_file() {
+    let mut todo = Vec::new();
+    for build in old_builds::OLD_BUILDS.iter().rev() {
+        if old_builds::binary(&target, build.commit).is_file() {
             continue;
         }
-        println!(
-            "building the shaper of commit {} (pin layout {}) for the upgrade tests",
-            build.commit, build.layout
-        );
-        let built = build_commit(build.commit, false)?;
-        copy_whole(&built.shaper, &bin)?;
-        remove_sources(build.commit)?;
+        let file = lock_file(build.commit)?;
+        let held = file.try_lock().is_ok();
+        todo.push((*build, file, held));
     }
-    Ok(())
+    let log = old_builds::dir(&target).join("build.log");
+    let mut out = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    if !todo.is_empty() {
+        println!(
+            "building {} old shaper(s) for the upgrade tests beside the tests (log: {})",
+            todo.len(),
+            log.display()
+        );
+    }
+    let thread = thread::spawn(move || {
+        for (build, file, held) in todo {
+            if !held {
+                file.lock()?;
+            }
+            build_one(&build, file, &mut out)?;
+        }
+        Ok(())
+    });
+    Ok(Building {
+        thread,
+        log,
+        started: Instant::now(),
+    })
+}
+
+impl Building {
+    /// Waits for the builds to end; how long they took, and whether they all succeeded.
+    pub fn wait(self) -> (Duration, Result<()>) {
+        let result = match self.thread.join() {
+            Ok(result) => result,
+            Err(_) => Err(anyhow!("the old builds' thread panicked")),
+        };
+        let took = self.started.elapsed();
+        if let Err(err) = &result {
+            let log = fs::read_to_string(&self.log).unwrap_or_default();
+            println!("{log}");
+            println!("the old builds for the upgrade tests failed: {err:#}");
+        }
+        (took, result)
+    }
 }
 
 /// Builds the bench's baseline ([`old_builds::BASELINE`]) for release unless it is built;
 /// returns its directory (`shaper` and `shaper-ebpf`).
 pub fn build_baseline() -> Result<PathBuf> {
     let build = old_builds::BASELINE;
-    let _lock = lock()?;
+    let _lock = lock(build.commit)?;
     let dir = old_builds::release_dir(&workspace::target_dir(), build.commit);
     let shaper = dir.join(old_builds::RELEASE_SHAPER);
     let object = dir.join(old_builds::RELEASE_OBJECT);
@@ -64,7 +147,7 @@ pub fn build_baseline() -> Result<PathBuf> {
         "building the shaper of commit {} (pin layout {}) for release: the bench's baseline",
         build.commit, build.layout
     );
-    let built = build_commit(build.commit, true)?;
+    let built = build_commit(build.commit, true, &mut io::stdout())?;
     // The object first: a binary in place says the build is whole.
     copy_whole(&built.object, &object)?;
     copy_whole(&built.shaper, &shaper)?;
@@ -72,21 +155,24 @@ pub fn build_baseline() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Takes the old builds' lock, waiting for it: two runs at once (`.ci/run` runs the host
-/// tests and the kernel matrix side by side, and each wants the old builds first) would
-/// otherwise export and build the same commit into the same directories together. The
-/// second finds what the first built. Released when the file is dropped.
-fn lock() -> Result<fs::File> {
-    let dir = old_builds::dir(&workspace::target_dir());
-    fs::create_dir_all(&dir)?;
-    let path = dir.join(".lock");
-    let file = fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+/// Takes `commit`'s lock ([`old_builds::lock_path`]), waiting for it: two runs at once
+/// (`.ci/run` runs the host tests and the kernel matrix side by side) would otherwise export
+/// and build the same commit into the same directories together, and an upgrade test must
+/// not take a binary being built. Released when the file is dropped.
+fn lock(commit: &str) -> Result<fs::File> {
+    let file = lock_file(commit)?;
     if file.try_lock().is_err() {
-        println!("waiting for another run's old builds ({})", path.display());
+        println!("waiting for another run's build of commit {commit}");
         file.lock()
-            .with_context(|| format!("locking {}", path.display()))?;
+            .with_context(|| format!("locking the build of commit {commit}"))?;
     }
     Ok(file)
+}
+
+fn lock_file(commit: &str) -> Result<fs::File> {
+    let path = old_builds::lock_path(&workspace::target_dir(), commit);
+    fs::create_dir_all(path.parent().context("a lock file in a directory")?)?;
+    fs::File::create(&path).with_context(|| format!("creating {}", path.display()))
 }
 
 /// What building one commit produced, in the shared target directory.
@@ -97,7 +183,7 @@ struct Built {
 }
 
 /// Exports `commit` and builds its `shaper` (debug, or `release`), with its own lock file.
-fn build_commit(commit: &str, release: bool) -> Result<Built> {
+fn build_commit(commit: &str, release: bool, log: &mut dyn Write) -> Result<Built> {
     let dir = old_builds::dir(&workspace::target_dir());
     let src = dir.join("src").join(commit);
     export(commit, &src)?;
@@ -118,12 +204,14 @@ fn build_commit(commit: &str, release: bool) -> Result<Built> {
         // the binary and the build script's output are.
         .args(["--message-format=json-render-diagnostics"]);
     let line = cmd::display(&cargo);
-    println!("$ {line}");
+    writeln!(log, "$ {line}")?;
+    log.flush()?;
     let output = cargo
         .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .output()
         .with_context(|| format!("could not start `{line}`"))?;
+    log.write_all(&output.stderr)?;
     if !output.status.success() {
         bail!("`{line}` failed ({})", output.status);
     }

@@ -72,7 +72,7 @@ fn run_all(args: &Args, tally: &mut Tally, phases: &mut Phases) -> Result<ExitCo
     if let Kernels::Guests(series) = &args.kernel {
         // Formatting, lints and host tests are the same whatever the kernel: the host run
         // (`cargo xtask test`) has them.
-        phases.time("old builds (upgrade tests)", old_shaper::build_all)?;
+        phases.time("old build (the guests' upgrades)", old_shaper::build_newest)?;
         let (counted, code) = vm::run(series, &args.kernel_test_args, phases)?;
         tally.passed += counted.passed;
         tally.failed += counted.failed;
@@ -94,13 +94,20 @@ fn run_all(args: &Args, tally: &mut Tally, phases: &mut Phases) -> Result<ExitCo
         cmd::run(&mut workspace::build_bins())?;
         cmd::run(workspace::cargo().args(["test", "--workspace", "--no-run"]))
     })?;
+    let root = host::is_root()?;
+    // The earlier builds the upgrade tests attach with, built beside the tests that follow
+    // (each upgrade test waits for the one it needs): they are only needed as root.
+    let building = if root && !args.host_only {
+        Some(old_shaper::build_all_beside()?)
+    } else {
+        None
+    };
     // Kernel tests are #[ignore]d, so this runs only what needs no privileges. Every test
     // binary runs even after one fails (`--no-fail-fast`): a run shows all its failures.
     phases.time("host tests", || {
         tally.run(workspace::cargo().args(["test", "--workspace", "--no-fail-fast"]))
     })?;
 
-    let root = host::is_root()?;
     if !root {
         println!(
             "skipped: kernel tests (they load programs into the kernel and create network namespaces: run as root)"
@@ -117,8 +124,6 @@ fn run_all(args: &Args, tally: &mut Tally, phases: &mut Phases) -> Result<ExitCo
         println!("skipped: kernel tests (--host-only)");
         return Ok(ExitCode::SUCCESS);
     }
-    // The upgrade tests attach with earlier builds.
-    phases.time("old builds (upgrade tests)", old_shaper::build_all)?;
     // One thread: the tests share the kernel (namespaces, interfaces, qdiscs). Those that
     // need what this kernel lacks run in the guests only.
     let mut cargo = workspace::cargo();
@@ -135,6 +140,12 @@ fn run_all(args: &Args, tally: &mut Tally, phases: &mut Phases) -> Result<ExitCo
         cargo.args(["--skip", test]);
     }
     cargo.args(&args.kernel_test_args);
-    phases.time("kernel tests on host", || tally.run(&mut cargo))?;
+    let tested = phases.time("kernel tests on host", || tally.run(&mut cargo));
+    if let Some(building) = building {
+        let (took, built) = building.wait();
+        phases.record("old builds (beside the tests)", took, built.is_ok());
+        built?;
+    }
+    tested?;
     Ok(ExitCode::SUCCESS)
 }

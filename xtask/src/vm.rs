@@ -35,7 +35,7 @@ use crate::{
 };
 
 /// A guest that has not powered off after this long is killed, and its kernel fails.
-const GUEST_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+const GUEST_TIMEOUT: Duration = Duration::from_secs(25 * 60);
 
 /// A Debian kernel series: its packages are `<prefix><N><suffix>[-unsigned]`.
 pub struct Series {
@@ -482,9 +482,12 @@ struct SuiteResult {
     took: Option<Duration>,
 }
 
-/// Runs the guest suites under each kernel of `series`, one guest at a time; `extra` goes to
-/// every test binary after our own arguments (a filter, say). Prints each kernel's results
-/// and returns the total; fails only when nothing could run at all.
+/// Runs the guest suites under each kernel of `series`, the guests side by side (each is
+/// mostly one emulated CPU running one test at a time; the kernels are fetched first, one
+/// at a time, as apt wants); `extra` goes to every test binary after our own arguments (a
+/// filter, say). Each guest's console lines are printed as they come, after its name.
+/// Prints each kernel's results and returns the total; fails only when nothing could run
+/// at all.
 pub fn run(
     series: &[&'static Series],
     extra: &[String],
@@ -492,31 +495,42 @@ pub fn run(
 ) -> Result<(Tally, ExitCode)> {
     print_plan();
     let suites = phases.time("build (kernel matrix)", build_suites)?;
-    let mut results = Vec::new();
-    for series in series {
-        let start = Instant::now();
-        let result = match run_kernel(series, &suites, extra) {
-            Ok(mut result) => {
-                result.wall = start.elapsed();
-                result
-            }
-            Err(err) => KernelResult {
-                series: series.name,
-                release: String::new(),
-                package: String::new(),
-                tally: Tally::default(),
-                suites: Vec::new(),
-                wall: start.elapsed(),
-                error: Some(format!("{err:#}")),
-            },
-        };
-        print_kernel(&result);
+    let kernels: Vec<Result<Kernel>> = series.iter().map(|s| fetch(s)).collect();
+    let results: Vec<KernelResult> = thread::scope(|scope| {
+        let guests: Vec<_> = series
+            .iter()
+            .zip(kernels)
+            .map(|(series, kernel)| {
+                let suites = &suites;
+                scope.spawn(move || {
+                    let start = Instant::now();
+                    let run = kernel.and_then(|kernel| run_kernel(series, kernel, suites, extra));
+                    let mut result = run.unwrap_or_else(|err| KernelResult {
+                        series: series.name,
+                        release: String::new(),
+                        package: String::new(),
+                        tally: Tally::default(),
+                        suites: Vec::new(),
+                        wall: Duration::ZERO,
+                        error: Some(format!("{err:#}")),
+                    });
+                    result.wall = start.elapsed();
+                    result
+                })
+            })
+            .collect();
+        guests
+            .into_iter()
+            .map(|guest| guest.join().expect("a guest's thread panicked"))
+            .collect()
+    });
+    for result in &results {
+        print_kernel(result);
         phases.record(
-            &format!("guest {}", series.name),
+            &format!("guest {} (beside the others)", result.series),
             result.wall,
             result.error.is_none() && result.tally.failed == 0,
         );
-        results.push(result);
     }
 
     println!();
@@ -575,7 +589,8 @@ pub fn run_command(
     let mut ok = true;
     for series in series {
         let start = Instant::now();
-        let mut result = run_kernel(series, std::slice::from_ref(&command), &[])?;
+        let kernel = fetch(series)?;
+        let mut result = run_kernel(series, kernel, std::slice::from_ref(&command), &[])?;
         result.wall = start.elapsed();
         print_kernel(&result);
         ok &= result.error.is_none() && result.tally.failed == 0 && !result.suites.is_empty();
@@ -755,12 +770,12 @@ impl Kernel {
 
 fn run_kernel(
     series: &'static Series,
+    kernel: Kernel,
     suites: &[GuestSuite],
     extra: &[String],
 ) -> Result<KernelResult> {
     println!();
     println!("=== kernel {} ===", series.name);
-    let kernel = fetch(series)?;
     let suites: Vec<&GuestSuite> = suites
         .iter()
         .filter(|s| {
@@ -788,7 +803,7 @@ fn run_kernel(
         error: None,
     };
     let mut qemu = qemu_command(&kernel, &initramfs);
-    result.error = run_guest(&mut qemu, &log_path, &mut result)?;
+    result.error = run_guest(&mut qemu, series.name, &log_path, &mut result)?;
     // A binary that failed without a failing test (a crash, a panic outside a test, a
     // libtest usage error), or did not finish, counts as one failure.
     for (_, suite) in &mut result.suites {
@@ -1204,12 +1219,13 @@ fn qemu_command(kernel: &Kernel, initramfs: &Path) -> Command {
     qemu
 }
 
-/// Runs the guest, echoing its console and keeping it in `log_path`, and counts its tests
-/// into `result` (what ran is counted however the guest ends). Returns why the guest did
-/// not get to the end of its script, if it did not: one still running after
-/// [`GUEST_TIMEOUT`] is killed.
+/// Runs the guest, echoing its console (each line after `[name]`: guests run side by
+/// side) and keeping it in `log_path`, and counts its tests into `result` (what ran is
+/// counted however the guest ends). Returns why the guest did not get to the end of its
+/// script, if it did not: one still running after [`GUEST_TIMEOUT`] is killed.
 fn run_guest(
     qemu: &mut Command,
+    name: &str,
     log_path: &Path,
     result: &mut KernelResult,
 ) -> Result<Option<String>> {
@@ -1244,7 +1260,7 @@ fn run_guest(
         let left = deadline.saturating_duration_since(Instant::now());
         match lines.recv_timeout(left) {
             Ok(text) => {
-                println!("{text}");
+                println!("[{name}] {text}");
                 writeln!(log, "{text}").ok();
                 console.read(&text, result);
             }

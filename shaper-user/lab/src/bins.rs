@@ -81,6 +81,8 @@ pub fn old_shaper(layout: u32) -> PathBuf {
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
         .expect("the test runs from the target directory");
+    // `cargo xtask test` builds them beside the tests: one being built is waited for.
+    old_builds::wait_for_build(&target, build.commit);
     let bin = old_builds::binary(&target, build.commit);
     assert!(
         bin.is_file(),

@@ -78,6 +78,21 @@ pub fn binary(target_dir: &Path, commit: &str) -> PathBuf {
     dir(target_dir).join(commit).join("shaper")
 }
 
+/// The lock `cargo xtask` holds on `commit`'s builds while it makes one (it builds them
+/// beside the tests it runs).
+pub fn lock_path(target_dir: &Path, commit: &str) -> PathBuf {
+    dir(target_dir).join(format!("{commit}.lock"))
+}
+
+/// Waits until no run is building `commit` ([`lock_path`]). Returns at once if none is, if
+/// there is no lock file, or if the file system cannot lock (a guest's share of the work
+/// tree): then the build is there or not, as the caller finds it.
+pub fn wait_for_build(target_dir: &Path, commit: &str) {
+    if let Ok(file) = std::fs::File::open(lock_path(target_dir, commit)) {
+        let _ = file.lock_shared();
+    }
+}
+
 /// The release build of `commit` ([`RELEASE_SHAPER`], [`RELEASE_OBJECT`]).
 pub fn release_dir(target_dir: &Path, commit: &str) -> PathBuf {
     dir(target_dir).join(commit).join("release")
