@@ -68,9 +68,9 @@ fn build_one(build: &old_builds::OldBuild, lock: fs::File, log: &mut dyn Write) 
 /// The old builds the upgrade tests attach with, being built in a thread of their own
 /// ([`build_all_beside`]).
 pub struct Building {
-    thread: thread::JoinHandle<Result<()>>,
+    /// Returns how long the builds took (waiting for another run's included).
+    thread: thread::JoinHandle<(Duration, Result<()>)>,
     log: PathBuf,
-    started: Instant,
 }
 
 /// Starts building, in a thread, every old shaper the upgrade tests need that is not built
@@ -99,30 +99,28 @@ pub fn build_all_beside() -> Result<Building> {
             log.display()
         );
     }
+    let started = Instant::now();
     let thread = thread::spawn(move || {
-        for (build, file, held) in todo {
+        let built = todo.into_iter().try_for_each(|(build, file, held)| {
             if !held {
                 file.lock()?;
             }
-            build_one(&build, file, &mut out)?;
-        }
-        Ok(())
+            build_one(&build, file, &mut out)
+        });
+        (started.elapsed(), built)
     });
-    Ok(Building {
-        thread,
-        log,
-        started: Instant::now(),
-    })
+    Ok(Building { thread, log })
 }
 
 impl Building {
     /// Waits for the builds to end; how long they took, and whether they all succeeded.
     pub fn wait(self) -> (Duration, Result<()>) {
-        let result = match self.thread.join() {
-            Ok(result) => result,
-            Err(_) => Err(anyhow!("the old builds' thread panicked")),
-        };
-        let took = self.started.elapsed();
+        let (took, result) = self.thread.join().unwrap_or_else(|_| {
+            (
+                Duration::ZERO,
+                Err(anyhow!("the old builds' thread panicked")),
+            )
+        });
         if let Err(err) = &result {
             let log = fs::read_to_string(&self.log).unwrap_or_default();
             println!("{log}");
