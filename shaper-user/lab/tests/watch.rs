@@ -28,8 +28,17 @@ struct Watcher(Child, Instant);
 
 impl Watcher {
     fn start(lab: &Lab, args: &[&str]) -> Self {
+        Self::start_as(lab, &["-j"], args)
+    }
+
+    /// `shaper -n NS GLOBAL... watch IFACE ARGS...`, returned once it holds the lease (a
+    /// program as slow to start as an emulated guest makes it would otherwise miss the
+    /// traffic sent next, and wait for events forever).
+    fn start_as(lab: &Lab, global: &[&str], args: &[&str]) -> Self {
         let child = Command::new(shaper_bin())
-            .args(["-n", lab.rx_ns(), "-j", "watch", lab.rx_iface()])
+            .args(["-n", lab.rx_ns()])
+            .args(global)
+            .args(["watch", lab.rx_iface()])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -50,11 +59,17 @@ impl Watcher {
         w
     }
 
-    /// Waits for it to exit: its events (one JSON object a line) and how long it ran.
-    fn finish(mut self) -> (Vec<Value>, Duration) {
+    /// Waits for it to exit: what it wrote.
+    fn output(mut self) -> std::process::Output {
         let child = std::mem::replace(&mut self.0, Command::new("true").spawn().expect("run true"));
-        let out = child.wait_with_output().expect("wait for shaper watch");
-        let ran = self.1.elapsed();
+        child.wait_with_output().expect("wait for shaper watch")
+    }
+
+    /// Waits for it to exit: its events (one JSON object a line) and how long it ran.
+    fn finish(self) -> (Vec<Value>, Duration) {
+        let started = self.1;
+        let out = self.output();
+        let ran = started.elapsed();
         assert!(
             out.status.success(),
             "shaper watch failed ({}): {}",
@@ -127,15 +142,11 @@ fn watch_reports_a_source_over_its_limit_and_none_under_it() {
     assert_eq!(events.len() as u64, s.key(over).dropped_packets);
     println!("shaper -j watch:\n{}", events[0]);
 
-    // The same as text: one line an event.
-    let text = Command::new(shaper_bin())
-        .args(["-n", lab.rx_ns(), "watch", lab.rx_iface(), "--count", "3"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    // The same as text: one line an event (bounded in time too: if the events never came,
+    // the count below fails rather than the test hanging).
+    let text = Watcher::start_as(&lab, &[], &["--count", "3", "--duration", "60s"]);
     send(&lab, &flows(&lab, &[2 * RATE_BPS, RATE_BPS / 2]), 1);
-    let out = text.wait_with_output().unwrap();
+    let out = text.output();
     let stdout = String::from_utf8(out.stdout).unwrap();
     println!(
         "shaper watch:\n{}{stdout}",
@@ -188,16 +199,12 @@ fn watch_names_the_packet_rate() {
         assert_eq!(e["policy"], prefix.as_str(), "{e}");
         assert_eq!(e["action"], "dropped", "{e}");
     }
-    let text = Command::new(shaper_bin())
-        .args(["-n", lab.rx_ns(), "watch", iface, "--count", "2"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let text = Watcher::start_as(&lab, &[], &["--count", "2", "--duration", "60s"]);
     send(&lab, &flows(&lab, &[RATE_BPS]), 1);
-    let out = text.wait_with_output().unwrap();
+    let out = text.output();
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success());
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
     for line in stdout.lines() {
         assert!(line.ends_with("dropped: over its packet rate"), "{line}");
     }
