@@ -1,7 +1,7 @@
 //! `shaper apply`: bring every interface a configuration file names to what it says, as
-//! one change. Everything is checked first (the file, then each interface and its MTU);
-//! then the interfaces are changed one by one, journaled ([`crate::journal`]), and if one
-//! fails (or the command is killed), every interface is put back: a new attachment is
+//! one change ([`crate::change`]). Everything is checked first (the file, then each
+//! interface and its MTU); then the interfaces are changed one by one, journaled, and if
+//! one fails (or the command is killed), every interface is put back: a new attachment is
 //! detached, an updated one gets its previous settings and policies again, an upgraded
 //! one stays upgraded (with the settings it had).
 
@@ -9,13 +9,13 @@ use shaper_common::maps::Config;
 
 use crate::{
     attach::{self, AttachError, Attached},
-    journal::{self, Undo},
-    link,
+    change::{self, ChangeError},
+    journal,
+    maps::Pinned,
     pins::Attachment,
     policy::{PolicySet, PolicySpec, PolicyTable},
     request::{AttachRequest, RequestError},
     system::{self, SystemError},
-    upgrade,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +42,21 @@ pub enum ApplyError {
         iface: String,
         error: Box<journal::JournalError>,
     },
+    /// The lock, or what a killed change or upgrade left, or the pins.
+    #[error(transparent)]
+    Change(Box<ChangeError>),
+}
+
+impl From<ChangeError> for ApplyError {
+    fn from(e: ChangeError) -> Self {
+        match e {
+            ChangeError::Journal(error) => Self::Journal {
+                iface: String::new(),
+                error: Box::new(error),
+            },
+            e => Self::Change(Box::new(e)),
+        }
+    }
 }
 
 /// The attach error with its whole chain, a setting named as in the file.
@@ -100,33 +115,25 @@ pub fn check_interfaces(desired: &[AttachRequest]) -> Result<(), ApplyError> {
 }
 
 /// Applies `desired` (requests as [`crate::config_file::parse`] makes them) in the
-/// current network namespace (named `netns` in pin paths). The caller holds the lock and
-/// has checked privileges and bpffs.
+/// current network namespace (named `netns` in pin paths), as one change (which takes the
+/// lock). The caller has checked privileges and bpffs.
 pub fn apply(desired: &[AttachRequest], netns: Option<&str>) -> Result<Vec<Applied>, ApplyError> {
     check_interfaces(desired)?;
-    let in_netns = |d: &AttachRequest| Attachment {
-        netns: netns.map(str::to_owned),
-        ..d.at.clone()
-    };
-    let mut undo = Vec::new();
-    for d in desired {
-        undo.extend(Undo::of(&in_netns(d)).map_err(|error| ApplyError::Journal {
-            iface: d.at.iface.clone(),
-            error: Box::new(error),
-        })?);
-    }
-    let change = journal::begin("apply", undo).map_err(|error| ApplyError::Journal {
-        iface: String::new(),
-        error: Box::new(error),
-    })?;
+    let ats: Vec<Attachment> = desired
+        .iter()
+        .map(|d| Attachment {
+            netns: netns.map(str::to_owned),
+            ..d.at.clone()
+        })
+        .collect();
+    let change = change::begin("apply", &ats)?.journal()?;
     let mut applied = Vec::new();
-    for (index, d) in desired.iter().enumerate() {
-        let at = in_netns(d);
-        // A killed upgrade is finished before its settings are read (an error here drops
-        // `change`, which puts back what was changed).
-        upgrade::recover(&at).map_err(|e| attach_err(index, d, e.into()))?;
-        let previous = if link::is_live(&at) {
-            Some(snapshot(&at).map_err(|e| attach_err(index, d, e))?)
+    for (index, (d, at)) in desired.iter().zip(&ats).enumerate() {
+        // Read through the pins the change opened (an error here drops `change`, which
+        // puts back what was changed).
+        let pinned = change.pinned(at);
+        let previous = if change.live(at) {
+            Some(snapshot(at, pinned).map_err(|e| attach_err(index, d, e))?)
         } else {
             None
         };
@@ -134,9 +141,9 @@ pub fn apply(desired: &[AttachRequest], netns: Option<&str>) -> Result<Vec<Appli
             at: at.clone(),
             ..d.clone()
         };
-        let outcome = attach::attach(&req).map_err(|e| attach_err(index, d, e))?;
+        let outcome = attach::attach(&req, pinned).map_err(|e| attach_err(index, d, e))?;
         let changed = match &previous {
-            Some(before) => !snapshot(&at).is_ok_and(|after| same(before, &after)),
+            Some(before) => !snapshot(at, pinned).is_ok_and(|after| same(before, &after)),
             None => true,
         };
         applied.push(Applied {
@@ -147,16 +154,20 @@ pub fn apply(desired: &[AttachRequest], netns: Option<&str>) -> Result<Vec<Appli
         });
         crate::crash::point("apply-interface");
     }
-    change.commit().map_err(|error| ApplyError::Journal {
-        iface: String::new(),
-        error: Box::new(error),
-    })?;
+    change.commit()?;
     Ok(applied)
 }
 
-/// An attachment's settings and policies.
-fn snapshot(at: &Attachment) -> Result<(Config, Vec<PolicySpec>), AttachError> {
-    let table = PolicyTable::open(at)?;
+/// An attachment's settings and policies, read through its pins as the change opened
+/// them (`None`: opened here, which says why they cannot be read).
+fn snapshot(
+    at: &Attachment,
+    pinned: Option<&Pinned>,
+) -> Result<(Config, Vec<PolicySpec>), AttachError> {
+    let table = match pinned {
+        Some(pinned) => PolicyTable::of(pinned)?,
+        None => PolicyTable::open(at)?,
+    };
     let config = table.config()?;
     let policies = table.list()?.into_iter().map(|i| i.spec).collect();
     Ok((config, policies))

@@ -27,7 +27,7 @@ use shaper_common::{
 
 use crate::{
     link,
-    maps::{self, PinnedMapError},
+    maps::{self, Pinned, PinnedMapError},
     object::{self, ObjectError, Sizes},
     policy::{PolicyError, PolicySet, PolicyTable},
     request::{self, AttachRequest, Hook, RequestError, XdpAttachMode},
@@ -95,17 +95,22 @@ impl AttachError {
 /// Attaches shaper as asked, or updates the policy of an existing attachment in place.
 ///
 /// The caller has checked privileges, bpffs and the interface, and is in the
-/// interface's network namespace.
-pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
+/// interface's network namespace; within a change ([`crate::change`]), `pinned` is the
+/// attachment's pins as the change opened them while its link was live (`None`: not
+/// live, not this shaper's layout, or not in a change).
+pub fn attach(req: &AttachRequest, pinned: Option<&Pinned>) -> Result<Attached, AttachError> {
     request::check(req)?;
     // A killed upgrade is finished first; what it was asked is then asked again.
     upgrade::recover(&req.at)?;
+    if let Some(pinned) = pinned {
+        return update(req, pinned);
+    }
     if req.at.exists() {
         if link::is_live(&req.at) {
             let l =
                 upgrade::identify(&req.at.dir(), &req.at.label()).map_err(UpgradeError::from)?;
             return if l.version == LAYOUT_VERSION {
-                update(req)
+                update(req, &Pinned::open(&req.at)?)
             } else {
                 upgrade_in_place(req, l)
             };
@@ -130,16 +135,16 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, AttachError> {
     result
 }
 
-fn update(req: &AttachRequest) -> Result<Attached, AttachError> {
-    let current = maps::read_config(&req.at)?;
-    let cap = maps::sources_capacity(&req.at)?;
+fn update(req: &AttachRequest, pinned: &Pinned) -> Result<Attached, AttachError> {
+    let current = pinned.config()?;
+    let cap = pinned.sources_capacity();
     // The limit, mode and admission change: the keys stay as attached.
     let config = request::check_over(req, &current, cap)?;
     check_policies(req, &config, Hook::of_mode(current.xdp_mode))?;
-    if wants_meter2(req, &config) {
+    if wants_meter2(req, &config) && !pinned.meter2_room() {
         upgrade::make_room_for_meter2(&req.at)?;
     }
-    let mut table = PolicyTable::open(&req.at)?;
+    let mut table = PolicyTable::of(pinned)?;
     table.set_config(&config)?;
     crate::crash::point("update-config");
     if let Some(policies) = &req.policies
@@ -243,11 +248,14 @@ fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attach
 /// (nothing done) otherwise.
 fn relink(req: &AttachRequest) -> Result<Option<Attached>, AttachError> {
     let at = &req.at;
-    let ours = upgrade::identify(&at.dir(), &at.label()).is_ok_and(|l| l.version == LAYOUT_VERSION);
-    if !ours || at.upgrade_prog().exists() {
+    if at.upgrade_prog().exists() {
         return Ok(None);
     }
-    let (Ok(current), Ok(cap)) = (maps::read_config(at), maps::sources_capacity(at)) else {
+    // Only this build's pins (checked as they are opened).
+    let Ok(pinned) = Pinned::open(at) else {
+        return Ok(None);
+    };
+    let (Ok(current), cap) = (pinned.config(), pinned.sources_capacity()) else {
         return Ok(None);
     };
     let Ok(config) = request::check_over(req, &current, cap) else {
@@ -273,9 +281,9 @@ fn relink(req: &AttachRequest) -> Result<Option<Attached>, AttachError> {
     let mut ebpf = object::load_with(load, Sizes::full(cap))?;
     // A second meter on maps too small for it waits until they are grown, which needs
     // the link: linked first with the settings as they are.
-    let grow = wants_meter2(req, &config) && !upgrade::meter2_room(at)?;
+    let grow = wants_meter2(req, &config) && !pinned.meter2_room();
     let first = if grow { current } else { config };
-    let mut table = PolicyTable::open(at)?;
+    let mut table = PolicyTable::of(&pinned)?;
     table.set_config(&first)?;
     if let Some(policies) = req.policies.as_ref().filter(|_| !grow) {
         table.replace(policies)?;

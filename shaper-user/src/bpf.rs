@@ -82,8 +82,18 @@ fn owned(fd: libc::c_long) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(fd as i32) }
 }
 
+/// How many pins this process has opened ([`obj_get`]): every pin shaper opens is opened
+/// there. For the tests and the bench of a change ([`crate::change`]).
+static PINS_OPENED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many pins this process has opened so far.
+pub fn pins_opened() -> u64 {
+    PINS_OPENED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The object (map, program or link) pinned at `path`.
 pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    PINS_OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let c = c_path(path)?;
     let mut attr = ObjAttr {
         pathname: c.as_ptr() as u64,
@@ -142,9 +152,13 @@ pub struct MapInfo {
 
 /// `struct bpf_map_info` of the map pinned at `path`.
 pub fn map_info(path: &Path) -> io::Result<MapInfo> {
-    let fd = obj_get(path)?;
+    map_info_of(obj_get(path)?.as_fd())
+}
+
+/// `struct bpf_map_info` of the map `fd` refers to.
+pub fn map_info_of(fd: BorrowedFd<'_>) -> io::Result<MapInfo> {
     // struct bpf_map_info: type, id, key_size, value_size, max_entries, map_flags (u32).
-    let i = info(fd.as_fd())?;
+    let i = info(fd)?;
     Ok(MapInfo {
         map_type: low(i[0]),
         id: high(i[0]),

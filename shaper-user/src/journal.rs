@@ -21,10 +21,9 @@ use shaper_common::maps::{Config, Policy};
 
 use crate::{
     detach::{self, DetachError},
-    link,
+    maps::Pinned,
     pins::{Attachment, Direction},
     policy::{PolicyError, PolicyTable},
-    upgrade,
 };
 
 /// Where the journal of the change under way lives: beside the lock, on tmpfs (like the
@@ -79,22 +78,28 @@ fn value<T: aya::Pod>(b: &[u8]) -> Option<T> {
 }
 
 impl Undo {
-    /// What puts `at` back as it is now; `None` where an upgrade is due (it keeps the
-    /// settings, and recovers itself). The caller holds the lock.
-    pub fn of(at: &Attachment) -> Result<Option<Self>, JournalError> {
+    /// What puts `at` back as it is now, read through its pins as the change opened them
+    /// (`live`: its link holds the program; `pinned`: its pins, `None` where they are not
+    /// this shaper's layout: an upgrade is due, which keeps the settings and recovers
+    /// itself, so nothing is to be put back). The caller holds the lock.
+    pub fn of(
+        at: &Attachment,
+        live: bool,
+        pinned: Option<&Pinned>,
+    ) -> Result<Option<Self>, JournalError> {
         let (iface, netns, direction) = (at.iface.clone(), at.netns.clone(), at.direction);
-        if !at.exists() || !link::is_live(at) {
+        if !at.exists() || !live {
             return Ok(Some(Self::Detach {
                 iface,
                 netns,
                 direction,
             }));
         }
-        if upgrade::require_current(at).is_err() {
+        let Some(pinned) = pinned else {
             return Ok(None);
-        }
+        };
         let snapshot = || -> Result<_, PolicyError> {
-            let table = PolicyTable::open(at)?;
+            let table = PolicyTable::of(pinned)?;
             Ok((table.config()?, table.slots()?))
         };
         let (config, slots) = snapshot().map_err(|error| JournalError::Snapshot {
@@ -162,11 +167,8 @@ pub struct Change {
 }
 
 /// Journals `command` about to change the attachments `undo` puts back. The caller
-/// holds the lock.
+/// holds the lock and has recovered what a killed change left ([`crate::change::begin`]).
 pub fn begin(command: &str, undo: Vec<Undo>) -> Result<Change, JournalError> {
-    // One left by a command that died after this one checked (the binary's entry point
-    // rolls back and reports what it finds before this; this closes the gap between).
-    recover()?;
     let record = Record {
         command: command.to_owned(),
         undo,

@@ -5,6 +5,7 @@ pub mod admission;
 pub mod apply;
 pub mod attach;
 pub mod bpf;
+pub mod change;
 pub mod colour;
 pub mod config_file;
 pub mod crash;

@@ -1,5 +1,6 @@
-//! Reading an attachment's pinned maps, for `status`, `stats` and the checks of an update.
-//! (Writes go through [`crate::policy::PolicyTable`], which keeps the policy generation.)
+//! Reading an attachment's pinned maps, for `status`, `stats` and the checks of an update,
+//! and opening them once for a change ([`Pinned`]). (Writes go through
+//! [`crate::policy::PolicyTable`], which keeps the policy generation.)
 
 use std::{
     fmt,
@@ -7,12 +8,19 @@ use std::{
     path::Path,
 };
 
+use std::os::fd::{AsFd as _, OwnedFd};
+
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
-use shaper_common::maps::{
-    Config, Counters, Ipv4Key, Ipv6Key, PerCpuSum as _, SourceState, sum_per_cpu,
+use shaper_common::{
+    layout,
+    maps::{
+        Config, Counters, Ipv4Key, Ipv6Key, PIN_CONFIG, PIN_LAYOUT, PIN_METER2, PIN_METER2_6,
+        PIN_SOURCES, PerCpuSum as _, SourceState, sum_per_cpu,
+    },
 };
 
 use crate::{
+    bpf,
     pins::Attachment,
     upgrade::{self, UpgradeError},
 };
@@ -28,14 +36,125 @@ pub enum PinnedMapError {
 }
 
 fn open(path: &Path) -> Result<Map, PinnedMapError> {
-    let data = MapData::from_pin(path).map_err(|source| PinnedMapError::Open {
+    let open_err = |source| PinnedMapError::Open {
         path: path.display().to_string(),
         source,
-    })?;
-    Map::from_map_data(data).map_err(|source| PinnedMapError::Open {
-        path: path.display().to_string(),
-        source,
+    };
+    let fd = bpf::obj_get(path).map_err(|e| open_err(obj_get_err(e)))?;
+    let data = MapData::from_fd(fd).map_err(open_err)?;
+    Map::from_map_data(data).map_err(open_err)
+}
+
+/// A pin that could not be opened, as aya says it.
+fn obj_get_err(io_error: std::io::Error) -> MapError {
+    MapError::SyscallError(aya::sys::SyscallError {
+        call: "BPF_OBJ_GET",
+        io_error,
     })
+}
+
+/// An attachment's pinned maps, opened once and their layout checked once: what a change
+/// ([`crate::change`]) reads and writes through (its [`crate::policy::PolicyTable`] is
+/// made of these maps, by descriptor), and what a command that reads several maps can
+/// read through. While it lives, no pin of its maps need be opened again.
+pub struct Pinned {
+    at: Attachment,
+    /// Each pin of today's layout that is there, opened, with what the kernel says it is.
+    maps: Vec<(&'static str, OwnedFd, bpf::MapInfo)>,
+}
+
+impl Pinned {
+    /// Opens each pin of `at`'s maps once; refused unless they have this shaper's layout
+    /// (checked once, on what was opened: [`upgrade::require_current_opened`]).
+    pub fn open(at: &Attachment) -> Result<Self, PinnedMapError> {
+        let mut maps = Vec::new();
+        for m in layout::current().maps {
+            let path = at.dir().join(m.pin);
+            let open_err = |e| PinnedMapError::Open {
+                path: path.display().to_string(),
+                source: obj_get_err(e),
+            };
+            let fd = match bpf::obj_get(&path) {
+                Ok(fd) => fd,
+                // The layout check names what is missing.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(open_err(e)),
+            };
+            let info = bpf::map_info_of(fd.as_fd()).map_err(open_err)?;
+            maps.push((m.pin, fd, info));
+        }
+        let pinned = Self {
+            at: at.clone(),
+            maps,
+        };
+        let version = pinned.version();
+        upgrade::require_current_opened(at, version, |pin| pinned.info(pin))?;
+        Ok(pinned)
+    }
+
+    pub fn at(&self) -> &Attachment {
+        &self.at
+    }
+
+    /// What the kernel says of the map pinned as `pin`, if it is there.
+    pub fn info(&self, pin: &str) -> Option<bpf::MapInfo> {
+        self.maps.iter().find(|m| m.0 == pin).map(|m| m.2)
+    }
+
+    /// The map pinned as `pin`, on a descriptor of its own (a copy of the one opened: the
+    /// pin is not opened again).
+    pub fn data(&self, pin: &str) -> Result<MapData, PinnedMapError> {
+        let path = self.at.dir().join(pin);
+        let open_err = |source| PinnedMapError::Open {
+            path: path.display().to_string(),
+            source,
+        };
+        let fd = self
+            .maps
+            .iter()
+            .find(|m| m.0 == pin)
+            .ok_or_else(|| open_err(obj_get_err(std::io::ErrorKind::NotFound.into())))?
+            .1
+            .try_clone()
+            .map_err(|e| open_err(obj_get_err(e)))?;
+        MapData::from_fd(fd).map_err(open_err)
+    }
+
+    /// The map pinned as `pin`, typed.
+    pub fn map<T: TryFrom<Map, Error = MapError>>(&self, pin: &str) -> Result<T, PinnedMapError> {
+        let path = self.at.dir().join(pin);
+        let open_err = |source| PinnedMapError::Open {
+            path: path.display().to_string(),
+            source,
+        };
+        let map = Map::from_map_data(self.data(pin)?).map_err(open_err)?;
+        T::try_from(map).map_err(open_err)
+    }
+
+    /// What the version map says.
+    fn version(&self) -> Option<u32> {
+        let array: Array<MapData, u32> = self.map(PIN_LAYOUT).ok()?;
+        array.get(&0, 0).ok()
+    }
+
+    /// The settings entry.
+    pub fn config(&self) -> Result<Config, PinnedMapError> {
+        let array: Array<MapData, Config> = self.map(PIN_CONFIG)?;
+        array.get(&0, 0).map_err(read_err(&self.at.config()))
+    }
+
+    /// The size of the per-source map (`--max-sources` at attach time).
+    pub fn sources_capacity(&self) -> u32 {
+        self.info(PIN_SOURCES).map_or(0, |i| i.max_entries)
+    }
+
+    /// Whether the second-meter maps have room for a key of each source (see
+    /// [`upgrade::meter2_room`]).
+    pub fn meter2_room(&self) -> bool {
+        let size = |pin| self.info(pin).map_or(0, |i| i.max_entries);
+        let cap = self.sources_capacity();
+        size(PIN_METER2) >= cap && size(PIN_METER2_6) >= cap
+    }
 }
 
 fn read_err(path: &Path) -> impl FnOnce(MapError) -> PinnedMapError + '_ {
@@ -47,10 +166,7 @@ fn read_err(path: &Path) -> impl FnOnce(MapError) -> PinnedMapError + '_ {
 
 /// The attachment's policy entry; refused unless its pins have this shaper's layout.
 pub fn read_config(at: &Attachment) -> Result<Config, PinnedMapError> {
-    upgrade::require_current(at)?;
-    let path = at.config();
-    let array: Array<MapData, Config> = Array::try_from(open(&path)?).map_err(read_err(&path))?;
-    array.get(&0, 0).map_err(read_err(&path))
+    Pinned::open(at)?.config()
 }
 
 /// The global counters, summed over CPUs, with what upgrades carried over from earlier

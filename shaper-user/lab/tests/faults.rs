@@ -20,6 +20,7 @@ use std::{
 use common::{TempFile, attach, error_line, guard, nobody_binary, shaper, shaper_ok, stats};
 use serde_json::Value;
 use shaper_common::maps::{PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_ROOT};
+use shaper_common::{config::PolicyLimits, layout};
 use shaper_lab::{
     bins::shaper as shaper_bin,
     cli::AttachGuard,
@@ -27,7 +28,14 @@ use shaper_lab::{
     rng::Rng,
 };
 use shaper_user::{
-    crash::CRASH_AT_VAR, journal::JOURNAL_PATH, maps, pins::Attachment, system::LOCK_PATH,
+    bpf, change,
+    crash::CRASH_AT_VAR,
+    journal::JOURNAL_PATH,
+    maps,
+    pins::Attachment,
+    policy::{Action, CheckedPolicy, PolicySpec, PolicyTable, parse_prefix},
+    system::LOCK_PATH,
+    upgrade,
 };
 
 /// Asserts a failure in one line holding every one of `needles`.
@@ -689,6 +697,79 @@ fn killed_at_each_step_the_next_command_rolls_back() {
     shaper_ok(&ns, &apply);
     assert_ne!(state(rx, &iface), old.0);
     assert!(state(rx, "fzs0").1);
+}
+
+/// A policy that passes `prefix`.
+fn pass(prefix: &str) -> CheckedPolicy {
+    CheckedPolicy::new(PolicySpec {
+        prefix: parse_prefix(prefix).unwrap(),
+        limits: PolicyLimits {
+            action: Action::Pass.value(),
+            ..PolicyLimits::default()
+        },
+    })
+    .unwrap()
+}
+
+/// A change (`shaper_user::change`) opens each pin of its attachment once and checks
+/// their layout once, however much it reads and writes (before it, one `policy set`
+/// checked the layout five times and opened about a hundred pins); and a change dropped
+/// after it wrote, as when an error is returned half way, is rolled back before the lock
+/// is let go: the policies as before, the journal gone.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_change_opens_the_pins_once_and_rolls_back_unless_committed() {
+    let lab = Lab::new("fz-once", 1).unwrap();
+    let (ns, iface) = (lab.rx_ns().to_owned(), lab.rx_iface().to_owned());
+    let _guard = attach(&ns, &iface, "8mbit", "64k");
+    for i in 0..50 {
+        let prefix = format!("10.{i}.0.0/16");
+        shaper_ok(&ns, &["policy", "set", &iface, &prefix, "--action", "pass"]);
+    }
+    let at = Attachment::new(&iface, Some(&ns));
+    // Each map of the layout, and the link (whether the interface holds the program).
+    let each_pin_once = layout::current().maps.len() as u64 + 1;
+    for (what, change) in [
+        (
+            "policy set",
+            Box::new(|| drop(change::set_policy(&at, pass("10.99.0.0/16")).unwrap()))
+                as Box<dyn Fn()>,
+        ),
+        (
+            "policy del",
+            Box::new(|| {
+                drop(change::del_policy(&at, parse_prefix("10.99.0.0/16").unwrap()).unwrap())
+            }),
+        ),
+    ] {
+        let (pins, checks) = (bpf::pins_opened(), upgrade::layout_checks());
+        change();
+        assert_eq!(
+            (bpf::pins_opened() - pins, upgrade::layout_checks() - checks),
+            (each_pin_once, 1),
+            "{what}: (pins opened, layout checks)"
+        );
+    }
+
+    let list = || {
+        let table = PolicyTable::open(&at).unwrap();
+        (table.config().unwrap(), table.list().unwrap())
+    };
+    let before = list();
+    let prepared = change::begin("test", std::slice::from_ref(&at)).unwrap();
+    let mut table = PolicyTable::of(prepared.pinned(&at).unwrap()).unwrap();
+    let change = prepared.journal().unwrap();
+    table.set(pass("10.200.0.0/16")).unwrap();
+    table.del(parse_prefix("10.0.0.0/16").unwrap()).unwrap();
+    assert_ne!(list().1, before.1, "nothing was written");
+    assert!(
+        Path::new(JOURNAL_PATH).exists(),
+        "written without a journal"
+    );
+    drop(change);
+    let after = list();
+    assert_eq!(after.1, before.1, "not rolled back");
+    assert!(!Path::new(JOURNAL_PATH).exists(), "the journal is left");
 }
 
 /// Sends a few frames from `src` (well within every burst) and returns what became of

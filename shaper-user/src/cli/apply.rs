@@ -11,7 +11,6 @@ use shaper_user::{
     pins::Direction,
     policy::PolicySet,
     request::AttachRequest,
-    system,
 };
 
 /// Set interfaces, their default rates and their prefix policies from a TOML file, as one
@@ -100,7 +99,6 @@ pub fn check(args: &Args, direction: Direction) -> Result<()> {
 
 pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     let desired = read(&args.file, scope.direction)?;
-    let _lock = system::lock()?;
     let applied = apply::apply(&desired, scope.netns)?;
     for one in &applied {
         println!(

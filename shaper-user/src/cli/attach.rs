@@ -12,8 +12,8 @@ use shaper_common::{
 };
 use shaper_user::{
     admission,
-    attach::{self, AttachError, Attached},
-    journal,
+    attach::{AttachError, Attached},
+    change::{self, ChangeError},
     policy::Mode,
     request::{self, AdmissionRequest, AttachRequest, Hook, KeyBy, RequestError, XdpAttachMode},
     setting::Setting,
@@ -165,7 +165,6 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         admission: admission.map_or(AdmissionRequest::Unchanged, AdmissionRequest::Exactly),
         policies: None,
     };
-    let _lock = system::lock()?;
     let admitted = match admission.filter(Admission::limited) {
         Some(a) => format!(
             ", new sources {}",
@@ -174,9 +173,10 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         None => String::new(),
     };
     let admitted = format!("{}{admitted}", meter2::describe(&meter2));
-    let change = journal::begin("attach", journal::Undo::of(&req.at)?.into_iter().collect())?;
-    let attached = attach::attach(&req).map_err(flagged)?;
-    change.commit()?;
+    let attached = change::attach(&req).map_err(|e| match e {
+        ChangeError::Attach(e) => flagged(e),
+        e => e.into(),
+    })?;
     match attached {
         Attached::New { xdp_mode } => println!(
             "attached to {} ({}{}): rate {} burst {} per {} /{} (IPv6 /{}){admitted}",

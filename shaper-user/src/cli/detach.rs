@@ -2,7 +2,7 @@
 
 use super::Scope;
 use anyhow::Result;
-use shaper_user::{detach, system};
+use shaper_user::change;
 
 /// Detach shaper from IFACE and remove its pins.
 ///
@@ -27,8 +27,7 @@ Examples:
 
 pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     let at = scope.at(&args.iface);
-    let _lock = system::lock()?;
-    detach::detach(&at)?;
+    change::detach(&at)?;
     println!("detached from {}", at.label());
     Ok(())
 }

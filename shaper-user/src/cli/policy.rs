@@ -8,14 +8,11 @@ use shaper_common::{
     maps::DEFAULT_SLOT,
 };
 use shaper_user::{
-    admission,
+    admission, change,
     colour::Colours,
-    journal, link,
     pins::Attachment,
     policy::{Action, CheckedPolicy, Installed, Mode, PolicySpec, PolicyTable, parse_prefix},
-    request, system,
     units::{Rate, Size},
-    upgrade,
 };
 
 use super::{
@@ -162,16 +159,6 @@ fn open(iface: &str, scope: Scope<'_>) -> Result<(Attachment, PolicyTable)> {
     Ok((at, table))
 }
 
-/// The table of an attached interface that is still there: a policy written into the
-/// pins of a deleted interface would be in force nowhere.
-fn open_live(iface: &str, scope: Scope<'_>) -> Result<(Attachment, PolicyTable)> {
-    let (at, table) = open(iface, scope)?;
-    if !link::is_live(&at) {
-        bail!("{}", link::gone(&at));
-    }
-    Ok((at, table))
-}
-
 /// The limits `set` asks for, checked against the action.
 fn limits(args: &SetArgs) -> Result<PolicyLimits> {
     let action = args.action;
@@ -222,24 +209,8 @@ fn set(args: &SetArgs, scope: Scope<'_>) -> Result<()> {
     if let Some(burst) = args.aggregate_burst {
         check_burst_fits("--aggregate-burst", burst, &args.iface)?;
     }
-    let _lock = system::lock()?;
-    upgrade::recover(&scope.at(&args.iface))?;
-    let (at, mut table) = open_live(&args.iface, scope)?;
-    let config = table.config()?;
-    request::check_shape(
-        &at,
-        request::Hook::of_mode(config.xdp_mode),
-        &config,
-        [spec].iter(),
-    )?;
-    // The second meter's maps are made small where no policy has one: grown first (every
-    // map the table holds is kept).
-    if spec.limits.meter2.any() {
-        upgrade::make_room_for_meter2(&at)?;
-    }
-    let change = journal::begin("policy set", journal::Undo::of(&at)?.into_iter().collect())?;
-    let changes = table.set(policy)?;
-    change.commit()?;
+    let at = scope.at(&args.iface);
+    let changes = change::set_policy(&at, policy)?;
     let what = if !changes.added.is_empty() {
         "added"
     } else if !changes.changed.is_empty() {
@@ -253,12 +224,8 @@ fn set(args: &SetArgs, scope: Scope<'_>) -> Result<()> {
 
 fn del(args: &DelArgs, scope: Scope<'_>) -> Result<()> {
     let prefix = parse_prefix(&args.prefix)?;
-    let _lock = system::lock()?;
-    upgrade::recover(&scope.at(&args.iface))?;
-    let (at, mut table) = open_live(&args.iface, scope)?;
-    let change = journal::begin("policy del", journal::Undo::of(&at)?.into_iter().collect())?;
-    table.del(prefix)?;
-    change.commit()?;
+    let at = scope.at(&args.iface);
+    change::del_policy(&at, prefix)?;
     println!("removed {prefix} from {}", at.label());
     Ok(())
 }

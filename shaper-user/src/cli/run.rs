@@ -91,10 +91,7 @@ Examples:
 /// what changed.
 fn apply_file(file: &Path, scope: Scope<'_>) -> Result<(Vec<AttachRequest>, String)> {
     let desired = super::apply::read(file, scope.direction)?;
-    let applied = {
-        let _lock = system::lock()?;
-        apply::apply(&desired, scope.netns)?
-    };
+    let applied = apply::apply(&desired, scope.netns)?;
     let what = applied
         .iter()
         .map(|one| {
@@ -115,7 +112,6 @@ fn apply_file(file: &Path, scope: Scope<'_>) -> Result<(Vec<AttachRequest>, Stri
 /// counter), then applies the running configuration; says how.
 fn attach_again(name: &str, running: &[AttachRequest], netns: Option<&str>) -> String {
     let result = (|| -> Result<bool> {
-        let _lock = system::lock()?;
         let applied = apply::apply(running, netns)?;
         Ok(applied
             .iter()

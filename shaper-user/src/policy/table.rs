@@ -24,15 +24,17 @@ use shaper_common::{
     maps::{
         AdmissionCells, Cell, Config, DEFAULT_SLOT, Ipv4Key, Ipv6Key, MAP_ADMISSION,
         MAP_AGGREGATES, MAP_CONFIG, MAP_POLICIES, MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED,
-        MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAX_POLICIES, PerCpuSum as _, Policy, PolicyStats,
-        sum_per_cpu,
+        MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAX_POLICIES, PIN_ADMISSION, PIN_AGGREGATES, PIN_CONFIG,
+        PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6,
+        PerCpuSum as _, Policy, PolicyStats, sum_per_cpu,
     },
 };
 
 use super::spec::{PolicySpec, family_and_bytes};
 use crate::{
+    maps::{Pinned, PinnedMapError},
     pins::Attachment,
-    upgrade::{self, UpgradeError},
+    upgrade::UpgradeError,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +57,8 @@ pub enum PolicyError {
     Map { what: String, source: MapError },
     #[error(transparent)]
     Layout(#[from] UpgradeError),
+    #[error(transparent)]
+    Pinned(#[from] PinnedMapError),
 }
 
 fn map_err(what: impl Into<String>) -> impl FnOnce(MapError) -> PolicyError {
@@ -235,16 +239,6 @@ fn prune<K: aya::Pod>(
     Ok(())
 }
 
-fn open_pin<T: TryFrom<Map, Error = MapError>>(path: std::path::PathBuf) -> Result<T, PolicyError> {
-    let open_err = |source| PolicyError::Open {
-        what: path.display().to_string(),
-        source,
-    };
-    let data = MapData::from_pin(&path).map_err(open_err)?;
-    let map = Map::from_map_data(data).map_err(open_err)?;
-    T::try_from(map).map_err(open_err)
-}
-
 fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &str) -> Result<T, PolicyError> {
     let open_err = |source| PolicyError::Open {
         what: name.to_owned(),
@@ -258,17 +252,22 @@ fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &str) -> Resul
 
 impl PolicyTable {
     /// The pinned maps of an attachment; refused unless they have this shaper's layout.
+    /// (Opens every pin: within a change, [`PolicyTable::of`] its [`Pinned`].)
     pub fn open(at: &Attachment) -> Result<Self, PolicyError> {
-        upgrade::require_current(at)?;
+        Self::of(&Pinned::open(at)?)
+    }
+
+    /// The maps of an attachment's pins as opened (no pin is opened again).
+    pub fn of(pinned: &Pinned) -> Result<Self, PolicyError> {
         Ok(Self {
-            config: open_pin(at.config())?,
-            policies: open_pin(at.policies())?,
-            v4: open_pin(at.prefixes_v4())?,
-            v6: open_pin(at.prefixes_v6())?,
-            aggregates: open_pin(at.aggregates())?,
-            admission: open_pin(at.admission())?,
-            stats: open_pin(at.policy_stats())?,
-            carried: open_pin(at.policy_stats_carried())?,
+            config: pinned.map(PIN_CONFIG)?,
+            policies: pinned.map(PIN_POLICIES)?,
+            v4: pinned.map(PIN_PREFIXES_V4)?,
+            v6: pinned.map(PIN_PREFIXES_V6)?,
+            aggregates: pinned.map(PIN_AGGREGATES)?,
+            admission: pinned.map(PIN_ADMISSION)?,
+            stats: pinned.map(PIN_POLICY_STATS)?,
+            carried: pinned.map(PIN_POLICY_STATS_CARRIED)?,
         })
     }
 
@@ -490,17 +489,16 @@ impl PolicyTable {
     }
 
     /// Every slot in use, with its entry as written (for [`PolicyTable::restore`]).
+    /// Read in batches, as [`PolicyTable::list`].
     pub fn slots(&self) -> Result<Vec<(u32, Policy)>, PolicyError> {
-        let mut found = Vec::new();
-        for slot in 1..MAX_POLICIES {
-            let p = self
-                .policies
-                .get(&slot, 0)
-                .map_err(map_err("read the policies"))?;
-            if p.in_use != 0 {
-                found.push((slot, p));
-            }
-        }
+        use aya::maps::IterableMap as _;
+        let mut found: Vec<(u32, Policy)> =
+            crate::maps::read_batched::<u32, Policy>(self.policies.map())
+                .map_err(map_err("read the policies"))?
+                .into_iter()
+                .filter(|(slot, p)| *slot != DEFAULT_SLOT && *slot < MAX_POLICIES && p.in_use != 0)
+                .collect();
+        found.sort_by_key(|(slot, _)| *slot);
         Ok(found)
     }
 

@@ -71,14 +71,14 @@ use shaper_common::{
     maps::{
         Config, Counters, Ipv4Key, Ipv6Key, MAP_CONFIG, MAP_COUNTERS_CARRIED, MAP_POLICIES,
         MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6, PIN_CONFIG, PIN_COUNTERS,
-        PIN_COUNTERS_CARRIED, PIN_LINK, PIN_METER2, PIN_METER2_6, PIN_POLICIES, PIN_POLICY_STATS,
-        PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES, PIN_UPGRADE_PROG,
-        PROG_XDP, Policy, PolicyStats, is_tc_mode,
+        PIN_COUNTERS_CARRIED, PIN_LAYOUT, PIN_LINK, PIN_METER2, PIN_METER2_6, PIN_POLICIES,
+        PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES,
+        PIN_UPGRADE_PROG, PROG_XDP, Policy, PolicyStats, is_tc_mode,
     },
 };
 
 pub use decode::{Counts, DecodeError, Settings, read_counts, read_settings};
-pub use pinned::{LayoutError, identify};
+pub use pinned::{LayoutError, identify, layout_checks};
 
 use crate::{
     bpf,
@@ -200,6 +200,38 @@ pub fn require_current(at: &Attachment) -> Result<(), UpgradeError> {
         from: l.version,
         command: attach_command(at, &settings()?.config),
     })
+}
+
+/// [`require_current`] of pins already opened ([`crate::maps::Pinned`]), which looks at
+/// no pin again: `version` is what their version map says (`None`: it could not be read)
+/// and `found(pin)` what each pin of today's layout holds (`None`: nothing). Only pins
+/// that are not today's are looked at again, to say why.
+pub fn require_current_opened(
+    at: &Attachment,
+    version: Option<u32>,
+    found: impl Fn(&str) -> Option<bpf::MapInfo>,
+) -> Result<(), UpgradeError> {
+    let mut mismatch = layout::current()
+        .maps
+        .iter()
+        .find_map(|m| pinned::mismatch(m, found(m.pin)));
+    if version != Some(LAYOUT_VERSION) {
+        mismatch.get_or_insert_with(|| format!("its '{}' map says {version:?}", PIN_LAYOUT));
+    }
+    let Some(mismatch) = mismatch else {
+        pinned::count_layout_check();
+        if interrupted(at) {
+            return require_current(at);
+        }
+        return Ok(());
+    };
+    require_current(at)?;
+    // Today's layout when looked at again: changed while it was opened.
+    Err(LayoutError::Unknown {
+        label: at.label(),
+        mismatch,
+    }
+    .into())
 }
 
 /// Whether an upgrade of `at` stopped after swapping the pins (see the module docs).

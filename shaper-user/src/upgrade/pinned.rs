@@ -41,8 +41,13 @@ fn pinned_map(path: &Path) -> io::Result<Option<bpf::MapInfo>> {
 
 /// Why the map pinned as `m.pin` in `dir` is not `m`, if it is not.
 fn check_map(dir: &Path, m: &MapLayout) -> io::Result<Option<String>> {
-    let Some(found) = pinned_map(&dir.join(m.pin))? else {
-        return Ok(Some(format!("no map '{}'", m.pin)));
+    Ok(mismatch(m, pinned_map(&dir.join(m.pin))?))
+}
+
+/// Why `found` (what is pinned as `m.pin`; `None`: nothing) is not `m`, if it is not.
+pub fn mismatch(m: &MapLayout, found: Option<bpf::MapInfo>) -> Option<String> {
+    let Some(found) = found else {
+        return Some(format!("no map '{}'", m.pin));
     };
     if m.matches(
         found.map_type,
@@ -51,7 +56,7 @@ fn check_map(dir: &Path, m: &MapLayout) -> io::Result<Option<String>> {
         found.max_entries,
         found.flags,
     ) {
-        return Ok(None);
+        return None;
     }
     let (what, has, wants) = [
         ("type", found.map_type, m.map_type),
@@ -63,10 +68,21 @@ fn check_map(dir: &Path, m: &MapLayout) -> io::Result<Option<String>> {
     .into_iter()
     .find(|(_, has, wants)| has != wants)
     .unwrap_or(("size", found.max_entries, m.max_entries));
-    Ok(Some(format!(
-        "map '{}' has {what} {has}, not {wants}",
-        m.pin
-    )))
+    Some(format!("map '{}' has {what} {has}, not {wants}", m.pin))
+}
+
+/// How many times this process has checked the layout of an attachment's pins (every
+/// map of it): for the tests and the bench of a change ([`crate::change`]).
+static LAYOUT_CHECKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many layout checks this process has made so far.
+pub fn layout_checks() -> u64 {
+    LAYOUT_CHECKS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Counts one layout check.
+pub(crate) fn count_layout_check() {
+    LAYOUT_CHECKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// How many of `l`'s maps the pins in `dir` lack or have otherwise, and the first.
@@ -85,6 +101,7 @@ fn check_layout(dir: &Path, l: &Layout) -> io::Result<Option<(usize, String)>> {
 /// The layout of the pins in `dir` (an attachment's, labelled `label` in errors), every
 /// one of its maps checked.
 pub fn identify(dir: &Path, label: &str) -> Result<&'static Layout, LayoutError> {
+    count_layout_check();
     let read = |source| LayoutError::Read {
         label: label.to_owned(),
         path: dir.display().to_string(),
@@ -135,7 +152,7 @@ pub fn identify(dir: &Path, label: &str) -> Result<&'static Layout, LayoutError>
 
 /// The version recorded in the map pinned at `path` (checked to be the version map).
 fn read_version(path: &Path) -> io::Result<u32> {
-    let data = MapData::from_pin(path).map_err(io::Error::other)?;
+    let data = MapData::from_fd(bpf::obj_get(path)?).map_err(io::Error::other)?;
     let map = Map::from_map_data(data).map_err(io::Error::other)?;
     let array: Array<MapData, u32> = Array::try_from(map).map_err(io::Error::other)?;
     array.get(&0, 0).map_err(io::Error::other)

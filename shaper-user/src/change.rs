@@ -1,0 +1,226 @@
+//! One change of the attachments on this host, made whole or not at all: the one way every
+//! caller that changes them goes (`attach`, `policy set|del`, `apply`, `detach`, the
+//! daemon's reloads; later ones too), each step once:
+//!
+//! 1. [`begin`]: take the host lock ([`system::lock`]), roll back a change killed half
+//!    way ([`journal::recover`]), finish an upgrade killed half way ([`upgrade::recover`]),
+//!    and open the pins of each attachment the change may touch, once ([`Pinned`]: their
+//!    layout checked once). What the change checks before it writes, it reads through
+//!    these ([`Prepared`]); an error here has written nothing.
+//! 2. [`Prepared::journal`]: journal how to put each attachment back
+//!    ([`journal::Undo`], read through the same pins).
+//! 3. Write through the same pins ([`Change::pinned`], [`PolicyTable::of`]), then
+//!    [`Change::commit`]. A [`Change`] dropped without it (an error returned half way)
+//!    rolls every attachment back before it lets the lock go; a process killed half way
+//!    leaves the journal, and the next command rolls back.
+//!
+//! [`attach`], [`set_policy`], [`del_policy`] and [`detach`] are whole changes;
+//! [`crate::apply::apply`] is one over every interface of a file.
+
+use ipnet::IpNet;
+
+use crate::{
+    attach::{self, AttachError, Attached},
+    detach::{self, DetachError},
+    journal::{self, JournalError, Undo},
+    link,
+    maps::{Pinned, PinnedMapError},
+    pins::Attachment,
+    policy::{Changes, CheckedPolicy, PolicyError, PolicyTable},
+    request::{self, AttachRequest, Hook, RequestError},
+    system::{self, SystemError},
+    upgrade::{self, UpgradeError},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    #[error("shaper is not attached to {0}")]
+    NotAttached(String),
+    /// Its interface was deleted: what [`link::gone`] says.
+    #[error("{0}")]
+    Gone(String),
+    #[error(transparent)]
+    System(#[from] SystemError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error(transparent)]
+    Upgrade(#[from] UpgradeError),
+    #[error(transparent)]
+    Pinned(#[from] PinnedMapError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error(transparent)]
+    Attach(#[from] AttachError),
+    #[error(transparent)]
+    Detach(#[from] DetachError),
+}
+
+/// An attachment a change may touch, as [`begin`] found it.
+struct Opened {
+    at: Attachment,
+    /// Its link held the program.
+    live: bool,
+    /// Its pins, opened once: `None` where it is not live, or its pins are not this
+    /// shaper's layout (an upgrade is due).
+    pinned: Option<Pinned>,
+}
+
+fn find<'a>(opened: &'a [Opened], at: &Attachment) -> Option<&'a Opened> {
+    opened.iter().find(|o| o.at == *at)
+}
+
+/// A change under the lock, recovered and opened, not yet journaled: what it reads here
+/// decides whether it goes on. Dropped, it lets the lock go, having written nothing.
+pub struct Prepared {
+    command: String,
+    opened: Vec<Opened>,
+    lock: system::Lock,
+}
+
+/// Begins the change `command` (`policy set`, `apply`, ...: the journal names it) of
+/// `attachments`: takes the lock, recovers what a killed change or upgrade left, and opens
+/// the pins of each live attachment once.
+pub fn begin(command: &str, attachments: &[Attachment]) -> Result<Prepared, ChangeError> {
+    let lock = system::lock()?;
+    // One left by a command killed after this one's entry point checked.
+    journal::recover()?;
+    let mut opened = Vec::new();
+    for at in attachments {
+        upgrade::recover(at)?;
+        let live = at.exists() && link::is_live(at);
+        let pinned = match live.then(|| Pinned::open(at)) {
+            Some(Ok(pinned)) => Some(pinned),
+            // Older pins: attach upgrades them; a policy change says so (`attached`).
+            None | Some(Err(PinnedMapError::Layout(_))) => None,
+            Some(Err(e)) => return Err(e.into()),
+        };
+        opened.push(Opened {
+            at: at.clone(),
+            live,
+            pinned,
+        });
+    }
+    Ok(Prepared {
+        command: command.to_owned(),
+        opened,
+        lock,
+    })
+}
+
+impl Prepared {
+    /// The pins of `at` as opened: `None` where it is not live or not this shaper's layout.
+    pub fn pinned(&self, at: &Attachment) -> Option<&Pinned> {
+        find(&self.opened, at).and_then(|o| o.pinned.as_ref())
+    }
+
+    /// The pins of `at`, which must be attached, with its link live (a policy written
+    /// into the pins of a deleted interface would be in force nowhere) and this shaper's
+    /// layout; otherwise the one-line error that says so.
+    pub fn attached(&self, at: &Attachment) -> Result<&Pinned, ChangeError> {
+        if let Some(pinned) = self.pinned(at) {
+            return Ok(pinned);
+        }
+        if !at.exists() {
+            return Err(ChangeError::NotAttached(at.label()));
+        }
+        // Older pins say what to run; this shaper's, that the interface is gone.
+        Pinned::open(at)?;
+        Err(ChangeError::Gone(link::gone(at)))
+    }
+
+    /// Journals how to put each attachment back: from here on, what is written is undone
+    /// unless [`Change::commit`] is reached.
+    pub fn journal(self) -> Result<Change, ChangeError> {
+        let mut undo = Vec::new();
+        for o in &self.opened {
+            undo.extend(Undo::of(&o.at, o.live, o.pinned.as_ref())?);
+        }
+        let journal = journal::begin(&self.command, undo)?;
+        Ok(Change {
+            journal,
+            opened: self.opened,
+            _lock: self.lock,
+        })
+    }
+}
+
+/// A change journaled: written through [`Change::pinned`], then committed. Dropped
+/// without [`Change::commit`], it rolls back, then lets the lock go.
+pub struct Change {
+    // Dropped in this order: rolled back while the lock is held.
+    journal: journal::Change,
+    opened: Vec<Opened>,
+    _lock: system::Lock,
+}
+
+impl Change {
+    /// The pins of `at` as [`begin`] opened them (see [`Prepared::pinned`]).
+    pub fn pinned(&self, at: &Attachment) -> Option<&Pinned> {
+        find(&self.opened, at).and_then(|o| o.pinned.as_ref())
+    }
+
+    /// Whether `at`'s link held the program when the change began.
+    pub fn live(&self, at: &Attachment) -> bool {
+        find(&self.opened, at).is_some_and(|o| o.live)
+    }
+
+    /// The change is complete: forget how to undo it, and let the lock go.
+    pub fn commit(self) -> Result<(), ChangeError> {
+        let Self {
+            journal,
+            opened,
+            _lock,
+        } = self;
+        journal.commit()?;
+        drop(opened);
+        Ok(())
+    }
+}
+
+/// `shaper attach`: attaches as asked, or updates, upgrades or relinks in place
+/// ([`attach::attach`]), as one change.
+pub fn attach(req: &AttachRequest) -> Result<Attached, ChangeError> {
+    let change = begin("attach", std::slice::from_ref(&req.at))?.journal()?;
+    let attached = attach::attach(req, change.pinned(&req.at))?;
+    change.commit()?;
+    Ok(attached)
+}
+
+/// `shaper policy set`: adds `policy` to `at`, or replaces the policy of its prefix.
+pub fn set_policy(at: &Attachment, policy: CheckedPolicy) -> Result<Changes, ChangeError> {
+    let prepared = begin("policy set", std::slice::from_ref(at))?;
+    let pinned = prepared.attached(at)?;
+    let mut table = PolicyTable::of(pinned)?;
+    let config = table.config()?;
+    let spec = *policy.spec();
+    request::check_shape(at, Hook::of_mode(config.xdp_mode), &config, [spec].iter())?;
+    // The second meter's maps are made small where no policy has one: grown first (every
+    // map the table holds is kept).
+    if spec.limits.meter2.any() && !pinned.meter2_room() {
+        upgrade::make_room_for_meter2(at)?;
+    }
+    let change = prepared.journal()?;
+    let changes = table.set(policy)?;
+    change.commit()?;
+    Ok(changes)
+}
+
+/// `shaper policy del`: removes the policy of `prefix` from `at`.
+pub fn del_policy(at: &Attachment, prefix: IpNet) -> Result<Changes, ChangeError> {
+    let prepared = begin("policy del", std::slice::from_ref(at))?;
+    let mut table = PolicyTable::of(prepared.attached(at)?)?;
+    let change = prepared.journal()?;
+    let changes = table.del(prefix)?;
+    change.commit()?;
+    Ok(changes)
+}
+
+/// `shaper detach`: takes the program off and removes every pin. Not journaled: what it
+/// removes cannot be put back.
+pub fn detach(at: &Attachment) -> Result<(), ChangeError> {
+    let _prepared = begin("detach", &[])?;
+    detach::detach(at)?;
+    Ok(())
+}
