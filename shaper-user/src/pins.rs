@@ -420,7 +420,8 @@ fn of_iface(iface: &str, netns: Option<&str>, dir: &Path, found: &mut Vec<Attach
     if has_pins(dir) {
         found.push(Attachment::toward(iface, netns, Direction::Ingress));
     }
-    if dir.join(EGRESS_DIR).is_dir() {
+    // Not through a symlink (and then `check_dirs` refuses it before use).
+    if fs::symlink_metadata(dir.join(EGRESS_DIR)).is_ok_and(|m| m.is_dir()) {
         found.push(Attachment::toward(iface, netns, Direction::Egress));
     }
 }

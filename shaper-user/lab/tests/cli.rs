@@ -854,8 +854,8 @@ fn untrusted_files_and_endless_durations_are_refused() {
     // The same file, its owner's alone to write: applied.
     fs::set_permissions(&file.0, fs::Permissions::from_mode(0o644)).unwrap();
     ok(&lab, &["apply", "-f", file.path()]);
-    ok(&lab, &["detach", &iface]);
 
+    // On an attachment, where the deadline was computed (and overflowed).
     let out = shaper(&lab, &["watch", &iface, "--duration", "1e19"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert_refused(
@@ -863,6 +863,7 @@ fn untrusted_files_and_endless_durations_are_refused() {
         "watch --duration 1e19",
         &["1e19", "longer than a year"],
     );
+    ok(&lab, &["detach", &iface]);
     drop(guard);
     remove_lab(lab);
 }
