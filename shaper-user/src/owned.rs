@@ -29,6 +29,8 @@ pub enum Problem {
     NotSticky(u32),
     #[error("cannot be examined: {0}")]
     Io(io::Error),
+    #[error("is not a path of names below the pin root ('.' or '..' in it)")]
+    NotNames,
 }
 
 /// A directory that is not root's alone, and what is wrong with it.

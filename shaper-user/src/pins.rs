@@ -117,7 +117,7 @@ fn relative(dir: &Path) -> Result<&Path, PinError> {
     let untrusted = || {
         PinError::Untrusted(Untrusted {
             path: dir.display().to_string(),
-            problem: owned::Problem::NotDirectory,
+            problem: owned::Problem::NotNames,
         })
     };
     let below = dir.strip_prefix(PIN_ROOT).map_err(|_| untrusted())?;
