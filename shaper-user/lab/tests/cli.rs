@@ -723,7 +723,7 @@ fn prefix_keys_aggregate_and_show_as_networks() {
 
 /// `setpriv` to nobody (no groups, no capabilities) running `sh -c SCRIPT`, optionally
 /// in the mount namespace of `mounts` (entered as root, before dropping privileges).
-fn as_nobody(mounts: Option<&PrivateBpffs>, script: &str) -> Output {
+fn as_nobody(mounts: Option<&PrivateMounts>, script: &str) -> Output {
     let mut cmd = match mounts {
         Some(m) => m.command("setpriv"),
         None => Command::new("setpriv"),
@@ -742,7 +742,7 @@ fn as_nobody(mounts: Option<&PrivateBpffs>, script: &str) -> Output {
 }
 
 /// Asserts that nobody's `script` failed.
-fn nobody_cannot(mounts: Option<&PrivateBpffs>, script: &str) {
+fn nobody_cannot(mounts: Option<&PrivateMounts>, script: &str) {
     let out = as_nobody(mounts, script);
     assert!(
         !out.status.success(),
@@ -751,28 +751,10 @@ fn nobody_cannot(mounts: Option<&PrivateBpffs>, script: &str) {
     );
 }
 
-/// The permission bits and owner of `path` (not following a symlink).
-fn mode_and_owner(path: &str) -> (u32, u32) {
-    use std::os::unix::fs::MetadataExt as _;
-    let meta = fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    (meta.mode() & 0o7777, meta.uid())
-}
-
-/// Sets `path` to `mode`, making it (empty) if it is not there.
-fn chmod_or_make(path: &str, mode: u32) {
-    use std::os::unix::fs::PermissionsExt as _;
-    fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .append(true)
-        .open(path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"));
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
-}
-
 /// The lock files and the journal are root's, 0600, even where an earlier build left
 /// them 0644 (or a root shell's umask would): nobody cannot open a lock to hold it, nor
-/// read what a change is to put back.
+/// read what a change is to put back. In a /run of the test's own (the named namespaces
+/// carried over), so that no other shaper on the host takes or rolls back these.
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn locks_and_journal_only_root_can_open() {
@@ -782,33 +764,47 @@ fn locks_and_journal_only_root_can_open() {
     let lab = new_lab("cli-lock");
     let (ns, iface) = (lab.rx_ns().to_owned(), lab.rx_iface().to_owned());
     let guard = guard(&ns, &iface);
-    // As an earlier build left them (the locks stay: other commands may hold them).
-    chmod_or_make(LOCK, 0o644);
-    chmod_or_make(RUN_LOCK, 0o644);
-    chmod_or_make(&format!("{JOURNAL}.tmp"), 0o666);
+    let run = PrivateMounts::new(PRIVATE_RUN);
+    // As an earlier build left them.
+    run.sh(&format!(
+        "umask 0 && : > {LOCK} && : > {RUN_LOCK} && : > {JOURNAL}.tmp \\
+         && chmod 644 {LOCK} {RUN_LOCK} && chmod 666 {JOURNAL}.tmp"
+    ));
     // The daemon takes its lock first; this one stops at the missing file.
-    let _ = shaper(
-        &lab,
-        &["run", "--no-metrics", "-f", "/nonexistent/shaper.toml"],
-    );
+    let _ = run.shaper(&[
+        "-n",
+        &ns,
+        "run",
+        "--no-metrics",
+        "-f",
+        "/nonexistent/shaper.toml",
+    ]);
     // Killed once the journal is written: it stays for the next command.
-    let out = Command::new(shaper_bin())
+    let shaper = shaper_bin().to_str().expect("a UTF-8 path").to_owned();
+    let out = run
+        .command(&shaper)
         .args([
             "-n", &ns, "attach", &iface, "--rate", "8mbit", "--burst", "64k",
         ])
         .env("SHAPER_TEST_CRASH_AT", "journal-written")
-        .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
     assert!(!out.status.success(), "not killed: {out:?}");
     for path in [LOCK, RUN_LOCK, JOURNAL] {
-        assert_eq!(mode_and_owner(path), (0o600, 0), "{path}");
-        nobody_cannot(None, &format!(": < {path}"));
+        assert_eq!(run.mode_and_owner(path), "600 0", "{path}");
+        nobody_cannot(Some(&run), &format!(": < {path}"));
     }
-    // The next command rolls the killed one back (and removes the journal).
-    ok(&lab, &["status"]);
-    assert!(!Path::new(JOURNAL).exists());
+    // The next command rolls the killed one back (and removes the journal); this one
+    // then says the interface is not attached (as it was before).
+    let out = run.shaper(&["-n", &ns, "status", &iface]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("rolled back") && stderr.contains("not attached"),
+        "{stderr}"
+    );
+    assert_eq!(run.sh(&format!("ls {JOURNAL}* 2>/dev/null || true")), "");
     assert_untouched(&lab, &iface, "after the rollback");
+    drop(run);
     drop(guard);
     remove_lab(lab);
 }
@@ -830,6 +826,8 @@ fn untrusted_files_and_endless_durations_are_refused() {
     let _ = fs::remove_file(&fifo);
     assert!(run(Command::new("mkfifo").arg(&fifo)).status.success());
     let fifo = fifo.to_str().unwrap().to_owned();
+    // Its own /run: a daemon another test runs on this host holds the host's run lock.
+    let mounts = PrivateMounts::new(PRIVATE_RUN);
     for (path, needle) in [
         (file.path(), "writable by group or others (mode 0666"),
         (&fifo, "not a regular file (a FIFO)"),
@@ -840,7 +838,8 @@ fn untrusted_files_and_endless_durations_are_refused() {
             vec!["run", "--no-metrics", "--no-watch", "-f", path],
         ] {
             // Bounded: a FIFO opened to read waits for a writer that never comes.
-            let out = run(Command::new("timeout")
+            let out = run(mounts
+                .command("timeout")
                 .arg("20")
                 .arg(shaper_bin())
                 .args(["-n", &ns])
@@ -850,6 +849,7 @@ fn untrusted_files_and_endless_durations_are_refused() {
         }
     }
     fs::remove_file(&fifo).unwrap();
+    drop(mounts);
     assert_untouched(&lab, &iface, "after the refused files");
     // The same file, its owner's alone to write: applied.
     fs::set_permissions(&file.0, fs::Permissions::from_mode(0o644)).unwrap();
@@ -868,19 +868,29 @@ fn untrusted_files_and_endless_durations_are_refused() {
     remove_lab(lab);
 }
 
-/// A private mount namespace with a bpffs of its own at /sys/fs/bpf, mounted 1777 (the
-/// kernel's default, which lets any user make entries at its root), held by a `sleep`
-/// this test starts and kills: commands run in it through `nsenter`, so the host's bpffs
-/// and its pins are never touched. Killing the holder frees the bpffs and every pin in
-/// it (and so detaches the programs linked through them).
-struct PrivateBpffs(std::process::Child);
+/// A private mount namespace, set up by a shell script (`mount -t bpf ...`), held by a
+/// `sleep` this test starts and kills: commands run in it through `nsenter`, so what the
+/// script mounts over (the host's bpffs, its /run) is never touched. Killing the holder
+/// frees what was mounted (a bpffs, and every pin in it: the programs linked through them
+/// are detached).
+struct PrivateMounts(std::process::Child);
 
-impl PrivateBpffs {
-    fn new() -> Self {
+/// A bpffs of its own at /sys/fs/bpf, mounted 1777: the kernel's default, which lets any
+/// user make entries at its root.
+const PRIVATE_BPFFS: &str = "mount -t bpf -o mode=1777 bpf /sys/fs/bpf";
+
+/// An empty /run of its own (the lock files, the journal), the named network namespaces
+/// carried over into it.
+const PRIVATE_RUN: &str = "d=$(mktemp -d) && mount --rbind /run/netns $d \\
+    && mount -t tmpfs -o mode=0755 tmpfs /run && mkdir /run/netns \\
+    && mount --move $d /run/netns && rmdir $d";
+
+impl PrivateMounts {
+    fn new(setup: &str) -> Self {
         use std::io::BufRead as _;
         let mut child = Command::new("unshare")
             .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-            .arg("mount -t bpf -o mode=1777 bpf /sys/fs/bpf && echo ready && exec sleep 600")
+            .arg(format!("{setup} && echo ready && exec sleep 600"))
             .stdout(std::process::Stdio::piped())
             .stdin(std::process::Stdio::null())
             .spawn()
@@ -891,7 +901,7 @@ impl PrivateBpffs {
             .read_line(&mut line)
             .expect("read unshare's output");
         let me = Self(child);
-        assert_eq!(line.trim(), "ready", "the private bpffs was not mounted");
+        assert_eq!(line.trim(), "ready", "cannot set up the mounts: {setup}");
         me
     }
 
@@ -931,7 +941,7 @@ impl PrivateBpffs {
     }
 }
 
-impl Drop for PrivateBpffs {
+impl Drop for PrivateMounts {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -948,7 +958,7 @@ fn pins_only_root_can_touch() {
     let lab = new_lab("cli-pins");
     let (ns, iface) = (lab.rx_ns().to_owned(), lab.rx_iface().to_owned());
     add_no_xdp_iface(lab.rx_netns());
-    let bpffs = PrivateBpffs::new();
+    let bpffs = PrivateMounts::new(PRIVATE_BPFFS);
     let attach = |name: &str| {
         bpffs.shaper(&[
             "-n", &ns, "attach", name, "--rate", "8mbit", "--burst", "64k",
