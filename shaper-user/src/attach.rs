@@ -83,6 +83,8 @@ pub enum AttachError {
     Policy(#[from] PolicyError),
     #[error(transparent)]
     Upgrade(#[from] UpgradeError),
+    #[error(transparent)]
+    Pins(#[from] crate::pins::PinError),
 }
 
 impl AttachError {
@@ -100,6 +102,8 @@ impl AttachError {
 /// live, not this shaper's layout, or not in a change).
 pub fn attach(req: &AttachRequest, pinned: Option<&Pinned>) -> Result<Attached, AttachError> {
     request::check(req)?;
+    // The names, before they become paths; the directories, before anything is read.
+    req.at.check()?;
     // A killed upgrade is finished first; what it was asked is then asked again.
     upgrade::recover(&req.at)?;
     if let Some(pinned) = pinned {
@@ -219,7 +223,7 @@ fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attach
         meter2: wants_meter2(req, config),
     })?;
 
-    std::fs::create_dir_all(at.dir()).map_err(pin_err("the pin directory", &at.dir()))?;
+    crate::pins::make_dirs(&at.dir())?;
     for m in layout::current().maps {
         let path = at.dir().join(m.pin);
         let map = ebpf

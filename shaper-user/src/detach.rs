@@ -28,10 +28,15 @@ pub enum DetachError {
         path: String,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Pins(#[from] crate::pins::PinError),
 }
 
 /// Detaches shaper and removes every pin. Works even if the interface is gone.
 pub fn detach(at: &Attachment) -> Result<(), DetachError> {
+    // The names, before they become paths (`..` would be bpffs's root); the directories,
+    // before anything in them is removed (a symlink would lead to another tool's pins).
+    at.check()?;
     if !at.dir().exists() {
         return Err(DetachError::NotAttached(at.label()));
     }

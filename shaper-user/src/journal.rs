@@ -180,10 +180,15 @@ pub fn begin(command: &str, undo: Vec<Undo>) -> Result<Change, JournalError> {
     })
 }
 
+/// Writes the journal beside it, made anew root's with mode 0600 (no other user reads
+/// what is to be put back), then renames it into place.
 fn write(record: &Record) -> Result<(), JournalError> {
+    use io::Write as _;
     let text = serde_json::to_vec(record).map_err(|e| JournalError::Write(e.into()))?;
     let tmp = format!("{JOURNAL_PATH}.tmp");
-    fs::write(&tmp, text).map_err(JournalError::Write)?;
+    crate::owned::create_private(std::path::Path::new(&tmp))
+        .and_then(|mut file| file.write_all(&text))
+        .map_err(JournalError::Write)?;
     fs::rename(&tmp, JOURNAL_PATH).map_err(JournalError::Write)
 }
 
@@ -234,7 +239,14 @@ pub fn pending() -> bool {
 /// Rolls back a change that was killed half way, if the journal holds one, and says what
 /// was put back (one line). The caller holds the lock.
 pub fn recover() -> Result<Option<String>, JournalError> {
-    let text = match fs::read(JOURNAL_PATH) {
+    // Never through a symlink; one another user owns is refused, one an earlier build
+    // left readable to others is made 0600 first.
+    let read = |mut file: fs::File| {
+        let mut text = Vec::new();
+        io::Read::read_to_end(&mut file, &mut text).map(|_| text)
+    };
+    let opened = crate::owned::open_private_to_read(std::path::Path::new(JOURNAL_PATH));
+    let text = match opened.and_then(read) {
         Ok(text) => text,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(JournalError::Read(e.into())),

@@ -18,6 +18,7 @@ pub mod maps;
 pub mod metrics;
 pub mod netns;
 pub mod object;
+pub mod owned;
 pub mod pins;
 pub mod policy;
 pub mod request;

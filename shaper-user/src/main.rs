@@ -74,6 +74,19 @@ fn pins_only(command: &Command) -> bool {
     )
 }
 
+/// Refuses an interface or namespace name that could not be one (`..`, `a/b`, ...).
+fn check_names(cli: &Cli) -> Result<(), pins::PinError> {
+    if let Some(ns) = &cli.netns {
+        pins::check_netns_name(ns)?;
+    }
+    match cli.command.iface() {
+        Some(iface) => {
+            pins::Attachment::toward(iface, cli.netns.as_deref(), cli.direction).check_names()
+        }
+        None => Ok(()),
+    }
+}
+
 async fn run(cli: &Cli) -> anyhow::Result<()> {
     // Arithmetic only: no privileges, no bpffs, no namespace.
     match &cli.command {
@@ -85,9 +98,13 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         }
         _ => {}
     }
+    // The names become paths: checked before anything else.
+    check_names(cli)?;
     // Checked before anything else so that nothing is half done for want of them.
     system::check_privileges()?;
     system::check_bpffs(Path::new(PIN_ROOT).parent().unwrap_or(Path::new("/")))?;
+    // No pin is read or written under a directory someone else could change.
+    pins::check_root()?;
     // A change killed half way is rolled back before anything reads or writes the pins
     // (it needs the pins only: no namespace, no interface). Without a journal nothing is
     // under way or interrupted, and a command that only reads need not wait for the lock.

@@ -22,6 +22,9 @@ pub enum NetnsError {
         name: String,
         source: std::io::Error,
     },
+    /// Not a name `ip netns` takes (`..`, `a/b`): never made a path.
+    #[error(transparent)]
+    Name(#[from] crate::pins::PinError),
 }
 
 impl NetnsError {
@@ -36,6 +39,7 @@ impl NetnsError {
 /// Call it before spawning threads that must live in the namespace (a thread inherits its
 /// creator's namespace), or from the thread that will create the sockets or links.
 pub fn enter(name: &str) -> Result<(), NetnsError> {
+    crate::pins::check_netns_name(name)?;
     let path = PathBuf::from(NETNS_RUN_DIR).join(name);
     let file = File::open(&path).map_err(|source| NetnsError::Open {
         name: name.to_owned(),

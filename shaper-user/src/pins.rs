@@ -10,7 +10,7 @@
 
 use std::{
     fs, io,
-    path::{Path, PathBuf},
+    path::{Component, Path, PathBuf},
 };
 
 use serde::{Deserialize, Serialize};
@@ -21,6 +21,8 @@ use shaper_common::maps::{
     PIN_UPGRADE_PROG, PIN_WATCH,
 };
 
+use crate::owned::{self, Sharing, Untrusted};
+
 const NETNS_DIR: &str = "netns";
 /// Appended to an interface's name for the directory an upgrade stages its pins in. The
 /// kernel refuses a colon in interface names, so it can never be an attachment's.
@@ -28,6 +30,155 @@ const STAGING_SUFFIX: &str = ":new";
 
 /// The subdirectory of an interface's pins that holds those of its egress.
 const EGRESS_DIR: &str = "egress";
+
+/// The longest network namespace name `ip netns` takes (NAME_MAX).
+const NETNS_NAME_MAX: usize = 255;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    #[error(
+        "invalid interface name '{0}' (1 to 15 bytes, not '.' or '..', without '/', ':' or spaces)"
+    )]
+    BadIface(String),
+    #[error(
+        "an interface named '{NETNS_DIR}' is refused outside a named namespace (its pin directory would be that of the named namespaces)"
+    )]
+    ReservedIface,
+    #[error(
+        "invalid network namespace name '{0}' (as `ip netns` takes: 1 to 255 bytes, not '.' or '..', without '/')"
+    )]
+    BadNetns(String),
+    #[error(
+        "unsafe pin directory: {0}; shaper pins only where root alone can write (remove it, and mount bpffs with mode=0700)"
+    )]
+    Untrusted(Untrusted),
+    #[error("cannot make the pin directory {path}: {error}")]
+    Make { path: String, error: io::Error },
+}
+
+impl From<Untrusted> for PinError {
+    fn from(e: Untrusted) -> Self {
+        Self::Untrusted(e)
+    }
+}
+
+/// Refuses what the kernel would refuse as an interface name (`dev_valid_name`): it
+/// becomes a path under the pin root, so `..` or a `/` must never get that far.
+pub fn check_iface_name(name: &str) -> Result<(), PinError> {
+    // The kernel's isspace(), 0xa0 included.
+    let bad = |b: u8| matches!(b, b'/' | b':' | 0 | b' ' | b'\t'..=b'\r' | 0xa0);
+    let ok = !name.is_empty()
+        && name.len() < libc::IFNAMSIZ
+        && name != "."
+        && name != ".."
+        && !name.bytes().any(bad);
+    ok.then_some(())
+        .ok_or_else(|| PinError::BadIface(name.to_owned()))
+}
+
+/// Refuses what `ip netns` would refuse as a namespace name (and a NUL byte).
+pub fn check_netns_name(name: &str) -> Result<(), PinError> {
+    let ok = !name.is_empty()
+        && name.len() <= NETNS_NAME_MAX
+        && name != "."
+        && name != ".."
+        && !name.bytes().any(|b| b == b'/' || b == 0);
+    ok.then_some(())
+        .ok_or_else(|| PinError::BadNetns(name.to_owned()))
+}
+
+/// Checks every directory from bpffs's root down to `dir` (under the pin root) that
+/// exists, without following symlinks: bpffs's root root's, and writable by others only
+/// with the sticky bit (its default, 1777); the pin root and each directory below it
+/// root's and writable by no one else. Checked top down, so that once a directory
+/// passes, no one else can replace what is in it before it is used.
+pub fn check_dirs(dir: &Path) -> Result<(), PinError> {
+    let root = Path::new(PIN_ROOT);
+    let bpffs = root.parent().unwrap_or(Path::new("/"));
+    let below = relative(dir)?;
+    if owned::check_dir(bpffs, Sharing::Sticky)?.is_none() {
+        return Ok(());
+    }
+    let mut path = root.to_path_buf();
+    if owned::check_dir(&path, Sharing::None)?.is_none() {
+        return Ok(());
+    }
+    for part in below.components() {
+        path.push(part);
+        if owned::check_dir(&path, Sharing::None)?.is_none() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// `dir` below the pin root, made of names only (no `..`, no `.`).
+fn relative(dir: &Path) -> Result<&Path, PinError> {
+    let untrusted = || {
+        PinError::Untrusted(Untrusted {
+            path: dir.display().to_string(),
+            problem: owned::Problem::NotNames,
+        })
+    };
+    let below = dir.strip_prefix(PIN_ROOT).map_err(|_| untrusted())?;
+    if below
+        .components()
+        .any(|c| !matches!(c, Component::Normal(_)))
+    {
+        return Err(untrusted());
+    }
+    Ok(below)
+}
+
+/// Makes `dir` and every directory above it up to the pin root that is missing, each
+/// mode 0700, after checking those there ([`check_dirs`]); the pin root is set to 0700 if
+/// it is looser (an earlier build made it 0755).
+pub fn make_dirs(dir: &Path) -> Result<(), PinError> {
+    check_dirs(dir)?;
+    let make_err = |path: &Path| {
+        let path = path.display().to_string();
+        move |error| PinError::Make { path, error }
+    };
+    let root = Path::new(PIN_ROOT);
+    let mut path = root.to_path_buf();
+    make_dir(&path)?;
+    let root_mode = owned::check_dir(root, Sharing::None)?.map(|m| {
+        use std::os::unix::fs::PermissionsExt as _;
+        m.permissions().mode() & 0o777
+    });
+    if root_mode.is_some_and(|m| m != 0o700) {
+        owned::set_dir_mode(root, 0o700).map_err(make_err(root))?;
+    }
+    for part in relative(dir)?.components() {
+        path.push(part);
+        make_dir(&path)?;
+    }
+    Ok(())
+}
+
+/// Makes the directory `path` (mode 0700) if it is not there, and checks it.
+fn make_dir(path: &Path) -> Result<(), PinError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    match fs::DirBuilder::new().mode(0o700).create(path) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(PinError::Make {
+            path: path.display().to_string(),
+            error: e,
+        }),
+        _ => match owned::check_dir(path, Sharing::None)? {
+            Some(_) => Ok(()),
+            None => Err(PinError::Make {
+                path: path.display().to_string(),
+                error: io::ErrorKind::NotFound.into(),
+            }),
+        },
+    }
+}
+
+/// Checks bpffs's root and the pin root ([`check_dirs`]): before any command reads or
+/// writes a pin.
+pub fn check_root() -> Result<(), PinError> {
+    check_dirs(Path::new(PIN_ROOT))
+}
 
 /// Which traffic of an interface: each direction has its own attachment, settings,
 /// policies and sources.
@@ -166,6 +317,25 @@ impl Attachment {
         (moved.is_dir() && !home.exists()).then_some((moved, home))
     }
 
+    /// Checks the names (before they become paths) and every directory down to this
+    /// attachment's pins and to its staging directory ([`check_dirs`]).
+    pub fn check(&self) -> Result<(), PinError> {
+        self.check_names()?;
+        check_dirs(&self.dir())?;
+        check_dirs(&self.staging())
+    }
+
+    /// Refuses names that are not an interface's or a namespace's, and an interface
+    /// whose pin directory would be another's.
+    pub fn check_names(&self) -> Result<(), PinError> {
+        check_iface_name(&self.iface)?;
+        match &self.netns {
+            Some(ns) => check_netns_name(ns),
+            None if self.iface == NETNS_DIR => Err(PinError::ReservedIface),
+            None => Ok(()),
+        }
+    }
+
     /// Whether shaper is attached here (its link, or its clsact program, is pinned).
     pub fn exists(&self) -> bool {
         self.link().exists() || self.tc_prog().exists()
@@ -193,8 +363,9 @@ impl Attachment {
     }
 
     /// Removes every pin of this attachment (and of an upgrade of it under way) and the
-    /// directories left empty, up to and including the root. Missing pins are not an
-    /// error: this also cleans up after a failed attach.
+    /// directories left empty, up to but not including the pin root (kept, so that no
+    /// one else can make it on a bpffs others may write). Missing pins are not an error:
+    /// this also cleans up after a failed attach.
     pub fn remove_pins(&self) -> io::Result<()> {
         remove_dir_of_pins(&self.staging())?;
         let dir = self.dir();
@@ -202,7 +373,7 @@ impl Attachment {
         // Parents go only when empty; another attachment's pins keep them.
         let mut parent = dir.parent();
         while let Some(p) = parent {
-            if fs::remove_dir(p).is_err() || p == Path::new(PIN_ROOT) {
+            if p == Path::new(PIN_ROOT) || fs::remove_dir(p).is_err() {
                 break;
             }
             parent = p.parent();
@@ -212,8 +383,10 @@ impl Attachment {
 }
 
 /// Removes the pins in `dir`, and `dir` unless another direction's pins are below it;
-/// nothing if it does not exist.
+/// nothing if it does not exist. Refuses (`PermissionDenied`) where a directory down to
+/// it is not root's alone ([`check_dirs`]).
 pub fn remove_dir_of_pins(dir: &Path) -> io::Result<()> {
+    check_dirs(dir).map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()))?;
     match fs::read_dir(dir) {
         Ok(entries) => {
             for entry in entries {
@@ -247,7 +420,8 @@ fn of_iface(iface: &str, netns: Option<&str>, dir: &Path, found: &mut Vec<Attach
     if has_pins(dir) {
         found.push(Attachment::toward(iface, netns, Direction::Ingress));
     }
-    if dir.join(EGRESS_DIR).is_dir() {
+    // Not through a symlink (and then `check_dirs` refuses it before use).
+    if fs::symlink_metadata(dir.join(EGRESS_DIR)).is_ok_and(|m| m.is_dir()) {
         found.push(Attachment::toward(iface, netns, Direction::Egress));
     }
 }

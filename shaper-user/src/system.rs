@@ -9,7 +9,7 @@ pub enum SystemError {
         "shaper must run as root or with CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (missing {missing})"
     )]
     Privileges { missing: String },
-    #[error("bpffs is not mounted at {path} (mount it with: mount -t bpf bpf {path})")]
+    #[error("bpffs is not mounted at {path} (mount it with: mount -t bpf -o mode=0700 bpf {path})")]
     Bpffs { path: String },
     #[error("interface '{0}' does not exist")]
     NoInterface(String),
@@ -53,7 +53,9 @@ pub fn check_burst_fits(iface: &str, burst: u64) -> Result<(), SystemError> {
 }
 
 /// Held while a command changes attachments, so two shaper commands never interleave
-/// their map writes. Released when dropped (the file stays; it is empty).
+/// their map writes. Released when dropped (the file stays; it is empty). The lock files
+/// are root's, mode 0600 ([`crate::owned::open_private`]): `flock` needs only a
+/// descriptor, so a user who could open one could hold it and stop every change.
 pub struct Lock(#[expect(dead_code, reason = "held for its flock until dropped")] std::fs::File);
 
 /// Where [`lock`] locks: a file on tmpfs, which every mount namespace of the host shares.
@@ -65,12 +67,7 @@ pub fn lock() -> Result<Lock, SystemError> {
         path: LOCK_PATH.to_owned(),
         source,
     };
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(LOCK_PATH)
-        .map_err(err)?;
+    let file = crate::owned::open_private(Path::new(LOCK_PATH)).map_err(err)?;
     use std::os::fd::AsRawFd as _;
     // SAFETY: flock on a descriptor we own.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
@@ -89,12 +86,7 @@ pub fn daemon_lock() -> Result<Lock, SystemError> {
         path: DAEMON_LOCK_PATH.to_owned(),
         source,
     };
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(DAEMON_LOCK_PATH)
-        .map_err(err)?;
+    let file = crate::owned::open_private(Path::new(DAEMON_LOCK_PATH)).map_err(err)?;
     use std::os::fd::AsRawFd as _;
     // SAFETY: flock on a descriptor we own.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {

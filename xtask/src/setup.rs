@@ -326,7 +326,7 @@ const NEEDS: &[Need] = &[
         by: &[Mutants],
     },
     // shaper pins its link and maps there; systemd mounts it on most hosts, a bare
-    // container or VM may not (bpftool mounts it on demand the same way).
+    // container or VM may not (bpftool mounts it on demand the same way). Mounted 0700.
     Need {
         item: Item::Bpffs {
             path: "/sys/fs/bpf",
@@ -801,7 +801,9 @@ impl Item {
                 cmd::run(&mut cargo)
             }
             Item::Bpffs { path } => {
-                cmd::run(Command::new("mount").args(["-t", "bpf", "bpf", path]))
+                // Root's alone: on the default 1777 any user could make shaper's pin root
+                // first (shaper would then refuse it).
+                cmd::run(Command::new("mount").args(["-t", "bpf", "-o", "mode=0700", "bpf", path]))
             }
             Item::Pipx { package, version } => cmd::run(Command::new("pipx").args([
                 "install",

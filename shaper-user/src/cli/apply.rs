@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use super::Scope;
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use shaper_user::{
     apply::{self, Applied},
     attach::Attached,
@@ -59,7 +59,7 @@ Examples:
 /// Reads and checks the file; the error names its line and field.
 pub fn read(file: &Path, direction: Direction) -> Result<Vec<AttachRequest>> {
     let name = file.display().to_string();
-    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {name}"))?;
+    let text = config_file::read(file)?;
     Ok(config_file::parse(&name, &text, direction)?)
 }
 

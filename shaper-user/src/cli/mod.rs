@@ -94,6 +94,29 @@ Examples:
 
 /// Where a command acts: the namespace (`-n`) and the direction (`--direction`) it was
 /// given.
+impl Command {
+    /// The interface the command names, if it names one.
+    pub fn iface(&self) -> Option<&str> {
+        match self {
+            Self::Attach(a) => Some(&a.iface),
+            Self::Detach(a) => Some(&a.iface),
+            Self::Status(a) => a.iface.as_deref(),
+            Self::Stats(a) => Some(&a.iface),
+            Self::Top(a) => Some(&a.iface),
+            Self::Watch(a) => Some(&a.iface),
+            Self::Policy(policy::Command::Set(a)) => Some(&a.iface),
+            Self::Policy(policy::Command::Del(a)) => Some(&a.iface),
+            Self::Policy(policy::Command::List(a)) => Some(&a.iface),
+            Self::Config(config::Command::Show(a)) => Some(&a.iface),
+            Self::Apply(_)
+            | Self::Explain(_)
+            | Self::Run(_)
+            | Self::Completions(_)
+            | Self::Man(_) => None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct Scope<'a> {
     pub netns: Option<&'a str>,

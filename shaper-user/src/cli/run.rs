@@ -203,7 +203,7 @@ struct Content(std::result::Result<Vec<u8>, std::io::ErrorKind>);
 
 impl Content {
     fn read(file: &Path) -> Self {
-        Self(std::fs::read(file).map_err(|e| e.kind()))
+        Self(shaper_user::config_file::read_bytes(file).map_err(|e| e.kind()))
     }
 }
 

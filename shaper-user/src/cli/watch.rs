@@ -49,10 +49,17 @@ pub struct Args {
     /// Exit after this many events
     #[arg(long, value_name = "N")]
     pub count: Option<u64>,
-    /// Exit after this long: seconds, or with a unit (500ms, 10s, 2m)
+    /// Exit after this long: seconds, or with a unit (500ms, 10s, 2m); at most a year
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub duration: Option<Duration>,
 }
+
+/// The longest `--duration`: a year (longer is as good as no `--duration` at all, and far
+/// longer would overflow the clock).
+const MAX_DURATION: Duration = Duration::from_secs(365 * 86400);
+
+/// How long a watch with no `--duration` lasts: until it is stopped.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 86400);
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let err = || format!("'{s}' is not a duration (e.g. 500ms, 10s, 2m)");
@@ -70,6 +77,11 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     let v: f64 = number.trim().parse().map_err(|_| err())?;
     if !v.is_finite() || v <= 0.0 {
         return Err(err());
+    }
+    if v * scale > MAX_DURATION.as_secs_f64() {
+        return Err(format!(
+            "'{s}' is longer than a year (leave --duration out to watch until stopped)"
+        ));
     }
     Duration::try_from_secs_f64(v * scale).map_err(|_| err())
 }
@@ -211,10 +223,7 @@ pub async fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
     let mut int = signal(SignalKind::interrupt()).context("cannot catch SIGINT")?;
     let mut renew = tokio::time::interval(RENEW);
     renew.tick().await;
-    let until = args
-        .duration
-        .map(|d| tokio::time::Instant::now() + d)
-        .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 86400));
+    let until = tokio::time::Instant::now() + args.duration.unwrap_or(FOREVER);
     let deadline = tokio::time::sleep_until(until);
     tokio::pin!(deadline);
     if !json {
@@ -320,6 +329,11 @@ mod tests {
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("ten").is_err());
+        assert_eq!(parse_duration("8760h"), Ok(MAX_DURATION));
+        for long in ["1e19", "8761h", "1e300s"] {
+            let e = parse_duration(long).unwrap_err();
+            assert!(e.contains("longer than a year"), "{long}: {e}");
+        }
     }
 
     #[test]

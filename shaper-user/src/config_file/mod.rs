@@ -33,8 +33,10 @@
 //! removed. Interfaces it does not name are left alone. Every error names the file, the
 //! line and the field.
 
+mod file;
 mod model;
 mod render;
 
+pub use file::{MAX_FILE_BYTES, ReadError, read, read_bytes};
 pub use model::{FileError, parse};
 pub use render::render;

@@ -318,6 +318,9 @@ pub fn parse(
     for (i, m) in model.interfaces.into_iter().enumerate() {
         let here = format!("interface[{i}]");
         let at = Attachment::toward(m.name.get_ref(), None, m.direction.unwrap_or(direction));
+        if let Err(e) = crate::pins::check_iface_name(&at.iface) {
+            return Err(src.error(m.name.span(), format!("{here}.name"), e.to_string()));
+        }
         if out.iter().any(|r| r.at == at) {
             return Err(src.error(
                 m.name.span(),
@@ -783,6 +786,15 @@ new_sources_burst = 200000
                 "isp.toml:{}: interface[0].policy[1].rate: has no meaning with action = \"pass\"",
                 line(&pass_with_rate, "1mbit")
             )
+        );
+        let dot_dot = GOOD.replacen("name = \"eth0\"", "name = \"..\"", 1);
+        let e = error_of(&dot_dot);
+        assert!(
+            e.starts_with(&format!(
+                "isp.toml:{}: interface[0].name: invalid interface name '..'",
+                line(&dot_dot, "\"..\"")
+            )),
+            "{e}"
         );
         let unknown_field = GOOD.replace("max_sources = 1000", "max_source = 1000");
         let e = error_of(&unknown_field);

@@ -422,7 +422,7 @@ fn stage(
     let dir = at.dir();
     let staging = at.staging();
     pins::remove_dir_of_pins(&staging).map_err(step(at, "remove old staged pins"))?;
-    std::fs::create_dir_all(&staging).map_err(step(at, "make the staging directory"))?;
+    pins::make_dirs(&staging).map_err(step(at, "make the staging directory"))?;
     let mut load = EbpfLoader::new();
     sizes.apply(&mut load);
     for &(m, reuse) in plan {
