@@ -1,9 +1,10 @@
-//! `shaper-lab bench --quick` end to end: every output is written and well-formed. Checks
-//! shapes only, never timings, so the harness cannot rot without failing.
+//! `shaper-lab bench --quick` end to end: every output is written and well-formed, every part
+//! measured, and what it prints of its figures (a bound kept or not) true of them. Never
+//! fails on a timing, so the harness cannot rot without failing.
 
 use std::{path::Path, process::Command};
 
-use shaper_lab::bench::peers::TABLE_ENTRIES;
+use shaper_lab::bench::{colour::YELLOW_BOUND, peers::TABLE_ENTRIES};
 
 fn finite_numbers(v: &serde_json::Value, at: &str) {
     match v {
@@ -101,20 +102,59 @@ fn quick_bench_writes_a_well_formed_report() {
             r["over_single_rate"]["median"].as_f64().unwrap() > 0.0,
             "{r}"
         );
+        // Each row's colour is the one its id names (the bench checked every frame had it).
+        let id = r["id"].as_str().unwrap();
+        let want = match id {
+            _ if id.starts_with("colour_green") || id == "packet_rate_pass" => "green",
+            _ if id.starts_with("colour_yellow") => "yellow",
+            "colour_red" => "red",
+            "packet_rate_refused" => "packet_refused",
+            _ => panic!("colour row {id} of no known colour"),
+        };
+        assert_eq!(r["colour"], want, "{r}");
     }
-    assert!(colour["yellow_over_green"]["median"].as_f64().unwrap() > 0.0);
-    assert!(colour["within_bound"].is_boolean());
+    // Issue 24's bound: what is printed of it is what the figures say (not a timing check:
+    // over the bound is reported, not failed).
+    let median = colour["yellow_over_green"]["median"].as_f64().unwrap();
+    assert!(median > 0.0);
+    assert_eq!(colour["bound"].as_f64(), Some(YELLOW_BOUND));
+    let within = median <= YELLOW_BOUND;
+    assert_eq!(colour["within_bound"].as_bool(), Some(within), "{colour}");
     let rows = json["scale"]["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 3);
     for r in rows {
         assert!(r["bytes_per_source"].as_f64().unwrap() > 0.0, "{r}");
     }
+    // The accuracy part ran: a missing one (its failure is written into the report rather
+    // than failing the bench) fails here, with its reason.
     let accuracy = &json["accuracy"];
-    match accuracy["status"].as_str() {
-        Some("measured") => assert!(accuracy["results"]["rows"].is_array()),
-        Some("missing") => assert!(accuracy["reason"].is_string()),
-        other => panic!("accuracy status {other:?}"),
+    assert_eq!(
+        accuracy["status"], "measured",
+        "accuracy not measured: {}",
+        accuracy["reason"]
+    );
+    let limiters: Vec<&str> = accuracy["results"]["rows"]
+        .as_array()
+        .expect("accuracy rows")
+        .iter()
+        .filter_map(|r| r["limiter"].as_str())
+        .collect();
+    for want in [
+        "shaper",
+        "nft",
+        "hashlimit",
+        "shaper egress",
+        "nft egress",
+        "tbf",
+        "htb",
+    ] {
+        assert!(limiters.contains(&want), "no accuracy row of {want}");
     }
+    assert_eq!(
+        accuracy["results"]["failed"].as_array().map(Vec::len),
+        Some(0),
+        "accuracy cases failed: {accuracy}"
+    );
 
     // The spoofed flood: every limiter, each counted behind it (the receiver is behind the
     // router). hashlimit fails closed once its table is full and each spoofed source sends
@@ -151,7 +191,17 @@ fn quick_bench_writes_a_well_formed_report() {
     assert!(md.contains(kernel), "results.md does not name the kernel");
     assert!(md.contains(date), "results.md does not give the date");
     assert!(md.contains("## Rate accuracy"));
+    // Neither the accuracy part nor the flood is missing from it.
+    assert!(
+        !md.contains("rate accuracy: not measured") && !md.contains("\nNot measured in this run"),
+        "results.md says a part was not measured"
+    );
     assert!(md.contains("### The second meter: colours and the packet rate"));
+    let bound = format!(
+        "issue 24's bound is {YELLOW_BOUND:.2}× ({})",
+        if within { "within it" } else { "over it" }
+    );
+    assert!(md.contains(&bound), "results.md does not say {bound:?}");
 
     let mut svgs = 0;
     for entry in std::fs::read_dir(&out).unwrap() {

@@ -276,7 +276,12 @@ impl Source<'_> {
                             policies - 1
                         ))
                     }
-                    (true, name) => Some(name.to_owned()),
+                    // A table of the interface's other than its policies (a misspelled
+                    // one): numbered as its interface is.
+                    (true, name) => Some(match name.strip_prefix("interface.") {
+                        Some(rest) => format!("interface[{}].{rest}", interfaces.max(1) - 1),
+                        None => name.to_owned(),
+                    }),
                 }
             })
             .last();
@@ -741,6 +746,90 @@ new_sources_burst = 200000
             (got[1].ecn_threshold_ns, got[1].horizon_ns),
             (Some(DEFAULT_ECN_THRESHOLD_NS), Some(DEFAULT_HORIZON_NS))
         );
+    }
+
+    /// Every table refuses a key it does not know, misspelled or made up, and names it at
+    /// its line: the top level (a misspelled `[[interface]]`), `[[interface]]` (a field, a
+    /// second-meter field, a misspelled `[[interface.policy]]`) and `[[interface.policy]]`
+    /// (a field, an aggregate's, a second-meter field). Nothing else is a table: every
+    /// other value is a string, a number or an enum's name, and a table given for one is
+    /// refused as the wrong type.
+    #[test]
+    fn every_table_refuses_unknown_keys() {
+        let cases: [(&str, &str, &str, &str); 10] = [
+            // (what, replaced by, the field named, the key refused)
+            (
+                "[[interface]]\nname = \"eth1\"",
+                "[[interfaces]]\nname = \"eth1\"",
+                "interfaces",
+                "interfaces",
+            ),
+            (
+                "\n[[interface]]\nname = \"eth0\"",
+                "\nversion = 2\n[[interface]]\nname = \"eth0\"",
+                "version",
+                "version",
+            ),
+            (
+                "burst = \"1m\"",
+                "burts = \"1m\"",
+                "interface[1].burts",
+                "burts",
+            ),
+            (
+                "max_sources = 1000",
+                "max_sources = 1000\npacket_rates = 5",
+                "interface[1].packet_rates",
+                "packet_rates",
+            ),
+            (
+                "max_sources = 1000",
+                "max_sources = 1000\ncomment = \"x\"",
+                "interface[1].comment",
+                "comment",
+            ),
+            (
+                "[[interface.policy]]\nprefix = \"192.0.2.0/24\"",
+                "[[interface.policies]]\nprefix = \"192.0.2.0/24\"",
+                "interface[0].policies",
+                "policies",
+            ),
+            (
+                "action = \"pass\"",
+                "actions = \"pass\"",
+                "interface[0].policy[1].actions",
+                "actions",
+            ),
+            (
+                "aggregate_burst = \"128k\"",
+                "aggregate_bursts = \"128k\"",
+                "interface[0].policy[0].aggregate_bursts",
+                "aggregate_bursts",
+            ),
+            (
+                "new_sources = 200",
+                "new_sources = 200\nexcess_dscps = \"cs1\"",
+                "interface[0].policy[2].excess_dscps",
+                "excess_dscps",
+            ),
+            (
+                "mode = 'monitor'",
+                "mode = 'monitor'\nname = \"eth9\"",
+                "interface[0].policy[2].name",
+                "name",
+            ),
+        ];
+        for (what, by, field, key) in cases {
+            assert_eq!(GOOD.matches(what).count(), 1, "{what}");
+            let text = GOOD.replace(what, by);
+            let e = error_of(&text);
+            let at = by.lines().find(|l| l.contains(key)).unwrap();
+            let want = format!(
+                "isp.toml:{}: {field}: unknown field `{key}`",
+                line(&text, at)
+            );
+            assert!(e.starts_with(&want), "{by}: {e}, not {want}");
+        }
     }
 
     fn error_of(text: &str) -> String {

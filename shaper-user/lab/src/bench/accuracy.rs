@@ -133,7 +133,7 @@ const LATE_OFFERED_BPS: u64 = 83_000_000;
 /// The duration case: one source at twice 8 Mbit/s (1 MB/s) with a 32 KiB burst...
 const DURATION_RATE_BPS: u64 = 8_000_000;
 const DURATION_BURST: u64 = 32_768;
-const DURATION_FRAME: u32 = 1500;
+pub const DURATION_FRAME: u32 = 1500;
 /// ...for this long each.
 const DURATION_SECONDS: [f64; 3] = [3.0, 5.0, 10.0];
 

@@ -14,14 +14,19 @@
 //!   fastest, with a burst no run exhausts;
 //! - red: both cells the slowest, each with a burst of one frame;
 //! - packet rate, pass: the byte rate open, the packet meter the fastest there is;
-//!   refused: one packet a second, a burst of one.
+//!   refused: one packet a second (the slowest there is), a burst of one. Its cell refills
+//!   a packet a second, so a timed loop that outlasts the cell's backlog (a run slowed past
+//!   a second on a loaded machine) passes a frame: the row's check allows exactly the
+//!   frames the cell's refills allow ([`refills_allow`]), read from the cell before and
+//!   after the loop.
 //!
 //! Before each timed loop the key is primed ([`prime`]): frames are sent one at a time
 //! until one gets the row's colour (a cell that refilled while other cases ran gives a
 //! green or a yellow first), which also makes the key's cells before the clock runs. A
 //! yellow priming frame's bytes are checked: DSCP rewritten, ECN kept, an IPv4 header's
 //! checksum valid. After the loop, the kernel's own counters must show every frame of it
-//! with the row's colour ([`check`]); a row that fails this fails the bench.
+//! with the row's colour, but for the refused row's refills ([`measure`]); a row that
+//! fails this fails the bench.
 //!
 //! In the loop the kernel runs the program on one buffer, so from the second run on a
 //! yellow frame already carries the DSCP it is given: the rewrite does the same work all
@@ -37,14 +42,16 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use anyhow::{Context as _, Result, bail, ensure};
 use aya::{
     Ebpf,
+    maps::{HashMap, MapData},
     programs::{TestRun as _, TestRunOptions, Xdp},
 };
 use serde::Serialize;
 use shaper_common::{
     config::{MAX_PACKET_RATE, Meter2Limits},
-    gcra::{MAX_RATE_BPS, MIN_RATE_BPS},
-    maps::{Config, Counters, Meter2, PROG_XDP},
+    gcra::{MAX_RATE_BPS, MIN_RATE_BPS, ticks_from_ns},
+    maps::{Config, Counters, Ipv4Key, MAP_METER2, Meter2, Meter2Cells, PROG_XDP},
 };
+use shaper_user::watch::monotonic_ns;
 
 use super::spread::Summary;
 use crate::{
@@ -233,8 +240,9 @@ fn ipv6_with_ecn(mut f: Vec<u8>) -> Vec<u8> {
     f
 }
 
-/// Runs the XDP program once on `frame`: its verdict and the bytes it passed on.
-fn run_once(ebpf: &Ebpf, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
+/// Runs the XDP program `repeat` times on `frame`: the last run's verdict, the bytes it
+/// passed on and the kernel's mean ns a run.
+fn run(ebpf: &Ebpf, frame: &[u8], repeat: u32) -> Result<(u32, Vec<u8>, f64)> {
     let prog: &Xdp = ebpf
         .program(PROG_XDP)
         .context("program missing")?
@@ -243,10 +251,14 @@ fn run_once(ebpf: &Ebpf, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
     let mut opts = TestRunOptions::new();
     opts.data_in = Some(frame);
     opts.data_out = Some(&mut out);
-    let verdict = prog
-        .test_run(opts)
-        .context("BPF_PROG_TEST_RUN")?
-        .return_value;
+    opts.repeat = repeat;
+    let result = prog.test_run(opts).context("BPF_PROG_TEST_RUN")?;
+    Ok((result.return_value, out, result.duration.as_nanos() as f64))
+}
+
+/// Runs the XDP program once on `frame`: its verdict and the bytes it passed on.
+fn run_once(ebpf: &Ebpf, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
+    let (verdict, out, _) = run(ebpf, frame, 1)?;
     Ok((verdict, out))
 }
 
@@ -280,20 +292,109 @@ pub fn prime(ebpf: &Ebpf, case: &Case) -> Result<()> {
     )
 }
 
+/// `case`'s timed loop: primes its key ([`prime`]), runs its frame `repeat` times in the
+/// kernel and checks every frame's colour ([`check`]; of the packet-rate refused row, the
+/// frames its cell's refills let through, [`refills_allow`]); returns the kernel's mean
+/// ns a frame.
+pub fn measure(ebpf: &Ebpf, case: &Case, repeat: u32) -> Result<f64> {
+    prime(ebpf, case)?;
+    let before = testrun::counters(ebpf)?;
+    let refused = case.colour == Colour::PacketRefused;
+    let tat0 = if refused { packet_tat(ebpf, case)? } else { 0 };
+    let start = ticks_from_ns(monotonic_ns());
+    let (verdict, _, ns) = run(ebpf, &case.frame, repeat)?;
+    let end = ticks_from_ns(monotonic_ns());
+    let after = testrun::counters(ebpf)?;
+    let n = u64::from(repeat);
+    if !refused {
+        ensure!(
+            verdict == case.colour.verdict(),
+            "{}: returned {verdict} instead of {}",
+            case.id,
+            case.colour.verdict()
+        );
+        check(case, &before, &after, n)?;
+        return Ok(ns);
+    }
+    // Every frame refused by the packet rate, but those passed (green) on a refill.
+    let passed = after.outcomes.passed_packets - before.outcomes.passed_packets;
+    let mut but_passes = before;
+    but_passes.outcomes.passed_packets += passed;
+    let tat1 = packet_tat(ebpf, case)?;
+    let period = case.config.meter2.packets.cost(1, u32::MAX);
+    ensure!(
+        Colour::of(&but_passes, &after, n - passed) == Some(Colour::PacketRefused)
+            && refills_allow(passed, tat0, tat1, start, end, period)
+            && (verdict == XDP_DROP || passed > 0 && verdict == XDP_PASS),
+        "{}: of the {n} timed frames, {}, the last {verdict}, which the packet cell's \
+         refills do not allow: its TAT {tat0} before, {tat1} after, a packet every {period} \
+         ticks, the loop from {start} to {end}",
+        case.id,
+        counted(&before, &after)
+    );
+    Ok(ns)
+}
+
+/// Whether `passed` frames of a timed loop run from `start` to `end` (ticks of the
+/// program's clock, read just outside it) are what a packet meter of burst one, a packet
+/// every `period` ticks, lets through, its cell's TAT `tat0` before the loop and `tat1`
+/// after. With a burst of one a frame passes only once the cell has drained (its TAT not
+/// ahead of now), and moves the TAT to a period after itself. So: none passed if the cell
+/// was never charged (`tat1 == tat0`), and then it had not drained at the start (else the
+/// first frame would have passed); otherwise each pass came at or after the previous
+/// TAT, a period at least after the pass before it (`tat1 ≥ tat0 + passed × period`), and
+/// the last within the loop (`start ≤ tat1 − period ≤ end`).
+pub fn refills_allow(passed: u64, tat0: u64, tat1: u64, start: u64, end: u64, period: u64) -> bool {
+    if passed == 0 {
+        return tat1 == tat0 && tat0 > start;
+    }
+    let last = tat1.wrapping_sub(period);
+    passed
+        .checked_mul(period)
+        .and_then(|p| tat0.checked_add(p))
+        .is_some_and(|least| tat1 >= least)
+        && (start..=end).contains(&last)
+}
+
+/// The TAT of the packet cell of `case`'s key (an IPv4 frame's source, keyed as the
+/// sources map is), in ticks.
+fn packet_tat(ebpf: &Ebpf, case: &Case) -> Result<u64> {
+    let map: HashMap<&MapData, Ipv4Key, Meter2Cells> =
+        HashMap::try_from(ebpf.map(MAP_METER2).context("second meter's map missing")?)?;
+    let ip = ETH_HLEN + 12;
+    let source = Ipv4Addr::new(
+        case.frame[ip],
+        case.frame[ip + 1],
+        case.frame[ip + 2],
+        case.frame[ip + 3],
+    );
+    let cells = map
+        .get(&testrun::key(source), 0)
+        .with_context(|| format!("{}: no second-meter cells for {source}", case.id))?;
+    Ok(cells.packets.tat)
+}
+
 /// Checks that `n` frames, counted from `before` to `after`, all had `case`'s colour.
 pub fn check(case: &Case, before: &Counters, after: &Counters, n: u64) -> Result<()> {
     ensure!(
         Colour::of(before, after, n) == Some(case.colour),
-        "{}: not every one of the {n} timed frames was {:?} (counted: {} passed, {} dropped, \
-         {} yellow, {} refused by the packet rate)",
+        "{}: not every one of the {n} timed frames was {:?} (counted: {})",
         case.id,
         case.colour,
+        counted(before, after),
+    );
+    Ok(())
+}
+
+/// What the counters counted from `before` to `after`, for a message.
+fn counted(before: &Counters, after: &Counters) -> String {
+    format!(
+        "{} passed, {} dropped, {} yellow, {} refused by the packet rate",
         after.outcomes.passed_packets - before.outcomes.passed_packets,
         after.outcomes.dropped_packets - before.outcomes.dropped_packets,
         after.meter2.yellow_packets - before.meter2.yellow_packets,
         after.meter2.packet_rate_refused_packets - before.meter2.packet_rate_refused_packets,
-    );
-    Ok(())
+    )
 }
 
 /// Whether `out` is the Ethernet frame `sent` with its IP packet's DSCP set to `dscp`: ECN
@@ -421,7 +522,7 @@ pub fn summary_lines(r: &ColourResults) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use shaper_common::maps::Meter2Counts;
+    use shaper_common::{gcra::TICKS_PER_SEC, maps::Meter2Counts};
 
     use super::*;
 
@@ -492,6 +593,61 @@ mod tests {
         out6[ip + 1] = (tc << 4) | (sent6[ip + 1] & 0x0f);
         remarked(&sent6, &out6, 8).unwrap();
         assert!(remarked(&sent6, &sent6, 8).is_err());
+    }
+
+    /// The refused row's cell: one packet a second exactly (no sub-tick remainder to
+    /// dither), a burst of one.
+    #[test]
+    fn the_refused_row_refills_a_packet_a_second() {
+        let refused = cases()
+            .unwrap()
+            .into_iter()
+            .find(|c| c.colour == Colour::PacketRefused)
+            .unwrap();
+        let packets = refused.config.meter2.packets;
+        assert_eq!(packets.cost(1, u32::MAX), TICKS_PER_SEC);
+        assert_eq!(packets.cost(1, 0), TICKS_PER_SEC);
+        assert_eq!(packets.tau_ticks, TICKS_PER_SEC);
+    }
+
+    /// What a packet meter of burst one lets through a loop, from its cell's TAT before and
+    /// after: one frame too many, or a pass before the cell drained, is refused.
+    #[test]
+    fn refills_allow_what_the_cell_allows() {
+        let t = TICKS_PER_SEC;
+        // The loop from 10 s to 10.001 s, the cell full until 10.5 s: nothing passes.
+        let (start, end) = (10 * t, 10 * t + t / 1000);
+        assert!(refills_allow(
+            0,
+            10 * t + t / 2,
+            10 * t + t / 2,
+            start,
+            end,
+            t
+        ));
+        // A frame passed all the same (the TAT moved by a period from the pass).
+        assert!(!refills_allow(1, 10 * t + t / 2, 11 * t, start, end, t));
+        assert!(!refills_allow(
+            1,
+            10 * t + t / 2,
+            11 * t + t / 2,
+            start,
+            end,
+            t
+        ));
+        // The cell drained before the loop: its first frame must pass.
+        assert!(!refills_allow(0, 9 * t, 9 * t, start, end, t));
+        assert!(refills_allow(1, 9 * t, start + 1 + t, start, end, t));
+        // A loop of 2.5 s from 10 s, the cell drained at 10.5 s: passes at 10.5 s and
+        // 11.5 s, not a third.
+        let end = 12 * t + t / 2;
+        let tat0 = 10 * t + t / 2;
+        assert!(refills_allow(1, tat0, tat0 + t, start, end, t));
+        assert!(refills_allow(2, tat0, tat0 + 2 * t, start, end, t));
+        assert!(!refills_allow(3, tat0, tat0 + 2 * t, start, end, t));
+        // A pass after the loop's end, or a cell that moved with nothing passed.
+        assert!(!refills_allow(2, tat0, end + 2 * t, start, end, t));
+        assert!(!refills_allow(0, tat0, tat0 + t, start, end, t));
     }
 
     #[test]

@@ -805,18 +805,8 @@ pub fn run(
         for i in 0..colour_cases.len() {
             let i = (i + run) % colour_cases.len();
             let (c, samples) = (&colour_cases[i], &mut colour_samples[i]);
-            let build = today.build;
             let ebpf = today.main_with(&c.config)?;
-            colour::prime(ebpf, c)?;
-            let before = build.counters(ebpf)?;
-            samples.push(test_run(
-                ebpf,
-                PROG_XDP,
-                &c.frame,
-                opts.repeat,
-                c.colour.verdict(),
-            )?);
-            colour::check(c, &before, &build.counters(ebpf)?, opts.repeat.into())?;
+            samples.push(colour::measure(ebpf, c, opts.repeat)?);
         }
         for ((case, samples), admitted) in singles
             .iter()
