@@ -44,6 +44,8 @@ pub enum JournalError {
         label: String,
         error: Box<PolicyError>,
     },
+    #[error("cannot tell whether {label} is attached: {error}")]
+    Liveness { label: String, error: io::Error },
 }
 
 /// How to put one attachment back as it was before the change.
@@ -83,7 +85,17 @@ impl Undo {
     /// settings, and recovers itself). The caller holds the lock.
     pub fn of(at: &Attachment) -> Result<Option<Self>, JournalError> {
         let (iface, netns, direction) = (at.iface.clone(), at.netns.clone(), at.direction);
-        if !at.exists() || !link::is_live(at) {
+        let liveness = match at.exists() {
+            true => link::liveness(at),
+            false => link::Liveness::Gone,
+        };
+        if let link::Liveness::Unknown(error) = liveness {
+            return Err(JournalError::Liveness {
+                label: at.label(),
+                error,
+            });
+        }
+        if !liveness.is_live() {
             return Ok(Some(Self::Detach {
                 iface,
                 netns,
