@@ -382,6 +382,7 @@ impl Told {
             // The daemon's own: the interface its file names is attached, and no reload
             // has happened; when it last counted the keys is a time, checked by the caller.
             "interface_attached" => 1.0,
+            "interface_missing" => 0.0,
             "sources_counted_timestamp_seconds" => sample.value,
             "unmetered_packets_total" => self.total(&format!("{}_packets", label("kind"))),
             "unmetered_bytes_total" => self.total(&format!("{}_bytes", label("kind"))),
