@@ -151,24 +151,18 @@ fn apply_file(file: &Path, scope: Scope<'_>) -> Result<(Vec<AttachRequest>, Stri
 
 /// Attaches the running configuration's interface `name`, which appeared (made again,
 /// it lost its program: attach links one again over its pins, keeping every cell and
-/// counter) or lost its clsact filter, by applying the running configuration to every
-/// interface that exists; says how.
+/// counter) or lost its clsact filter, by applying what the running configuration says
+/// of it (each direction; the other interfaces are left alone, so that one of them that
+/// fails cannot keep this one off); says how.
 fn attach_again(name: &str, running: &[AttachRequest], netns: Option<&str>) -> Result<String> {
-    let (here, _) = present(running);
-    let _lock = system::lock()?;
-    let applied = apply::apply(&here, netns)?;
-    // Each direction of it is applied under its label (`eth1 egress`).
-    let labels: Vec<String> = here
+    let mine: Vec<AttachRequest> = running
         .iter()
         .filter(|d| d.at.iface == name)
-        .map(|d| d.at.label())
+        .cloned()
         .collect();
-    let outcomes: Vec<Attached> = applied
-        .iter()
-        .filter(|a| labels.contains(&a.iface))
-        .map(|a| a.outcome)
-        .collect();
-    let any = |f: fn(&Attached) -> bool| outcomes.iter().any(f);
+    let _lock = system::lock()?;
+    let applied = apply::apply(&mine, netns)?;
+    let any = |f: fn(&Attached) -> bool| applied.iter().any(|a| f(&a.outcome));
     Ok(if any(|o| matches!(o, Attached::Relinked { .. })) {
         format!("{name}: attached it again (its program and maps kept)")
     } else if any(|o| matches!(o, Attached::New { .. })) {
