@@ -161,7 +161,7 @@ fn sighup_with_a_broken_file_keeps_the_running_configuration() {
     fs::write(&file, config("nosuchif0", "4mbit")).unwrap();
     let said = daemon.reload();
     assert!(
-        said.contains("missing, attached when they appear: nosuchif0"),
+        said.contains("no interface of it exists; missing, attached when they appear: nosuchif0"),
         "{said}"
     );
     assert_eq!(status(&lab, &iface), before);

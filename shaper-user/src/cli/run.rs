@@ -142,6 +142,11 @@ fn apply_file(file: &Path, scope: Scope<'_>) -> Result<(Vec<AttachRequest>, Stri
         })
         .collect::<Vec<_>>()
         .join(", ");
+    let what = if what.is_empty() {
+        "no interface of it exists".to_owned()
+    } else {
+        what
+    };
     let missing = missing_line(&missing);
     Ok((
         desired,
