@@ -9,7 +9,8 @@
 //! change: on a new attachment before the program is attached, on an existing one right
 //! after the settings, which are put back if the policies cannot be written. On an
 //! interface an older shaper attached, attach upgrades it in place ([`crate::upgrade`]).
-//! On an interface deleted and made again (its link went with it, its pins stayed), a
+//! On an interface deleted and made again (its link went with it, its pins stayed), or
+//! whose clsact filter or qdisc was removed, a
 //! program is loaded over this build's pins and linked again: every source's cell, the
 //! policies and the counters go on from where they were; pins of an older build, or a
 //! request for what cannot change (the hook, the table's size, ...), start afresh.
@@ -69,6 +70,11 @@ pub enum AttachError {
     },
     #[error(transparent)]
     Tc(#[from] TcAttachError),
+    #[error("cannot tell whether {label} is attached")]
+    Liveness {
+        label: String,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Object(#[from] ObjectError),
     #[error("cannot pin {what} at {path}")]
@@ -110,7 +116,15 @@ pub fn attach(req: &AttachRequest, pinned: Option<&Pinned>) -> Result<Attached, 
         return update(req, pinned);
     }
     if req.at.exists() {
-        if link::is_live(&req.at) {
+        let liveness = link::liveness(&req.at);
+        if let link::Liveness::Unknown(source) = liveness {
+            // Never taken for gone: that would unpin what may hold every bucket.
+            return Err(AttachError::Liveness {
+                label: req.at.label(),
+                source,
+            });
+        }
+        if liveness.is_live() {
             let l =
                 upgrade::identify(&req.at.dir(), &req.at.label()).map_err(UpgradeError::from)?;
             return if l.version == LAYOUT_VERSION {

@@ -89,7 +89,18 @@ pub fn begin(command: &str, attachments: &[Attachment]) -> Result<Prepared, Chan
     let mut opened = Vec::new();
     for at in attachments {
         upgrade::recover(at)?;
-        let live = at.exists() && link::is_live(at);
+        // "Could not tell" is refused, never taken for gone: the journal would detach it.
+        let live = match at.exists().then(|| link::liveness(at)) {
+            None | Some(link::Liveness::Gone) => false,
+            Some(link::Liveness::Live) => true,
+            Some(link::Liveness::Unknown(error)) => {
+                return Err(JournalError::Liveness {
+                    label: at.label(),
+                    error,
+                }
+                .into());
+            }
+        };
         let pinned = match live.then(|| Pinned::open(at)) {
             Some(Ok(pinned)) => Some(pinned),
             // Older pins: attach upgrades them; a policy change says so (`attached`).

@@ -43,6 +43,8 @@ pub enum JournalError {
         label: String,
         error: Box<PolicyError>,
     },
+    #[error("cannot tell whether {label} is attached: {error}")]
+    Liveness { label: String, error: io::Error },
 }
 
 /// How to put one attachment back as it was before the change.

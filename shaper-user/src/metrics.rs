@@ -609,9 +609,15 @@ fn collect_daemon(f: &mut Families, daemon: &Daemon, netns: Option<&str>) {
         let at = Attachment::toward(iface, netns, *direction);
         f.gauge(
             "shaper_interface_attached",
-            "1 if the interface the daemon's file names is attached, 0 if not (gone, or its attach failed)",
+            "1 if the interface the daemon's file names is attached (the kernel runs its program there), 0 if not (gone, made again or its clsact filter removed until the daemon attaches it again, or its attach failed)",
             labels(&[("interface", iface), ("direction", direction.name())]),
             if crate::link::is_live(&at) { 1.0 } else { 0.0 },
+        );
+        f.gauge(
+            "shaper_interface_missing",
+            "1 if the interface the daemon's file names does not exist (the daemon attaches it when it appears), 0 if it does",
+            labels(&[("interface", iface), ("direction", direction.name())]),
+            if crate::system::ifindex(iface).is_err() { 1.0 } else { 0.0 },
         );
     }
     if let Some(reload) = daemon.last_reload {

@@ -5,7 +5,8 @@
 //! has none, recorded as shaper's own (`TC_MODE_CLSACT_OWN`), and deleted when the last
 //! clsact attachment of the interface that owns it is detached; a qdisc that was there
 //! stays. A clsact filter has no bpf_link: the program is pinned instead (`tc_prog`), and
-//! the filter is found again by the program's name.
+//! the filter is found again by the program's name, and is live while a filter on the
+//! qdisc runs the pinned program's id ([`filter_prog_ids`]).
 
 use std::io;
 
@@ -18,7 +19,9 @@ use aya::{
     },
     util::KernelVersion,
 };
-use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload, Nla as _, NlasIterator,
+};
 use netlink_packet_route::{
     RouteNetlinkMessage,
     tc::{TcAttribute, TcHandle, TcMessage},
@@ -250,12 +253,10 @@ pub enum FqCheck {
     Other(String),
 }
 
-/// The qdiscs of interface `ifindex`, as `(handle, parent, kind)`: a dump over a netlink
-/// socket of its own, like [`delete_clsact`].
-fn qdiscs(ifindex: u32) -> io::Result<Vec<(TcHandle, TcHandle, String)>> {
-    let mut request = NetlinkMessage::from(RouteNetlinkMessage::GetQueueDiscipline(
-        TcMessage::with_index(ifindex as i32),
-    ));
+/// What a dump request (`Get*` with `NLM_F_DUMP`) answers: every message until Done, over
+/// a netlink socket of its own, like [`delete_clsact`].
+fn dump(what: RouteNetlinkMessage) -> io::Result<Vec<RouteNetlinkMessage>> {
+    let mut request = NetlinkMessage::from(what);
     request.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
     request.header.sequence_number = 1;
     request.finalize();
@@ -276,15 +277,7 @@ fn qdiscs(ifindex: u32) -> io::Result<Vec<(TcHandle, TcHandle, String)>> {
             match message.payload {
                 NetlinkPayload::Done(_) => return Ok(found),
                 NetlinkPayload::Error(e) if e.code.is_some() => return Err(e.to_io()),
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(q))
-                    if q.header.index == ifindex as i32 =>
-                {
-                    let kind = q.attributes.iter().find_map(|a| match a {
-                        TcAttribute::Kind(k) => Some(k.clone()),
-                        _ => None,
-                    });
-                    found.push((q.header.handle, q.header.parent, kind.unwrap_or_default()));
-                }
+                NetlinkPayload::InnerMessage(inner) => found.push(inner),
                 _ => {}
             }
             if len == 0 {
@@ -293,6 +286,73 @@ fn qdiscs(ifindex: u32) -> io::Result<Vec<(TcHandle, TcHandle, String)>> {
             at += len.next_multiple_of(4);
         }
     }
+}
+
+/// The qdiscs of interface `ifindex`, as `(handle, parent, kind)`.
+fn qdiscs(ifindex: u32) -> io::Result<Vec<(TcHandle, TcHandle, String)>> {
+    let all = dump(RouteNetlinkMessage::GetQueueDiscipline(
+        TcMessage::with_index(ifindex as i32),
+    ))?;
+    Ok(all
+        .into_iter()
+        .filter_map(|m| match m {
+            RouteNetlinkMessage::NewQueueDiscipline(q) if q.header.index == ifindex as i32 => {
+                let kind = q.attributes.iter().find_map(|a| match a {
+                    TcAttribute::Kind(k) => Some(k.clone()),
+                    _ => None,
+                });
+                Some((q.header.handle, q.header.parent, kind.unwrap_or_default()))
+            }
+            _ => None,
+        })
+        .collect())
+}
+
+/// `TCA_BPF_ID` in a `cls_bpf` filter's options: the id of the program it runs.
+const TCA_BPF_ID: u16 = 11;
+
+/// The ids of the programs the `cls_bpf` filters of interface `ifindex`'s clsact qdisc
+/// run in `direction`; none if it has no clsact qdisc (or no such interface).
+pub fn filter_prog_ids(ifindex: u32, direction: Direction) -> io::Result<Vec<u32>> {
+    let mut request = TcMessage::with_index(ifindex as i32);
+    request.header.parent = TcHandle {
+        major: TcHandle::CLSACT.major,
+        minor: match direction {
+            Direction::Ingress => TcHandle::MIN_INGRESS,
+            Direction::Egress => TcHandle::MIN_EGRESS,
+        },
+    };
+    let all = dump(RouteNetlinkMessage::GetTrafficFilter(request))?;
+    let mut ids = Vec::new();
+    for m in all {
+        let RouteNetlinkMessage::NewTrafficFilter(f) = m else {
+            continue;
+        };
+        if f.header.index != ifindex as i32 {
+            continue;
+        }
+        let bpf = f
+            .attributes
+            .iter()
+            .any(|a| matches!(a, TcAttribute::Kind(k) if k == "bpf"));
+        let options = f.attributes.iter().filter_map(|a| match a {
+            TcAttribute::Options(o) => Some(o),
+            _ => None,
+        });
+        // cls_bpf's options are not parsed by netlink-packet-route: one raw nest.
+        for option in options.flatten().filter(|_| bpf) {
+            let mut nest = vec![0; option.value_len()];
+            option.emit_value(&mut nest);
+            for nla in NlasIterator::new(&nest[..]).flatten() {
+                if nla.kind() == TCA_BPF_ID
+                    && let Some(id) = nla.value().first_chunk::<4>()
+                {
+                    ids.push(u32::from_ne_bytes(*id));
+                }
+            }
+        }
+    }
+    Ok(ids)
 }
 
 /// Whether sch_fq holds interface `ifindex`'s packets (see [`FqCheck`]).

@@ -216,7 +216,7 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
             args.burst
         ),
         Attached::Relinked { .. } => println!(
-            "attached {} again over its pins (the interface was made again): every source's bucket, the policies and the counters kept; rate {} burst {} per source{admitted}",
+            "attached {} again over its pins (the interface was made again, or its program taken off it): every source's bucket, the policies and the counters kept; rate {} burst {} per source{admitted}",
             req.at.label(),
             args.rate,
             args.burst

@@ -1,6 +1,8 @@
 //! `shaper run -f FILE [--detach-on-exit] [--metrics ADDR:PORT] [--top [ADDR:PORT]]
-//! [--no-watch]`: the daemon. It applies the file as `apply` does (all or nothing),
-//! attaches an interface of the file again when it reappears (netlink link events), tells
+//! [--no-watch]`: the daemon. It applies the file as `apply` does (all or nothing) to
+//! every interface of it that exists, attaches a missing one when it appears, and one
+//! whose program the kernel no longer runs (made again, or its clsact filter or qdisc
+//! removed) again over its pins (netlink link events, and a check every half second), tells
 //! systemd it is ready (sd_notify), applies the file again on SIGHUP and when its content
 //! changes (inotify on its directory: an editor's rename over it, or the kubelet's swap of
 //! a ConfigMap volume's `..data` symlink, which the file reaches through; a file it
@@ -42,13 +44,15 @@ use tokio::{
 /// Run as a daemon: apply a configuration file, re-apply it on SIGHUP, and leave the
 /// limits in force on exit
 ///
-/// At start it applies the file as shaper-apply(8) does, all or nothing, or exits
-/// non-zero with the one-line error. On SIGHUP, and when the file changes (unless
+/// At start it applies the file as shaper-apply(8) does, all or nothing, to every
+/// interface of it that exists, or exits non-zero with the one-line error; it names the
+/// missing ones and attaches each when it appears. On SIGHUP, and when the file changes (unless
 /// --no-watch), it applies it again: what changed is changed in place, every source
 /// keeping its bucket; a file it refuses is logged in one line naming file:line: field,
 /// and the running configuration stays. An interface the file names that is deleted and
-/// made again is attached again at once, over its own pins: its sources, policies and
-/// counters go on from where they were. It serves /metrics (OpenMetrics) and /top (the keys
+/// made again, or whose clsact filter or qdisc is removed, is attached again within a
+/// second or two, over its own pins: its sources, policies and counters go on from where
+/// they were. It serves /metrics (OpenMetrics) and /top (the keys
 /// dropped most, as JSON) on --metrics. It tells systemd when it is ready and when it
 /// reloads (Type=notify). On SIGTERM it exits and the limits stay in force, unless
 /// --detach-on-exit. One runs per host; every other shaper command works beside it.
@@ -87,11 +91,42 @@ Examples:
       The 10 keys of eth1 dropped most, from a running daemon.
 ";
 
-/// Reads and applies the file under the lock; returns what it applied and a line saying
-/// what changed.
+/// The requests whose interface exists here, and the names of those that do not (the
+/// daemon enforces the others, and attaches these when they appear).
+fn present(desired: &[AttachRequest]) -> (Vec<AttachRequest>, Vec<String>) {
+    let mut missing: Vec<String> = Vec::new();
+    let mut here = Vec::new();
+    for d in desired {
+        match system::ifindex(&d.at.iface) {
+            Err(system::SystemError::NoInterface(name)) => {
+                if !missing.contains(&name) {
+                    missing.push(name);
+                }
+            }
+            _ => here.push(d.clone()),
+        }
+    }
+    (here, missing)
+}
+
+/// What to say of the interfaces of the file that are missing ("" if none).
+fn missing_line(missing: &[String]) -> String {
+    if missing.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; missing, attached when they appear: {}",
+        missing.join(", ")
+    )
+}
+
+/// Reads the file and applies what it says of every interface that exists, under the
+/// lock (a file error refuses the whole file); returns what it asks and a line saying
+/// what changed and which interfaces are missing.
 fn apply_file(file: &Path, scope: Scope<'_>) -> Result<(Vec<AttachRequest>, String)> {
     let desired = super::apply::read(file, scope.direction)?;
-    let applied = apply::apply(&desired, scope.netns)?;
+    let (here, missing) = present(&desired);
+    let applied = apply::apply(&here, scope.netns)?;
     let what = applied
         .iter()
         .map(|one| {
@@ -104,25 +139,61 @@ fn apply_file(file: &Path, scope: Scope<'_>) -> Result<(Vec<AttachRequest>, Stri
         })
         .collect::<Vec<_>>()
         .join(", ");
-    Ok((desired, format!("applied {}: {what}", file.display())))
+    let what = if what.is_empty() {
+        "no interface of it exists".to_owned()
+    } else {
+        what
+    };
+    let missing = missing_line(&missing);
+    Ok((
+        desired,
+        format!("applied {}: {what}{missing}", file.display()),
+    ))
 }
 
-/// Attaches the running configuration's interface `name` again (deleted and made again,
+/// Attaches the running configuration's interface `name`, which appeared (made again,
 /// it lost its program: attach links one again over its pins, keeping every cell and
-/// counter), then applies the running configuration; says how.
-fn attach_again(name: &str, running: &[AttachRequest], netns: Option<&str>) -> String {
-    let result = (|| -> Result<bool> {
-        let applied = apply::apply(running, netns)?;
-        Ok(applied
-            .iter()
-            .any(|a| a.iface == name && matches!(a.outcome, Attached::Relinked { .. })))
-    })();
-    match result {
-        Ok(true) => format!("{name} appeared: attached it again (its program and maps kept)"),
-        Ok(false) => format!("{name} appeared: attached it again"),
-        Err(e) => format!("{name} appeared, but attaching it failed: {e:#}"),
-    }
+/// counter) or lost its clsact filter, by applying what the running configuration says
+/// of it (each direction; the other interfaces are left alone, so that one of them that
+/// fails cannot keep this one off); says how.
+fn attach_again(name: &str, running: &[AttachRequest], netns: Option<&str>) -> Result<String> {
+    let mine: Vec<AttachRequest> = running
+        .iter()
+        .filter(|d| d.at.iface == name)
+        .cloned()
+        .collect();
+    let applied = apply::apply(&mine, netns)?;
+    let any = |f: fn(&Attached) -> bool| applied.iter().any(|a| f(&a.outcome));
+    Ok(if any(|o| matches!(o, Attached::Relinked { .. })) {
+        format!("{name}: attached it again (its program and maps kept)")
+    } else if any(|o| matches!(o, Attached::New { .. })) {
+        format!("{name}: attached it")
+    } else {
+        format!("{name}: attached it again")
+    })
 }
+
+/// The interfaces of the running configuration that exist and whose program the kernel
+/// does not run (appeared, made again, or their clsact filter or qdisc removed): each
+/// is to be attached again. One the kernel could not be asked about is left as it is.
+fn lost(running: &[AttachRequest], netns: Option<&str>) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for d in running {
+        let name = &d.at.iface;
+        if names.contains(name) || system::ifindex(name).is_err() {
+            continue;
+        }
+        let at = Attachment::toward(name, netns, d.at.direction);
+        if matches!(link::liveness(&at), link::Liveness::Gone) {
+            names.push(name.clone());
+        }
+    }
+    names
+}
+
+/// How often the daemon asks the kernel whether every interface of its file still runs
+/// its program: a deleted clsact qdisc or filter sends no link event.
+const CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The interfaces and directions of a configuration, for the metrics.
 fn configured(running: &[AttachRequest]) -> Vec<(String, shaper_user::pins::Direction)> {
@@ -285,6 +356,24 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         ));
     }
     local.spawn_local(links_conn);
+    let mut check = tokio::time::interval(CHECK_EVERY);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Interfaces whose attach failed: tried again on their next link event or reload,
+    // not every check.
+    let mut stuck: Vec<String> = Vec::new();
+    let reattach = |name: &str, running: &[AttachRequest], stuck: &mut Vec<String>| {
+        // An interface of the file is back (made again, or its namespace's), or lost its
+        // filter: attach it again, with what is running.
+        let said = match attach_again(name, running, netns) {
+            Ok(said) => said,
+            Err(e) => {
+                stuck.push(name.to_owned());
+                format!("{name}: attaching it failed: {e:#}")
+            }
+        };
+        eprintln!("shaper: {said}");
+        notify(&[NotifyState::Status(&said)]);
+    };
     local
         .run_until(async {
             notify(&[NotifyState::Ready, NotifyState::Status(&line)]);
@@ -308,24 +397,27 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                     }
                     Some(name) = futures::StreamExt::next(&mut links) => {
                         // Deleting an interface sends a last RTM_NEWLINK too: only
-                        // one that exists and has lost its program is attached.
-                        if !running.iter().any(|d| d.at.iface == name)
-                            || system::ifindex(&name).is_err()
-                            || link::is_live(&Attachment::toward(&name, netns, scope.direction))
-                        {
-                            continue;
+                        // one that exists and has lost its program is attached. An event
+                        // of its own tries again one whose attach failed.
+                        stuck.retain(|n| *n != name);
+                        if lost(&running, netns).contains(&name) {
+                            reattach(&name, &running, &mut stuck);
                         }
-                        // An interface of the file is back (deleted and made again, or its
-                        // namespace's): attach it again, with what is running.
-                        let said = attach_again(&name, &running, netns);
-                        eprintln!("shaper: {said}");
-                        notify(&[NotifyState::Status(&said)]);
+                        continue;
+                    }
+                    _ = check.tick() => {
+                        for name in lost(&running, netns) {
+                            if !stuck.contains(&name) {
+                                reattach(&name, &running, &mut stuck);
+                            }
+                        }
                         continue;
                     }
                     _ = term.recv() => break,
                     _ = int.recv() => break,
                 };
                 notify(&[NotifyState::Reloading]);
+                stuck.clear();
                 content = Content::read(&args.file);
                 let (successful, status) = match apply_file(&args.file, scope) {
                     Ok((desired, line)) => {

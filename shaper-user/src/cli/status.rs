@@ -8,7 +8,7 @@ use shaper_user::{
     admission, link, maps,
     pins::{self, Attachment},
     policy::Mode,
-    request,
+    request, system,
     units::{Delay, Rate, Size},
     upgrade,
 };
@@ -20,7 +20,8 @@ use shaper_user::{
 /// packet rate, if attached with them), the key and its prefixes,
 /// the sources tracked of the map's size per family, the new-source admission, and the
 /// pin layout. An attachment whose interface is gone is marked so (detach removes its
-/// pins); one an older shaper made shows its layout and the attach that upgrades it.
+/// pins), one whose program is off its interface (made again, or its clsact filter or
+/// qdisc removed) is marked not attached; one an older shaper made shows its layout and the attach that upgrades it.
 /// With -j, a JSON array whose keys carry their unit (rate_bits_per_sec, burst_bytes).
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = EXAMPLES)]
@@ -49,6 +50,10 @@ struct Row {
     xdp_mode: &'static str,
     /// False once the interface is gone: the pins hold nothing until `detach` removes them.
     interface_present: bool,
+    /// Whether the kernel runs the program on the interface (its link, or its filter on
+    /// the clsact qdisc): false once the interface is gone or made again, or the filter
+    /// or qdisc removed; `attach` (or the daemon) attaches it again over its pins.
+    attached: bool,
     rate_bits_per_sec: u64,
     burst_bytes: u64,
     /// `enforce`, `monitor` or `shape`: the default policy's (monitor: the interface's).
@@ -96,7 +101,8 @@ fn row(at: &Attachment) -> Result<Row> {
         direction: at.direction.name(),
         hook: request::Hook::of_mode(config.xdp_mode).name(),
         xdp_mode: request::mode_name(config.xdp_mode),
-        interface_present: link::is_live(at),
+        interface_present: system::ifindex(&at.iface).is_ok(),
+        attached: link::is_live(at),
         rate_bits_per_sec: config.rate_bps,
         burst_bytes: config.burst_bytes,
         mode: Mode::from_value(config.mode).name(),
@@ -142,10 +148,12 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
         println!("shaper is not attached anywhere");
     }
     for (at, r) in attachments.iter().zip(&rows) {
-        let gone = if r.interface_present {
-            ""
-        } else {
-            " [interface gone: detach to remove its pins]"
+        let gone = match (r.interface_present, r.attached) {
+            (false, _) => " [interface gone: detach to remove its pins]",
+            (true, false) => {
+                " [not attached: its program is off the interface; attach (or the daemon) attaches it again over its pins]"
+            }
+            (true, true) => "",
         };
         let older = if r.upgrade_interrupted {
             " [upgrade interrupted: attach with the same settings finishes it]"
