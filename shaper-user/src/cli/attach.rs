@@ -33,8 +33,8 @@ use super::{flag, meter2, new_sources};
 /// prefixes, so one host flooding from a link-local address drains only that address's
 /// bucket, not its neighbours' neighbour discovery; a host spoofing another's address
 /// still drains that one (see shaper-policy(8) to exempt a gateway's, or to hold them
-/// together with an aggregate). With --direction egress, what IFACE sends is held instead, per destination
-/// (tc). RATE and BURST are the default policy: what every source that no prefix policy
+/// together with an aggregate). With --direction egress, what IFACE sends is held
+/// instead, per destination (tc). RATE and BURST are the default policy: what every source that no prefix policy
 /// covers gets (see shaper-policy(8)).
 ///
 /// The program and its maps are pinned under /sys/fs/bpf/shaper/IFACE/ (egress:
