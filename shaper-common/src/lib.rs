@@ -8,6 +8,7 @@ pub mod bench;
 pub mod config;
 pub mod dscp;
 pub mod gcra;
+pub mod keys;
 pub mod layout;
 pub mod maps;
 pub mod rescale;

@@ -1,9 +1,13 @@
 //! A frame's key: the configured address (source or destination) masked to the
 //! configured prefix, with the mask precomputed by userspace so this is a few loads and
-//! ANDs.
+//! ANDs; an address that belongs to no one's prefix (link-local, unspecified, multicast:
+//! `shaper_common::keys`) is kept whole, its mask all ones, without a branch.
 
 use network_types::ip::{Ipv4Hdr, Ipv6Hdr};
-use shaper_common::maps::{Config, Ipv4Key, Ipv6Key, KEY_BY_DST};
+use shaper_common::{
+    keys::{v4_per_address, v6_per_address},
+    maps::{Config, Ipv4Key, Ipv6Key, KEY_BY_DST},
+};
 
 /// # Safety
 /// `ip` points to a whole IPv4 header inside the frame (`parse::classify` checked it).
@@ -16,7 +20,9 @@ pub unsafe fn v4(ip: *const Ipv4Hdr, config: &Config) -> Ipv4Key {
             (*ip).src_addr
         }
     };
-    u32::from_ne_bytes(addr) & config.mask_v4
+    // All ones for an address keyed by itself, otherwise nothing.
+    let whole = 0u32.wrapping_sub(u32::from(v4_per_address(addr)));
+    u32::from_ne_bytes(addr) & (config.mask_v4 | whole)
 }
 
 /// The IPv6 key in two halves, its bytes in memory order (`u64::from_ne_bytes`), as the
@@ -33,10 +39,12 @@ pub unsafe fn v6(ip: *const Ipv6Hdr, config: &Config) -> (u64, u64) {
             &(*ip).src_addr
         }
     };
+    // All ones for an address keyed by itself, otherwise nothing.
+    let whole = 0u8.wrapping_sub(u8::from(v6_per_address(addr)));
     let half = |at: usize| {
         let mut bytes = [0u8; 8];
         for (i, b) in bytes.iter_mut().enumerate() {
-            *b = addr[at + i] & config.mask_v6[at + i];
+            *b = addr[at + i] & (config.mask_v6[at + i] | whole);
         }
         u64::from_ne_bytes(bytes)
     };

@@ -66,18 +66,11 @@ pub fn yellow_by_key(
 ) -> Result<HashMap<KeyNet, (u64, u64)>, aya::maps::MapError> {
     let mut out = HashMap::new();
     read_cells::<Ipv4Key>(&at.dir().join(PIN_METER2), |key, cells| {
-        let addr = Ipv4Addr::from(key.to_ne_bytes()).into();
-        let net = KeyNet {
-            addr,
-            prefix: config.prefix_v4,
-        };
+        let net = KeyNet::of_key(Ipv4Addr::from(key.to_ne_bytes()).into(), config);
         out.insert(net, (cells.yellow_packets, cells.yellow_bytes));
     })?;
     read_cells::<Ipv6Key>(&at.dir().join(PIN_METER2_6), |key, cells| {
-        let net = KeyNet {
-            addr: std::net::Ipv6Addr::from(key).into(),
-            prefix: config.prefix_v6,
-        };
+        let net = KeyNet::of_key(std::net::Ipv6Addr::from(key).into(), config);
         out.insert(net, (cells.yellow_packets, cells.yellow_bytes));
     })?;
     Ok(out)

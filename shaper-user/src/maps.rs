@@ -12,6 +12,7 @@ use std::os::fd::{AsFd as _, OwnedFd};
 
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use shaper_common::{
+    keys::{v4_per_address, v6_per_address},
     layout,
     maps::{
         Config, Counters, Ipv4Key, Ipv6Key, PIN_CONFIG, PIN_LAYOUT, PIN_METER2, PIN_METER2_6,
@@ -370,11 +371,27 @@ mod batch {
 }
 
 /// A tracked key as an operator reads it: the address, or the network when keys are
-/// masked to a shorter prefix (`198.51.100.0/24`, `2001:db8:1:2::/64`).
+/// masked to a shorter prefix (`198.51.100.0/24`, `2001:db8:1:2::/64`). A link-local,
+/// unspecified or multicast address is always a key of its own (`shaper_common::keys`),
+/// shown alone (`fe80::1`, `ff02::1`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct KeyNet {
     pub addr: IpAddr,
     pub prefix: u32,
+}
+
+impl KeyNet {
+    /// A key as the program made it under `config`: masked to the configured prefix of
+    /// its family, or the whole address if it is one keyed by itself.
+    pub fn of_key(addr: IpAddr, config: &Config) -> Self {
+        let prefix = match addr {
+            IpAddr::V4(a) if v4_per_address(a.octets()) => 32,
+            IpAddr::V4(_) => config.prefix_v4,
+            IpAddr::V6(a) if v6_per_address(&a.octets()) => 128,
+            IpAddr::V6(_) => config.prefix_v6,
+        };
+        Self { addr, prefix }
+    }
 }
 
 impl fmt::Display for KeyNet {
@@ -393,20 +410,12 @@ pub fn read_all_keys(
     at: &Attachment,
     config: &Config,
 ) -> Result<Vec<(KeyNet, SourceState)>, PinnedMapError> {
-    let v4 = read_sources(at)?.into_iter().map(|(a, s)| {
-        let net = KeyNet {
-            addr: a.into(),
-            prefix: config.prefix_v4,
-        };
-        (net, s)
-    });
-    let v6 = read_sources6(at)?.into_iter().map(|(a, s)| {
-        let net = KeyNet {
-            addr: a.into(),
-            prefix: config.prefix_v6,
-        };
-        (net, s)
-    });
+    let v4 = read_sources(at)?
+        .into_iter()
+        .map(|(a, s)| (KeyNet::of_key(a.into(), config), s));
+    let v6 = read_sources6(at)?
+        .into_iter()
+        .map(|(a, s)| (KeyNet::of_key(a.into(), config), s));
     Ok(v4.chain(v6).collect())
 }
 
@@ -424,5 +433,20 @@ mod tests {
         assert_eq!(net("198.51.100.0", 24).to_string(), "198.51.100.0/24");
         assert_eq!(net("2001:db8::", 64).to_string(), "2001:db8::/64");
         assert_eq!(net("2001:db8::1", 128).to_string(), "2001:db8::1");
+    }
+
+    #[test]
+    fn link_local_unspecified_and_multicast_keys_are_whole_addresses() {
+        let mut config = Config::per_source(8_000, 3_000).unwrap();
+        config.prefix_v4 = 24;
+        let key = |addr: &str| KeyNet::of_key(addr.parse().unwrap(), &config).to_string();
+        assert_eq!(key("2001:db8::"), "2001:db8::/64");
+        assert_eq!(key("fe80::1"), "fe80::1");
+        assert_eq!(key("ff02::1"), "ff02::1");
+        assert_eq!(key("::"), "::");
+        assert_eq!(key("198.51.100.0"), "198.51.100.0/24");
+        assert_eq!(key("0.0.0.0"), "0.0.0.0");
+        assert_eq!(key("224.0.0.251"), "224.0.0.251");
+        assert_eq!(key("169.254.1.2"), "169.254.1.2");
     }
 }

@@ -218,20 +218,16 @@ pub fn decode(bytes: &[u8]) -> Option<WatchEvent> {
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<WatchEvent>()) })
 }
 
-/// The event's key as an operator reads it (masked to the configured prefix).
+/// The event's key as an operator reads it (masked to the configured prefix, or whole:
+/// [`KeyNet::of_key`]).
 pub fn key_of(event: &WatchEvent, config: &Config) -> KeyNet {
-    if event.family == 4 {
+    let addr = if event.family == 4 {
         let b = &event.key;
-        KeyNet {
-            addr: IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3])),
-            prefix: config.prefix_v4,
-        }
+        IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
     } else {
-        KeyNet {
-            addr: IpAddr::V6(Ipv6Addr::from(event.key)),
-            prefix: config.prefix_v6,
-        }
-    }
+        IpAddr::V6(Ipv6Addr::from(event.key))
+    };
+    KeyNet::of_key(addr, config)
 }
 
 /// The reason's name in JSON (`source_limit`, `aggregate`, `blocked`, `unadmitted`,

@@ -332,3 +332,52 @@ fn a_rate_change_rescales_buckets_and_never_refills_them() {
         .scale();
     assert!(sources.iter().all(|(_, s)| s.cell.scale == scale));
 }
+
+/// Issue 32: link-local and multicast addresses are keyed whole, and policies name them as
+/// any other prefix: a policy over `fe80::/10` meters each link-local source on its own
+/// and, with an aggregate, holds them together; one on the gateway's own `fe80::1/128`
+/// (longer than the /64 keys, which only such ranges may be) exempts it.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn policies_over_link_local_and_multicast_ranges_apply_per_address() {
+    let mut h = harness(3 * FRAME as u64);
+    let mut link_local = limit(SLOW, 5 * FRAME as u64);
+    link_local.aggregate_rate_bps = SLOW;
+    link_local.aggregate_burst_bytes = 7 * FRAME as u64;
+    h.policies()
+        .replace_all(&[
+            spec("fe80::/10", link_local),
+            spec("fe80::1/128", action(ACTION_PASS)),
+            spec("224.0.0.0/4", limit(SLOW, 4 * FRAME as u64)),
+        ])
+        .unwrap();
+    assert_eq!(send(&mut h, "fe80::1", 20), 20);
+    // Each its own bucket of 5, the 7 of the aggregate between them.
+    assert_eq!(send(&mut h, "fe80::2", 20), 5);
+    assert_eq!(send(&mut h, "fe80::3", 20), 2);
+    assert_eq!(send(&mut h, "febf::4", 20), 0);
+    let s = stats(&mut h, Some("fe80::/10"));
+    assert_eq!(
+        (s.outcomes.passed_packets, s.outcomes.dropped_packets),
+        (7, 53)
+    );
+    assert_eq!(s.aggregate_refused_packets, 18 + 20);
+    assert_eq!(
+        stats(&mut h, Some("fe80::1/128")).outcomes.passed_packets,
+        20
+    );
+    // Multicast sources (as a spoofer sends them), each by the policy's 4.
+    assert_eq!(send(&mut h, "224.0.0.251", 10), 4);
+    assert_eq!(send(&mut h, "224.0.0.252", 10), 4);
+    let s = stats(&mut h, Some("224.0.0.0/4"));
+    assert_eq!(s.outcomes.passed_packets, 8);
+    // The default's burst of 3, each on its own.
+    assert_eq!(send(&mut h, "::", 10), 3);
+    assert_eq!(send(&mut h, "::1", 10), 3);
+    // A prefix longer than the keys outside those ranges could never match: refused.
+    let e = h
+        .policies()
+        .replace_all(&[spec("2001:db8::1/128", action(ACTION_PASS))])
+        .unwrap_err();
+    assert!(e.to_string().contains("longer than the /64"), "{e}");
+}

@@ -1,10 +1,17 @@
 //! The XDP program in the real kernel through BPF_PROG_TEST_RUN: verdicts and counters
-//! for non-IP, truncated, malformed, IPv4 and jumbo frames. No interface is involved.
+//! for non-IP, truncated, malformed, IPv4 and jumbo frames, and the addresses keyed whole
+//! whatever the prefix (link-local, unspecified, multicast). No interface is involved.
 //! (Every encapsulation and key is in `parse_golden.rs`.)
 
-use std::net::Ipv4Addr;
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
-use shaper_common::maps::{Config, Ipv4Key, SourceState};
+use shaper_common::{
+    config::RateLimit,
+    maps::{Config, Ipv4Key, KEY_BY_DST, KEY_BY_SRC, SourceState},
+};
 use shaper_lab::{
     frame::{self, ETH_P_ARP},
     testrun::{self, XDP_DROP, XDP_PASS},
@@ -187,4 +194,129 @@ fn without_a_policy_everything_passes_unmetered() {
         ),
         (0, 0, 0)
     );
+}
+
+/// 10 B/s: nothing measurable refills while a test runs, even in an emulated guest.
+const SLOW: u64 = 80;
+const FRAME: usize = 1_000;
+/// The address on the other side of the frames of [`passes`].
+const PEER_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+const PEER_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
+
+/// Keyed by `key_by` (`KEY_BY_*`) at /24 and /64, a burst of 3 frames per key.
+fn keyed(key_by: u32) -> testrun::Harness {
+    let rate = RateLimit::new(SLOW, 3 * FRAME as u64).unwrap();
+    let config = Config::new(rate, key_by, 24, 64, 0).unwrap();
+    testrun::Harness::new(Some(&config), 1024).expect("load")
+}
+
+/// Sends 5 frames from (`KEY_BY_SRC`) or to (`KEY_BY_DST`) each address in turn; how many
+/// of each passed. A key of its own passes 3 of them.
+fn passes(h: &mut testrun::Harness, key_by: u32, addrs: &[&str]) -> Vec<usize> {
+    addrs
+        .iter()
+        .map(|a| {
+            let f = match (a.parse::<IpAddr>().unwrap(), key_by == KEY_BY_DST) {
+                (IpAddr::V4(a), false) => frame::ipv4_udp_to(a, PEER_V4, FRAME),
+                (IpAddr::V4(a), true) => frame::ipv4_udp_to(PEER_V4, a, FRAME),
+                (IpAddr::V6(a), dst) => {
+                    let payload = FRAME - frame::ETH_HLEN - frame::IPV6_HLEN - frame::UDP_HLEN;
+                    let (src, to) = if dst { (PEER_V6, a) } else { (a, PEER_V6) };
+                    frame::ipv6_udp(src, to, payload)
+                }
+            };
+            (0..5)
+                .filter(|_| h.run(&f).expect("test_run") == XDP_PASS)
+                .count()
+        })
+        .collect()
+}
+
+/// Every key tracked, as addresses.
+fn keys(h: &testrun::Harness) -> BTreeSet<IpAddr> {
+    let v4 = h.sources().unwrap().into_iter();
+    let v6 = h.sources6().unwrap().into_iter();
+    v4.map(|(k, _)| IpAddr::from(Ipv4Addr::from(k.to_ne_bytes())))
+        .chain(v6.map(|(k, _)| IpAddr::from(Ipv6Addr::from(k))))
+        .collect()
+}
+
+fn addrs(list: &[&str]) -> BTreeSet<IpAddr> {
+    list.iter().map(|a| a.parse().unwrap()).collect()
+}
+
+/// Issue 32: with /64 keys every `fe80::` source was one key, so one host flooding from
+/// any link-local address drained the bucket of every neighbour's (and the router's)
+/// neighbour discovery. Link-local, unspecified and multicast addresses are keys of their
+/// own; a global /64 (and a /24) is still one key.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn link_local_unspecified_and_multicast_sources_are_keys_of_their_own() {
+    let mut h = keyed(KEY_BY_SRC);
+    let whole = [
+        "fe80::1",
+        "fe80::2",
+        "fe80::1:2:3:4",
+        "::",
+        "::1",
+        "0.0.0.0",
+        "0.0.0.7",
+        "169.254.1.1",
+        "169.254.1.2",
+        "224.0.0.251",
+        "224.0.0.252",
+    ];
+    assert_eq!(passes(&mut h, KEY_BY_SRC, &whole), [3; 11]);
+    // Two addresses of one global /64, of one /24: one key, one burst between them.
+    let shared = [
+        "2001:db8:1:2::1",
+        "2001:db8:1:2::2",
+        "198.51.100.1",
+        "198.51.100.2",
+    ];
+    assert_eq!(passes(&mut h, KEY_BY_SRC, &shared), [3, 0, 3, 0]);
+    let mut want = addrs(&whole);
+    want.extend(addrs(&["2001:db8:1:2::", "198.51.100.0"]));
+    assert_eq!(keys(&h), want);
+    let c = h.counters().unwrap();
+    assert_eq!(
+        (
+            c.outcomes.passed_packets,
+            c.outcomes.dropped_packets,
+            c.new_sources
+        ),
+        (3 * 13, 2 * 13 + 2 * 5, 13)
+    );
+}
+
+/// The same on egress by destination: every multicast group (`ff02::1`, the
+/// solicited-node groups, `224.0.0.251`), the limited broadcast and each link-local
+/// neighbour are keys of their own.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn link_local_and_multicast_destinations_are_keys_of_their_own() {
+    let mut h = keyed(KEY_BY_DST);
+    let whole = [
+        "ff02::1",
+        "ff02::2",
+        "ff02::1:ff00:1",
+        "ff02::1:ff00:2",
+        "fe80::1",
+        "fe80::2",
+        "224.0.0.1",
+        "224.0.0.251",
+        "255.255.255.255",
+        "169.254.7.7",
+    ];
+    assert_eq!(passes(&mut h, KEY_BY_DST, &whole), [3; 10]);
+    let shared = [
+        "2001:db8:1:2::1",
+        "2001:db8:1:2::2",
+        "198.51.100.1",
+        "198.51.100.2",
+    ];
+    assert_eq!(passes(&mut h, KEY_BY_DST, &shared), [3, 0, 3, 0]);
+    let mut want = addrs(&whole);
+    want.extend(addrs(&["2001:db8:1:2::", "198.51.100.0"]));
+    assert_eq!(keys(&h), want);
 }

@@ -28,8 +28,13 @@ use super::{flag, meter2, new_sources};
 ///
 /// Every source address sending to IFACE (IPv4, or IPv6 by /64) is held to RATE, with
 /// bursts of up to BURST: a frame over the limit is dropped on arrival (XDP), never
-/// queued. With --direction egress, what IFACE sends is held instead, per destination
-/// (tc). RATE and BURST are the default policy: what every source that no prefix policy
+/// queued. Link-local, unspecified and multicast addresses (fe80::/10, ::/8, ff00::/8,
+/// 169.254.0.0/16, 0.0.0.0/8, 224.0.0.0/3) are each a key of their own whatever the
+/// prefixes, so one host flooding from a link-local address drains only that address's
+/// bucket, not its neighbours' neighbour discovery; a host spoofing another's address
+/// still drains that one (see shaper-policy(8) to exempt a gateway's, or to hold them
+/// together with an aggregate). With --direction egress, what IFACE sends is held
+/// instead, per destination (tc). RATE and BURST are the default policy: what every source that no prefix policy
 /// covers gets (see shaper-policy(8)).
 ///
 /// The program and its maps are pinned under /sys/fs/bpf/shaper/IFACE/ (egress:
@@ -82,7 +87,8 @@ pub struct Args {
     /// IPv4 prefix length keys are masked to: 24 gives each /24 one bucket [default: 32]
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=32))]
     pub prefix_v4: Option<u32>,
-    /// IPv6 prefix length keys are masked to [default: 64, what one site is given]
+    /// IPv6 prefix length keys are masked to (link-local, unspecified and multicast
+    /// addresses are keyed whole) [default: 64, what one site is given]
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=128))]
     pub prefix_v6: Option<u32>,
     /// enforce, or monitor: drop nothing on the whole interface and count what would be

@@ -35,7 +35,9 @@ use super::{
 /// Changes apply while attached, to sources already seen on their next packet: nobody is
 /// detached, no packet goes unmetered, and a new rate rescales each bucket's backlog
 /// (never refills it). A policy prefix may not be longer than the key prefix
-/// (--prefix-v4, --prefix-v6 of attach), nor have host bits set, as ip route refuses.
+/// (--prefix-v4, --prefix-v6 of attach), except inside the ranges keyed per address
+/// (link-local, unspecified, multicast: fe80::1/128, ::/128, 0.0.0.0/32), nor have host
+/// bits set, as ip route refuses.
 /// Up to 16383 policies per interface. The file of shaper-apply(8) sets them all at
 /// once.
 #[derive(Debug, clap::Subcommand)]
@@ -52,6 +54,10 @@ Examples:
       Each address of the /24 up to 4 Mbit/s, the whole /24 up to 10 Mbit/s.
   shaper policy set eth0 192.0.2.0/28 --action pass
       Never limit the /28; still count it.
+  shaper policy set eth0 fe80::/10 --rate 1mbit --burst 16k --aggregate-rate 10mbit --aggregate-burst 64k
+      Each link-local address up to 1 Mbit/s, all of them together up to 10 Mbit/s.
+  shaper policy set eth0 fe80::1/128 --action pass
+      Never limit the gateway's link-local address (a spoofer can drain its bucket).
   shaper policy list eth0
       Every policy with its counters, the default first.
 ";

@@ -913,6 +913,27 @@ new_sources_burst = 200000
                 line(&too_long, "/25")
             )
         );
+        // Link-local, unspecified and multicast addresses are keyed whole: a policy may
+        // name one of them, or a range of them, past the keys' prefix.
+        for whole in [
+            "169.254.0.0/24",
+            "0.0.0.0/32",
+            "224.0.0.251/32",
+            "fe80::1/128",
+            "::/128",
+            "ff02::/16",
+        ] {
+            let file = GOOD
+                .replace(
+                    "prefix = \"192.0.2.0/24\"",
+                    &format!("prefix = \"{whole}\""),
+                )
+                .replace("name = \"eth0\"", "name = \"eth0\"\nprefix_v4 = 24");
+            parse("isp.toml", &file, Direction::Ingress).unwrap_or_else(|e| panic!("{whole}: {e}"));
+        }
+        // Not in such a range: past the keys' prefix as any other.
+        let not_whole = GOOD.replace("prefix = \"192.0.2.0/24\"", "prefix = \"100::1/128\"");
+        assert!(error_of(&not_whole).contains("100::1/128 is longer than the /64"));
         let twice = GOOD.replace("name = \"eth1\"", "name = \"eth0\"");
         assert_eq!(
             error_of(&twice),

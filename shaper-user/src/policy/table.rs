@@ -18,9 +18,10 @@ use aya::{
         lpm_trie::{Key, LpmTrie},
     },
 };
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use shaper_common::{
     config::ConfigError,
+    keys::{PER_ADDRESS_V4, PER_ADDRESS_V6},
     maps::{
         AdmissionCells, Cell, Config, DEFAULT_SLOT, Ipv4Key, Ipv6Key, MAP_ADMISSION,
         MAP_AGGREGATES, MAP_CONFIG, MAP_POLICIES, MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED,
@@ -162,14 +163,15 @@ impl PolicySet {
     }
 
     /// Refuses a prefix longer than the keys (IPv4, IPv6 lengths) it would be matched
-    /// against: it could never match.
+    /// against: it could never match. One inside a range keyed per address
+    /// ([`keyed_whole`]: `fe80::1/128`, `ff02::/16`) is matched whole and may be as long.
     pub fn fits(&self, key_prefixes: (u32, u32)) -> Result<(), PolicyError> {
         for p in &self.0 {
             let key_len = match p.spec.prefix {
                 IpNet::V4(_) => key_prefixes.0,
                 IpNet::V6(_) => key_prefixes.1,
             };
-            if u32::from(p.spec.prefix.prefix_len()) > key_len {
+            if u32::from(p.spec.prefix.prefix_len()) > key_len && !keyed_whole(&p.spec.prefix) {
                 return Err(PolicyError::LongerThanKey {
                     prefix: p.spec.prefix,
                     key_len,
@@ -191,6 +193,18 @@ impl PolicySet {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+}
+
+/// Whether every address of `prefix` is keyed by itself whatever the keys' prefix
+/// (`shaper_common::keys`: link-local, unspecified, multicast).
+pub fn keyed_whole(prefix: &IpNet) -> bool {
+    let v6 = PER_ADDRESS_V6
+        .iter()
+        .filter_map(|&(addr, len)| Ipv6Net::new(addr.into(), len).ok().map(IpNet::V6));
+    let v4 = PER_ADDRESS_V4
+        .iter()
+        .filter_map(|&(addr, len)| Ipv4Net::new(addr.into(), len).ok().map(IpNet::V4));
+    v6.chain(v4).any(|range| range.contains(prefix))
 }
 
 /// How many prefix policies an interface has room for (slot 0 is the default's).

@@ -35,7 +35,7 @@
 //! differences to the no-op. The no-op and the floor are the bench object's, measured once
 //! per run for both.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Context as _, Result, ensure};
 use aya::{
@@ -548,6 +548,19 @@ pub fn run(
             "pass, existing source",
             PROG_XDP,
             hot.clone(),
+            open,
+            XDP_PASS,
+            false,
+        ),
+        case(
+            "pass_existing_v6",
+            "pass, existing IPv6 source (its /64)",
+            PROG_XDP,
+            frame::ipv6_udp(
+                Ipv6Addr::new(0x2001, 2, 0, 1, 0, 0, 0, 0x11),
+                Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 1),
+                FRAME_BYTES - frame::ETH_HLEN - frame::IPV6_HLEN - frame::UDP_HLEN,
+            ),
             open,
             XDP_PASS,
             false,

@@ -25,6 +25,7 @@
 //! the [`Lab`] deletes the namespaces, which deletes the veth pairs with them.
 
 pub mod ns;
+pub mod ping;
 mod queues;
 pub mod raw;
 pub mod tcp;
