@@ -118,6 +118,16 @@ pub fn check_interfaces(desired: &[AttachRequest]) -> Result<(), ApplyError> {
 /// current network namespace (named `netns` in pin paths), as one change (which takes the
 /// lock). The caller has checked privileges and bpffs.
 pub fn apply(desired: &[AttachRequest], netns: Option<&str>) -> Result<Vec<Applied>, ApplyError> {
+    let lock = system::lock().map_err(ChangeError::from)?;
+    apply_holding(desired, netns, lock)
+}
+
+/// [`apply`] with the lock taken already ([`change::begin_holding`]).
+pub fn apply_holding(
+    desired: &[AttachRequest],
+    netns: Option<&str>,
+    lock: system::Lock,
+) -> Result<Vec<Applied>, ApplyError> {
     check_interfaces(desired)?;
     let ats: Vec<Attachment> = desired
         .iter()
@@ -126,7 +136,7 @@ pub fn apply(desired: &[AttachRequest], netns: Option<&str>) -> Result<Vec<Appli
             ..d.at.clone()
         })
         .collect();
-    let change = change::begin("apply", &ats)?.journal()?;
+    let change = change::begin_holding("apply", &ats, lock)?.journal()?;
     let mut applied = Vec::new();
     for (index, (d, at)) in desired.iter().zip(&ats).enumerate() {
         // Read through the pins the change opened (an error here drops `change`, which

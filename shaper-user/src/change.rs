@@ -83,7 +83,16 @@ pub struct Prepared {
 /// `attachments`: takes the lock, recovers what a killed change or upgrade left, and opens
 /// the pins of each live attachment once.
 pub fn begin(command: &str, attachments: &[Attachment]) -> Result<Prepared, ChangeError> {
-    let lock = system::lock()?;
+    begin_holding(command, attachments, system::lock()?)
+}
+
+/// [`begin`] with the lock taken already (the daemon tries it for a bounded time rather
+/// than wait: `system::try_lock`).
+pub fn begin_holding(
+    command: &str,
+    attachments: &[Attachment],
+    lock: system::Lock,
+) -> Result<Prepared, ChangeError> {
     // One left by a command killed after this one's entry point checked.
     journal::recover()?;
     let mut opened = Vec::new();

@@ -18,7 +18,7 @@ use std::{
 };
 
 use prometheus_client::{
-    encoding::text::encode,
+    encoding::{EncodeLabelValue, LabelValueEncoder, text::encode},
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
@@ -52,7 +52,34 @@ pub enum MetricsError {
     Encode,
 }
 
-type Labels = Vec<(String, String)>;
+type Labels = Vec<(String, LabelValue)>;
+
+/// A label's value, escaped as the text formats require when written: a backslash, a
+/// double quote and a newline as `\\`, `\"` and `\n` (an interface may be named `a"b`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct LabelValue(String);
+
+impl LabelValue {
+    fn escaped(&self) -> String {
+        let mut out = String::with_capacity(self.0.len());
+        for c in self.0.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+        out
+    }
+}
+
+impl EncodeLabelValue for LabelValue {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write as _;
+        encoder.write_str(&self.escaped())
+    }
+}
 type GaugeF64 = Gauge<f64, std::sync::atomic::AtomicU64>;
 /// A histogram's cumulative counts by upper bound in seconds (`None`: +Inf).
 type Buckets = Vec<(Option<f64>, u64)>;
@@ -65,36 +92,66 @@ struct Delays {
     sum_secs: f64,
 }
 
-/// One metric family per name, registered once.
+/// The samples of one metric family: its name, its help, and each series' labels and
+/// value.
+type Samples<T> = Vec<(&'static str, &'static str, Vec<(Labels, T)>)>;
+
+/// One metric family per name, registered once (by [`Families::register`], when every
+/// attachment has been read).
 #[derive(Default)]
 struct Families {
-    counters: Vec<(&'static str, &'static str, Family<Labels, Counter>)>,
-    gauges: Vec<(&'static str, &'static str, Family<Labels, GaugeF64>)>,
+    counters: Samples<u64>,
+    gauges: Samples<f64>,
     /// The shape delay histogram of each attachment.
     delays: Vec<Delays>,
 }
 
+/// Adds `samples` to the family `name` of `all`.
+fn add<T>(all: &mut Samples<T>, name: &'static str, help: &'static str, samples: Vec<(Labels, T)>) {
+    match all.iter_mut().find(|(n, _, _)| *n == name) {
+        Some((_, _, have)) => have.extend(samples),
+        None => all.push((name, help, samples)),
+    }
+}
+
 impl Families {
     fn counter(&mut self, name: &'static str, help: &'static str, labels: Labels, value: u64) {
-        let family = match self.counters.iter().position(|(n, _, _)| *n == name) {
-            Some(i) => &self.counters[i].2,
-            None => {
-                self.counters.push((name, help, Family::default()));
-                &self.counters.last().expect("just pushed").2
-            }
-        };
-        family.get_or_create(&labels).inc_by(value);
+        add(&mut self.counters, name, help, vec![(labels, value)]);
     }
 
     fn gauge(&mut self, name: &'static str, help: &'static str, labels: Labels, value: f64) {
-        let family = match self.gauges.iter().position(|(n, _, _)| *n == name) {
-            Some(i) => &self.gauges[i].2,
-            None => {
-                self.gauges.push((name, help, Family::default()));
-                &self.gauges.last().expect("just pushed").2
+        add(&mut self.gauges, name, help, vec![(labels, value)]);
+    }
+
+    /// Adds every series of `other` (one attachment's, read whole).
+    fn absorb(&mut self, other: Self) {
+        for (name, help, samples) in other.counters {
+            add(&mut self.counters, name, help, samples);
+        }
+        for (name, help, samples) in other.gauges {
+            add(&mut self.gauges, name, help, samples);
+        }
+        self.delays.extend(other.delays);
+    }
+
+    /// A registry of the counters and gauges (the delays are written by hand).
+    fn register(self) -> (Registry, Vec<Delays>) {
+        let mut registry = Registry::default();
+        for (name, help, samples) in self.counters {
+            let family = Family::<Labels, Counter>::default();
+            for (labels, value) in samples {
+                family.get_or_create(&labels).inc_by(value);
             }
-        };
-        family.get_or_create(&labels).set(value);
+            registry.register(name, help, family);
+        }
+        for (name, help, samples) in self.gauges {
+            let family = Family::<Labels, GaugeF64>::default();
+            for (labels, value) in samples {
+                family.get_or_create(&labels).set(value);
+            }
+            registry.register(name, help, family);
+        }
+        (registry, self.delays)
     }
 
     /// The six outcome counters of `o`, named `{prefix}passed_bytes` and so on.
@@ -308,7 +365,7 @@ const POLICY_UNADMITTED: OutcomeNames = (
 fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs
         .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .map(|(k, v)| ((*k).to_owned(), LabelValue((*v).to_owned())))
         .collect()
 }
 
@@ -332,7 +389,7 @@ fn collect(
     f.colours(&COLOURS, &base, &colours, &c.meter2);
     for (kind, packets, bytes) in c.unmetered() {
         let mut l = base.clone();
-        l.push(("kind".to_owned(), kind.to_owned()));
+        l.push(("kind".to_owned(), LabelValue(kind.to_owned())));
         f.counter(
             "shaper_unmetered_packets",
             "Frames passed untouched, not metered, by kind",
@@ -348,7 +405,7 @@ fn collect(
     }
     for (family, packets) in [("ipv4", c.ipv4_packets), ("ipv6", c.ipv6_packets)] {
         let mut l = base.clone();
-        l.push(("family".to_owned(), family.to_owned()));
+        l.push(("family".to_owned(), LabelValue(family.to_owned())));
         f.counter(
             "shaper_metered_packets",
             "Metered frames by address family",
@@ -419,7 +476,7 @@ fn collect(
         ("ipv6", counted.map(|c| c.ipv6)),
     ] {
         let mut l = base.clone();
-        l.push(("family".to_owned(), family.to_owned()));
+        l.push(("family".to_owned(), LabelValue(family.to_owned())));
         f.gauge(
             "shaper_sources_capacity",
             "Keys the family's source map holds before evicting the least recently seen",
@@ -477,7 +534,7 @@ fn collect(
             horizon.1 += s.outcomes.dropped_bytes + s.unadmitted.dropped_bytes;
         }
         let mut l = base.clone();
-        l.push(("policy".to_owned(), name));
+        l.push(("policy".to_owned(), LabelValue(name)));
         f.outcomes(&POLICY, &l, &s.outcomes);
         f.outcomes(&POLICY_UNADMITTED, &l, &s.unadmitted);
         f.sightings(&POLICY_SIGHTINGS, &l, &s.sightings);
@@ -655,7 +712,7 @@ fn delay_histogram(out: &mut String, delays: &[Delays]) {
         let mut text: Vec<String> = d
             .labels
             .iter()
-            .map(|(k, v)| format!("{k}=\"{v}\""))
+            .map(|(k, v)| format!("{k}=\"{}\"", v.escaped()))
             .collect();
         for (le, count) in &d.buckets {
             let le = le.map_or_else(|| "+Inf".to_owned(), |s| format!("{s:?}"));
@@ -669,37 +726,53 @@ fn delay_histogram(out: &mut String, delays: &[Delays]) {
     }
 }
 
+/// A scrape: its text, and why each attachment left out of it could not be read.
+#[derive(Debug)]
+pub struct Scrape {
+    pub text: String,
+    /// One line per unreadable attachment, naming it.
+    pub unreadable: Vec<String>,
+}
+
 /// The text of a scrape: every live attachment of namespace `netns` (None: the host's),
 /// with their keys as `sources` last counted them, and the daemon's own series.
 /// An attachment whose interface is gone has no series (its pins stay until detached).
+/// One whose pins cannot be read (an older layout, a pin that fails to open) has none
+/// either: it is counted in `shaper_attachments_unreadable` and named in
+/// [`Scrape::unreadable`], and the others are served.
 pub fn render(
     netns: Option<&str>,
     sources: &SourceCounter,
     daemon: &Daemon,
-) -> Result<String, MetricsError> {
+) -> Result<Scrape, MetricsError> {
     let mut families = Families::default();
+    let mut unreadable = Vec::new();
     let attachments = pins::list_all().map_err(MetricsError::List)?;
     for at in attachments
         .iter()
         .filter(|at| at.netns.as_deref() == netns && crate::link::is_live(at))
     {
-        collect(&mut families, at, sources.get(at))?;
+        let mut one = Families::default();
+        match collect(&mut one, at, sources.get(at)) {
+            Ok(()) => families.absorb(one),
+            Err(e) => unreadable.push(format!("{}: {e}", at.label())),
+        }
     }
+    families.gauge(
+        "shaper_attachments_unreadable",
+        "Live attachments whose pins could not be read (an older layout, a pin that fails to open), left out of the scrape: the daemon's log names them",
+        Vec::new(),
+        unreadable.len() as f64,
+    );
     collect_daemon(&mut families, daemon, netns);
-    let mut registry = Registry::default();
-    for (name, help, family) in families.counters {
-        registry.register(name, help, family);
-    }
-    for (name, help, family) in families.gauges {
-        registry.register(name, help, family);
-    }
+    let (registry, delays) = families.register();
     let mut text = String::new();
     encode(&mut text, &registry).map_err(|_| MetricsError::Encode)?;
     let eof = text.rfind("# EOF").ok_or(MetricsError::Encode)?;
     text.truncate(eof);
-    delay_histogram(&mut text, &families.delays);
+    delay_histogram(&mut text, &delays);
     text.push_str("# EOF\n");
-    Ok(text)
+    Ok(Scrape { text, unreadable })
 }
 
 #[cfg(test)]

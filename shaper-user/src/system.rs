@@ -76,6 +76,26 @@ pub fn lock() -> Result<Lock, SystemError> {
     Ok(Lock(file))
 }
 
+/// Takes the host-wide lock on changes if no one holds it; `None` if another does (the
+/// daemon waits for it between other work, never in `flock`).
+pub fn try_lock() -> Result<Option<Lock>, SystemError> {
+    let err = |source| SystemError::Lock {
+        path: LOCK_PATH.to_owned(),
+        source,
+    };
+    let file = crate::owned::open_private(Path::new(LOCK_PATH)).map_err(err)?;
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock {
+            return Ok(None);
+        }
+        return Err(err(e));
+    }
+    Ok(Some(Lock(file)))
+}
+
 /// Where [`daemon_lock`] locks: one `shaper run` per host, whatever its namespace.
 pub const DAEMON_LOCK_PATH: &str = "/run/shaper.run.lock";
 

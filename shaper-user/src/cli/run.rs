@@ -16,10 +16,9 @@
 mod http;
 
 use std::{
-    cell::RefCell,
     net::SocketAddr,
     path::{Path, PathBuf},
-    rc::Rc,
+    sync::{Arc, Mutex, PoisonError},
     time::SystemTime,
 };
 
@@ -121,12 +120,19 @@ fn missing_line(missing: &[String]) -> String {
 }
 
 /// Reads the file and applies what it says of every interface that exists, under the
-/// lock (a file error refuses the whole file); returns what it asks and a line saying
-/// what changed and which interfaces are missing.
-fn apply_file(file: &Path, scope: Scope<'_>) -> Result<(Vec<AttachRequest>, String)> {
+/// lock (`lock`, taken already, or waited for; a file error refuses the whole file);
+/// returns what it asks and a line saying what changed and which interfaces are missing.
+fn apply_file(
+    file: &Path,
+    scope: Scope<'_>,
+    lock: Option<system::Lock>,
+) -> Result<(Vec<AttachRequest>, String)> {
     let desired = super::apply::read(file, scope.direction)?;
     let (here, missing) = present(&desired);
-    let applied = apply::apply(&here, scope.netns)?;
+    let applied = match lock {
+        Some(lock) => apply::apply_holding(&here, scope.netns, lock)?,
+        None => apply::apply(&here, scope.netns)?,
+    };
     let what = applied
         .iter()
         .map(|one| {
@@ -194,6 +200,39 @@ fn lost(running: &[AttachRequest], netns: Option<&str>) -> Vec<String> {
 /// How often the daemon asks the kernel whether every interface of its file still runs
 /// its program: a deleted clsact qdisc or filter sends no link event.
 const CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How long a reload waits for the change lock (tried every [`LOCK_TRY`], the daemon's
+/// thread serving and rendering meanwhile) before it is put off for [`RELOAD_RETRY`]: a
+/// long change by another command, or someone holding the lock who should not, never
+/// stops the daemon.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+const LOCK_TRY: std::time::Duration = std::time::Duration::from_millis(50);
+const RELOAD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The change lock for a reload, within [`LOCK_PATIENCE`], or why not.
+async fn reload_lock() -> Result<system::Lock> {
+    let deadline = tokio::time::Instant::now() + LOCK_PATIENCE;
+    loop {
+        if let Some(lock) = system::try_lock()? {
+            return Ok(lock);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            anyhow::bail!(
+                "{} is held by another command for over {LOCK_PATIENCE:?}: trying again in {RELOAD_RETRY:?}",
+                system::LOCK_PATH
+            );
+        }
+        tokio::time::sleep(LOCK_TRY).await;
+    }
+}
+
+/// Waits until `at`, or forever when there is nothing to wait for.
+async fn until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// The interfaces and directions of a configuration, for the metrics.
 fn configured(running: &[AttachRequest]) -> Vec<(String, shaper_user::pins::Direction)> {
@@ -317,13 +356,15 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     let (links_conn, links) = link_events()?;
     let mut links = std::pin::pin!(links);
     let mut content = Content::read(&args.file);
-    let (mut running, line) = apply_file(&args.file, scope)?;
+    let (mut running, line) = apply_file(&args.file, scope, None)?;
+    // When a reload put off for want of the lock is tried again.
+    let mut retry = None;
     eprintln!("shaper: {line}");
-    let daemon_state = Rc::new(RefCell::new(metrics::Daemon {
+    let daemon_state = Arc::new(Mutex::new(metrics::Daemon {
         configured: configured(&running),
         last_reload: None,
     }));
-    // The server runs on this thread, between signals.
+    // The servers accept on this thread, between signals, and render on threads of their own.
     let local = tokio::task::LocalSet::new();
     if let Some(listener) = listener {
         eprintln!("shaper: serving /metrics on http://{}", args.metrics);
@@ -337,14 +378,14 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
             .context("cannot start the thread counting sources")?;
         let serves = http::Serves::Metrics {
             sources,
-            daemon: Rc::clone(&daemon_state),
+            daemon: Arc::clone(&daemon_state),
         };
         local.spawn_local(http::serve(
             listener,
             serves,
             netns.map(str::to_owned),
             scope.direction,
-        ));
+        )?);
     }
     if let Some((addr, listener)) = top_listener {
         eprintln!("shaper: serving /top on http://{addr}");
@@ -353,7 +394,7 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
             http::Serves::Top,
             netns.map(str::to_owned),
             scope.direction,
-        ));
+        )?);
     }
     local.spawn_local(links_conn);
     let mut check = tokio::time::interval(CHECK_EVERY);
@@ -380,6 +421,7 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
             loop {
                 let why = tokio::select! {
                     _ = hup.recv() => "SIGHUP",
+                    () = until(retry) => "a reload put off",
                     Some(()) = changed.recv() => {
                         // Wait for the writes to settle, then apply what is there if it
                         // is not what was last read.
@@ -419,18 +461,23 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                 notify(&[NotifyState::Reloading]);
                 stuck.clear();
                 content = Content::read(&args.file);
-                let (successful, status) = match apply_file(&args.file, scope) {
-                    Ok((desired, line)) => {
-                        running = desired;
-                        (true, line)
-                    }
-                    Err(e) => (
-                        false,
-                        format!("reload refused, the running configuration stays: {e:#}"),
-                    ),
-                };
+                retry = None;
+                let lock = reload_lock().await.inspect_err(|_| {
+                    retry = Some(tokio::time::Instant::now() + RELOAD_RETRY);
+                });
+                let (successful, status) =
+                    match lock.and_then(|l| apply_file(&args.file, scope, Some(l))) {
+                        Ok((desired, line)) => {
+                            running = desired;
+                            (true, line)
+                        }
+                        Err(e) => (
+                            false,
+                            format!("reload refused, the running configuration stays: {e:#}"),
+                        ),
+                    };
                 {
-                    let mut state = daemon_state.borrow_mut();
+                    let mut state = daemon_state.lock().unwrap_or_else(PoisonError::into_inner);
                     state.configured = configured(&running);
                     state.last_reload = Some(metrics::Reload {
                         successful,
