@@ -63,37 +63,13 @@ pub const LOCK_PATH: &str = "/run/shaper.lock";
 
 /// Waits for and takes the host-wide lock on changes.
 pub fn lock() -> Result<Lock, SystemError> {
-    let err = |source| SystemError::Lock {
-        path: LOCK_PATH.to_owned(),
-        source,
-    };
-    let file = crate::owned::open_private(Path::new(LOCK_PATH)).map_err(err)?;
-    use std::os::fd::AsRawFd as _;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(err(io::Error::last_os_error()));
-    }
-    Ok(Lock(file))
+    Ok(flock(LOCK_PATH, true)?.expect("a waiting flock is taken"))
 }
 
 /// Takes the host-wide lock on changes if no one holds it; `None` if another does (the
 /// daemon waits for it between other work, never in `flock`).
 pub fn try_lock() -> Result<Option<Lock>, SystemError> {
-    let err = |source| SystemError::Lock {
-        path: LOCK_PATH.to_owned(),
-        source,
-    };
-    let file = crate::owned::open_private(Path::new(LOCK_PATH)).map_err(err)?;
-    use std::os::fd::AsRawFd as _;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::WouldBlock {
-            return Ok(None);
-        }
-        return Err(err(e));
-    }
-    Ok(Some(Lock(file)))
+    flock(LOCK_PATH, false)
 }
 
 /// Where [`daemon_lock`] locks: one `shaper run` per host, whatever its namespace.
@@ -102,23 +78,34 @@ pub const DAEMON_LOCK_PATH: &str = "/run/shaper.run.lock";
 /// Takes the daemon's lock without waiting: held for the daemon's life, so a second
 /// daemon is refused at once. (Commands take [`lock`] for each change, daemon included.)
 pub fn daemon_lock() -> Result<Lock, SystemError> {
-    let err = |source| SystemError::Lock {
+    flock(DAEMON_LOCK_PATH, false)?.ok_or_else(|| SystemError::DaemonRunning {
         path: DAEMON_LOCK_PATH.to_owned(),
+    })
+}
+
+/// An exclusive `flock` on the root-only file `path` (made 0600 if missing): waited for,
+/// or tried once (`None`: another holds it).
+fn flock(path: &str, wait: bool) -> Result<Option<Lock>, SystemError> {
+    let err = |source| SystemError::Lock {
+        path: path.to_owned(),
         source,
     };
-    let file = crate::owned::open_private(Path::new(DAEMON_LOCK_PATH)).map_err(err)?;
+    let file = crate::owned::open_private(Path::new(path)).map_err(err)?;
+    let operation = if wait {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_EX | libc::LOCK_NB
+    };
     use std::os::fd::AsRawFd as _;
     // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    if unsafe { libc::flock(file.as_raw_fd(), operation) } != 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::WouldBlock {
-            return Err(SystemError::DaemonRunning {
-                path: DAEMON_LOCK_PATH.to_owned(),
-            });
+            return Ok(None);
         }
         return Err(err(e));
     }
-    Ok(Lock(file))
+    Ok(Some(Lock(file)))
 }
 
 const CAP_NET_ADMIN: u32 = 12;
