@@ -19,7 +19,7 @@
 
 use std::{collections::HashMap, net::Ipv4Addr, path::Path};
 
-use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+use aya::maps::MapData;
 use serde::Serialize;
 use shaper_common::maps::{
     Config, Ipv4Key, Ipv6Key, Meter2Cells, Outcomes, PIN_METER2, PIN_METER2_6,
@@ -84,15 +84,11 @@ fn read_cells<K: aya::Pod>(
     if !path.exists() {
         return Ok(());
     }
-    let map: BpfHashMap<MapData, K, Meter2Cells> =
-        BpfHashMap::try_from(Map::LruHashMap(MapData::from_pin(path)?))?;
-    for entry in map.iter() {
-        match entry {
-            Ok((key, cells)) => f(key, cells),
-            // An LRU entry evicted between listing its key and reading it: skip it.
-            Err(aya::maps::MapError::KeyNotFound) => {}
-            Err(e) => return Err(e),
-        }
+    // In batches, as the source maps are read (`maps::read_keys`): a key-by-key walk
+    // starts again when an evicted key is under it.
+    let map = MapData::from_pin(path)?;
+    for (key, cells) in crate::maps::read_batched::<K, Meter2Cells>(&map)? {
+        f(key, cells);
     }
     Ok(())
 }

@@ -10,7 +10,7 @@ use std::{
 
 use std::os::fd::{AsFd as _, OwnedFd};
 
-use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{Array, Map, MapData, MapError, PerCpuArray};
 use shaper_common::{
     keys::{v4_per_address, v6_per_address},
     layout,
@@ -211,22 +211,27 @@ pub fn read_sources6(at: &Attachment) -> Result<Vec<(Ipv6Addr, SourceState)>, Pi
     read_keys::<Ipv6Key, _>(&at.sources6(), Ipv6Addr::from)
 }
 
+/// Reads the map in batches ([`read_batched`]), not key by key: `GET_NEXT_KEY` starts
+/// again from the first bucket when the key it stands on is evicted, so under a flood a
+/// walk counts keys twice and never ends; a batch walks the buckets once.
 fn read_keys<K: aya::Pod, A>(
     path: &Path,
     addr: impl Fn(K) -> A,
 ) -> Result<Vec<(A, SourceState)>, PinnedMapError> {
-    let map: HashMap<MapData, K, SourceState> =
-        HashMap::try_from(open(path)?).map_err(read_err(path))?;
-    let mut sources = Vec::new();
-    for entry in map.iter() {
-        match entry {
-            Ok((key, state)) => sources.push((addr(key), state)),
-            // An LRU entry evicted between listing its key and reading it: skip it.
-            Err(MapError::KeyNotFound) => {}
-            Err(e) => return Err(read_err(path)(e)),
-        }
+    let map = open(path)?;
+    let entries = read_batched::<K, SourceState>(hash_data(&map, path)?).map_err(read_err(path))?;
+    Ok(entries.into_iter().map(|(k, s)| (addr(k), s)).collect())
+}
+
+/// The map data of a (LRU) hash map, or the error that names `path`.
+pub fn hash_data<'a>(map: &'a Map, path: &Path) -> Result<&'a MapData, PinnedMapError> {
+    match map {
+        Map::LruHashMap(data) | Map::HashMap(data) => Ok(data),
+        _ => Err(PinnedMapError::Open {
+            path: path.display().to_string(),
+            source: MapError::InvalidMapType { map_type: 0 },
+        }),
     }
-    Ok(sources)
 }
 
 /// How many keys each per-source map holds (IPv4, IPv6), read in batches
@@ -238,15 +243,7 @@ fn read_keys<K: aya::Pod, A>(
 pub fn count_sources(at: &Attachment) -> Result<(u64, u64), PinnedMapError> {
     let count = |path: std::path::PathBuf, key_size: usize| -> Result<u64, PinnedMapError> {
         let map = open(&path)?;
-        let data: &MapData = match &map {
-            Map::LruHashMap(data) | Map::HashMap(data) => data,
-            _ => {
-                return Err(PinnedMapError::Open {
-                    path: path.display().to_string(),
-                    source: MapError::InvalidMapType { map_type: 0 },
-                });
-            }
-        };
+        let data = hash_data(&map, &path)?;
         let mut n = 0;
         batch::each(data, key_size, size_of::<SourceState>(), |entries, _, _| {
             n += entries as u64;

@@ -482,6 +482,13 @@ fn apt_install(packages: &[&str]) -> Result<()> {
     let asked: Vec<String> = packages.iter().map(|p| (*p).to_owned()).collect();
     let mut plan = simulate(&asked)?;
     let mut install = asked.clone();
+    if !plan.whole() && backports_needed(&plan.at_odds())? {
+        // A package of this machine from backports (qemu-utils, on this kind of machine)
+        // whose release is not in apt's sources: the same versions are there.
+        add_backports()?;
+        cmd::run(apt_get().arg("update"))?;
+        plan = simulate(&asked)?;
+    }
     if !plan.whole() {
         let pinned = pin_to(&asked, &plan.at_odds())?;
         let repinned = simulate(&pinned)?;
@@ -601,20 +608,72 @@ impl Simulation {
     }
 }
 
+/// The sources list of this machine's release's backports (`target/apt/backports.list`),
+/// which apt reads beside its own sources once [`add_backports`] has written it.
+fn backports_list() -> PathBuf {
+    crate::workspace::target_dir()
+        .join("apt")
+        .join("backports.list")
+}
+
+/// Whether a package in the way was installed from backports (`~bpo12+1`) whose release
+/// apt's sources do not have: then asking for the new packages from there keeps it.
+fn backports_needed(at_odds: &[String]) -> Result<bool> {
+    if backports_list().exists() {
+        return Ok(false);
+    }
+    for name in at_odds {
+        let policy = cmd::stdout(apt_cache().args(["policy", name]))?;
+        if let Some(version) = installed_version(&policy)
+            && version.contains("~bpo")
+            && !policy.contains("-backports")
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Writes [`backports_list`]: this release's backports (its name from `/etc/os-release`),
+/// read by every apt command of setup from then on (`apt_get`, `apt_cache`), and by no
+/// other: this machine's own apt configuration is left as it is.
+fn add_backports() -> Result<()> {
+    let os = std::fs::read_to_string("/etc/os-release").context("cannot read /etc/os-release")?;
+    let codename = os
+        .lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|c| c.trim_matches('"'))
+        .filter(|c| !c.is_empty())
+        .context("/etc/os-release names no VERSION_CODENAME")?;
+    let list = backports_list();
+    println!(
+        "adding {codename}-backports to apt's sources for setup's own commands ({})",
+        list.display()
+    );
+    std::fs::create_dir_all(list.parent().expect("a file in a directory"))?;
+    std::fs::write(
+        &list,
+        format!(
+            "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian {codename}-backports main\n"
+        ),
+    )
+    .with_context(|| format!("cannot write {}", list.display()))
+}
+
 /// `packages`, each asked for from the release (`qemu-system-x86/bookworm-backports`)
 /// that has it at the installed version of one of `at_odds`, where apt's sources have
 /// one: apt then takes its dependencies from that release too.
 fn pin_to(packages: &[String], at_odds: &[String]) -> Result<Vec<String>> {
     let mut versions = Vec::new();
     for name in at_odds {
-        let policy = cmd::stdout(Command::new("apt-cache").args(["policy", name]))?;
+        let policy = cmd::stdout(apt_cache().args(["policy", name]))?;
         if let Some(v) = installed_version(&policy) {
             versions.push(v.to_owned());
         }
     }
     let mut pinned = Vec::new();
     for package in packages {
-        let madison = cmd::stdout(Command::new("apt-cache").args(["madison", package]))?;
+        let madison = cmd::stdout(apt_cache().args(["madison", package]))?;
         let release = versions
             .iter()
             .find_map(|v| release_of(&madison, v).map(str::to_owned));
@@ -823,7 +882,37 @@ impl Item {
 fn apt_get() -> Command {
     let mut cmd = Command::new("apt-get");
     cmd.env("DEBIAN_FRONTEND", "noninteractive");
+    with_backports(&mut cmd);
     cmd
+}
+
+/// apt-cache, reading the same sources as [`apt_get`].
+fn apt_cache() -> Command {
+    let mut cmd = Command::new("apt-cache");
+    with_backports(&mut cmd);
+    cmd
+}
+
+/// Makes `cmd` read [`backports_list`] as its sources list, where setup wrote one (this
+/// machine has no `/etc/apt/sources.list` of its own to replace: its sources are in
+/// `sources.list.d`, which apt still reads).
+/// Its packages are preferred (`APT::Default-Release`), so that what the new packages
+/// depend on comes from backports too, as the installed backports package needs.
+fn with_backports(cmd: &mut Command) {
+    let list = backports_list();
+    if std::path::Path::new("/etc/apt/sources.list").exists() {
+        return;
+    }
+    let Ok(text) = std::fs::read_to_string(&list) else {
+        return;
+    };
+    let Some(suite) = text.split_whitespace().find(|w| w.ends_with("-backports")) else {
+        return;
+    };
+    cmd.arg("-o")
+        .arg(format!("Dir::Etc::SourceList={}", list.display()))
+        .arg("-o")
+        .arg(format!("APT::Default-Release={suite}"));
 }
 
 #[cfg(test)]
