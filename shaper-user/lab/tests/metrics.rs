@@ -3,7 +3,8 @@
 //! lab address other hosts reach; and a scrape reads no source map, so it makes the same
 //! bpf calls at an empty and at a full default table (262,144 keys), while the keys it
 //! reports are the ones `stats -j` counts; `/top` in a loop at a full table does not hold
-//! up a changed file.
+//! up a changed file; and the source maps, walked while their keys are evicted, list each
+//! key once.
 
 #[expect(dead_code, reason = "not every helper is used here")]
 mod common;
@@ -333,4 +334,82 @@ fn a_scrape_costs_the_same_at_a_full_table() {
     let (exit, log) = daemon.stop();
     assert!(exit.success(), "{exit}: {log}");
     let _ = fs::remove_dir_all(&dir);
+}
+
+/// Lists of the source maps walked while other keys evict theirs (the pinned maps of an
+/// attachment of 8,192 sources written from here, on a thread, as fast as it can, both
+/// families) name each key once: `GET_NEXT_KEY` from an evicted key starts again from the
+/// first bucket, so a key-by-key walk counted keys twice under a flood (issue 32); a batch
+/// walks each bucket once.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn walks_under_churn_list_each_key_once() {
+    use shaper_common::maps::Ipv6Key;
+    use std::{
+        collections::HashSet,
+        sync::{
+            Arc,
+            atomic::{AtomicBool, Ordering},
+        },
+    };
+
+    const MAX: u32 = 8192;
+    let lab = new_lab("mt-churn");
+    let iface = lab.rx_iface().to_owned();
+    let _guard = guard(lab.rx_ns(), &iface);
+    shaper_ok(
+        lab.rx_ns(),
+        &[
+            "attach",
+            &iface,
+            "--rate",
+            "1mbit",
+            "--burst",
+            "16k",
+            "--max-sources",
+            &MAX.to_string(),
+        ],
+    );
+    let at = Attachment::new(&iface, Some(lab.rx_ns()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (v4, v6, stop) = (at.sources(), at.sources6(), stop.clone());
+        std::thread::spawn(move || {
+            let open = |p: &Path| aya::maps::Map::LruHashMap(MapData::from_pin(p).unwrap());
+            let mut v4: HashMap<MapData, Ipv4Key, SourceState> =
+                HashMap::try_from(open(&v4)).unwrap();
+            let mut v6: HashMap<MapData, Ipv6Key, SourceState> =
+                HashMap::try_from(open(&v6)).unwrap();
+            let mut i = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let key = (u32::from_be_bytes([10, 0, 0, 0]) + i).to_be();
+                v4.insert(key, SourceState::default(), 0).unwrap();
+                let mut key6 = [0u8; 16];
+                key6[..2].copy_from_slice(&[0x20, 0x01]);
+                key6[4..8].copy_from_slice(&i.to_be_bytes());
+                v6.insert(key6, SourceState::default(), 0).unwrap();
+                i = i.wrapping_add(1);
+            }
+            i
+        })
+    };
+    // Until the maps are full, nothing is evicted.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut listed = (0, 0);
+    for _ in 0..10 {
+        let v4 = shaper_user::maps::read_sources(&at).unwrap();
+        let v6 = shaper_user::maps::read_sources6(&at).unwrap();
+        let once4: HashSet<_> = v4.iter().map(|(a, _)| *a).collect();
+        let once6: HashSet<_> = v6.iter().map(|(a, _)| *a).collect();
+        assert_eq!(once4.len(), v4.len(), "an IPv4 key listed twice");
+        assert_eq!(once6.len(), v6.len(), "an IPv6 key listed twice");
+        assert!(v4.len() <= MAX as usize && v6.len() <= MAX as usize);
+        listed = (listed.0 + v4.len(), listed.1 + v6.len());
+    }
+    stop.store(true, Ordering::Relaxed);
+    let written = churn.join().unwrap();
+    eprintln!("{written} keys written per family; {listed:?} listed in 10 walks");
+    // The maps were full and churning while they were walked.
+    assert!(written > 4 * MAX, "{written}");
+    assert!(listed.0 > 0 && listed.1 > 0, "{listed:?}");
 }
