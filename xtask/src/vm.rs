@@ -620,10 +620,16 @@ struct GuestSuite {
 fn build_suites() -> Result<Vec<GuestSuite>> {
     cmd::run(&mut workspace::build_bins())?;
     let mut cargo = workspace::cargo();
-    cargo.args(["test", "--workspace", "--no-run", "--message-format=json"]);
+    // The compiler's errors are rendered to the terminal (plain JSON would leave only
+    // "could not compile" there); the artifacts' JSON (stdout) is read here.
+    cargo.args([
+        "test",
+        "--workspace",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]);
     let line = cmd::display(&cargo);
     println!("$ {line}");
-    // Cargo's progress and errors go to the terminal; its JSON (stdout) is read here.
     let output = cargo
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
