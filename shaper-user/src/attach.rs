@@ -23,7 +23,10 @@ use aya::programs::{
 };
 use shaper_common::{
     layout::{self, LAYOUT_VERSION, Layout},
-    maps::{Config, DEFAULT_MAX_SOURCES, PROG_XDP, XDP_MODE_NATIVE, XDP_MODE_SKB},
+    maps::{
+        Config, DEFAULT_MAX_SOURCES, PROG_XDP, TC_MODE_CLSACT, TC_MODE_CLSACT_OWN, XDP_MODE_NATIVE,
+        XDP_MODE_SKB,
+    },
 };
 
 use crate::{
@@ -281,16 +284,9 @@ fn relink(req: &AttachRequest) -> Result<Option<Attached>, AttachError> {
     };
     let hook = Hook::of_mode(current.xdp_mode);
     check_policies(req, &config, hook)?;
-    // The stale link's pin (or a clsact program's) makes way for the new one; the maps
-    // stay pinned. Killed from here on, the pins are stale as before.
-    for pin in [at.link(), at.tc_prog()] {
-        match std::fs::remove_file(&pin) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(pin_err("the stale link", &pin)(e));
-            }
-            _ => {}
-        }
-    }
+    // The new link's pin (or a clsact program's) replaces the stale one in one step, so
+    // killed at any point, the pins are either stale as before or linked: the journal
+    // takes the program off again (`journal::Undo::Unlink`) and keeps every map.
     let mut load = aya::EbpfLoader::new();
     for m in layout::current().maps {
         load.map_pin_path(m.name, at.dir().join(m.pin));
@@ -307,6 +303,17 @@ fn relink(req: &AttachRequest) -> Result<Option<Attached>, AttachError> {
         table.replace(policies)?;
     }
     let xdp_mode = link_program(req, &mut ebpf, &first, hook)?;
+    // A stale pin of the other kind (TCX and clsact both link tc programs) goes.
+    let stale = match xdp_mode {
+        TC_MODE_CLSACT | TC_MODE_CLSACT_OWN => at.link(),
+        _ => at.tc_prog(),
+    };
+    match std::fs::remove_file(&stale) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(pin_err("the stale link", &stale)(e));
+        }
+        _ => {}
+    }
     if grow {
         // Every map the table holds is kept.
         upgrade::make_room_for_meter2(at)?;
@@ -381,7 +388,8 @@ fn link_program(
     let link: FdLink = link.try_into().map_err(|e: LinkError| {
         AttachError::load(format!("XDP was attached without a bpf_link: {e}"))
     })?;
-    link.pin(at.link())
+    // Over the stale link's pin, if relinking: never a moment without one.
+    crate::bpf::pin_over(&at.link(), |path| link.pin(path).map(drop))
         .map_err(pin_err("the link", &at.link()))?;
     crate::crash::point("attach-linked");
     Ok(xdp_mode)

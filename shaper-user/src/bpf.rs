@@ -1,7 +1,8 @@
 //! The few bpf(2) commands shaper needs that aya 0.14 does not offer: opening a pin as a
 //! plain descriptor and pinning one, what a map, program or link is (`BPF_OBJ_GET_INFO_BY_FD`),
 //! and switching a link's program only if it still runs the one expected
-//! (`BPF_LINK_UPDATE` with `BPF_F_REPLACE`; aya's `Xdp::attach_to_link` does not compare).
+//! (`BPF_LINK_UPDATE` with `BPF_F_REPLACE`; aya's `Xdp::attach_to_link` does not compare),
+//! and taking a link's program off its hook while the link stays (`BPF_LINK_DETACH`).
 
 use std::{
     ffi::CString,
@@ -15,6 +16,7 @@ const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_UPDATE: libc::c_long = 29;
+const BPF_LINK_DETACH: libc::c_long = 34;
 /// BPF_LINK_UPDATE: fail unless the link runs `old_prog_fd`'s program.
 const BPF_F_REPLACE: u32 = 4;
 
@@ -52,6 +54,12 @@ struct LinkUpdateAttr {
     new_prog_fd: u32,
     flags: u32,
     old_prog_fd: u32,
+}
+
+/// `union bpf_attr` for BPF_LINK_DETACH.
+#[repr(C)]
+struct LinkDetachAttr {
+    link_fd: u32,
 }
 
 fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
@@ -116,6 +124,38 @@ pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
         _pad: 0,
     };
     bpf(BPF_OBJ_PIN, &mut attr).map(drop)
+}
+
+/// Pins an object at `path` with `pin`, replacing what is pinned there in one step
+/// (pinned beside it, then renamed over it): never a moment without a pin at `path`.
+pub fn pin_over<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
+    path: &Path,
+    pin: impl FnOnce(&Path) -> Result<(), E>,
+) -> io::Result<()> {
+    let mut beside = path.as_os_str().to_owned();
+    beside.push(PIN_BESIDE);
+    let beside = Path::new(&beside);
+    match std::fs::remove_file(beside) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    pin(beside).map_err(io::Error::other)?;
+    std::fs::rename(beside, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(beside);
+    })
+}
+
+/// What [`pin_over`] appends to a pin's name for the pin it renames over it (bpffs
+/// refuses names with a dot).
+pub const PIN_BESIDE: &str = "_new";
+
+/// Takes the program of the link `fd` off its hook; the link stays, holding nothing, as
+/// the kernel leaves one whose interface is gone.
+pub fn link_detach(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let mut attr = LinkDetachAttr {
+        link_fd: fd.as_raw_fd() as u32,
+    };
+    bpf(BPF_LINK_DETACH, &mut attr).map(drop)
 }
 
 /// The kernel's `bpf_*_info` of the object `fd` refers to, as 64-bit words (the structs

@@ -2,11 +2,13 @@
 //! tc filter deleted, with the clsact qdisc if shaper added it) and every pin removed.
 //! Works on the pins alone, so also after the interface or its namespace is gone.
 
+use std::os::fd::AsFd as _;
+
 use aya::programs::links::{LinkError, PinnedLink};
 use shaper_common::maps::{Config, TC_MODE_CLSACT, TC_MODE_CLSACT_OWN};
 
 use crate::{
-    maps,
+    bpf, maps,
     pins::{Attachment, Direction},
     policy::PolicyTable,
     system, tc,
@@ -63,6 +65,43 @@ pub fn detach(at: &Attachment) -> Result<(), DetachError> {
         path: at.dir().display().to_string(),
         source,
     })
+}
+
+/// Takes the program off the interface and keeps every pin: leaves the attachment as a
+/// deleted interface leaves it (its link holding nothing, or its clsact program pinned with
+/// no filter), for `attach` to link again over, its cells kept. What a killed relink
+/// pinned beside the link, not yet renamed over it, goes.
+pub fn unlink(at: &Attachment) -> Result<(), DetachError> {
+    at.check()?;
+    for pin in [at.link(), at.tc_prog()] {
+        let mut beside = pin.into_os_string();
+        beside.push(bpf::PIN_BESIDE);
+        match std::fs::remove_file(&beside) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(DetachError::Unpin {
+                    path: std::path::PathBuf::from(beside).display().to_string(),
+                    source: e,
+                });
+            }
+            _ => {}
+        }
+    }
+    if at.link().exists() {
+        let unpin = |source| DetachError::Unpin {
+            path: at.link().display().to_string(),
+            source,
+        };
+        let link = bpf::obj_get(&at.link()).map_err(unpin)?;
+        bpf::link_detach(link.as_fd()).map_err(unpin)?;
+    }
+    if at.tc_prog().exists() {
+        let mode = maps::read_config(at).map_or(TC_MODE_CLSACT, |c| c.xdp_mode);
+        detach_tc(at, mode).map_err(|source| DetachError::Tc {
+            label: at.label(),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 /// Takes a clsact attachment's filter off its interface (if the interface is still

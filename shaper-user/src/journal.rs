@@ -3,8 +3,10 @@
 //!
 //! Before `attach`, `policy set|del` or `apply` writes anything, it records under the host
 //! lock, in [`JOURNAL_PATH`], how to put back every attachment it may touch: the settings
-//! and every policy slot as they are ([`Undo::Restore`]), or, where nothing is attached,
-//! that it is to be detached ([`Undo::Detach`]). The file is replaced whole (written
+//! and every policy slot as they are ([`Undo::Restore`]); where a deleted interface left
+//! this build's pins, the same and that whatever links the program is to be taken off,
+//! the maps kept ([`Undo::Unlink`]); where nothing is attached, that it is to be detached
+//! ([`Undo::Detach`]). The file is replaced whole (written
 //! beside it, then renamed), and removed once the change is complete. A failed change
 //! runs its journal before it returns; a killed one leaves the journal, and the next
 //! shaper command (any command that needs privileges) runs it before anything else, under
@@ -17,9 +19,10 @@
 use std::{fs, io};
 
 use serde::{Deserialize, Serialize};
-use shaper_common::maps::{Config, Policy};
+use shaper_common::maps::{Config, PIN_SOURCES, Policy};
 
 use crate::{
+    bpf,
     detach::{self, DetachError},
     maps::Pinned,
     pins::{Attachment, Direction},
@@ -58,6 +61,19 @@ pub enum Undo {
         #[serde(default)]
         direction: Direction,
     },
+    /// Pins that held nothing on the interface (it was deleted, or made again, or its
+    /// filter removed), with these settings and policy slots: take off whatever links
+    /// the program now, keep every map (the cells in them), and put the entries back.
+    Unlink {
+        iface: String,
+        netns: Option<String>,
+        direction: Direction,
+        /// The id of the sources map pinned then: pins made anew since (the change found
+        /// these of no use) held nothing of before, and are detached instead.
+        sources_map: u32,
+        config: Vec<u8>,
+        slots: Slots,
+    },
     /// Attached with these settings and policy slots (the maps' entries, as bytes).
     Restore {
         iface: String,
@@ -90,30 +106,51 @@ impl Undo {
         pinned: Option<&Pinned>,
     ) -> Result<Option<Self>, JournalError> {
         let (iface, netns, direction) = (at.iface.clone(), at.netns.clone(), at.direction);
-        if !at.exists() || !live {
+        if !at.exists() {
             return Ok(Some(Self::Detach {
                 iface,
                 netns,
                 direction,
             }));
         }
+        if !live {
+            // This build's pins hold cells worth keeping: a failed `attach` over them
+            // leaves them as it found them, for the next to link again over. Others
+            // (an older layout's, or unreadable) are only ever replaced: detach.
+            let Ok(pinned) = Pinned::open(at) else {
+                return Ok(Some(Self::Detach {
+                    iface,
+                    netns,
+                    direction,
+                }));
+            };
+            let Some(sources) = pinned.info(PIN_SOURCES) else {
+                return Ok(Some(Self::Detach {
+                    iface,
+                    netns,
+                    direction,
+                }));
+            };
+            let (config, slots) = snapshot(at, &pinned)?;
+            return Ok(Some(Self::Unlink {
+                iface,
+                netns,
+                direction,
+                sources_map: sources.id,
+                config,
+                slots,
+            }));
+        }
         let Some(pinned) = pinned else {
             return Ok(None);
         };
-        let snapshot = || -> Result<_, PolicyError> {
-            let table = PolicyTable::of(pinned)?;
-            Ok((table.config()?, table.slots()?))
-        };
-        let (config, slots) = snapshot().map_err(|error| JournalError::Snapshot {
-            label: at.label(),
-            error: Box::new(error),
-        })?;
+        let (config, slots) = snapshot(at, pinned)?;
         Ok(Some(Self::Restore {
             iface,
             netns,
             direction,
-            config: bytes(&config),
-            slots: slots.iter().map(|(s, p)| (*s, bytes(p))).collect(),
+            config,
+            slots,
         }))
     }
 
@@ -123,6 +160,12 @@ impl Undo {
                 iface,
                 netns,
                 direction,
+            }
+            | Self::Unlink {
+                iface,
+                netns,
+                direction,
+                ..
             }
             | Self::Restore {
                 iface,
@@ -137,22 +180,64 @@ impl Undo {
     fn run(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let at = self.attachment();
         match self {
-            Self::Detach { .. } => match detach::detach(&at) {
-                Ok(()) | Err(DetachError::NotAttached(_)) => Ok(()),
-                Err(e) => Err(e.into()),
-            },
-            Self::Restore { config, slots, .. } => {
-                let config: Config = value(config).ok_or("a settings entry of another size")?;
-                let slots = slots
-                    .iter()
-                    .map(|(s, b)| value::<Policy>(b).map(|p| (*s, p)))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or("a policy entry of another size")?;
-                PolicyTable::open(&at)?.restore(&config, &slots)?;
-                Ok(())
+            Self::Detach { .. } => detach_any(&at),
+            Self::Unlink {
+                sources_map,
+                config,
+                slots,
+                ..
+            } => {
+                let now = bpf::map_info(&at.dir().join(PIN_SOURCES)).map(|m| m.id);
+                if now.ok() != Some(*sources_map) {
+                    return detach_any(&at);
+                }
+                detach::unlink(&at)?;
+                restore(&at, config, slots)
             }
+            Self::Restore { config, slots, .. } => restore(&at, config, slots),
         }
     }
+}
+
+/// Detaches `at`, if anything is there.
+fn detach_any(at: &Attachment) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    match detach::detach(at) {
+        Ok(()) | Err(DetachError::NotAttached(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Policy slots as journaled: each slot's number and its entry's bytes.
+type Slots = Vec<(u32, Vec<u8>)>;
+
+/// The settings and policy slots of `at`, as bytes, read through its pins.
+fn snapshot(at: &Attachment, pinned: &Pinned) -> Result<(Vec<u8>, Slots), JournalError> {
+    let read = || -> Result<_, PolicyError> {
+        let table = PolicyTable::of(pinned)?;
+        Ok((table.config()?, table.slots()?))
+    };
+    let (config, slots) = read().map_err(|error| JournalError::Snapshot {
+        label: at.label(),
+        error: Box::new(error),
+    })?;
+    let slots = slots.iter().map(|(s, p)| (*s, bytes(p))).collect();
+    Ok((bytes(&config), slots))
+}
+
+/// Writes the settings and policy slots [`snapshot`] read back into `at`'s pins.
+fn restore(
+    at: &Attachment,
+    config: &[u8],
+    slots: &[(u32, Vec<u8>)],
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let config: Config = value(config).ok_or("a settings entry of another size")?;
+    let slots = slots
+        .iter()
+        .map(|(s, b)| value::<Policy>(b).map(|p| (*s, p)))
+        .collect::<Option<Vec<_>>>()
+        .ok_or("a policy entry of another size")?;
+    PolicyTable::open(at)?.restore(&config, &slots)?;
+    Ok(())
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -156,8 +156,10 @@ pub fn attach(
             .map_err(|e| pin_err(Box::new(e)))?
             .try_into()
             .map_err(|e: aya::programs::links::LinkError| pin_err(Box::new(e)))?;
-        // Dropped unpinned on failure, which detaches it.
-        link.pin(at.link()).map_err(|e| pin_err(Box::new(e)))?;
+        // Dropped unpinned on failure, which detaches it; over a stale link's pin if
+        // relinking.
+        crate::bpf::pin_over(&at.link(), |path| link.pin(path).map(drop))
+            .map_err(|e| pin_err(Box::new(e)))?;
         return Ok(TC_MODE_TCX);
     }
     let created = match tc::qdisc_add_clsact(iface) {
@@ -188,10 +190,13 @@ pub fn attach(
         .and_then(|id| {
             // The filter stays when this process exits: the link object must not detach it.
             std::mem::forget(prog.take_link(id));
-            prog.pin(at.tc_prog()).map_err(|e| TcAttachError::Pin {
-                what: "program",
-                path: at.tc_prog().display().to_string(),
-                source: Box::new(e),
+            // Over a stale program's pin if relinking.
+            crate::bpf::pin_over(&at.tc_prog(), |path| prog.pin(path)).map_err(|e| {
+                TcAttachError::Pin {
+                    what: "program",
+                    path: at.tc_prog().display().to_string(),
+                    source: Box::new(e),
+                }
             })
         });
     if let Err(e) = attached {

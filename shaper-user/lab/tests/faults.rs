@@ -19,7 +19,7 @@ use std::{
 
 use common::{TempFile, attach, error_line, guard, nobody_binary, shaper, shaper_ok, stats};
 use serde_json::Value;
-use shaper_common::maps::{PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_ROOT};
+use shaper_common::maps::{PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_ROOT, PIN_SOURCES};
 use shaper_common::{config::PolicyLimits, layout};
 use shaper_lab::{
     bins::shaper as shaper_bin,
@@ -31,8 +31,8 @@ use shaper_user::{
     bpf, change,
     crash::CRASH_AT_VAR,
     journal::JOURNAL_PATH,
-    maps,
-    pins::Attachment,
+    link, maps, netns,
+    pins::{Attachment, Direction},
     policy::{Action, CheckedPolicy, PolicySpec, PolicyTable, parse_prefix},
     system::LOCK_PATH,
     upgrade,
@@ -179,6 +179,78 @@ fn interface_deleted_while_attached() {
     let out = guard.detach().unwrap();
     assert!(out.contains("detached"), "{out}");
     assert!(!pin_dir(ns, "fzd0").exists());
+}
+
+/// An attach over the pins of a deleted interface, made again, links the program again
+/// over them (its cells kept). Killed at each step of that, the next command puts the pins
+/// back as it found them, the maps the same maps: the link taken off, the settings and
+/// policies as they were, never the pins removed (which would drop every cell); the next
+/// attach links again over them. On XDP, and on egress with clsact and TCX.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_killed_attach_over_a_deleted_interfaces_pins_keeps_them() {
+    let lab = Lab::new("fz-relink", 1).unwrap();
+    let (ns, rx) = (lab.rx_ns(), lab.rx_netns());
+    let hooks: [(&str, Direction, &[&str]); 3] = [
+        ("ingress", Direction::Ingress, &[]),
+        ("egress", Direction::Egress, &["--tc-mode", "clsact"]),
+        ("egress", Direction::Egress, &["--tc-mode", "tcx"]),
+    ];
+    for (direction, toward, more) in hooks {
+        let what = format!("{direction} {more:?}");
+        add_veth(rx, "fzr0", "fzr1");
+        let guard = common::attach_toward(ns, "fzr0", direction, "8mbit", "64k", more);
+        let run = |args: &[&str]| {
+            let mut all = vec!["--direction", direction];
+            all.extend_from_slice(args);
+            all.iter().map(|a| a.to_string()).collect::<Vec<_>>()
+        };
+        let ok = |args: &[&str]| {
+            let all = run(args);
+            shaper_ok(ns, &all.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+        ok(&["policy", "set", "fzr0", "10.0.0.0/8", "--action", "pass"]);
+        let at = Attachment::toward("fzr0", Some(ns), toward);
+        let sources = || bpf::map_info(&at.dir().join(PIN_SOURCES)).map(|m| m.id);
+        // In the namespace: a clsact filter is found by the interface's index there.
+        let liveness = || {
+            let at = at.clone();
+            let said = netns::run_in(ns, move || format!("{:?}", link::liveness(&at)));
+            said.unwrap()
+        };
+        let before = sources().unwrap();
+        let config = ok(&["config", "show", "fzr0"]);
+        rx.ip(&["link", "del", "fzr0"]).unwrap();
+        add_veth(rx, "fzr0", "fzr1");
+
+        let mut again = vec!["attach", "fzr0", "--rate", "8mbit", "--burst", "64k"];
+        again.extend_from_slice(more);
+        let again = run(&again);
+        let again: Vec<&str> = again.iter().map(String::as_str).collect();
+        for step in ["journal-written", "attach-attached", "attach-linked"] {
+            killed_at(ns, step, &again);
+            let all = run(&["status", "fzr0"]);
+            let out = shaper(ns, &all.iter().map(String::as_str).collect::<Vec<_>>());
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success() && stderr.contains("interrupted"),
+                "{what}: status after attach killed at {step}: {stderr}"
+            );
+            assert_eq!(
+                sources().ok(),
+                Some(before),
+                "{what}: attach killed at {step}: the pins were not kept"
+            );
+            assert_eq!(liveness(), "Gone", "{what}: attach killed at {step}");
+            assert_eq!(ok(&["config", "show", "fzr0"]), config, "{what} {step}");
+        }
+        let said = shaper_ok(ns, &again);
+        assert!(said.contains("again over its pins"), "{what}: {said}");
+        assert_eq!(sources().unwrap(), before, "{what}");
+        assert_eq!(liveness(), "Live", "{what}");
+        guard.detach().unwrap();
+        rx.ip(&["link", "del", "fzr0"]).unwrap();
+    }
 }
 
 /// Deleting a namespace deletes its veth, which detaches the program; the pins stay
