@@ -17,10 +17,13 @@
 //!
 //! What is asked is checked by [`crate::request`] before anything is made or changed.
 
+use std::os::fd::AsFd as _;
+
 use aya::programs::{
-    XdpMode,
+    SchedClassifier, Xdp, XdpMode,
     links::{FdLink, LinkError},
 };
+use aya_obj::programs::XdpAttachType;
 use shaper_common::{
     layout::{self, LAYOUT_VERSION, Layout},
     maps::{
@@ -258,7 +261,7 @@ fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attach
     if let Some(policies) = &req.policies {
         PolicyTable::open(at)?.replace(policies)?;
     }
-    let xdp_mode = link_program(req, &mut ebpf, config, hook)?;
+    let xdp_mode = link_program(req, Program::loaded(&mut ebpf, hook)?, config)?;
     Ok(Attached::New { xdp_mode })
 }
 
@@ -287,12 +290,6 @@ fn relink(req: &AttachRequest) -> Result<Option<Attached>, AttachError> {
     // The new link's pin (or a clsact program's) replaces the stale one in one step, so
     // killed at any point, the pins are either stale as before or linked: the journal
     // takes the program off again (`journal::Undo::Unlink`) and keeps every map.
-    let mut load = aya::EbpfLoader::new();
-    for m in layout::current().maps {
-        load.map_pin_path(m.name, at.dir().join(m.pin));
-    }
-    // Every map is reused from its pin, whatever its size.
-    let mut ebpf = object::load_with(load, Sizes::full(cap))?;
     // A second meter on maps too small for it waits until they are grown, which needs
     // the link: linked first with the settings as they are.
     let grow = wants_meter2(req, &config) && !pinned.meter2_room();
@@ -302,7 +299,18 @@ fn relink(req: &AttachRequest) -> Result<Option<Attached>, AttachError> {
     if let Some(policies) = req.policies.as_ref().filter(|_| !grow) {
         table.replace(policies)?;
     }
-    let xdp_mode = link_program(req, &mut ebpf, &first, hook)?;
+    let xdp_mode = match Stale::of(at, hook) {
+        Some(mut stale) => link_program(req, stale.program(), &first)?,
+        None => {
+            let mut load = aya::EbpfLoader::new();
+            for m in layout::current().maps {
+                load.map_pin_path(m.name, at.dir().join(m.pin));
+            }
+            // Every map is reused from its pin, whatever its size.
+            let mut ebpf = object::load_with(load, Sizes::full(cap))?;
+            link_program(req, Program::loaded(&mut ebpf, hook)?, &first)?
+        }
+    };
     // A stale pin of the other kind (TCX and clsact both link tc programs) goes.
     let stale = match xdp_mode {
         TC_MODE_CLSACT | TC_MODE_CLSACT_OWN => at.link(),
@@ -325,33 +333,79 @@ fn relink(req: &AttachRequest) -> Result<Option<Attached>, AttachError> {
     Ok(Some(Attached::Relinked { xdp_mode }))
 }
 
-/// Attaches `ebpf`'s program for `hook` to `req`'s interface, pins its link (or, clsact,
-/// the program) and records the mode it took in the settings, which are `config`
-/// otherwise; returns the mode.
+/// A program to link: loaded from the object ([`Program::loaded`]), or the one a stale
+/// link ran ([`Stale`]).
+enum Program<'a> {
+    Xdp(&'a mut Xdp),
+    Tc(&'a mut SchedClassifier),
+}
+
+impl<'a> Program<'a> {
+    /// `ebpf`'s program for `hook`, loaded into the kernel (verified).
+    fn loaded(ebpf: &'a mut aya::Ebpf, hook: Hook) -> Result<Self, AttachError> {
+        Ok(match hook {
+            Hook::Tc => Self::Tc(object::tc_program(ebpf)?),
+            Hook::Xdp => Self::Xdp(object::xdp_program(ebpf, PROG_XDP)?),
+        })
+    }
+}
+
+/// The program `at`'s stale link (or clsact program pin) ran, if the kernel still has it:
+/// the same program over the same maps, so linking it again needs nothing loaded or
+/// verified, which is most of what an attach costs on a loaded machine.
+enum Stale {
+    Xdp(Xdp),
+    Tc(SchedClassifier),
+}
+
+impl Stale {
+    fn of(at: &crate::pins::Attachment, hook: Hook) -> Option<Self> {
+        if hook == Hook::Tc && at.tc_prog().exists() {
+            return SchedClassifier::from_pin(at.tc_prog()).ok().map(Self::Tc);
+        }
+        let link = crate::bpf::obj_get(&at.link()).ok()?;
+        let id = crate::bpf::xdp_link_info(link.as_fd()).ok()?.prog_id;
+        let prog = crate::bpf::prog_by_id(id).ok()?;
+        // aya opens a program by its pin only: pinned a moment beside the maps (root's
+        // alone, as they are) and unpinned once opened.
+        let path = at.dir().join(PIN_RELINK_PROG);
+        let _ = std::fs::remove_file(&path);
+        crate::bpf::obj_pin(prog.as_fd(), &path).ok()?;
+        let stale = match hook {
+            Hook::Tc => SchedClassifier::from_pin(&path).ok().map(Self::Tc),
+            Hook::Xdp => Xdp::from_pin(&path, XdpAttachType::Interface)
+                .ok()
+                .map(Self::Xdp),
+        };
+        let _ = std::fs::remove_file(&path);
+        stale
+    }
+
+    fn program(&mut self) -> Program<'_> {
+        match self {
+            Self::Xdp(p) => Program::Xdp(p),
+            Self::Tc(p) => Program::Tc(p),
+        }
+    }
+}
+
+/// Where [`Stale::of`] pins a stale program for the moment it takes aya to open it.
+const PIN_RELINK_PROG: &str = "relink_prog";
+
+/// Attaches `program` to `req`'s interface, pins its link (or, clsact, the program) and
+/// records the mode it took in the settings, which are `config` otherwise; returns the
+/// mode.
 fn link_program(
     req: &AttachRequest,
-    ebpf: &mut aya::Ebpf,
+    program: Program<'_>,
     config: &Config,
-    hook: Hook,
 ) -> Result<u32, AttachError> {
+    let prog = match program {
+        Program::Xdp(prog) => prog,
+        Program::Tc(prog) => return link_tc(req, prog, config),
+    };
     let at = &req.at;
-    if hook == Hook::Tc {
-        object::tc_program(ebpf)?;
-        let record = |xdp_mode| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-            // Through the pin, keeping the generation the policies were written under.
-            PolicyTable::open(at)?.set_config(&Config {
-                xdp_mode,
-                ..*config
-            })?;
-            Ok(())
-        };
-        let xdp_mode = tc::attach(ebpf, at, req.tc_mode, record)?;
-        crate::crash::point("attach-attached");
-        crate::crash::point("attach-linked");
-        return Ok(xdp_mode);
-    }
     let iface = at.iface.as_str();
-    let prog = object::xdp_program(ebpf, PROG_XDP)?;
     let (link_id, xdp_mode) = match req.xdp_mode {
         XdpAttachMode::Native => prog
             .attach(iface, XdpMode::Driver)
@@ -391,6 +445,27 @@ fn link_program(
     // Over the stale link's pin, if relinking: never a moment without one.
     crate::bpf::pin_over(&at.link(), |path| link.pin(path).map(drop))
         .map_err(pin_err("the link", &at.link()))?;
+    crate::crash::point("attach-linked");
+    Ok(xdp_mode)
+}
+
+/// [`link_program`] of a tc program: TCX or clsact, as `req` asks.
+fn link_tc(
+    req: &AttachRequest,
+    prog: &mut SchedClassifier,
+    config: &Config,
+) -> Result<u32, AttachError> {
+    let at = &req.at;
+    let record = |xdp_mode| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        // Through the pin, keeping the generation the policies were written under.
+        PolicyTable::open(at)?.set_config(&Config {
+            xdp_mode,
+            ..*config
+        })?;
+        Ok(())
+    };
+    let xdp_mode = tc::attach(prog, at, req.tc_mode, record)?;
+    crate::crash::point("attach-attached");
     crate::crash::point("attach-linked");
     Ok(xdp_mode)
 }

@@ -11,7 +11,6 @@
 use std::io;
 
 use aya::{
-    Ebpf,
     programs::{
         LinkOrder, SchedClassifier, TcAttachType,
         links::FdLink,
@@ -96,13 +95,13 @@ pub fn has_tcx() -> bool {
     KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0))
 }
 
-/// Attaches the loaded tc program of `ebpf` to `at` as `mode` asks and pins what keeps it
+/// Attaches the loaded tc program `prog` to `at` as `mode` asks and pins what keeps it
 /// attached; the `TC_MODE_*` it was attached in. `record` is called with that mode before
 /// anything is attached (and once a clsact qdisc is added), so that a detach after a
 /// kill knows whether the qdisc is shaper's. On failure nothing is left attached and no
 /// qdisc added.
 pub fn attach(
-    ebpf: &mut Ebpf,
+    prog: &mut SchedClassifier,
     at: &Attachment,
     mode: TcAttachMode,
     record: impl FnOnce(u32) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
@@ -118,14 +117,6 @@ pub fn attach(
         TcAttachMode::Tcx => true,
         TcAttachMode::Clsact => false,
     };
-    let prog: &mut SchedClassifier = ebpf
-        .program_mut(PROG_TC)
-        .and_then(|p| p.try_into().ok())
-        .ok_or_else(|| TcAttachError::Pin {
-            what: "program",
-            path: PROG_TC.to_owned(),
-            source: "the tc program is missing from the object".into(),
-        })?;
     let iface = at.iface.as_str();
     let attach_err = |source| TcAttachError::Attach {
         iface: iface.to_owned(),

@@ -11,7 +11,10 @@ mod common;
 use std::{
     fs,
     net::Ipv4Addr,
-    os::{fd::AsRawFd as _, unix::process::ExitStatusExt as _},
+    os::{
+        fd::{AsFd as _, AsRawFd as _},
+        unix::process::ExitStatusExt as _,
+    },
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     time::{Duration, Instant},
@@ -219,6 +222,15 @@ fn a_killed_attach_over_a_deleted_interfaces_pins_keeps_them() {
             said.unwrap()
         };
         let before = sources().unwrap();
+        // The program linked: relinking links the same one again, nothing loaded.
+        let program = || {
+            let link = bpf::obj_get(&at.link());
+            match link {
+                Ok(link) => bpf::xdp_link_info(link.as_fd()).unwrap().prog_id,
+                Err(_) => bpf::prog_id(bpf::obj_get(&at.tc_prog()).unwrap().as_fd()).unwrap(),
+            }
+        };
+        let linked = program();
         let config = ok(&["config", "show", "fzr0"]);
         rx.ip(&["link", "del", "fzr0"]).unwrap();
         add_veth(rx, "fzr0", "fzr1");
@@ -248,6 +260,7 @@ fn a_killed_attach_over_a_deleted_interfaces_pins_keeps_them() {
         assert!(said.contains("again over its pins"), "{what}: {said}");
         assert_eq!(sources().unwrap(), before, "{what}");
         assert_eq!(liveness(), "Live", "{what}");
+        assert_eq!(program(), linked, "{what}: another program linked");
         guard.detach().unwrap();
         rx.ip(&["link", "del", "fzr0"]).unwrap();
     }
