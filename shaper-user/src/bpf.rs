@@ -15,7 +15,6 @@ const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_LINK_DETACH: libc::c_long = 34;
 /// BPF_LINK_UPDATE: fail unless the link runs `old_prog_fd`'s program.
@@ -56,27 +55,6 @@ struct LinkUpdateAttr {
     flags: u32,
     old_prog_fd: u32,
 }
-
-/// `union bpf_attr` for BPF_LINK_CREATE of an XDP or TCX link (TCX's relative_fd and
-/// expected_revision zero: appended, whatever else is attached).
-#[repr(C)]
-struct LinkCreateAttr {
-    prog_fd: u32,
-    target_ifindex: u32,
-    attach_type: u32,
-    flags: u32,
-    relative_fd: u32,
-    _pad: u32,
-    expected_revision: u64,
-}
-
-/// `enum bpf_attach_type`: an XDP link, and TCX links (6.6 and later).
-pub const BPF_XDP: u32 = 37;
-pub const BPF_TCX_INGRESS: u32 = 46;
-pub const BPF_TCX_EGRESS: u32 = 47;
-/// XDP link flags (`XDP_FLAGS_*`, if_link.h): generic (skb) and driver (native) mode.
-pub const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
-pub const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
 
 /// `union bpf_attr` for BPF_LINK_DETACH.
 #[repr(C)]
@@ -170,26 +148,6 @@ pub fn pin_over<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
 /// What [`pin_over`] appends to a pin's name for the pin it renames over it (bpffs
 /// refuses names with a dot).
 pub const PIN_BESIDE: &str = "_new";
-
-/// Links the program `prog` to interface `ifindex` as `attach_type` ([`BPF_XDP`] with
-/// `flags`, or a TCX hook): the new link, unpinned (dropped, it detaches).
-pub fn link_create(
-    prog: BorrowedFd<'_>,
-    ifindex: u32,
-    attach_type: u32,
-    flags: u32,
-) -> io::Result<OwnedFd> {
-    let mut attr = LinkCreateAttr {
-        prog_fd: prog.as_raw_fd() as u32,
-        target_ifindex: ifindex,
-        attach_type,
-        flags,
-        relative_fd: 0,
-        _pad: 0,
-        expected_revision: 0,
-    };
-    bpf(BPF_LINK_CREATE, &mut attr).map(owned)
-}
 
 /// Takes the program of the link `fd` off its hook; the link stays, holding nothing, as
 /// the kernel leaves one whose interface is gone.
