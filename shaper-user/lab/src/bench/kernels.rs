@@ -608,6 +608,7 @@ mod tests {
             date_utc: "2026-11-25T12:00:00Z".into(),
             git_revision: "0123456789abcdef".into(),
             git_dirty: false,
+            kernel_sources_sha256: "abc".into(),
             loadavg_start: "0.1 0.2 0.3".into(),
             loadavg_end: "0.1 0.2 0.3".into(),
         }

@@ -21,7 +21,8 @@
 //!   meet a policer, and the peers' excess as the measuring time grows.
 //! - `tcp`: iperf3 TCP policed against shaped (sch_fq), with and without ECN
 //!   (`--only tcp`, results-tcp.md; in a guest with `cargo xtask bench --kernel 6.12`).
-//! - `report`: writes `bench/results.md`, `bench/results.json` and the plots.
+//! - `report`: writes `bench/results.md`, `bench/results.json` and the plots; `current`:
+//!   whether they measured today's kernel programs (or `bench/stale.toml` says why not).
 
 /// The kernel figures' files in the results directory ([`kernels`] writes them, [`report`]
 /// links them): here, so neither module imports the other.
@@ -34,6 +35,7 @@ mod bpf_info;
 mod btf;
 pub mod builds;
 pub mod colour;
+pub mod current;
 pub mod flood;
 pub mod kernels;
 pub mod lru;

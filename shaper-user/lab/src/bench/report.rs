@@ -38,6 +38,10 @@ pub struct Machine {
     /// it had changes outside `bench/` (the results themselves).
     pub git_revision: String,
     pub git_dirty: bool,
+    /// SHA-256 of the kernel programs' sources measured (`current::kernel_sources`);
+    /// absent from runs before it was recorded.
+    #[serde(default)]
+    pub kernel_sources_sha256: String,
     /// `/proc/loadavg`'s 1, 5 and 15-minute load averages when the run started and ended.
     pub loadavg_start: String,
     pub loadavg_end: String,
@@ -110,6 +114,9 @@ impl Machine {
             date_utc: utc_now(),
             git_revision: rev,
             git_dirty: dirty,
+            kernel_sources_sha256:
+                super::current::kernel_sources(&super::current::workspace_root())
+                    .unwrap_or_else(|e| format!("unknown ({e})")),
             loadavg_start: loadavg(),
             loadavg_end: String::new(),
         }
@@ -315,6 +322,11 @@ fn markdown(inputs: &Inputs<'_>, plots: &[String]) -> String {
         } else {
             &m.loadavg_end
         }
+    );
+    let _ = writeln!(
+        w,
+        "Kernel programs' sources: sha256 `{}` (`bench/stale.toml` lists later changes to          them not measured here, and which figures they make stale).\n",
+        m.kernel_sources_sha256
     );
     if inputs.quick {
         let _ = writeln!(
@@ -1446,6 +1458,7 @@ mod tests {
             date_utc: utc_now(),
             git_revision: "0123abc".into(),
             git_dirty: false,
+            kernel_sources_sha256: "abc".into(),
             loadavg_start: "0.1 0.2 0.3".into(),
             loadavg_end: String::new(),
         };
