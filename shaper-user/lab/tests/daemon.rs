@@ -1352,10 +1352,18 @@ fn odd_names_scrape_and_an_unreadable_attachment_is_left_out() {
 
     // A pin of a"b's that fails to open: moved aside, and back before the guards detach.
     let at = Attachment::new(ODD, Some(lab.rx_ns()));
-    let aside = at.dir().with_file_name("policies-aside");
-    fs::rename(at.policies(), &aside).unwrap();
+    /// A pin moved aside, put back when dropped (also if the scrape panics: a pin left
+    /// aside would outlive the test).
+    struct Aside(std::path::PathBuf, std::path::PathBuf);
+    impl Drop for Aside {
+        fn drop(&mut self) {
+            let _ = fs::rename(&self.1, &self.0);
+        }
+    }
+    let aside = Aside(at.policies(), at.dir().with_file_name("policies-aside"));
+    fs::rename(&aside.0, &aside.1).unwrap();
     let text = scrape(&lab, "/metrics");
-    fs::rename(&aside, at.policies()).unwrap();
+    drop(aside);
     let samples = parse(&text);
     assert!(!named(&samples, ODD) && named(&samples, &iface), "{text}");
     assert!(
