@@ -417,7 +417,8 @@ fn subscriber_harness() -> Harness {
 /// An IPv4 /32 and an IPv6 /56 of one subscriber, with frames from two /64s in the /56
 /// (three keys, each with a bucket of its own as big as the subscriber's), share one
 /// bucket exactly: its burst and nothing more, whatever the mix, and the subscriber's
-/// counters say so.
+/// counters say so. Another subscriber of the same plan (one plan slot) has a bucket of
+/// its own: emptying it takes nothing from the first's.
 #[test]
 #[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
 fn a_subscribers_prefixes_of_both_families_share_one_bucket_exactly() {
@@ -429,6 +430,9 @@ fn a_subscribers_prefixes_of_both_families_share_one_bucket_exactly() {
         let id = format!("c{i}");
         let spec = subscriber(&id, &["100.64.0.14/32", "fdd7:b724:0:100::/56"], 6);
         assert_eq!(set_subscriber(&mut h, &spec), Ok(Changed::Added));
+        let other = subscriber("other", &["100.64.1.1/32"], 6);
+        assert_eq!(set_subscriber(&mut h, &other), Ok(Changed::Added));
+        assert_eq!(send(&mut h, "100.64.1.1", 10), 6, "the other subscriber");
         let mut passed = 0;
         let mut sent = 0;
         for _ in 0..4 {
