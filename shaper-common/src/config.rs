@@ -450,7 +450,7 @@ impl Policy {
             in_use: 1,
             family,
             prefix_len,
-            _pad: 0,
+            plan: 0,
             addr,
             admission,
             meter2,

@@ -26,15 +26,15 @@ use crate::maps::{
     MAP_ADMISSION, MAP_AGGREGATES, MAP_CONFIG, MAP_COUNTERS, MAP_COUNTERS_CARRIED, MAP_EVENTS,
     MAP_FIRSTS, MAP_LAYOUT, MAP_METER2, MAP_METER2_6, MAP_METER2_SHARED, MAP_POLICIES,
     MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SOURCES,
-    MAP_SOURCES6, MAP_TRACES, MAP_WATCH, MAX_POLICIES, PIN_ADMISSION, PIN_AGGREGATES, PIN_CONFIG,
-    PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_EVENTS, PIN_FIRSTS, PIN_LAYOUT, PIN_METER2,
-    PIN_METER2_6, PIN_METER2_SHARED, PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED,
-    PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES, PIN_SOURCES6, PIN_TRACES, PIN_WATCH,
-    TRACE_BUCKETS,
+    MAP_SOURCES6, MAP_SUBSCRIBERS, MAP_TRACES, MAP_WATCH, MAX_POLICIES, PIN_ADMISSION,
+    PIN_AGGREGATES, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_EVENTS, PIN_FIRSTS,
+    PIN_LAYOUT, PIN_METER2, PIN_METER2_6, PIN_METER2_SHARED, PIN_POLICIES, PIN_POLICY_STATS,
+    PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES, PIN_SOURCES6,
+    PIN_SUBSCRIBERS, PIN_TRACES, PIN_WATCH, TRACE_BUCKETS,
 };
 
 /// The layout this build pins.
-pub const LAYOUT_VERSION: u32 = 7;
+pub const LAYOUT_VERSION: u32 = 8;
 
 /// The first layout whose pins record their version in [`PIN_LAYOUT`].
 pub const FIRST_VERSIONED: u32 = 3;
@@ -283,6 +283,24 @@ const PREFIXES_V6: MapLayout = map(
     MAP_PREFIXES_V6,
     (LPM, 20, 4, SLOTS, BPF_F_NO_PREALLOC),
     Holds::Settings,
+);
+const PREFIXES_V4_ANY: MapLayout = map(
+    PIN_PREFIXES_V4,
+    MAP_PREFIXES_V4,
+    (LPM, 8, 4, ANY, BPF_F_NO_PREALLOC),
+    Holds::Settings,
+);
+const PREFIXES_V6_ANY: MapLayout = map(
+    PIN_PREFIXES_V6,
+    MAP_PREFIXES_V6,
+    (LPM, 20, 4, ANY, BPF_F_NO_PREALLOC),
+    Holds::Settings,
+);
+const SUBSCRIBERS_128: MapLayout = map(
+    PIN_SUBSCRIBERS,
+    MAP_SUBSCRIBERS,
+    (ARRAY, 4, 128, ANY, 0),
+    Holds::Cells,
 );
 const AGGREGATES: MapLayout = map(
     PIN_AGGREGATES,
@@ -554,6 +572,36 @@ pub const LAYOUTS: &[Layout] = &[
             METER2_SHARED,
         ],
     },
+    // Subscribers: their entries (sized at attach, `--max-subscribers`), the prefix tries
+    // sized for their prefixes too (a route's value with `SUBSCRIBER_BIT` is a
+    // subscriber's index), and a policy slot may be a plan (`Policy::plan`, layout 7's
+    // padding: zero in every policy it wrote).
+    Layout {
+        version: 8,
+        maps: &[
+            VERSION,
+            CONFIG_272,
+            SOURCES,
+            SOURCES6,
+            COUNTERS_496,
+            COUNTERS_CARRIED_496,
+            POLICIES_272,
+            PREFIXES_V4_ANY,
+            PREFIXES_V6_ANY,
+            AGGREGATES,
+            POLICY_STATS_184,
+            POLICY_STATS_CARRIED_184,
+            ADMISSION,
+            EVENTS_256K,
+            WATCH_72,
+            TRACES_8M,
+            FIRSTS,
+            METER2,
+            METER2_6,
+            METER2_SHARED,
+            SUBSCRIBERS_128,
+        ],
+    },
 ];
 
 #[cfg(test)]
@@ -561,7 +609,7 @@ mod tests {
     use super::*;
     use crate::maps::{
         AdmissionCells, Cell, Config, Counters, EVENTS_BYTES, Ipv4Key, Ipv6Key, Meter2Cells,
-        Policy, PolicyStats, SourceState, TraceBucket, WATCH_ENTRIES, Watch,
+        Policy, PolicyStats, SourceState, Subscriber, TraceBucket, WATCH_ENTRIES, Watch,
     };
 
     /// An LPM trie's key: the prefix length, then the address.
@@ -596,13 +644,19 @@ mod tests {
                 PIN_PREFIXES_V4,
                 trie_key(size_of::<Ipv4Key>()),
                 u32_size,
-                MAX_POLICIES,
+                SIZED_AT_ATTACH,
             ),
             (
                 PIN_PREFIXES_V6,
                 trie_key(size_of::<Ipv6Key>()),
                 u32_size,
-                MAX_POLICIES,
+                SIZED_AT_ATTACH,
+            ),
+            (
+                PIN_SUBSCRIBERS,
+                u32_size,
+                size_of::<Subscriber>(),
+                SIZED_AT_ATTACH,
             ),
             (PIN_AGGREGATES, u32_size, size_of::<Cell>(), MAX_POLICIES),
             (

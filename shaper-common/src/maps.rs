@@ -21,6 +21,8 @@ pub const PIN_PREFIXES_V6: &str = "prefixes_v6";
 pub const PIN_AGGREGATES: &str = "aggregates";
 pub const PIN_POLICY_STATS: &str = "policy_stats";
 pub const PIN_ADMISSION: &str = "admission";
+/// Subscribers ([`Subscriber`]), by index.
+pub const PIN_SUBSCRIBERS: &str = "subscribers";
 /// The layout version of the pins beside it ([`crate::layout`]).
 pub const PIN_LAYOUT: &str = "layout";
 /// Counts carried over from the counters of an earlier program by an upgrade.
@@ -57,6 +59,7 @@ pub const MAP_PREFIXES_V6: &str = "SHAPER_PREFIX6";
 pub const MAP_AGGREGATES: &str = "SHAPER_AGGS";
 pub const MAP_POLICY_STATS: &str = "SHAPER_PSTATS";
 pub const MAP_ADMISSION: &str = "SHAPER_ADMIT";
+pub const MAP_SUBSCRIBERS: &str = "SHAPER_SUBS";
 pub const MAP_LAYOUT: &str = "SHAPER_LAYOUT";
 pub const MAP_COUNTERS_CARRIED: &str = "SHAPER_CARRIED";
 pub const MAP_POLICY_STATS_CARRIED: &str = "SHAPER_PCARRIED";
@@ -116,6 +119,71 @@ pub const KEY_BY_DST: u32 = 1;
 /// /128 keys would hand an attacker as many buckets as it likes.
 pub const DEFAULT_PREFIX_V4: u32 = 32;
 pub const DEFAULT_PREFIX_V6: u32 = 64;
+
+/// The value of a prefix trie's route that is a subscriber's prefix: this bit and the
+/// subscriber's index in `SHAPER_SUBS` ([`Subscriber`]). A value without it is a policy
+/// slot. A source caches the value its key resolved to ([`SourceState::policy`]).
+pub const SUBSCRIBER_BIT: u32 = 1 << 31;
+
+/// Set in [`Config::prefixes_v4`] (and `prefixes_v6`) while subscribers may have
+/// prefixes of the family in its trie (the low bits count the prefix policies): a key new
+/// to the table then searches the trie even where no prefix policy is.
+pub const SUBSCRIBER_PREFIXES: u32 = 1 << 31;
+
+/// Default `--max-subscribers`: none. `SHAPER_SUBS` then has the one entry the kernel
+/// needs at least (index 0, never a subscriber's), and the tries room for the prefix
+/// policies alone: an attachment without subscribers pays nothing for them.
+pub const DEFAULT_MAX_SUBSCRIBERS: u32 = 0;
+
+/// The most `--max-subscribers` may be (`SUBSCRIBER_BIT` leaves the index 31 bits; the
+/// tries' size is kept below `u32::MAX`).
+pub const MAX_SUBSCRIBERS: u32 = 16_000_000;
+
+/// Trie routes each subscriber has room for on average (the tries are made for
+/// [`MAX_POLICIES`] prefix policies and this many prefixes a subscriber: LPM tries
+/// allocate a route when it is inserted, so the room costs nothing until used).
+pub const PREFIXES_PER_SUBSCRIBER: u32 = 4;
+
+/// The entries of `SHAPER_SUBS` for `max_subscribers` subscribers: index 0 is never one.
+pub const fn subscriber_entries(max_subscribers: u32) -> u32 {
+    max_subscribers + 1
+}
+
+/// The entries of each prefix trie for `max_subscribers` subscribers.
+pub const fn trie_entries(max_subscribers: u32) -> u32 {
+    MAX_POLICIES + PREFIXES_PER_SUBSCRIBER * max_subscribers
+}
+
+/// The longest subscriber id and name, in bytes ([`Subscriber::id`], [`Subscriber::name`]).
+pub const SUBSCRIBER_ID_BYTES: usize = 32;
+pub const SUBSCRIBER_NAME_BYTES: usize = 24;
+
+/// A subscriber: array map `SHAPER_SUBS`, indexed by the subscriber's index (a trie
+/// route's value with [`SUBSCRIBER_BIT`]; index 0 is never one). Every frame of any of its
+/// prefixes is metered by the rule of its plan (a policy slot whose [`Policy::plan`] is
+/// set), with `cell` where a prefix policy's aggregate cell would be: one bucket for all
+/// of its prefixes, every CPU sharing it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Subscriber {
+    /// The subscriber's bucket, at its plan's aggregate limit.
+    pub cell: Cell,
+    /// The policy slot of its plan.
+    pub plan: u32,
+    /// Non-zero while the index holds a subscriber.
+    pub in_use: u32,
+    /// Its frames: passed, dropped, would drop (every CPU adds to them, atomically).
+    pub outcomes: Outcomes,
+    /// Its id, NUL-padded (written and read by userspace only).
+    pub id: [u8; SUBSCRIBER_ID_BYTES],
+    /// Its name, NUL-padded, empty for none (userspace only).
+    pub name: [u8; SUBSCRIBER_NAME_BYTES],
+}
+
+const _: () = assert!(size_of::<Subscriber>() == 128);
+const _: () = assert!(offset_of!(Subscriber, plan) == 16);
+const _: () = assert!(offset_of!(Subscriber, outcomes) == 24);
+const _: () = assert!(offset_of!(Subscriber, id) == 72);
 
 /// Policy slots per interface (`SHAPER_POLICIES`, `SHAPER_AGGS`, `SHAPER_PSTATS`), slot
 /// [`DEFAULT_SLOT`] included; also the size of each prefix trie.
@@ -445,7 +513,9 @@ pub struct Policy {
     pub family: u32,
     /// The prefix: its length and address bytes in network order (IPv4 in the first 4).
     pub prefix_len: u32,
-    pub _pad: u32,
+    /// Non-zero for a subscribers' plan: no prefix of its own (`family` 0), a slot its
+    /// subscribers ([`Subscriber::plan`]) point at; `policy list` does not show it.
+    pub plan: u32,
     pub addr: [u8; 16],
     /// New-source admission of the keys this policy covers; unlimited (all zero): they
     /// share the interface's ([`Config::admission`]).
@@ -748,6 +818,7 @@ mod pod {
     unsafe impl aya::Pod for super::WatchEvent {}
     unsafe impl aya::Pod for super::TraceBucket {}
     unsafe impl aya::Pod for super::Meter2Cells {}
+    unsafe impl aya::Pod for super::Subscriber {}
 }
 
 /// The size of the ring buffer of sampled events (`SHAPER_EVENTS`), in bytes: a power of

@@ -6,9 +6,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use shaper_common::maps::{
-    AdmissionCells, Cell, Config, Counters, DEFAULT_MAX_SOURCES, EVENTS_BYTES, Ipv4Key, Ipv6Key,
-    MAX_POLICIES, Meter2Cells, Policy, PolicyStats, SourceState, TRACE_BUCKETS, TraceBucket,
-    WATCH_ENTRIES, Watch,
+    AdmissionCells, Cell, Config, Counters, DEFAULT_MAX_SOURCES, DEFAULT_MAX_SUBSCRIBERS,
+    EVENTS_BYTES, Ipv4Key, Ipv6Key, MAX_POLICIES, Meter2Cells, Policy, PolicyStats, SourceState,
+    Subscriber, TRACE_BUCKETS, TraceBucket, WATCH_ENTRIES, Watch, subscriber_entries, trie_entries,
 };
 
 /// The interface's settings and default policy: one entry, written by userspace (also
@@ -30,13 +30,22 @@ pub static SOURCES6: LruHashMap<Ipv6Key, SourceState> =
 #[map(name = "SHAPER_POLICIES")]
 pub static POLICIES: Array<Policy> = Array::with_max_entries(MAX_POLICIES, 0);
 
-/// IPv4 prefix → policy slot, longest prefix wins.
+/// IPv4 prefix → policy slot, or subscriber index with `SUBSCRIBER_BIT`; longest prefix
+/// wins. Userspace sizes it at load time for the subscribers' prefixes too.
 #[map(name = "SHAPER_PREFIX4")]
-pub static PREFIXES_V4: LpmTrie<Ipv4Key, u32> = LpmTrie::with_max_entries(MAX_POLICIES, 0);
+pub static PREFIXES_V4: LpmTrie<Ipv4Key, u32> =
+    LpmTrie::with_max_entries(trie_entries(DEFAULT_MAX_SUBSCRIBERS), 0);
 
-/// IPv6 prefix → policy slot, longest prefix wins.
+/// IPv6 prefix → policy slot or subscriber, as `PREFIXES_V4`.
 #[map(name = "SHAPER_PREFIX6")]
-pub static PREFIXES_V6: LpmTrie<Ipv6Key, u32> = LpmTrie::with_max_entries(MAX_POLICIES, 0);
+pub static PREFIXES_V6: LpmTrie<Ipv6Key, u32> =
+    LpmTrie::with_max_entries(trie_entries(DEFAULT_MAX_SUBSCRIBERS), 0);
+
+/// Subscribers by index (`shaper_common::maps::Subscriber`); userspace sizes it at load
+/// time (`--max-subscribers`).
+#[map(name = "SHAPER_SUBS")]
+pub static SUBSCRIBERS: Array<Subscriber> =
+    Array::with_max_entries(subscriber_entries(DEFAULT_MAX_SUBSCRIBERS), 0);
 
 /// The aggregate cell of each policy slot that has one.
 #[map(name = "SHAPER_AGGS")]

@@ -113,18 +113,22 @@ pub fn meter(
     config: &Config,
     counters: &mut Counters,
 ) -> (Metered, u32) {
+    // The trie's value: a policy slot, or a subscriber (`SUBSCRIBER_BIT`) metered under
+    // its plan's slot.
     let (metered, slot) = match key.state() {
         Some(state) => {
             // SAFETY: a live map value.
-            let slot = unsafe { policy::resolve(state, config, || key.slot(config)) };
+            let value = unsafe { policy::resolve(state, config, || key.slot(config)) };
+            let slot = policy::slot_of(value);
             (
-                known::<true>(state, key, config, slot, len, now, counters),
+                known::<true>(state, key, config, value, slot, len, now, counters),
                 slot,
             )
         }
         None => {
-            let slot = key.slot(config);
-            (new_key(key, config, slot, len, now, counters), slot)
+            let value = key.slot(config);
+            let slot = policy::slot_of(value);
+            (new_key(key, config, value, slot, len, now, counters), slot)
         }
     };
     if watch::watched(metered, now) {
@@ -133,6 +137,59 @@ pub fn meter(
     }
     (metered, slot)
 }
+
+/// Meters a frame of a subscriber (`value`, with `SUBSCRIBER_BIT`) in `cell` (a live map
+/// value or the caller's own) under its plan's rule, its cell in the aggregate's place
+/// (`policy::subscriber_rule`): `cell::decide` in a global function, verified once, so a
+/// policy's frame pays one branch for subscribers. `frame` is the length in bits 0–31 and
+/// the [`Count`] in 32–33. Returns a [`Metered`], which it also counts in the subscriber's
+/// counters (atomically: every CPU shares them). The frame of a key two CPUs created at
+/// once is metered again in the other CPU's entry (`shaper_meter_raced`) and counted here
+/// as the first metering decided.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_subscriber(
+    cell: *mut Cell,
+    value: u32,
+    frame: u64,
+    now: u64,
+    counters: *mut Counters,
+) -> u64 {
+    let Some(config) = CONFIG.get(0) else {
+        return Metered::UNTRACKED.0;
+    };
+    // SAFETY: a global function's pointer arguments are null or point to whole values.
+    let Some(counters) = (unsafe { counters.as_mut() }) else {
+        return Metered::UNTRACKED.0;
+    };
+    if cell.is_null() {
+        return Metered::UNTRACKED.0;
+    }
+    let count = match frame >> 32 {
+        COUNT_POLICY => Count::Policy,
+        COUNT_UNADMITTED => Count::Unadmitted,
+        _ => Count::Later,
+    };
+    let (rule, slot) = policy::subscriber_rule(config, value);
+    let len = frame as u32;
+    // SAFETY: checked above.
+    let metered = unsafe { decide(cell, &rule, slot, count, len, now, counters) };
+    let s = policy::subscriber(value);
+    if !s.is_null() {
+        // SAFETY: a live map value.
+        unsafe {
+            let (packets, bytes) = outcome_counters(&raw mut (*s).outcomes, metered.outcome());
+            atomic::add(packets, 1);
+            atomic::add(bytes, u64::from(len));
+        }
+    }
+    metered.0
+}
+
+/// [`shaper_subscriber`]'s frame word: the [`Count`] in bits 32–33.
+const COUNT_POLICY: u64 = 0;
+const COUNT_UNADMITTED: u64 = 1;
+const COUNT_LATER: u64 = 2;
 
 /// The rule of policy `slot` on a `len`-byte frame of `key` metered in `cell` at `now`,
 /// counted as `count` says: `cell::decide`; or, if `SECOND` and the policy has a second
@@ -151,12 +208,33 @@ unsafe fn metered<const SECOND: bool>(
     cell: *mut Cell,
     key: Key,
     config: &Config,
-    slot: u32,
+    (value, slot): (u32, u32),
     count: Count,
     len: u32,
     now: u64,
     counters: &mut Counters,
 ) -> Metered {
+    if policy::is_subscriber(value) {
+        if !SECOND {
+            // In a global function already (a call more would not fit the stack).
+            let (rule, slot) = policy::subscriber_rule(config, value);
+            // SAFETY: the caller's.
+            return unsafe { decide(cell, &rule, slot, count, len, now, counters) };
+        }
+        let count = match count {
+            Count::Policy => COUNT_POLICY,
+            Count::Unadmitted => COUNT_UNADMITTED,
+            Count::Later => COUNT_LATER,
+        };
+        let frame = u64::from(len) | count << 32;
+        return Metered(shaper_subscriber(
+            cell,
+            value,
+            frame,
+            now,
+            ptr::from_mut(counters),
+        ));
+    }
     let rule = policy::rule(config, slot);
     if SECOND && rule.meter2.any() {
         let (hi, lo, family) = key.halves();
@@ -177,12 +255,17 @@ unsafe fn metered<const SECOND: bool>(
 }
 
 /// Meters the frame of a key with an entry of its own, `state` (a live map value), under
-/// policy `slot`: the hot path ([`metered`] says what `SECOND` is).
+/// policy `slot` (of trie value `value`): the hot path ([`metered`] says what `SECOND` is).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the frame's whole state, inlined"
+)]
 #[inline(always)]
 fn known<const SECOND: bool>(
     state: *mut SourceState,
     key: Key,
     config: &Config,
+    value: u32,
     slot: u32,
     len: u32,
     now: u64,
@@ -191,7 +274,16 @@ fn known<const SECOND: bool>(
     // SAFETY: a live map value (found by this program run).
     unsafe {
         let cell = &raw mut (*state).cell;
-        let metered = metered::<SECOND>(cell, key, config, slot, Count::Policy, len, now, counters);
+        let metered = metered::<SECOND>(
+            cell,
+            key,
+            config,
+            (value, slot),
+            Count::Policy,
+            len,
+            now,
+            counters,
+        );
         count_source(state, metered.outcome(), len);
         metered
     }
@@ -199,11 +291,13 @@ fn known<const SECOND: bool>(
 
 /// Meters the frame of a key new to the table under policy `slot`: in a fresh cell of its
 /// own, whose entry is then created, if new-source admission lets it have one; otherwise
-/// in the shared cell of its policy's unadmitted frames.
+/// in the shared cell of its policy's unadmitted frames. `value` is what its prefix
+/// resolved to (`slot`, or a subscriber of plan `slot`).
 #[inline(always)]
 fn new_key(
     key: Key,
     config: &Config,
+    value: u32,
     slot: u32,
     len: u32,
     now: u64,
@@ -220,7 +314,7 @@ fn new_key(
         (unsafe { &raw mut (*cells).unadmitted }, Count::Unadmitted)
     } else {
         let fresh = fresh.write(SourceState {
-            policy: policy::cache_word(config, slot),
+            policy: policy::cache_word(config, value),
             ..SourceState::default()
         });
         // Counted in the policy's counters once the entry is in: if another CPU created it
@@ -228,13 +322,23 @@ fn new_key(
         (&raw mut fresh.cell, Count::Later)
     };
     // SAFETY: a live map value or this program's own.
-    let metered = unsafe { metered::<true>(cell, key, config, slot, count, len, now, counters) };
+    let metered =
+        unsafe { metered::<true>(cell, key, config, (value, slot), count, len, now, counters) };
     if admitted == Admitted::Not {
         return metered;
     }
     // SAFETY: written above, for a key given a cell.
     let fresh = unsafe { fresh.assume_init_mut() };
-    created(key, fresh, admitted, metered, slot, len, now, counters)
+    created(
+        key,
+        fresh,
+        admitted,
+        metered,
+        (value, slot),
+        len,
+        now,
+        counters,
+    )
 }
 
 /// The entry of a key new to the table, `fresh`, whose cell has metered its first frame
@@ -255,7 +359,7 @@ fn created(
     fresh: &mut SourceState,
     admitted: Admitted,
     metered: Metered,
-    slot: u32,
+    (value, slot): (u32, u32),
     len: u32,
     now: u64,
     counters: &mut Counters,
@@ -282,11 +386,8 @@ fn created(
         }
         Err(e) if e == -EEXIST => {
             let refund = metered.aggregate_charge();
-            if refund != 0
-                && let Some(aggregate) = AGGREGATES.get_ptr_mut(slot)
-            {
-                // SAFETY: the aggregate's TAT, a live map value.
-                unsafe { atomic::add(&raw mut (*aggregate).tat, refund.wrapping_neg()) };
+            if refund != 0 {
+                refund_aggregate(value, slot, refund);
             }
             let Some(state) = key.state() else {
                 return Metered::UNTRACKED;
@@ -307,7 +408,7 @@ fn created(
             }
             Metered(shaper_meter_raced(
                 state,
-                slot,
+                value,
                 len,
                 now,
                 ptr::from_mut(counters),
@@ -317,15 +418,36 @@ fn created(
     }
 }
 
+/// Gives `refund` ticks back to the aggregate cell of a frame under `value` (policy `slot`):
+/// its subscriber's cell, or its policy's aggregate.
+#[inline(always)]
+fn refund_aggregate(value: u32, slot: u32, refund: u64) {
+    let cell = if policy::is_subscriber(value) {
+        let s = policy::subscriber(value);
+        if s.is_null() {
+            return;
+        }
+        // SAFETY: a live map value.
+        unsafe { &raw mut (*s).cell }
+    } else {
+        match AGGREGATES.get_ptr_mut(slot) {
+            Some(aggregate) => aggregate,
+            None => return,
+        }
+    };
+    // SAFETY: the aggregate's TAT, a live map value.
+    unsafe { atomic::add(&raw mut (*cell).tat, refund.wrapping_neg()) };
+}
+
 /// Meters a frame in the entry `state` another CPU created while this one was creating it,
-/// under policy `slot`: what the inlined meter does for a known key, in a function of its
+/// under trie value `value` (a policy slot or a subscriber): what the inlined meter does for a known key, in a function of its
 /// own (rare, and a second inlined copy would cost every frame's verification). Returns a
 /// [`Metered`].
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_meter_raced(
     state: *mut SourceState,
-    slot: u32,
+    value: u32,
     len: u32,
     now: u64,
     counters: *mut Counters,
@@ -343,7 +465,8 @@ pub extern "C" fn shaper_meter_raced(
     }
     // The key is not looked at: without a second meter, a key's own cell is all there is
     // (`created` meters a frame of a policy with one itself).
-    known::<false>(state, Key::V4(0), config, slot, len, now, counters).0
+    let slot = policy::slot_of(value);
+    known::<false>(state, Key::V4(0), config, value, slot, len, now, counters).0
 }
 
 /// Adds the frame to the key's own counters, atomically: every CPU shares them.

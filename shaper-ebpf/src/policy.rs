@@ -10,11 +10,11 @@ use shaper_common::{
     gcra::{Limit, ticks_from_ns},
     maps::{
         ACTION_LIMIT, Admission, Cell, Config, DEFAULT_SLOT, Ipv4Key, Ipv6Key, MODE_MONITOR,
-        MODE_SHAPE, Meter2, SourceState,
+        MODE_SHAPE, Meter2, SUBSCRIBER_BIT, SourceState,
     },
 };
 
-use crate::maps::{AGGREGATES, POLICIES, PREFIXES_V4, PREFIXES_V6};
+use crate::maps::{AGGREGATES, POLICIES, PREFIXES_V4, PREFIXES_V6, SUBSCRIBERS};
 
 /// What to do with a source's packet.
 pub struct Rule<'a> {
@@ -60,10 +60,63 @@ pub fn slot_v6(key: &Ipv6Key, config: &Config) -> u32 {
         .unwrap_or(DEFAULT_SLOT)
 }
 
-/// The cached-policy word of a key resolved to `slot` under `config`'s generation.
+/// The cached-policy word of a key resolved to `value` (a policy slot, or a subscriber
+/// with `SUBSCRIBER_BIT`) under `config`'s generation.
 #[inline(always)]
-pub fn cache_word(config: &Config, slot: u32) -> u64 {
-    (u64::from(config.policy_gen) << 32) | u64::from(slot)
+pub fn cache_word(config: &Config, value: u32) -> u64 {
+    (u64::from(config.policy_gen) << 32) | u64::from(value)
+}
+
+/// Whether a trie value is a subscriber's (`SUBSCRIBER_BIT`), not a policy slot.
+#[inline(always)]
+pub fn is_subscriber(value: u32) -> bool {
+    value & SUBSCRIBER_BIT != 0
+}
+
+/// The policy slot of a trie value: a slot is itself; a subscriber's is its plan's (read
+/// on every frame: a plan change is one write of the subscriber's entry), or the default
+/// if the index holds no subscriber (deleted while its keys still cache it).
+#[inline(always)]
+pub fn slot_of(value: u32) -> u32 {
+    if !is_subscriber(value) {
+        return value;
+    }
+    match SUBSCRIBERS.get(value & !SUBSCRIBER_BIT) {
+        Some(s) if s.in_use != 0 => s.plan,
+        _ => DEFAULT_SLOT,
+    }
+}
+
+/// The subscriber entry of a trie value, null unless it is a subscriber's in use.
+#[inline(always)]
+pub fn subscriber(value: u32) -> *mut shaper_common::maps::Subscriber {
+    if !is_subscriber(value) {
+        return core::ptr::null_mut();
+    }
+    match SUBSCRIBERS.get_ptr_mut(value & !SUBSCRIBER_BIT) {
+        // SAFETY: a live map value.
+        Some(s) if unsafe { (*s).in_use } != 0 => s,
+        _ => core::ptr::null_mut(),
+    }
+}
+
+/// The rule of a subscriber's frame (`value` has `SUBSCRIBER_BIT`) and its plan's slot:
+/// its plan's rule with the subscriber's cell in the aggregate's place, so every prefix
+/// of the subscriber draws from one bucket; the default's if it is gone.
+#[inline(always)]
+pub fn subscriber_rule(config: &Config, value: u32) -> (Rule<'_>, u32) {
+    let s = subscriber(value);
+    if s.is_null() {
+        return (rule(config, DEFAULT_SLOT), DEFAULT_SLOT);
+    }
+    // SAFETY: a live map value.
+    let slot = unsafe { (*s).plan };
+    let mut r = rule(config, slot);
+    if !r.aggregate_cell.is_null() {
+        // SAFETY: a live map value.
+        r.aggregate_cell = unsafe { &raw mut (*s).cell };
+    }
+    (r, slot)
 }
 
 /// The source's policy slot: the cached one while the generation holds, otherwise looked

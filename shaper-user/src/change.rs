@@ -28,6 +28,7 @@ use crate::{
     pins::Attachment,
     policy::{Changes, CheckedPolicy, PolicyError, PolicyTable},
     request::{self, AttachRequest, Hook, RequestError},
+    subscriber::{Changed, SubscriberError, SubscriberSpec, SubscriberTable},
     system::{self, SystemError},
     upgrade::{self, UpgradeError},
 };
@@ -55,6 +56,8 @@ pub enum ChangeError {
     Attach(#[from] AttachError),
     #[error(transparent)]
     Detach(#[from] DetachError),
+    #[error(transparent)]
+    Subscriber(#[from] SubscriberError),
 }
 
 /// An attachment a change may touch, as [`begin`] found it.
@@ -153,10 +156,17 @@ impl Prepared {
     /// Journals how to put each attachment back: from here on, what is written is undone
     /// unless [`Change::commit`] is reached.
     pub fn journal(self) -> Result<Change, ChangeError> {
+        self.journal_with(Vec::new())
+    }
+
+    /// [`Prepared::journal`], with `extra` steps run first when rolling back (one
+    /// subscriber's entry and routes: [`Undo::subscriber`]).
+    pub fn journal_with(self, extra: Vec<Undo>) -> Result<Change, ChangeError> {
         let mut undo = Vec::new();
         for o in &self.opened {
             undo.extend(Undo::of(&o.at, o.live, o.pinned.as_ref())?);
         }
+        undo.extend(extra);
         let journal = journal::begin(&self.command, undo)?;
         Ok(Change {
             journal,
@@ -235,6 +245,29 @@ pub fn del_policy(at: &Attachment, prefix: IpNet) -> Result<Changes, ChangeError
     let changes = table.del(prefix)?;
     change.commit()?;
     Ok(changes)
+}
+
+/// `shaper subscriber set`: adds `spec` to `at`, or replaces the subscriber of its id,
+/// writing that subscriber alone.
+pub fn set_subscriber(at: &Attachment, spec: &SubscriberSpec) -> Result<Changed, ChangeError> {
+    let prepared = begin("subscriber set", std::slice::from_ref(at))?;
+    let mut table = SubscriberTable::of(prepared.attached(at)?)?;
+    let before = table.before(&spec.id, Some(spec))?;
+    let change = prepared.journal_with(vec![Undo::subscriber(at, &before)])?;
+    let changed = table.set(spec, &before)?;
+    change.commit()?;
+    Ok(changed)
+}
+
+/// `shaper subscriber del`: removes the subscriber `id` from `at`.
+pub fn del_subscriber(at: &Attachment, id: &str) -> Result<Changed, ChangeError> {
+    let prepared = begin("subscriber del", std::slice::from_ref(at))?;
+    let mut table = SubscriberTable::of(prepared.attached(at)?)?;
+    let before = table.before(id, None)?;
+    let change = prepared.journal_with(vec![Undo::subscriber(at, &before)])?;
+    let changed = table.del(&before)?;
+    change.commit()?;
+    Ok(changed)
 }
 
 /// `shaper detach`: takes the program off and removes every pin. Not journaled: what it

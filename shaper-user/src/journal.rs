@@ -27,6 +27,7 @@ use crate::{
     maps::Pinned,
     pins::{Attachment, Direction},
     policy::{PolicyError, PolicyTable},
+    subscriber::{Before, SubscriberTable},
 };
 
 /// Where the journal of the change under way lives: beside the lock, on tmpfs (like the
@@ -82,6 +83,17 @@ pub enum Undo {
         direction: Direction,
         config: Vec<u8>,
         slots: Vec<(u32, Vec<u8>)>,
+    },
+    /// One subscriber's entry and the routes a subscriber change touches, as they were
+    /// (`crate::subscriber::Before`): run before the attachment's `Restore`.
+    Subscriber {
+        iface: String,
+        netns: Option<String>,
+        #[serde(default)]
+        direction: Direction,
+        index: u32,
+        entry: Vec<u8>,
+        routes: Vec<(String, Option<u32>)>,
     },
 }
 
@@ -172,6 +184,12 @@ impl Undo {
                 netns,
                 direction,
                 ..
+            }
+            | Self::Subscriber {
+                iface,
+                netns,
+                direction,
+                ..
             } => Attachment::toward(iface, netns.as_deref(), *direction),
         }
     }
@@ -195,6 +213,39 @@ impl Undo {
                 restore(&at, config, slots)
             }
             Self::Restore { config, slots, .. } => restore(&at, config, slots),
+            Self::Subscriber {
+                index,
+                entry,
+                routes,
+                ..
+            } => {
+                let before = Before {
+                    index: *index,
+                    entry: value(entry).ok_or("a subscriber entry of another size")?,
+                    routes: routes
+                        .iter()
+                        .map(|(p, v)| p.parse().map(|p| (p, *v)))
+                        .collect::<Result<_, _>>()?,
+                };
+                SubscriberTable::of(&Pinned::open(&at)?)?.restore(&before)?;
+                Ok(())
+            }
+        }
+    }
+
+    /// What puts back one subscriber of `at` as `before` read it.
+    pub fn subscriber(at: &Attachment, before: &Before) -> Self {
+        Self::Subscriber {
+            iface: at.iface.clone(),
+            netns: at.netns.clone(),
+            direction: at.direction,
+            index: before.index,
+            entry: bytes(&before.entry),
+            routes: before
+                .routes
+                .iter()
+                .map(|(p, v)| (p.to_string(), *v))
+                .collect(),
         }
     }
 }

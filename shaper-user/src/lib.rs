@@ -24,6 +24,7 @@ pub mod policy;
 pub mod request;
 pub mod setting;
 pub mod sources;
+pub mod subscriber;
 pub mod system;
 pub mod tc;
 pub mod units;

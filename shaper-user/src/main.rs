@@ -70,6 +70,8 @@ fn pins_only(command: &Command) -> bool {
             | Command::Stats(_)
             | Command::Top(_)
             | Command::Policy(cli::policy::Command::List(_))
+            | Command::Subscriber(cli::subscriber::Command::List(_))
+            | Command::Subscriber(cli::subscriber::Command::Show(_))
             | Command::Config(_)
     )
 }
@@ -151,6 +153,7 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Stats(args) => cli::stats::run(args, scope, cli.json),
         Command::Top(args) => cli::top::run(args, scope, cli.json),
         Command::Policy(command) => cli::policy::run(command, scope, cli.json),
+        Command::Subscriber(command) => cli::subscriber::run(command, scope, cli.json),
         Command::Apply(args) => cli::apply::run(args, scope),
         Command::Config(command) => cli::config::run(command, scope),
         Command::Explain(args) => cli::explain::run(args, cli.json),

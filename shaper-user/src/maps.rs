@@ -16,7 +16,7 @@ use shaper_common::{
     layout,
     maps::{
         Config, Counters, Ipv4Key, Ipv6Key, PIN_CONFIG, PIN_LAYOUT, PIN_METER2, PIN_METER2_6,
-        PIN_SOURCES, PerCpuSum as _, SourceState, sum_per_cpu,
+        PIN_SOURCES, PIN_SUBSCRIBERS, PerCpuSum as _, SourceState, sum_per_cpu,
     },
 };
 
@@ -147,6 +147,13 @@ impl Pinned {
     /// The size of the per-source map (`--max-sources` at attach time).
     pub fn sources_capacity(&self) -> u32 {
         self.info(PIN_SOURCES).map_or(0, |i| i.max_entries)
+    }
+
+    /// The subscribers the attachment has room for (`--max-subscribers` at attach time;
+    /// index 0 of the map is never one).
+    pub fn subscriber_room(&self) -> u32 {
+        self.info(PIN_SUBSCRIBERS)
+            .map_or(0, |i| i.max_entries.saturating_sub(1))
     }
 
     /// Whether the second-meter maps have room for a key of each source (see

@@ -14,8 +14,9 @@ use aya::{
 use shaper_common::{
     layout::LAYOUT_VERSION,
     maps::{
-        Config, MAP_CONFIG, MAP_LAYOUT, METER2_PER_KEY, METER2_UNUSED_ENTRIES, PROG_TC,
-        SIZED_BY_SOURCES,
+        Config, DEFAULT_MAX_SUBSCRIBERS, MAP_CONFIG, MAP_LAYOUT, MAP_PREFIXES_V4, MAP_PREFIXES_V6,
+        MAP_SUBSCRIBERS, METER2_PER_KEY, METER2_UNUSED_ENTRIES, PROG_TC, SIZED_BY_SOURCES,
+        subscriber_entries, trie_entries,
     },
 };
 
@@ -48,6 +49,9 @@ pub struct Sizes {
     /// Whether the second meter's per-key maps get as many ([`METER2_PER_KEY`]): where a
     /// policy has a second meter; otherwise they take [`METER2_UNUSED_ENTRIES`].
     pub meter2: bool,
+    /// Subscribers (`--max-subscribers`): the size of `SHAPER_SUBS`, and the prefix tries'
+    /// room for their prefixes.
+    pub max_subscribers: u32,
 }
 
 impl Sizes {
@@ -56,6 +60,7 @@ impl Sizes {
         Self {
             max_sources,
             meter2: true,
+            max_subscribers: DEFAULT_MAX_SUBSCRIBERS,
         }
     }
 
@@ -76,6 +81,10 @@ impl Sizes {
         }
         for name in METER2_PER_KEY {
             loader.map_max_entries(name, self.meter2_entries());
+        }
+        loader.map_max_entries(MAP_SUBSCRIBERS, subscriber_entries(self.max_subscribers));
+        for name in [MAP_PREFIXES_V4, MAP_PREFIXES_V6] {
+            loader.map_max_entries(name, trie_entries(self.max_subscribers));
         }
     }
 }

@@ -9,8 +9,8 @@ use shaper_common::{
     config::{ConfigError, Meter2Limits, RateLimit},
     maps::{
         Admission, Config, DEFAULT_MAX_SOURCES, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST,
-        KEY_BY_SRC, MODE_ENFORCE, MODE_SHAPE, Meter2, Shape, TC_MODE_CLSACT, TC_MODE_CLSACT_OWN,
-        TC_MODE_TCX, XDP_MODE_NATIVE, XDP_MODE_SKB, is_tc_mode,
+        KEY_BY_SRC, MAX_SUBSCRIBERS, MODE_ENFORCE, MODE_SHAPE, Meter2, Shape, TC_MODE_CLSACT,
+        TC_MODE_CLSACT_OWN, TC_MODE_TCX, XDP_MODE_NATIVE, XDP_MODE_SKB, is_tc_mode,
     },
 };
 
@@ -139,6 +139,8 @@ pub struct AttachRequest {
     pub xdp_mode: XdpAttachMode,
     pub tc_mode: TcAttachMode,
     pub max_sources: Option<u32>,
+    /// Subscribers the attachment has room for (`--max-subscribers`); fixed once attached.
+    pub max_subscribers: Option<u32>,
     pub key: Option<KeyBy>,
     pub prefix_v4: Option<u32>,
     pub prefix_v6: Option<u32>,
@@ -203,6 +205,26 @@ fn setting(setting: Setting, problem: impl Into<String>) -> RequestError {
 pub fn check(req: &AttachRequest) -> Result<(), RequestError> {
     if req.max_sources == Some(0) {
         return Err(setting(Setting::MaxSources, "0: must be at least 1"));
+    }
+    if let Some(n) = req.max_subscribers.filter(|&n| n > MAX_SUBSCRIBERS) {
+        return Err(setting(
+            Setting::MaxSubscribers,
+            format!("{n}: at most {MAX_SUBSCRIBERS}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a request for another number of subscribers than the attachment has room for
+/// (`room`): the map is sized when it is made.
+pub fn check_subscriber_room(req: &AttachRequest, room: u32) -> Result<(), RequestError> {
+    if let Some(asked) = req.max_subscribers.filter(|&asked| asked != room) {
+        return Err(setting(
+            Setting::MaxSubscribers,
+            format!(
+                "{asked} differs from the {room} of the attached map; detach first to resize it"
+            ),
+        ));
     }
     Ok(())
 }

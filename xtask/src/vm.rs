@@ -233,7 +233,7 @@ const SUITES: &[Suite] = &[
         place: Place::SomeInGuests {
             run: &[
                 (
-                    "an_upgrade_from_layout_6_keeps_every_cell_and_counter",
+                    "an_upgrade_from_layout_7_keeps_every_cell_and_counter",
                     "BPF_LINK_UPDATE and RENAME_EXCHANGE on bpffs, the new program over the \
                      old maps (from the previous layout: decoding earlier ones is userspace)",
                 ),

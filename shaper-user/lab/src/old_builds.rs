@@ -53,6 +53,11 @@ pub const OLD_BUILDS: &[OldBuild] = &[
         layout: 6,
         commit: "b3662dc741b3eceee3216661187cff9a82462f60",
     },
+    // The second meter; the last before subscribers.
+    OldBuild {
+        layout: 7,
+        commit: "794f84b480d9ec5ee24c9c448bf8ae7089015ee7",
+    },
 ];
 
 /// The build `cargo xtask bench` measures today's against, in the same run (issue 21): the

@@ -3,7 +3,7 @@
 //! through, and how they read back what the program recorded. The bench object's no-op
 //! ([`noop`]) is loaded the same way, as the benchmarks' baseline.
 
-use std::net::Ipv4Addr;
+use std::{net::Ipv4Addr, os::fd::AsFd as _};
 
 use anyhow::{Context as _, Result, ensure};
 use aya::{
@@ -15,11 +15,11 @@ use shaper_common::{
     bench::{PROG_FLOOR, PROG_NOOP},
     gcra::MAX_RATE_BPS,
     maps::{
-        Config, Counters, Ipv4Key, Ipv6Key, MAP_COUNTERS, MAP_SOURCES, MAP_SOURCES6, PROG_XDP,
-        SourceState, sum_per_cpu,
+        Config, Counters, Ipv4Key, Ipv6Key, MAP_COUNTERS, MAP_SOURCES, MAP_SOURCES6,
+        MAP_SUBSCRIBERS, PROG_XDP, SourceState, sum_per_cpu,
     },
 };
-use shaper_user::{object, policy::PolicyTable};
+use shaper_user::{object, policy::PolicyTable, subscriber::SubscriberTable};
 
 /// The benchmark's kernel object (`shaper-ebpf`'s `shaper-ebpf-bench`), built by
 /// shaper-user's build.rs (see build.rs).
@@ -66,7 +66,19 @@ impl Harness {
     /// The program loaded with per-source maps of `max_sources` entries and `config` as
     /// its settings and default policy, or none at all.
     pub fn new(config: Option<&Config>, max_sources: u32) -> Result<Self> {
-        let mut ebpf = object::load(object::Sizes::full(max_sources))?;
+        Self::with_subscribers(config, max_sources, 0)
+    }
+
+    /// [`Harness::new`] with room for `max_subscribers` subscribers.
+    pub fn with_subscribers(
+        config: Option<&Config>,
+        max_sources: u32,
+        max_subscribers: u32,
+    ) -> Result<Self> {
+        let mut ebpf = object::load(object::Sizes {
+            max_subscribers,
+            ..object::Sizes::full(max_sources)
+        })?;
         object::xdp_program(&mut ebpf, PROG_XDP)?;
         let table = PolicyTable::take(&mut ebpf)?;
         let mut h = Self { ebpf, table };
@@ -84,6 +96,20 @@ impl Harness {
     /// The prefix policies, to set and read as `shaper policy` does.
     pub fn policies(&mut self) -> &mut PolicyTable {
         &mut self.table
+    }
+
+    /// The subscribers, to set and read as `shaper subscriber` does.
+    pub fn subscribers(&mut self) -> Result<SubscriberTable<&mut PolicyTable>> {
+        let map = self
+            .ebpf
+            .map(MAP_SUBSCRIBERS)
+            .context("subscribers map missing")?;
+        let aya::maps::Map::Array(data) = map else {
+            anyhow::bail!("the subscribers map is not an array");
+        };
+        let fd = data.fd().as_fd().try_clone_to_owned()?;
+        let subs = aya::maps::Array::try_from(aya::maps::Map::Array(MapData::from_fd(fd)?))?;
+        Ok(SubscriberTable::new(subs, &mut self.table))
     }
 
     /// The loaded program, for running it from several threads at once.

@@ -381,3 +381,187 @@ fn policies_over_link_local_and_multicast_ranges_apply_per_address() {
         .unwrap_err();
     assert!(e.to_string().contains("longer than the /64"), "{e}");
 }
+
+// Subscribers (`shaper subscriber`): every prefix of one subscriber draws from its one
+// bucket, the plan's aggregate.
+
+use shaper_user::subscriber::{Changed, SubscriberSpec};
+
+/// A subscriber `id` over `prefixes` whose bucket holds `frames` frames (at [`SLOW`], so
+/// nothing refills while a test runs); each address's own limit is the same.
+fn subscriber(id: &str, prefixes: &[&str], frames: u64) -> SubscriberSpec {
+    SubscriberSpec {
+        id: id.to_owned(),
+        name: String::new(),
+        prefixes: prefixes.iter().map(|p| parse_prefix(p).unwrap()).collect(),
+        plan: PolicyLimits {
+            aggregate_rate_bps: SLOW,
+            aggregate_burst_bytes: frames * FRAME as u64,
+            ..limit(SLOW, frames * FRAME as u64)
+        },
+    }
+}
+
+fn set_subscriber(h: &mut Harness, spec: &SubscriberSpec) -> Result<Changed, String> {
+    let mut t = h.subscribers().unwrap();
+    let before = t.before(&spec.id, Some(spec)).map_err(|e| e.to_string())?;
+    t.set(spec, &before).map_err(|e| e.to_string())
+}
+
+/// The default lets nothing through: whatever passes, a subscriber's bucket passed.
+fn subscriber_harness() -> Harness {
+    let config = Config::per_source(SLOW, FRAME as u64 / 2).unwrap();
+    Harness::with_subscribers(Some(&config), 1024, 8).expect("load")
+}
+
+/// An IPv4 /32 and an IPv6 /56 of one subscriber, with frames from two /64s in the /56
+/// (three keys, each with a bucket of its own as big as the subscriber's), share one
+/// bucket exactly: its burst and nothing more, whatever the mix, and the subscriber's
+/// counters say so. Another subscriber of the same plan (one plan slot) has a bucket of
+/// its own: emptying it takes nothing from the first's.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_subscribers_prefixes_of_both_families_share_one_bucket_exactly() {
+    let keys = ["100.64.0.14", "fdd7:b724:0:100::1", "fdd7:b724:0:1ff::1"];
+    // (frames from each key, in turn): the bucket holds 6 frames.
+    let mixes: [&[usize]; 3] = [&[1, 1, 1], &[10, 0, 0], &[0, 3, 7]];
+    for (i, mix) in mixes.iter().enumerate() {
+        let mut h = subscriber_harness();
+        let id = format!("c{i}");
+        let spec = subscriber(&id, &["100.64.0.14/32", "fdd7:b724:0:100::/56"], 6);
+        assert_eq!(set_subscriber(&mut h, &spec), Ok(Changed::Added));
+        let other = subscriber("other", &["100.64.1.1/32"], 6);
+        assert_eq!(set_subscriber(&mut h, &other), Ok(Changed::Added));
+        assert_eq!(send(&mut h, "100.64.1.1", 10), 6, "the other subscriber");
+        let mut passed = 0;
+        let mut sent = 0;
+        for _ in 0..4 {
+            for (key, &n) in keys.iter().zip(mix.iter()) {
+                passed += send(&mut h, key, n);
+                sent += n;
+            }
+        }
+        assert_eq!(passed, 6, "mix {mix:?}: {passed} of {sent} frames passed");
+        let got = h.subscribers().unwrap().get(&id).unwrap();
+        assert_eq!(got.outcomes.passed_packets, 6, "mix {mix:?}");
+        assert_eq!(got.outcomes.passed_bytes, 6 * FRAME as u64, "mix {mix:?}");
+        assert_eq!(got.outcomes.dropped_packets, sent as u64 - 6, "mix {mix:?}");
+        assert_eq!(got.spec.prefixes, spec.prefixes);
+    }
+}
+
+/// A subscriber's prefix inside a prefix policy takes its traffic from the policy (the
+/// longest prefix wins), in both families; the policy keeps the rest.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_subscriber_inside_a_prefix_policy_takes_its_traffic() {
+    let mut h = subscriber_harness();
+    h.policies()
+        .replace_all(&[
+            spec("100.64.0.0/16", action(ACTION_PASS)),
+            spec("fdd7::/16", action(ACTION_PASS)),
+        ])
+        .unwrap();
+    let s = subscriber("c1", &["100.64.0.14/32", "fdd7:b724:0:100::/56"], 2);
+    set_subscriber(&mut h, &s).unwrap();
+    assert_eq!(send(&mut h, "100.64.0.14", 5), 2, "the subscriber's /32");
+    assert_eq!(
+        send(&mut h, "fdd7:b724:0:100::1", 5),
+        0,
+        "its bucket is empty"
+    );
+    assert_eq!(send(&mut h, "100.64.0.15", 5), 5, "the policy's");
+    assert_eq!(send(&mut h, "fdd7:b724:0:200::1", 5), 5, "the policy's");
+    // Deleted, its prefixes fall back to the policies.
+    let mut t = h.subscribers().unwrap();
+    let before = t.before("c1", None).unwrap();
+    t.del(&before).unwrap();
+    assert_eq!(send(&mut h, "100.64.0.14", 5), 5);
+    assert_eq!(send(&mut h, "fdd7:b724:0:100::1", 5), 5);
+}
+
+/// What would let traffic escape a subscriber's bucket is refused in one line naming both
+/// prefixes, and changes nothing: a policy or another subscriber's prefix inside (or
+/// equal to) a subscriber's prefix, and a subscriber's prefix inside another's.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn overlaps_that_would_escape_a_subscribers_bucket_are_refused() {
+    let mut h = subscriber_harness();
+    h.policies()
+        .replace_all(&[spec("10.9.0.0/24", action(ACTION_PASS))])
+        .unwrap();
+    set_subscriber(
+        &mut h,
+        &subscriber("a", &["100.64.0.0/24", "fdd7:1::/48"], 2),
+    )
+    .unwrap();
+    let refused = |h: &mut Harness, s: SubscriberSpec, both: [&str; 2]| {
+        let e = set_subscriber(h, &s).unwrap_err();
+        assert!(both.iter().all(|p| e.contains(p)), "{e}");
+        assert!(h.subscribers().unwrap().get(&s.id).is_err(), "{e}");
+    };
+    refused(
+        &mut h,
+        subscriber("b", &["100.64.0.9/32"], 2),
+        ["100.64.0.9/32", "100.64.0.0/24"],
+    );
+    refused(
+        &mut h,
+        subscriber("b", &["fdd7:1:0:5::/64"], 2),
+        ["fdd7:1:0:5::/64", "fdd7:1::/48"],
+    );
+    refused(
+        &mut h,
+        subscriber("b", &["100.64.0.0/16"], 2),
+        ["100.64.0.0/16", "100.64.0.0/24"],
+    );
+    refused(
+        &mut h,
+        subscriber("b", &["fdd7:1::/48"], 2),
+        ["fdd7:1::/48", "fdd7:1::/48"],
+    );
+    refused(
+        &mut h,
+        subscriber("b", &["10.9.0.0/16"], 2),
+        ["10.9.0.0/16", "10.9.0.0/24"],
+    );
+    for prefix in ["100.64.0.128/25", "fdd7:1:0:1::/64"] {
+        let e = h
+            .policies()
+            .replace_all(&[
+                spec("10.9.0.0/24", action(ACTION_PASS)),
+                spec(prefix, action(ACTION_PASS)),
+            ])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(prefix), "{e}");
+    }
+    // Nothing changed: the subscriber's bucket still holds 2 frames.
+    assert_eq!(send(&mut h, "100.64.0.200", 5), 2);
+}
+
+/// A plan change is one write of the subscriber's entry: its keys are not resolved again
+/// and its bucket is carried over to the new rate, never refilled.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_plan_change_keeps_the_subscribers_bucket() {
+    let mut h = subscriber_harness();
+    let s = subscriber("c1", &["100.64.0.14/32", "fdd7:b724:0:100::/56"], 3);
+    set_subscriber(&mut h, &s).unwrap();
+    assert_eq!(send(&mut h, "100.64.0.14", 2), 2);
+    assert_eq!(send(&mut h, "fdd7:b724:0:100::1", 5), 1);
+    let generation = h.policies().config().unwrap().policy_gen;
+    // Twice the rate, the same burst: a refill would pass 3 frames more.
+    let faster = SubscriberSpec {
+        plan: PolicyLimits {
+            aggregate_rate_bps: 2 * SLOW,
+            ..s.plan
+        },
+        ..s.clone()
+    };
+    assert_eq!(set_subscriber(&mut h, &faster), Ok(Changed::Changed));
+    assert_eq!(h.policies().config().unwrap().policy_gen, generation);
+    assert_eq!(send(&mut h, "100.64.0.14", 5), 0);
+    assert_eq!(send(&mut h, "fdd7:b724:0:100::1", 5), 0);
+    assert_eq!(set_subscriber(&mut h, &faster), Ok(Changed::Unchanged));
+}

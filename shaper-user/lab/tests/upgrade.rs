@@ -430,6 +430,12 @@ fn an_upgrade_from_layout_6_keeps_every_cell_and_counter() {
     upgrade_keeps_every_cell_and_counter(6);
 }
 
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_upgrade_from_layout_7_keeps_every_cell_and_counter() {
+    upgrade_keeps_every_cell_and_counter(7);
+}
+
 /// Upgrades an attachment of pin layout `layout` in the middle of live traffic.
 fn traffic_through_an_upgrade(layout: u32) {
     let lab = Lab::new("upgt", 4).unwrap();
@@ -625,6 +631,12 @@ fn traffic_through_an_upgrade_from_layout_5_is_all_metered_and_never_refilled() 
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn traffic_through_an_upgrade_from_layout_6_is_all_metered_and_never_refilled() {
     traffic_through_an_upgrade(6);
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn traffic_through_an_upgrade_from_layout_7_is_all_metered_and_never_refilled() {
+    traffic_through_an_upgrade(7);
 }
 
 /// The version recorded in an attachment's `layout` map, overwritten.

@@ -27,6 +27,7 @@ fn processed_instructions_within_the_budget() -> Result<()> {
     let mut ebpf = object::load(object::Sizes {
         max_sources: DEFAULT_MAX_SOURCES,
         meter2: false,
+        max_subscribers: shaper_common::maps::DEFAULT_MAX_SUBSCRIBERS,
     })?;
     object::xdp_program(&mut ebpf, PROG_XDP)?;
     object::tc_program(&mut ebpf)?;

@@ -80,6 +80,11 @@ pub struct Args {
     /// this) [default: 262144]
     #[arg(long)]
     pub max_sources: Option<u32>,
+    /// Subscribers the attachment has room for (`shaper subscriber`), fixed at attach:
+    /// 128 bytes of kernel memory each, and room in the prefix tries for 4 prefixes each
+    /// (allocated only as they are used) [default: 0]
+    #[arg(long)]
+    pub max_subscribers: Option<u32>,
     /// Which address gets a bucket: the source (senders) or the destination (receivers)
     /// [default: src for ingress, dst for egress]
     #[arg(long, value_enum)]
@@ -162,6 +167,7 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         xdp_mode: args.xdp_mode,
         tc_mode: args.tc_mode,
         max_sources: args.max_sources,
+        max_subscribers: args.max_subscribers,
         key: args.key,
         prefix_v4: args.prefix_v4,
         prefix_v6: args.prefix_v6,

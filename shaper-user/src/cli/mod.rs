@@ -14,6 +14,7 @@ pub mod policy;
 pub mod run;
 pub mod stats;
 pub mod status;
+pub mod subscriber;
 pub mod top;
 pub mod watch;
 
@@ -68,6 +69,8 @@ pub enum Command {
     Top(top::Args),
     #[command(subcommand)]
     Policy(policy::Command),
+    #[command(subcommand)]
+    Subscriber(subscriber::Command),
     Apply(apply::Args),
     #[command(subcommand)]
     Config(config::Command),
@@ -107,6 +110,10 @@ impl Command {
             Self::Policy(policy::Command::Set(a)) => Some(&a.iface),
             Self::Policy(policy::Command::Del(a)) => Some(&a.iface),
             Self::Policy(policy::Command::List(a)) => Some(&a.iface),
+            Self::Subscriber(subscriber::Command::Set(a)) => Some(&a.iface),
+            Self::Subscriber(subscriber::Command::Del(a)) => Some(&a.iface),
+            Self::Subscriber(subscriber::Command::List(a)) => Some(&a.iface),
+            Self::Subscriber(subscriber::Command::Show(a)) => Some(&a.iface),
             Self::Config(config::Command::Show(a)) => Some(&a.iface),
             Self::Apply(_)
             | Self::Explain(_)

@@ -403,6 +403,7 @@ pub fn parse(
             xdp_mode: m.xdp_mode.unwrap_or_default(),
             tc_mode: m.tc_mode.unwrap_or_default(),
             max_sources: m.max_sources.map(|n| *n.get_ref()),
+            max_subscribers: None,
             key: m.key,
             prefix_v4,
             prefix_v6,

@@ -27,7 +27,7 @@ use shaper_common::{
         MAP_AGGREGATES, MAP_CONFIG, MAP_POLICIES, MAP_POLICY_STATS, MAP_POLICY_STATS_CARRIED,
         MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAX_POLICIES, PIN_ADMISSION, PIN_AGGREGATES, PIN_CONFIG,
         PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6,
-        PerCpuSum as _, Policy, PolicyStats, sum_per_cpu,
+        PerCpuSum as _, Policy, PolicyStats, SUBSCRIBER_BIT, SUBSCRIBER_PREFIXES, sum_per_cpu,
     },
 };
 
@@ -48,6 +48,10 @@ pub enum PolicyError {
     LongerThanKey { prefix: IpNet, key_len: u32 },
     #[error("no policy for {0}")]
     NotFound(IpNet),
+    #[error(
+        "policy {prefix} is inside subscriber prefix {subscriber}: its traffic would escape the subscriber's bucket"
+    )]
+    InSubscriber { prefix: IpNet, subscriber: IpNet },
     #[error("too many policies: {asked} asked for, room for {room}")]
     Full { asked: usize, room: usize },
     #[error("cannot count the possible CPUs")]
@@ -235,6 +239,22 @@ enum Undo {
     Route(IpNet, u32),
 }
 
+/// Whether the route `k` of `trie` is a subscriber's (`crate::subscriber` restores those).
+fn theirs<K: aya::Pod>(trie: &LpmTrie<MapData, K, u32>, k: &Key<K>) -> bool {
+    trie.get(k, 0)
+        .is_ok_and(|value| value & SUBSCRIBER_BIT != 0)
+}
+
+/// Every route of `trie` (the `family` prefix trie).
+fn keys_of<K: aya::Pod>(
+    trie: &LpmTrie<MapData, K, u32>,
+    family: &str,
+) -> Result<Vec<Key<K>>, PolicyError> {
+    trie.keys()
+        .collect::<Result<_, _>>()
+        .map_err(map_err(format!("read the {family} prefix trie")))
+}
+
 /// Removes every route of `trie` (the `family` prefix trie) that `keep` refuses.
 fn prune<K: aya::Pod>(
     trie: &mut LpmTrie<MapData, K, u32>,
@@ -402,6 +422,7 @@ impl PolicyTable {
     /// Makes `set` the interface's prefix policies, as one change (see the module docs).
     pub fn replace(&mut self, set: &PolicySet) -> Result<Changes, PolicyError> {
         set.fits(self.key_prefixes()?)?;
+        self.refuse_inside_subscribers(set)?;
         let current: BTreeMap<IpNet, Installed> = self
             .list()?
             .into_iter()
@@ -410,7 +431,8 @@ impl PolicyTable {
         let wanted: BTreeMap<IpNet, &CheckedPolicy> =
             set.0.iter().map(|p| (p.spec.prefix, p)).collect();
         let mut changes = Changes::default();
-        let used: BTreeSet<u32> = current.values().map(|i| i.slot).collect();
+        // Subscribers' plans hold slots too.
+        let used: BTreeSet<u32> = self.slots()?.into_iter().map(|(slot, _)| slot).collect();
         let mut free = (1..MAX_POLICIES).filter(|slot| !used.contains(slot));
         let mut added = Vec::new();
         for (prefix, policy) in &wanted {
@@ -418,7 +440,7 @@ impl PolicyTable {
                 None => {
                     let slot = free.next().ok_or(PolicyError::Full {
                         asked: set.len(),
-                        room: ROOM - used.len(),
+                        room: ROOM - (used.len() - current.len()),
                     })?;
                     added.push((slot, **policy));
                     changes.added.push(*prefix);
@@ -502,6 +524,133 @@ impl PolicyTable {
         Ok(())
     }
 
+    /// Refuses a policy of `set` whose prefix is a subscriber's or inside one: its traffic
+    /// would escape the subscriber's bucket (`crate::subscriber`).
+    fn refuse_inside_subscribers(&self, set: &PolicySet) -> Result<(), PolicyError> {
+        if self.config()?.prefixes_v4 & SUBSCRIBER_PREFIXES == 0
+            && self.config()?.prefixes_v6 & SUBSCRIBER_PREFIXES == 0
+        {
+            return Ok(());
+        }
+        let routes = self.subscriber_routes()?;
+        for p in set.specs() {
+            if let Some((subscriber, _)) = routes.iter().find(|(r, _)| r.contains(&p.prefix)) {
+                return Err(PolicyError::InSubscriber {
+                    prefix: p.prefix,
+                    subscriber: *subscriber,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Every route of both tries with its value: a policy slot, or a subscriber's index
+    /// with `SUBSCRIBER_BIT`.
+    pub fn routes(&self) -> Result<Vec<(IpNet, u32)>, PolicyError> {
+        let mut found = Vec::new();
+        for k in keys_of(&self.v4, "IPv4")? {
+            if let Ok(v) = self.v4.get(&k, 0)
+                && let Ok(net) = Ipv4Net::new(k.data().to_ne_bytes().into(), k.prefix_len() as u8)
+            {
+                found.push((IpNet::V4(net), v));
+            }
+        }
+        for k in keys_of(&self.v6, "IPv6")? {
+            if let Ok(v) = self.v6.get(&k, 0)
+                && let Ok(net) = Ipv6Net::new(k.data().into(), k.prefix_len() as u8)
+            {
+                found.push((IpNet::V6(net), v));
+            }
+        }
+        Ok(found)
+    }
+
+    /// The subscribers' routes: each prefix with its subscriber's index.
+    pub fn subscriber_routes(&self) -> Result<Vec<(IpNet, u32)>, PolicyError> {
+        Ok(self
+            .routes()?
+            .into_iter()
+            .filter(|(_, v)| v & SUBSCRIBER_BIT != 0)
+            .map(|(net, v)| (net, v & !SUBSCRIBER_BIT))
+            .collect())
+    }
+
+    /// Points `prefix` at `value` (a subscriber's route, `SUBSCRIBER_BIT` set).
+    pub fn route_value(&mut self, prefix: IpNet, value: u32) -> Result<(), PolicyError> {
+        self.route(prefix, value)
+    }
+
+    /// Removes the route of `prefix`, if there is one.
+    pub fn unroute_if_there(&mut self, prefix: IpNet) -> Result<(), PolicyError> {
+        match self.unroute(prefix) {
+            Err(PolicyError::Map {
+                source: MapError::SyscallError(e),
+                ..
+            }) if e.io_error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+
+    /// The value `prefix` routes to exactly, if any.
+    pub fn route_of(&self, prefix: IpNet) -> Option<u32> {
+        let value = match trie_key(&prefix) {
+            TrieKey::V4(key) => self.v4.get(&key, 0).ok(),
+            TrieKey::V6(key) => self.v6.get(&key, 0).ok(),
+        }?;
+        // A lookup answers the longest prefix covering the key: this one's only if no
+        // shorter route answers instead.
+        self.routes()
+            .ok()?
+            .into_iter()
+            .any(|(net, v)| net == prefix && v == value)
+            .then_some(value)
+    }
+
+    /// The plans in force: slots of subscribers' plans ([`Policy::plan`]).
+    pub fn plans(&self) -> Result<Vec<(u32, Policy)>, PolicyError> {
+        Ok(self
+            .slots()?
+            .into_iter()
+            .filter(|(_, p)| p.plan != 0)
+            .collect())
+    }
+
+    /// Writes a new plan into a free slot (its aggregate, admission cells and counters
+    /// zeroed): its slot.
+    pub fn add_plan(&mut self, entry: &Policy) -> Result<u32, PolicyError> {
+        let used: BTreeSet<u32> = self.slots()?.into_iter().map(|(slot, _)| slot).collect();
+        let slot = (1..MAX_POLICIES)
+            .find(|slot| !used.contains(slot))
+            .ok_or(PolicyError::Full { asked: 1, room: 0 })?;
+        self.reset_slot(slot)?;
+        self.write_slot(slot, entry)?;
+        Ok(slot)
+    }
+
+    /// Frees a plan's slot (no subscriber points at it any more).
+    pub fn drop_plan(&mut self, slot: u32) -> Result<(), PolicyError> {
+        self.write_slot(slot, &Policy::default())
+    }
+
+    /// Tells every source to look its prefix up again, subscribers' prefixes of the
+    /// families `v4`, `v6` now in the tries too.
+    pub fn subscribers_routed(&mut self, v4: bool, v6: bool) -> Result<(), PolicyError> {
+        let mut config = self.config()?;
+        if v4 {
+            config.prefixes_v4 |= SUBSCRIBER_PREFIXES;
+        }
+        if v6 {
+            config.prefixes_v6 |= SUBSCRIBER_PREFIXES;
+        }
+        config.policy_gen = match config.policy_gen.wrapping_add(1) {
+            0 => 1,
+            g => g,
+        };
+        self.config
+            .set(0, config, 0)
+            .map_err(map_err("write the config"))
+    }
+
     /// Every slot in use, with its entry as written (for [`PolicyTable::restore`]).
     /// Read in batches, as [`PolicyTable::list`].
     pub fn slots(&self) -> Result<Vec<(u32, Policy)>, PolicyError> {
@@ -540,14 +689,34 @@ impl PolicyTable {
                 TrieKey::V6(k) => (6, k.prefix_len(), u128::from_ne_bytes(k.data())),
             })
             .collect();
+        // Subscribers' routes are theirs to restore (`crate::subscriber`).
+        let (v4, v6) = (&self.v4, &self.v6);
+        let keep_v4: Vec<Key<Ipv4Key>> = keys_of(v4, "IPv4")?
+            .into_iter()
+            .filter(|k| {
+                routes.contains(&(4, k.prefix_len(), u128::from(k.data()))) || theirs(v4, k)
+            })
+            .collect();
+        let keep_v6: Vec<Key<Ipv6Key>> = keys_of(v6, "IPv6")?
+            .into_iter()
+            .filter(|k| {
+                routes.contains(&(6, k.prefix_len(), u128::from_ne_bytes(k.data())))
+                    || theirs(v6, k)
+            })
+            .collect();
         prune(&mut self.v4, "IPv4", |k| {
-            routes.contains(&(4, k.prefix_len(), u128::from(k.data())))
+            keep_v4
+                .iter()
+                .any(|o| o.prefix_len() == k.prefix_len() && o.data() == k.data())
         })?;
         prune(&mut self.v6, "IPv6", |k| {
-            routes.contains(&(6, k.prefix_len(), u128::from_ne_bytes(k.data())))
+            keep_v6
+                .iter()
+                .any(|o| o.prefix_len() == k.prefix_len() && o.data() == k.data())
         })?;
+        let saved: BTreeSet<u32> = slots.iter().map(|(slot, _)| *slot).collect();
         for (slot, _) in self.slots()? {
-            if !wanted.contains_key(&slot) {
+            if !saved.contains(&slot) {
                 self.write_slot(slot, &Policy::default())?;
             }
         }
@@ -623,9 +792,9 @@ impl PolicyTable {
         let mut config = self.config()?;
         let (v4, v6): (Vec<&IpNet>, Vec<&IpNet>) =
             prefixes.partition(|p| matches!(p, IpNet::V4(_)));
-        // At most MAX_POLICIES of each.
-        config.prefixes_v4 = v4.len() as u32;
-        config.prefixes_v6 = v6.len() as u32;
+        // At most MAX_POLICIES of each; whether subscribers have prefixes is kept.
+        config.prefixes_v4 = v4.len() as u32 | (config.prefixes_v4 & SUBSCRIBER_PREFIXES);
+        config.prefixes_v6 = v6.len() as u32 | (config.prefixes_v6 & SUBSCRIBER_PREFIXES);
         // 0 is what an unresolved source carries: skip it.
         config.policy_gen = match config.policy_gen.wrapping_add(1) {
             0 => 1,

@@ -150,7 +150,7 @@ impl Policy1 {
             in_use: self.in_use,
             family: self.family,
             prefix_len: self.prefix_len,
-            _pad: self._pad,
+            plan: 0,
             addr: self.addr,
             admission: Admission::default(),
             meter2: Default::default(),

@@ -76,7 +76,7 @@ impl Policy5 {
             in_use: self.in_use,
             family: self.family,
             prefix_len: self.prefix_len,
-            _pad: self._pad,
+            plan: 0,
             addr: self.addr,
             admission: self.admission.current(),
             meter2: Default::default(),

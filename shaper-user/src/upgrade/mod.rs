@@ -69,11 +69,12 @@ use aya::{
 use shaper_common::{
     layout::{self, Holds, LAYOUT_VERSION, Layout, MapLayout},
     maps::{
-        Config, Counters, Ipv4Key, Ipv6Key, MAP_CONFIG, MAP_COUNTERS_CARRIED, MAP_POLICIES,
-        MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4, MAP_PREFIXES_V6, PIN_CONFIG, PIN_COUNTERS,
-        PIN_COUNTERS_CARRIED, PIN_LAYOUT, PIN_LINK, PIN_METER2, PIN_METER2_6, PIN_POLICIES,
-        PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES,
-        PIN_UPGRADE_PROG, PROG_XDP, Policy, PolicyStats, is_tc_mode,
+        Config, Counters, DEFAULT_MAX_SUBSCRIBERS, Ipv4Key, Ipv6Key, MAP_CONFIG,
+        MAP_COUNTERS_CARRIED, MAP_POLICIES, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4,
+        MAP_PREFIXES_V6, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LAYOUT, PIN_LINK,
+        PIN_METER2, PIN_METER2_6, PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED,
+        PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES, PIN_SUBSCRIBERS, PIN_UPGRADE_PROG, PROG_XDP,
+        Policy, PolicyStats, is_tc_mode,
     },
 };
 
@@ -326,6 +327,7 @@ pub fn upgrade(
     let sizes = Sizes {
         max_sources: cap,
         meter2: settings.has_meter2(),
+        max_subscribers: max_subscribers(at, from),
     };
     swap_in(at, from, settings, &plan, sizes)
 }
@@ -392,9 +394,19 @@ pub fn make_room_for_meter2(at: &Attachment) -> Result<bool, UpgradeError> {
     let sizes = Sizes {
         max_sources: cap,
         meter2: true,
+        max_subscribers: max_subscribers(at, current),
     };
     swap_in(at, current, &settings, &grow_plan(), sizes)?;
     Ok(true)
+}
+
+/// The subscribers `at`'s pins (of layout `from`) have room for: none before layout 8.
+fn max_subscribers(at: &Attachment, from: &Layout) -> u32 {
+    if from.map(PIN_SUBSCRIBERS).is_none() {
+        return DEFAULT_MAX_SUBSCRIBERS;
+    }
+    bpf::map_info(&at.dir().join(PIN_SUBSCRIBERS))
+        .map_or(DEFAULT_MAX_SUBSCRIBERS, |i| i.max_entries.saturating_sub(1))
 }
 
 /// The plan of [`make_room_for_meter2`]: every map of today's layout reused but the
@@ -764,17 +776,9 @@ mod tests {
 
     #[test]
     fn an_upgrade_reuses_every_map_whose_layout_is_unchanged() {
-        // Layout 1's config, policies and counters changed; admission is new.
-        assert_eq!(
-            reused(1),
-            [
-                PIN_AGGREGATES,
-                PIN_PREFIXES_V4,
-                PIN_PREFIXES_V6,
-                PIN_SOURCES,
-                PIN_SOURCES6
-            ]
-        );
+        // Layout 1's config, policies and counters changed; admission is new; the tries
+        // are sized for subscribers since layout 8.
+        assert_eq!(reused(1), [PIN_AGGREGATES, PIN_SOURCES, PIN_SOURCES6]);
         let all_but = |not: &[&str]| {
             let mut pins: Vec<&str> = layout::current()
                 .maps
@@ -790,6 +794,9 @@ mod tests {
         // changed since (the doorkeeper's seed, allowance and sightings, the shaping
         // delays' sum; the second meter's settings, counts and cells).
         let changed = [
+            PIN_PREFIXES_V4,
+            PIN_PREFIXES_V6,
+            PIN_SUBSCRIBERS,
             PIN_METER2,
             PIN_METER2_6,
             PIN_METER2_SHARED,
@@ -819,6 +826,9 @@ mod tests {
         assert_eq!(
             reused(6),
             all_but(&[
+                PIN_PREFIXES_V4,
+                PIN_PREFIXES_V6,
+                PIN_SUBSCRIBERS,
                 PIN_METER2,
                 PIN_METER2_6,
                 PIN_METER2_SHARED,
@@ -829,6 +839,17 @@ mod tests {
                 PIN_COUNTERS_CARRIED,
                 PIN_POLICY_STATS,
                 PIN_POLICY_STATS_CARRIED,
+            ])
+        );
+        // Layout 7 lacks the subscribers, and its tries were sized for prefix policies
+        // alone: they are written anew from its policies.
+        assert_eq!(
+            reused(7),
+            all_but(&[
+                PIN_PREFIXES_V4,
+                PIN_PREFIXES_V6,
+                PIN_SUBSCRIBERS,
+                PIN_LAYOUT
             ])
         );
         // Growing the second meter's maps reuses every map but those two (and the

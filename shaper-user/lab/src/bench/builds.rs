@@ -152,6 +152,7 @@ pub fn single_rate(max_sources: u32) -> Sizes {
     Sizes {
         max_sources,
         meter2: false,
+        max_subscribers: shaper_common::maps::DEFAULT_MAX_SUBSCRIBERS,
     }
 }
 

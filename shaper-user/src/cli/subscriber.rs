@@ -1,0 +1,301 @@
+//! `shaper subscriber set|del|list|show IFACE ...`: subscribers on an attachment.
+
+use super::Scope;
+use anyhow::{Result, bail};
+use serde::Serialize;
+use shaper_common::{config::PolicyLimits, maps::ACTION_LIMIT};
+use shaper_user::{
+    change,
+    maps::Pinned,
+    policy::{Mode, parse_prefix},
+    subscriber::{Changed, Installed, SubscriberTable},
+    units::{Rate, Size},
+};
+
+pub use shaper_user::subscriber::SubscriberSpec;
+
+use super::{attach::check_burst_fits, outcomes::OutcomeFields};
+
+/// Subscribers: one bucket for all of a customer's prefixes
+///
+/// A subscriber is an id, an optional name, prefixes of either family (an IPv4 address, an
+/// IPv6 delegated prefix, ...) and a plan: every frame of any of its prefixes, in the
+/// attachment's direction, draws from one bucket of the subscriber's (--rate, --burst),
+/// exact across CPUs; each address (each key: a /64 in IPv6 by default) may also be held to
+/// a limit of its own inside it (--per-address-rate, --per-address-burst; without them,
+/// the subscriber's). The upload plan is the ingress attachment's (keyed by source), the
+/// download plan the egress one's (--direction egress, keyed by destination): set the
+/// subscriber on each.
+///
+/// A subscriber's prefix inside a prefix policy takes its traffic from the policy (the
+/// longest prefix wins). A prefix policy or another subscriber's prefix inside a
+/// subscriber's prefix, or the same prefix twice, is refused: its traffic would escape the
+/// subscriber's bucket. Room for subscribers is set at attach (--max-subscribers).
+#[derive(Debug, clap::Subcommand)]
+#[command(after_long_help = EXAMPLES)]
+pub enum Command {
+    Set(SetArgs),
+    Del(DelArgs),
+    List(ListArgs),
+    Show(ShowArgs),
+}
+
+const EXAMPLES: &str = "\
+Examples:
+  shaper attach eth0 --rate 1gbit --burst 1m --max-subscribers 100000
+      Room for 100,000 subscribers on eth0's uploads.
+  shaper subscriber set eth0 c1042 --name 'Smith' --prefix 100.64.0.14 --prefix fdd7:b724:0:100::/56 --rate 20mbit --burst 256k
+      Both prefixes share one 20 Mbit/s bucket.
+  shaper subscriber list eth0
+      Every subscriber with its counters.
+";
+
+/// Add subscriber ID, or replace it: its prefixes and plan
+///
+/// Writes that subscriber alone. A new plan keeps its bucket (the backlog is carried over
+/// to the new rate, never refilled); prefixes added or removed take effect on each key's
+/// next frame.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = "\
+Examples:
+  shaper subscriber set eth0 c1042 --prefix 100.64.0.14 --prefix fdd7:b724:0:100::/56 --rate 20mbit --burst 256k
+      A dual-stack subscriber, 20 Mbit/s over both families.
+  shaper subscriber set eth0 c1042 --prefix 100.64.0.14 --prefix fdd7:b724:0:100::/56 --rate 50mbit --burst 512k
+      An upgrade of its plan, without a refill.
+  shaper --direction egress subscriber set eth0 c1042 --prefix 100.64.0.14 --rate 100mbit --burst 1m --per-address-rate 50mbit --per-address-burst 512k
+      Its downloads: 100 Mbit/s in all, 50 Mbit/s to any one address.
+")]
+pub struct SetArgs {
+    pub iface: String,
+    /// Its id: 1 to 32 letters, digits and . _ - : /
+    pub id: String,
+    /// A name for people, at most 24 bytes
+    #[arg(long, default_value = "")]
+    pub name: String,
+    /// One of its prefixes (an address is a /32 or /128); give it once a prefix
+    #[arg(long = "prefix", required = true)]
+    pub prefixes: Vec<String>,
+    /// The subscriber's rate: all its prefixes together, in tc units
+    #[arg(long)]
+    pub rate: Rate,
+    /// The subscriber's burst, in tc units
+    #[arg(long)]
+    pub burst: Size,
+    /// Each address's (key's) rate inside the subscriber's [default: --rate]
+    #[arg(long, requires = "per_address_burst")]
+    pub per_address_rate: Option<Rate>,
+    /// Each address's (key's) burst [default: --burst]
+    #[arg(long, requires = "per_address_rate")]
+    pub per_address_burst: Option<Size>,
+    /// monitor: drop nothing, count what would be dropped
+    #[arg(long, value_enum, default_value_t = Mode::Enforce)]
+    pub mode: Mode,
+}
+
+/// Remove subscriber ID; its prefixes fall back to the policies that cover them, or the
+/// default
+///
+/// Its routes go first (its keys resolve again on their next frame), then its entry and
+/// its bucket, then its plan if no other subscriber has it.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = "\
+Examples:
+  shaper subscriber del eth0 c1042
+      Its addresses fall back to the default rate.
+")]
+pub struct DelArgs {
+    pub iface: String,
+    pub id: String,
+}
+
+/// List the subscribers with their plans and counters
+///
+/// Each subscriber's id, name, prefixes, rate and burst (and per-address ones), and what
+/// its frames became: passed, dropped and would drop, packets and bytes. With -j, JSON
+/// whose keys carry their unit.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = "\
+Examples:
+  shaper subscriber list eth0
+      The subscribers of eth0's uploads.
+  shaper -j --direction egress subscriber list eth0
+      Those of its downloads, as JSON.
+")]
+pub struct ListArgs {
+    pub iface: String,
+}
+
+/// Show one subscriber with its plan and counters
+///
+/// Its id, name, prefixes, rate and burst (and per-address ones), and what its frames
+/// became. With -j, one JSON object, as a row of `subscriber list`.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = "\
+Examples:
+  shaper subscriber show eth0 c1042
+      Its prefixes, plan and counters.
+")]
+pub struct ShowArgs {
+    pub iface: String,
+    pub id: String,
+}
+
+pub fn run(command: &Command, scope: Scope<'_>, json: bool) -> Result<()> {
+    match command {
+        Command::Set(args) => set(args, scope),
+        Command::Del(args) => del(args, scope),
+        Command::List(args) => show(&args.iface, None, scope, json),
+        Command::Show(args) => show(&args.iface, Some(&args.id), scope, json),
+    }
+}
+
+/// The subscriber `set` asks for.
+fn spec(args: &SetArgs) -> Result<SubscriberSpec> {
+    let prefixes = args
+        .prefixes
+        .iter()
+        .map(|p| parse_prefix(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    check_burst_fits("--burst", args.burst, &args.iface)?;
+    if let Some(b) = args.per_address_burst {
+        check_burst_fits("--per-address-burst", b, &args.iface)?;
+    }
+    if args.mode == Mode::Shape {
+        bail!("--mode shape is not for subscribers yet (their bucket is policed)");
+    }
+    let (rate, burst) = match (args.per_address_rate, args.per_address_burst) {
+        (Some(r), Some(b)) => (r, b),
+        _ => (args.rate, args.burst),
+    };
+    Ok(SubscriberSpec {
+        id: args.id.clone(),
+        name: args.name.clone(),
+        prefixes,
+        plan: PolicyLimits {
+            action: ACTION_LIMIT,
+            mode: args.mode.value(),
+            rate_bps: rate.bits_per_sec(),
+            burst_bytes: burst.bytes(),
+            aggregate_rate_bps: args.rate.bits_per_sec(),
+            aggregate_burst_bytes: args.burst.bytes(),
+            ..PolicyLimits::default()
+        },
+    })
+}
+
+fn set(args: &SetArgs, scope: Scope<'_>) -> Result<()> {
+    let spec = spec(args)?;
+    let at = scope.at(&args.iface);
+    let what = match change::set_subscriber(&at, &spec)? {
+        Changed::Added => "added",
+        Changed::Changed => "changed",
+        _ => "unchanged",
+    };
+    println!(
+        "{what} subscriber {} on {}: {}",
+        spec.id,
+        at.label(),
+        describe(&spec)
+    );
+    Ok(())
+}
+
+fn del(args: &DelArgs, scope: Scope<'_>) -> Result<()> {
+    let at = scope.at(&args.iface);
+    change::del_subscriber(&at, &args.id)?;
+    println!("removed subscriber {} from {}", args.id, at.label());
+    Ok(())
+}
+
+/// `100.64.0.14/32 fdd7:b724:0:100::/56, 20mbit burst 256k (per address 10mbit burst
+/// 64k)`, with ` (monitor)` when dry-running.
+pub fn describe(spec: &SubscriberSpec) -> String {
+    let p = &spec.plan;
+    let prefixes: Vec<String> = spec.prefixes.iter().map(ToString::to_string).collect();
+    let mut text = format!(
+        "{}, {} burst {}",
+        prefixes.join(" "),
+        Rate::from_bps(p.aggregate_rate_bps),
+        Size::from_bytes(p.aggregate_burst_bytes)
+    );
+    if (p.rate_bps, p.burst_bytes) != (p.aggregate_rate_bps, p.aggregate_burst_bytes) {
+        text += &format!(
+            " (per address {} burst {})",
+            Rate::from_bps(p.rate_bps),
+            Size::from_bytes(p.burst_bytes)
+        );
+    }
+    if Mode::from_value(p.mode) == Mode::Monitor {
+        text += " (monitor)";
+    }
+    text
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    id: String,
+    name: String,
+    prefixes: Vec<String>,
+    mode: &'static str,
+    rate_bps: u64,
+    burst_bytes: u64,
+    per_address_rate_bps: u64,
+    per_address_burst_bytes: u64,
+    #[serde(flatten)]
+    outcomes: OutcomeFields,
+}
+
+fn row(s: &Installed) -> Row {
+    let p = &s.spec.plan;
+    Row {
+        id: s.spec.id.clone(),
+        name: s.spec.name.clone(),
+        prefixes: s.spec.prefixes.iter().map(ToString::to_string).collect(),
+        mode: Mode::from_value(p.mode).name(),
+        rate_bps: p.aggregate_rate_bps,
+        burst_bytes: p.aggregate_burst_bytes,
+        per_address_rate_bps: p.rate_bps,
+        per_address_burst_bytes: p.burst_bytes,
+        outcomes: OutcomeFields::new(s.outcomes),
+    }
+}
+
+/// `list` (every subscriber) and `show` (subscriber `id`).
+fn show(iface: &str, id: Option<&str>, scope: Scope<'_>, json: bool) -> Result<()> {
+    let at = scope.at(iface);
+    if !at.exists() {
+        bail!("shaper is not attached to {}", at.label());
+    }
+    let table = SubscriberTable::of(&Pinned::open(&at)?)?;
+    let found = match id {
+        Some(id) => vec![table.get(id)?],
+        None => table.list()?,
+    };
+    let rows: Vec<Row> = found.iter().map(row).collect();
+    if json {
+        match id {
+            Some(_) => println!("{}", serde_json::to_string(&rows[0])?),
+            None => println!("{}", serde_json::to_string(&rows)?),
+        }
+        return Ok(());
+    }
+    for (s, r) in found.iter().zip(&rows) {
+        let name = if r.name.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", r.name)
+        };
+        println!("{}{name}: {}", r.id, describe(&s.spec));
+        let o = &s.outcomes;
+        println!(
+            "  passed {} packets {} bytes, dropped {} packets {} bytes, would drop {} packets {} bytes",
+            o.passed_packets,
+            o.passed_bytes,
+            o.dropped_packets,
+            o.dropped_bytes,
+            o.would_drop_packets,
+            o.would_drop_bytes
+        );
+    }
+    Ok(())
+}
