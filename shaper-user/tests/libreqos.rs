@@ -145,6 +145,18 @@ fn malformed_rows_are_refused_by_line_and_column() {
             "line 3, column \"IPv4\": invalid prefix '100.70.5.0/33'",
         ),
         (
+            "b-1,Bad,d,cpe,,,100.70.5.0/+24,,1,1,100,20,",
+            "line 3, column \"IPv4\": invalid prefix '100.70.5.0/+24'",
+        ),
+        (
+            "b-1,Bad,d,cpe,,,,fd10::/,1,1,100,20,",
+            "line 3, column \"IPv6\": invalid prefix 'fd10::/'",
+        ),
+        (
+            "b-1,Bad,d,cpe,,,,fd10::/129,1,1,100,20,",
+            "line 3, column \"IPv6\": invalid prefix 'fd10::/129'",
+        ),
+        (
             "b-1,Bad,d,cpe,,,100.70.5.1/24,,1,1,100,20,",
             "line 3, column \"IPv4\": '100.70.5.1/24' has host bits set (the prefix is \
              100.70.5.0/24)",
