@@ -317,6 +317,18 @@ fn new_key(
             policy: policy::cache_word(config, value),
             ..SourceState::default()
         });
+        if policy::is_subscriber(value) {
+            return subscriber_created(
+                key,
+                fresh,
+                admitted,
+                config,
+                (value, slot),
+                len,
+                now,
+                counters,
+            );
+        }
         // Counted in the policy's counters once the entry is in: if another CPU created it
         // meanwhile, the frame is metered (and counted) in that CPU's entry instead.
         (&raw mut fresh.cell, Count::Later)
@@ -416,6 +428,54 @@ fn created(
         }
         Err(_) => Metered::UNTRACKED,
     }
+}
+
+/// The entry of a subscriber's key new to the table, `fresh` (its cell zeroed): inserted
+/// first, then the frame metered in the live entry as a known key's
+/// (`shaper_subscriber`, a global function, is never given a cell on this program's stack:
+/// the verifier does not see what a global function writes there, and would take the
+/// caller's fresh cell for still zeroed). If another CPU created the key first, the frame is
+/// metered in that CPU's entry, and nothing was charged that would need a refund.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the frame's whole state, inlined"
+)]
+#[inline(always)]
+fn subscriber_created(
+    key: Key,
+    fresh: &SourceState,
+    admitted: Admitted,
+    config: &Config,
+    (value, slot): (u32, u32),
+    len: u32,
+    now: u64,
+    counters: &mut Counters,
+) -> Metered {
+    let new = match key.insert(fresh) {
+        Ok(()) => true,
+        Err(e) if e == -EEXIST => false,
+        Err(_) => return Metered::UNTRACKED,
+    };
+    let Some(state) = key.state() else {
+        return Metered::UNTRACKED;
+    };
+    let metered = known::<true>(state, key, config, value, slot, len, now, counters);
+    if new {
+        let again = u64::from(admitted == Admitted::Again);
+        let first = u64::from(admitted == Admitted::First);
+        counters.new_sources += 1;
+        counters.sightings.admitted += again;
+        counters.sightings.first_admitted += first;
+        if let Some(stats) = POLICY_STATS.get_ptr_mut(slot) {
+            // SAFETY: this CPU's entry (see `cell::count_policy`).
+            unsafe {
+                (*stats).new_sources += 1;
+                (*stats).sightings.admitted += again;
+                (*stats).sightings.first_admitted += first;
+            }
+        }
+    }
+    metered
 }
 
 /// Gives `refund` ticks back to the aggregate cell of a frame under `value` (policy `slot`):

@@ -28,8 +28,7 @@ use shaper_common::{
     layout::{self, LAYOUT_VERSION, Layout},
     maps::{
         Config, DEFAULT_MAX_SOURCES, DEFAULT_MAX_SUBSCRIBERS, PROG_XDP, TC_MODE_CLSACT,
-        TC_MODE_CLSACT_OWN, XDP_MODE_NATIVE,
-        XDP_MODE_SKB,
+        TC_MODE_CLSACT_OWN, XDP_MODE_NATIVE, XDP_MODE_SKB,
     },
 };
 

@@ -28,9 +28,10 @@ fn processed_instructions_within_the_budget() -> Result<()> {
         max_sources: DEFAULT_MAX_SOURCES,
         meter2: false,
         max_subscribers: shaper_common::maps::DEFAULT_MAX_SUBSCRIBERS,
-    })?;
-    object::xdp_program(&mut ebpf, PROG_XDP)?;
-    object::tc_program(&mut ebpf)?;
+    })
+    .inspect_err(log_tail)?;
+    object::xdp_program(&mut ebpf, PROG_XDP).inspect_err(log_tail)?;
+    object::tc_program(&mut ebpf).inspect_err(log_tail)?;
     let xdp: &Xdp = ebpf.program(PROG_XDP).unwrap().try_into()?;
     let tc: &SchedClassifier = ebpf.program(PROG_TC).unwrap().try_into()?;
     let mut over = Vec::new();
@@ -77,4 +78,27 @@ fn processed_instructions_within_the_budget() -> Result<()> {
         over.join(", ")
     );
     Ok(())
+}
+
+/// Prints the last 40 lines of the verifier's log a refusal names (`its log is in PATH`):
+/// the reason, which the one-line error leaves in the file (in a guest, out of reach).
+fn log_tail(e: &impl std::error::Error) {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while !message.contains("its log is in ") {
+        let Some(e) = source else {
+            return;
+        };
+        message = e.to_string();
+        source = e.source();
+    }
+    let Some((_, path)) = message.split_once("its log is in ") else {
+        return;
+    };
+    let log = std::fs::read_to_string(path.trim()).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    eprintln!("the verifier's log ({path}), its last 40 lines:");
+    for line in &lines[lines.len().saturating_sub(40)..] {
+        eprintln!("  {line}");
+    }
 }
