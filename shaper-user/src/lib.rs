@@ -13,6 +13,7 @@ pub mod detach;
 pub mod explain;
 pub mod journal;
 pub mod kernel;
+pub mod libreqos;
 pub mod link;
 pub mod maps;
 pub mod metrics;
