@@ -42,13 +42,7 @@ pub fn detach(at: &Attachment) -> Result<(), DetachError> {
     if !at.dir().exists() {
         return Err(DetachError::NotAttached(at.label()));
     }
-    if at.tc_prog().exists() {
-        let mode = maps::read_config(at).map_or(TC_MODE_CLSACT, |c| c.xdp_mode);
-        detach_tc(at, mode).map_err(|source| DetachError::Tc {
-            label: at.label(),
-            source,
-        })?;
-    }
+    take_off_filter(at)?;
     if at.link().exists() {
         let link = PinnedLink::from_pin(at.link()).map_err(|source| DetachError::Link {
             path: at.link().display().to_string(),
@@ -94,14 +88,20 @@ pub fn unlink(at: &Attachment) -> Result<(), DetachError> {
         let link = bpf::obj_get(&at.link()).map_err(unpin)?;
         bpf::link_detach(link.as_fd()).map_err(unpin)?;
     }
-    if at.tc_prog().exists() {
-        let mode = maps::read_config(at).map_or(TC_MODE_CLSACT, |c| c.xdp_mode);
-        detach_tc(at, mode).map_err(|source| DetachError::Tc {
-            label: at.label(),
-            source,
-        })?;
+    take_off_filter(at)
+}
+
+/// Takes a clsact attachment's filter off (see [`detach_tc`]), if it has one; its
+/// program's pin stays.
+fn take_off_filter(at: &Attachment) -> Result<(), DetachError> {
+    if !at.tc_prog().exists() {
+        return Ok(());
     }
-    Ok(())
+    let mode = maps::read_config(at).map_or(TC_MODE_CLSACT, |c| c.xdp_mode);
+    detach_tc(at, mode).map_err(|source| DetachError::Tc {
+        label: at.label(),
+        source,
+    })
 }
 
 /// Takes a clsact attachment's filter off its interface (if the interface is still

@@ -163,6 +163,12 @@ mod tests {
             ["user"]
         );
         assert!(scopes(&["xtask", "mutants", "--scope", "ebpf"]).is_err());
+        // The kernel's only when named (root, --in-place).
+        assert!(!all.contains(&"kernel"));
+        assert_eq!(
+            scopes(&["xtask", "mutants", "--scope", "kernel"]).unwrap(),
+            ["kernel"]
+        );
     }
 
     #[test]

@@ -9,16 +9,18 @@
 //! `unviable.txt`, `outcomes.json`); docs/contributing/testing.md keeps the last counts and
 //! why each missed mutant left is left.
 //!
-//! The kernel crate cannot be mutated this way (its tests load it into a kernel, as root,
-//! minutes per mutant): its hand mutations are listed in the same page. Modules guarded only
-//! by root tests (`policy/table.rs`'s restore, the journal) are out of scope for the same
-//! reason.
+//! The kernel crate (`--scope kernel --in-place`, never part of `all`) is mutated by a
+//! driver of its own ([`kernel`]): its tests load it into a kernel, as root. Modules of
+//! shaper-user guarded only by root tests (`policy/table.rs`'s restore, the journal) are
+//! out of scope.
 
 use std::{fs, process::ExitCode};
 
 use anyhow::{Context as _, Result};
 
 use crate::{cmd, setup, workspace};
+
+mod kernel;
 
 /// A set of files to mutate, and the tests cargo-mutants runs for them: those of the
 /// package the file is in, with `test_args`.
@@ -32,6 +34,15 @@ pub struct Scope {
     why: &'static str,
 }
 
+/// The kernel crate's scope: its files and tests are [`kernel`]'s.
+pub const KERNEL: Scope = Scope {
+    name: "kernel",
+    files: &["shaper-ebpf/src/**/*.rs"],
+    test_args: &[],
+    why: "the kernel programs, tested by the root BPF_PROG_TEST_RUN suites",
+};
+
+/// The scopes whose tests run on the host (`all`).
 pub const SCOPES: &[Scope] = &[
     Scope {
         name: "common",
@@ -64,10 +75,15 @@ pub const SCOPES: &[Scope] = &[
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Which files: `common`, `user` (comma-separated), or `all`
+    /// Which files: `common`, `user`, `kernel` (comma-separated), or `all` (common and
+    /// user: kernel needs root and --in-place)
     #[arg(long, default_value = "all", value_parser = scopes)]
     pub scope: Scopes,
-    /// Seconds a mutant's tests may take before it counts as a timeout
+    /// Mutate this checkout's files themselves (the kernel scope requires it): only in a
+    /// worktree no one else builds in, since every build there builds the mutant
+    #[arg(long)]
+    pub in_place: bool,
+    /// Seconds a mutant's tests may take before it counts as a timeout (kernel: each suite)
     #[arg(long, default_value_t = 60)]
     pub timeout: u32,
     /// Options passed on to cargo-mutants, e.g. `-- --list` or `-- --re 'gcra'`
@@ -86,9 +102,10 @@ pub fn scopes(arg: &str) -> Result<Scopes, String> {
         .map(|name| {
             SCOPES
                 .iter()
+                .chain([&KERNEL])
                 .find(|s| s.name == name.trim())
                 .ok_or_else(|| {
-                    let names: Vec<&str> = SCOPES.iter().map(|s| s.name).collect();
+                    let names: Vec<&str> = SCOPES.iter().chain([&KERNEL]).map(|s| s.name).collect();
                     format!("no scope '{name}': {}, or all", names.join(", "))
                 })
         })
@@ -100,7 +117,11 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     setup::run(setup::For::Mutants)?;
     let mut clean = true;
     for scope in &args.scope.0 {
-        clean &= run_scope(scope, args)?;
+        clean &= if scope.name == KERNEL.name {
+            kernel::run(args)?
+        } else {
+            run_scope(scope, args)?
+        };
     }
     Ok(if clean {
         ExitCode::SUCCESS
@@ -116,11 +137,18 @@ fn run_scope(scope: &Scope, args: &Args) -> Result<bool> {
     // cargo-mutants makes its output directory, not the directories above it.
     fs::create_dir_all(&output)?;
     let mut mutants = workspace::cargo();
+    mutants.arg("mutants");
+    if args.in_place {
+        // Asked for: this checkout is the caller's alone (cargo-mutants refuses --jobs
+        // with it).
+        mutants.arg("--in-place");
+    } else {
+        // A copy of the tree (others may be building this one), with a target directory
+        // of its own, built without debug info to keep it small.
+        mutants.args(["--jobs", "1"]);
+    }
     mutants
-        .arg("mutants")
-        // A copy of the tree (never --in-place: others may be building this one), with a
-        // target directory of its own, built without debug info to keep it small.
-        .args(["--jobs", "1", "--timeout", &args.timeout.to_string()])
+        .args(["--timeout", &args.timeout.to_string()])
         .args(["--build-timeout", "900"])
         .arg("--output")
         .arg(&output)

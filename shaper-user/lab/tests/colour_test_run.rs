@@ -515,3 +515,95 @@ fn a_frame_red_for_its_bytes_gives_its_packet_back() {
         );
     }
 }
+
+/// A prefix policy's yellow frames carry the policy's excess DSCP, not the interface's
+/// (`policy::meter2`, which the remark reads by slot): a key of the policy and one of the
+/// default, each green then yellow, in both families and both programs.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_prefix_policys_yellow_frames_carry_its_own_dscp() {
+    use shaper_common::{config::PolicyLimits, maps::ACTION_LIMIT};
+    use shaper_user::policy::{PolicySpec, PolicyTable, parse_prefix};
+
+    let (default_dscp, policy_dscp) = (8, 10); // cs1, af11
+    let mut ebpf = load(&config(150, excess(EBS, default_dscp)));
+    let limits = PolicyLimits {
+        action: ACTION_LIMIT,
+        rate_bps: MIN_RATE_BPS,
+        burst_bytes: 150,
+        meter2: excess(EBS, policy_dscp),
+        ..PolicyLimits::default()
+    };
+    let specs: Vec<PolicySpec> = ["198.18.9.0/24", "2001:db8:9::/48"]
+        .iter()
+        .map(|p| PolicySpec {
+            prefix: parse_prefix(p).unwrap(),
+            limits,
+        })
+        .collect();
+    PolicyTable::take(&mut ebpf)
+        .unwrap()
+        .replace_all(&specs)
+        .unwrap();
+    let mut cases = Vec::new();
+    for (i, program) in ["xdp", "tc"].into_iter().enumerate() {
+        let i = i as u8 + 1;
+        cases.extend([
+            (
+                program,
+                ipv4(Ipv4Addr::new(198, 18, 9, i), 0, FRAME - ETH_HLEN),
+                policy_dscp,
+            ),
+            (
+                program,
+                ipv4(Ipv4Addr::new(198, 18, 8, i), 0, FRAME - ETH_HLEN),
+                default_dscp,
+            ),
+            (
+                program,
+                ipv6(
+                    Ipv6Addr::new(0x2001, 0xdb8, 9, i.into(), 0, 0, 0, 1),
+                    0,
+                    FRAME - ETH_HLEN,
+                ),
+                policy_dscp,
+            ),
+            (
+                program,
+                ipv6(
+                    Ipv6Addr::new(0x2001, 0xdb8, 8, i.into(), 0, 0, 0, 1),
+                    0,
+                    FRAME - ETH_HLEN,
+                ),
+                default_dscp,
+            ),
+        ]);
+    }
+    for (program, ip, dscp) in cases {
+        let f = frame::ethernet(
+            if ip[0] >> 4 == 4 {
+                ETH_P_IP
+            } else {
+                ETH_P_IPV6
+            },
+            &ip,
+        );
+        let run = |f: &[u8]| {
+            if program == "xdp" {
+                xdp(&ebpf, f)
+            } else {
+                tc(&ebpf, f)
+            }
+        };
+        assert_eq!(run(&f), Out::Pass(f.clone()), "{program} {ip:?}: green");
+        let want = frame::ethernet(
+            if ip[0] >> 4 == 4 {
+                ETH_P_IP
+            } else {
+                ETH_P_IPV6
+            },
+            &remarked(&ip, dscp),
+        );
+        assert_eq!(run(&f), Out::Pass(want), "{program}: yellow as DSCP {dscp}");
+    }
+}

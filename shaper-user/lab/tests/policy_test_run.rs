@@ -565,3 +565,94 @@ fn a_plan_change_keeps_the_subscribers_bucket() {
     assert_eq!(send(&mut h, "fdd7:b724:0:100::1", 5), 0);
     assert_eq!(set_subscriber(&mut h, &faster), Ok(Changed::Unchanged));
 }
+
+/// The aggregate's refusals counted in bytes as well as packets (`count_policy`): every
+/// byte of each frame the aggregate refused, and none of those the key's own bucket
+/// refused; in both families (IPv6 keys are /64, the policy a /48).
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn the_aggregates_refusals_are_counted_in_bytes() {
+    let mut h = harness(100 * FRAME as u64);
+    let mut hier = limit(SLOW, 3 * FRAME as u64);
+    hier.aggregate_rate_bps = SLOW;
+    hier.aggregate_burst_bytes = 5 * FRAME as u64;
+    h.policies()
+        .replace_all(&[spec("198.18.0.0/24", hier), spec("2001:db8:5::/48", hier)])
+        .unwrap();
+    for (prefix, a, b) in [
+        ("198.18.0.0/24", "198.18.0.11", "198.18.0.12"),
+        ("2001:db8:5::/48", "2001:db8:5:1::1", "2001:db8:5:2::1"),
+    ] {
+        // A: 3 pass, 7 refused by its own bucket; B: 2 pass, 8 refused by the aggregate.
+        assert_eq!(send(&mut h, a, 10), 3, "{prefix}");
+        assert_eq!(send(&mut h, b, 10), 2, "{prefix}");
+        let s = stats(&mut h, Some(prefix));
+        assert_eq!(
+            (s.aggregate_refused_packets, s.aggregate_refused_bytes),
+            (8, 8 * FRAME as u64),
+            "{prefix}"
+        );
+        assert_eq!(
+            (s.outcomes.dropped_packets, s.outcomes.dropped_bytes),
+            (15, 15 * FRAME as u64),
+            "{prefix}"
+        );
+    }
+}
+
+/// A key caches the slot it resolved to with the policies' generation (`cache_word`), so
+/// the tries are searched for new keys and after a change only: read back from its
+/// state, in both families, for a prefix policy's key and a default one, before and after
+/// a change bumps the generation.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_keys_policy_is_cached_with_the_generation() {
+    let mut h = harness(100 * FRAME as u64);
+    let policies = [
+        spec("198.18.7.0/24", limit(SLOW, 3 * FRAME as u64)),
+        spec("2001:db8:7::/48", limit(SLOW, 3 * FRAME as u64)),
+    ];
+    let cached = |h: &Harness, src: &str| -> u64 {
+        let state = match src.parse::<IpAddr>().unwrap() {
+            IpAddr::V4(a) => h
+                .sources()
+                .unwrap()
+                .into_iter()
+                .find(|(k, _)| Ipv4Addr::from(k.to_ne_bytes()) == a)
+                .map(|(_, s)| s),
+            // Keys are /64: the first eight bytes.
+            IpAddr::V6(a) => h
+                .sources6()
+                .unwrap()
+                .into_iter()
+                .find(|(k, _)| k[..8] == a.octets()[..8])
+                .map(|(_, s)| s),
+        };
+        state.unwrap_or_else(|| panic!("no key for {src}")).policy
+    };
+    for round in 0..2 {
+        h.policies().replace_all(&policies).unwrap();
+        let generation = u64::from(h.policies().config().unwrap().policy_gen);
+        for (src, prefix) in [
+            ("198.18.7.9", Some("198.18.7.0/24")),
+            ("198.18.8.9", None),
+            ("2001:db8:7:1::9", Some("2001:db8:7::/48")),
+            ("2001:db8:8:1::9", None),
+        ] {
+            let slot = match prefix {
+                Some(p) => {
+                    let p = parse_prefix(p).unwrap();
+                    let listed = h.policies().list().unwrap();
+                    u64::from(listed.iter().find(|i| i.spec.prefix == p).unwrap().slot)
+                }
+                None => 0,
+            };
+            send(&mut h, src, 1);
+            assert_eq!(
+                cached(&h, src),
+                (generation << 32) | slot,
+                "{src}, round {round}"
+            );
+        }
+    }
+}

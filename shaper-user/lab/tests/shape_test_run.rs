@@ -257,3 +257,101 @@ fn monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// A prefix policy in shape mode on an interface that polices: the policy's keys are
+/// held (stamped, none dropped within the horizon) past their burst while the default's,
+/// and a policing prefix policy's under the same horizon, are dropped, unstamped; and with the interface in monitor mode, which overrides a
+/// policy's shaping as it does enforcing, nothing is held or dropped. Both families.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_shaping_prefix_policy_holds_its_keys_while_the_default_polices() {
+    use std::net::{IpAddr, Ipv6Addr};
+
+    use shaper_common::{
+        config::PolicyLimits,
+        maps::{ACTION_LIMIT, MODE_ENFORCE, MODE_MONITOR},
+    };
+    use shaper_user::policy::{PolicySpec, PolicyTable, parse_prefix};
+
+    let mut ebpf = object::load(object::Sizes::full(1024)).unwrap();
+    object::tc_program(&mut ebpf).unwrap();
+    let mut table = PolicyTable::take(&mut ebpf).unwrap();
+    let mut config = Config::per_source(RATE_BPS, BURST).unwrap();
+    config.xdp_mode = TC_MODE_TCX;
+    config.shape = Shape::new(ECN_THRESHOLD_NS, HORIZON_NS).unwrap();
+    table.set_config(&config).unwrap();
+    let shaping = PolicyLimits {
+        action: ACTION_LIMIT,
+        mode: MODE_SHAPE,
+        rate_bps: RATE_BPS,
+        burst_bytes: BURST,
+        ..PolicyLimits::default()
+    };
+    // And a prefix policy that polices, under the same horizon.
+    let policing = PolicyLimits {
+        mode: MODE_ENFORCE,
+        ..shaping
+    };
+    let specs: Vec<PolicySpec> = [
+        ("198.18.5.0/24", shaping),
+        ("2001:db8:5::/48", shaping),
+        ("198.18.7.0/24", policing),
+        ("2001:db8:7::/48", policing),
+    ]
+    .iter()
+    .map(|&(p, limits)| PolicySpec {
+        prefix: parse_prefix(p).unwrap(),
+        limits,
+    })
+    .collect();
+    table.replace_all(&specs).unwrap();
+    let prog: &SchedClassifier = ebpf
+        .program(shaper_common::maps::PROG_TC)
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let frame_from = |src: &str| match src.parse::<IpAddr>().unwrap() {
+        IpAddr::V4(a) => frame::ipv4_udp(a, FRAME),
+        IpAddr::V6(a) => {
+            let dst = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
+            let payload = FRAME - frame::ETH_HLEN - frame::IPV6_HLEN - frame::UDP_HLEN;
+            frame::ipv6_udp(a, dst, payload)
+        }
+    };
+    // 20 frames back to back: the burst's 5, then 15 within the horizon's 20 frames.
+    let send = |src: &str| -> (usize, usize) {
+        let f = frame_from(src);
+        let runs: Vec<Run> = (0..20).map(|_| run(prog, &f, false)).collect();
+        (
+            runs.iter().filter(|r| r.tstamp != 0).count(),
+            runs.iter().filter(|r| r.verdict == TC_ACT_SHOT).count(),
+        )
+    };
+    for (shaped, policed) in [
+        ("198.18.5.1", ["198.18.6.1", "198.18.7.1"]),
+        ("2001:db8:5:1::1", ["2001:db8:6:1::1", "2001:db8:7:1::1"]),
+    ] {
+        let (held, dropped) = send(shaped);
+        assert!(held > 0, "{shaped}: none of 20 frames held");
+        assert_eq!(dropped, 0, "{shaped}: dropped within the horizon");
+        // The default's key, and the policing policy's.
+        for key in policed {
+            let (held, dropped) = send(key);
+            assert_eq!(held, 0, "{key}: held, not policed");
+            assert!(dropped > 0, "{key}: none of 20 frames dropped");
+        }
+    }
+    // The interface monitors: no frame held or dropped, the policy's or the default's.
+    config.mode = MODE_MONITOR;
+    table.set_config(&config).unwrap();
+    for key in [
+        "198.18.5.2",
+        "198.18.6.2",
+        "198.18.7.2",
+        "2001:db8:5:2::1",
+        "2001:db8:6:2::1",
+        "2001:db8:7:2::1",
+    ] {
+        assert_eq!(send(key), (0, 0), "{key} under a monitoring interface");
+    }
+}
