@@ -42,11 +42,14 @@ pub enum Count {
 /// compare-and-swap, in `counters`. For a charged aggregate, the [`Metered`] says what it
 /// was charged, so a caller that finds the frame must be metered elsewhere after all can
 /// give it back. A policy with a second meter is not decided here (`meter::metered`).
+/// `CARRY`: whether a cell charged under another rate is carried over first
+/// ([`carry_over`]); a caller that passes `false` has checked that none is
+/// ([`carried`]), and so adds no frame of calls below its own.
 ///
 /// # Safety
 /// `cell` points to a live map value, or to a value on the stack.
 #[inline(always)]
-pub unsafe fn decide(
+pub unsafe fn decide<const CARRY: bool>(
     cell: *mut Cell,
     rule: &Rule,
     slot: u32,
@@ -59,7 +62,7 @@ pub unsafe fn decide(
         ACTION_PASS => Ok(Charged::Source(0)),
         ACTION_DROP => Err(BLOCKED),
         // SAFETY: the caller's.
-        _ => unsafe { charge(cell, rule, len, now, counters) },
+        _ => unsafe { charge::<CARRY>(cell, rule, len, now, counters) },
     };
     let (outcome, reason) = match charged {
         Ok(_) => (Outcome::Passed, SOURCE),
@@ -91,12 +94,13 @@ enum Charged {
 
 /// Charges `len` bytes to `cell` under `limit` if they conform, the burst tolerance
 /// stretched by `slack` ticks (shaping's horizon; 0 when policing): how many ticks the
-/// frame is held back (0 when policing), or `None` if it does not conform.
+/// frame is held back (0 when policing), or `None` if it does not conform. `CARRY` as
+/// [`decide`]'s.
 ///
 /// # Safety
 /// `cell` points to a live map value, or to a value on a caller's stack.
 #[inline(always)]
-pub unsafe fn take(
+pub unsafe fn take<const CARRY: bool>(
     cell: *mut Cell,
     limit: &Limit,
     len: u32,
@@ -105,7 +109,9 @@ pub unsafe fn take(
     counters: &mut Counters,
 ) -> Option<u64> {
     unsafe {
-        carry_over(cell, limit, now);
+        if CARRY {
+            carry_over(cell, limit, now);
+        }
         let tat = &raw mut (*cell).tat;
         let old = atomic::load(tat);
         let new = limit.admit_within(old, now, len, slack)?;
@@ -122,7 +128,7 @@ pub unsafe fn take(
 /// # Safety
 /// `cell` points to a live map value, or to a value on a caller's stack.
 #[inline(always)]
-unsafe fn charge(
+unsafe fn charge<const CARRY: bool>(
     cell: *mut Cell,
     rule: &Rule,
     len: u32,
@@ -132,15 +138,19 @@ unsafe fn charge(
     unsafe {
         let (aggregate, limit) = (rule.aggregate_cell, rule.aggregate_limit);
         if aggregate.is_null() {
-            return take(cell, rule.limit, len, now, rule.slack, counters)
+            return take::<CARRY>(cell, rule.limit, len, now, rule.slack, counters)
                 .map(Charged::Source)
                 .ok_or(SOURCE);
         }
-        carry_over(cell, rule.limit, now);
+        if CARRY {
+            carry_over(cell, rule.limit, now);
+        }
         let tat = &raw mut (*cell).tat;
         let old = atomic::load(tat);
         let new = rule.limit.admit(old, now, len).ok_or(SOURCE)?;
-        carry_over(aggregate, limit, now);
+        if CARRY {
+            carry_over(aggregate, limit, now);
+        }
         let aggregate_tat = &raw mut (*aggregate).tat;
         let aggregate_old = atomic::load(aggregate_tat);
         let aggregate_new = limit.admit(aggregate_old, now, len).ok_or(AGGREGATE)?;
@@ -287,6 +297,36 @@ pub unsafe fn carry_over(cell: *mut Cell, limit: &Limit, now: u64) {
     // SAFETY: the caller's.
     if unsafe { atomic::load(&raw const (*cell).scale) } != limit.scale() {
         shaper_carry_over(cell, limit, now);
+    }
+}
+
+/// Whether `cell`, and the rule's aggregate cell if it has one, are expressed in their
+/// limits' scales: nothing for [`decide`] to carry over.
+///
+/// # Safety
+/// `cell` points to a live map value, or to a value on a caller's stack.
+#[inline(always)]
+pub unsafe fn carried(cell: *mut Cell, rule: &Rule) -> bool {
+    // SAFETY: the caller's; the rule's aggregate cell is a live map value.
+    let scale = |cell: *mut Cell| unsafe { atomic::load(&raw const (*cell).scale) };
+    scale(cell) == rule.limit.scale()
+        && (rule.aggregate_cell.is_null()
+            || scale(rule.aggregate_cell) == rule.aggregate_limit.scale())
+}
+
+/// Carries `cell`, and the rule's aggregate cell if it has one, over to their limits
+/// ([`carry_over`]): what [`carried`] checks.
+///
+/// # Safety
+/// As [`carried`].
+#[inline(always)]
+pub unsafe fn carry_over_rule(cell: *mut Cell, rule: &Rule, now: u64) {
+    // SAFETY: the caller's.
+    unsafe {
+        carry_over(cell, rule.limit, now);
+        if !rule.aggregate_cell.is_null() {
+            carry_over(rule.aggregate_cell, rule.aggregate_limit, now);
+        }
     }
 }
 

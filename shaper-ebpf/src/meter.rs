@@ -10,7 +10,10 @@
 //! a global function of its own, verified once: new-source admission ([`shaper_admit`]),
 //! a key created by two CPUs at once ([`shaper_meter_raced`]), a lost compare-and-swap
 //! (`cell::shaper_retry`), a rate change (`cell::shaper_carry_over`), a sample
-//! (`watch::shaper_sample`). A global function takes only scalars and pointers to memory
+//! (`watch::shaper_sample`). A subscriber's frame is one call ([`shaper_subscriber`]), and
+//! after its plan changed two more ([`shaper_subscriber_prepare`], then the first again),
+//! so that no chain of calls is three frames deep below the entry point's (6.1 allows
+//! 512 bytes of stack to a chain, each frame rounded up to 32 bytes). A global function takes only scalars and pointers to memory
 //! and returns one scalar.
 
 use core::{mem::MaybeUninit, ptr};
@@ -20,10 +23,10 @@ use shaper_common::maps::{Cell, Config, Counters, Ipv4Key, SourceState};
 use shaper_ebpf::atomic;
 
 use crate::{
-    cell::{Count, count_policy, decide, take},
+    cell::{Count, carried, carry_over_rule, count_policy, decide, take},
     key::join,
     maps::{ADMISSION, AGGREGATES, CONFIG, FIRSTS, POLICY_STATS, SOURCES, SOURCES6},
-    meter2::{self, shaper_meter2, shaper_meter2_prepare},
+    meter2::{self, AGAIN, shaper_meter2, shaper_meter2_prepare},
     outcome::{Metered, Outcome, outcome_counters},
     policy,
     trace::{self, Sighting},
@@ -143,9 +146,10 @@ pub fn meter(
 /// (`policy::subscriber_rule`): `cell::decide` in a global function, verified once, so a
 /// policy's frame pays one branch for subscribers. `frame` is the length in bits 0–31 and
 /// the [`Count`] in 32–33. Returns a [`Metered`], which it also counts in the subscriber's
-/// counters (atomically: every CPU shares them). The frame of a key two CPUs created at
-/// once is metered again in the other CPU's entry (`shaper_meter_raced`) and counted here
-/// as the first metering decided.
+/// counters (atomically: every CPU shares them); or, charging nothing, [`AGAIN`] if a
+/// cell is still in a former plan's scale ([`shaper_subscriber_prepare`]). The frame of
+/// a key two CPUs created at once is metered again in the other CPU's entry
+/// (`shaper_meter_raced`) and counted here as the first metering decided.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_subscriber(
@@ -165,15 +169,23 @@ pub extern "C" fn shaper_subscriber(
     if cell.is_null() {
         return Metered::UNTRACKED.0;
     }
-    let count = match frame >> 32 {
+    let count = match (frame >> 32) & COUNT_MASK {
         COUNT_POLICY => Count::Policy,
         COUNT_UNADMITTED => Count::Unadmitted,
         _ => Count::Later,
     };
     let (rule, slot) = policy::subscriber_rule(config, value);
+    // SAFETY: checked above.
+    if unsafe { !carried(cell, &rule) } {
+        return if frame & PREPARED == 0 {
+            AGAIN
+        } else {
+            Metered::UNTRACKED.0
+        };
+    }
     let len = frame as u32;
     // SAFETY: checked above.
-    let metered = unsafe { decide(cell, &rule, slot, count, len, now, counters) };
+    let metered = unsafe { decide::<false>(cell, &rule, slot, count, len, now, counters) };
     let s = policy::subscriber(value);
     if !s.is_null() {
         // SAFETY: a live map value.
@@ -186,10 +198,38 @@ pub extern "C" fn shaper_subscriber(
     metered.0
 }
 
+/// What [`shaper_subscriber`] leaves to its caller: a cell charged under another rate
+/// (the plan changed) carried over to the plan's, before the frame is metered again. A
+/// global function of its own, so that the carry-over's (`cell::shaper_carry_over`) is
+/// not a third frame of calls below [`shaper_subscriber`]'s: the entry point's frame and
+/// the two would not fit the 512 bytes of stack the kernel allows a chain (6.1 rounds
+/// each frame up to 32 bytes).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_subscriber_prepare(cell: *mut Cell, value: u32, now: u64) -> u32 {
+    let Some(config) = CONFIG.get(0) else {
+        return 0;
+    };
+    if cell.is_null() {
+        return 0;
+    }
+    let (rule, _) = policy::subscriber_rule(config, value);
+    // SAFETY: a global function's pointer argument is null or points to a whole value
+    // (checked above).
+    unsafe { carry_over_rule(cell, &rule, now) };
+    1
+}
+
 /// [`shaper_subscriber`]'s frame word: the [`Count`] in bits 32–33.
 const COUNT_POLICY: u64 = 0;
 const COUNT_UNADMITTED: u64 = 1;
 const COUNT_LATER: u64 = 2;
+const COUNT_MASK: u64 = 3;
+/// [`shaper_subscriber`]'s frame word, bit 34: its second try, after
+/// [`shaper_subscriber_prepare`]; a cell still in another scale (the plan changed again
+/// meanwhile) makes the frame untracked rather than [`AGAIN`], so the caller's paths
+/// after the call are one for the verifier, not one a result.
+const PREPARED: u64 = 1 << 34;
 
 /// The rule of policy `slot` on a `len`-byte frame of `key` metered in `cell` at `now`,
 /// counted as `count` says: `cell::decide`; or, if `SECOND` and the policy has a second
@@ -219,7 +259,7 @@ unsafe fn metered<const SECOND: bool>(
             // In a global function already (a call more would not fit the stack).
             let (rule, slot) = policy::subscriber_rule(config, value);
             // SAFETY: the caller's.
-            return unsafe { decide(cell, &rule, slot, count, len, now, counters) };
+            return unsafe { decide::<true>(cell, &rule, slot, count, len, now, counters) };
         }
         let count = match count {
             Count::Policy => COUNT_POLICY,
@@ -227,31 +267,31 @@ unsafe fn metered<const SECOND: bool>(
             Count::Later => COUNT_LATER,
         };
         let frame = u64::from(len) | count << 32;
-        return Metered(shaper_subscriber(
-            cell,
-            value,
-            frame,
-            now,
-            ptr::from_mut(counters),
-        ));
+        let counters = ptr::from_mut(counters);
+        let mut metered = shaper_subscriber(cell, value, frame, now, counters);
+        if metered == AGAIN {
+            shaper_subscriber_prepare(cell, value, now);
+            metered = shaper_subscriber(cell, value, frame | PREPARED, now, counters);
+        }
+        return Metered(metered);
     }
     let rule = policy::rule(config, slot);
     if SECOND && rule.meter2.any() {
         let (hi, lo, family) = key.halves();
         let frame = meter2::frame(len, slot, family, count);
         let mut metered = shaper_meter2(cell, hi, lo, frame, now);
-        if metered == meter2::AGAIN {
+        if metered == AGAIN {
             shaper_meter2_prepare(cell, hi, lo, frame, now);
             metered = shaper_meter2(cell, hi, lo, frame, now);
         }
-        return if metered == meter2::AGAIN {
+        return if metered == AGAIN {
             Metered::UNTRACKED
         } else {
             Metered(metered)
         };
     }
     // SAFETY: the caller's.
-    unsafe { decide(cell, &rule, slot, count, len, now, counters) }
+    unsafe { decide::<true>(cell, &rule, slot, count, len, now, counters) }
 }
 
 /// Meters the frame of a key with an entry of its own, `state` (a live map value), under
@@ -411,7 +451,7 @@ fn created(
                 // scarcely charged under another rate since.
                 let metered =
                     match shaper_meter2(unsafe { &raw mut (*state).cell }, hi, lo, frame, now) {
-                        meter2::AGAIN => Metered::UNTRACKED,
+                        AGAIN => Metered::UNTRACKED,
                         metered => Metered(metered),
                     };
                 // SAFETY: a live map value.
@@ -599,7 +639,7 @@ pub extern "C" fn shaper_admit(hash: u64, slot: u32, now: u64, counters: *mut Co
             return 0;
         };
         // SAFETY: a live map value.
-        if unsafe { take(first, &admission.first, 1, now, 0, counters) }.is_none() {
+        if unsafe { take::<true>(first, &admission.first, 1, now, 0, counters) }.is_none() {
             return 0;
         }
         ADMIT_FIRST
@@ -609,7 +649,7 @@ pub extern "C" fn shaper_admit(hash: u64, slot: u32, now: u64, counters: *mut Co
     };
     // SAFETY: a live map value.
     let room = unsafe {
-        take(
+        take::<true>(
             &raw mut (*cells).admit,
             &admission.limit,
             1,

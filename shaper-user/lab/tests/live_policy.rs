@@ -14,9 +14,11 @@ use std::{
 };
 
 use aya::maps::{Array, Map, MapData};
-use common::{assert_limited, attach, limit_gives, replay, replay_changes, shaper_ok, stats};
+use common::{
+    assert_limited, attach, attach_with, limit_gives, replay, replay_changes, shaper_ok, stats,
+};
 use shaper_common::maps::Policy;
-use shaper_lab::lab::{Flow, FlowResult, Lab, RunOptions, RunReport, run_udp_with};
+use shaper_lab::lab::{Flow, FlowResult, Lab, LabOptions, RunOptions, RunReport, run_udp_with};
 use shaper_user::{pins::Attachment, policy::PolicyTable};
 
 const FRAME: u32 = 1_000;
@@ -196,6 +198,107 @@ fn the_per_source_cap_binds_under_an_aggregate_with_room() {
         st.key(hot.src).dropped_packets,
         "{row}"
     );
+}
+
+/// A dual-stack subscriber (`shaper subscriber`): its IPv4 address and an IPv6 /56 that
+/// holds the /64s of two of its devices, each of the three sending at 3 times the plan.
+/// The subscriber receives its plan once, not once a family or a key: all three draw
+/// from its one bucket, within a quarter burst of a GCRA replay of every send with each
+/// key's own cell (the per-address limit, the plan's by default) and the subscriber's.
+/// The kernel's count of the subscriber's passed bytes is what the receiver got.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_dual_stack_subscriber_receives_its_plan_once() {
+    const SECONDS: u64 = 2;
+    let options = LabOptions {
+        ipv6: true,
+        ..LabOptions::default()
+    };
+    let lab = Lab::with("subds", 3, options).unwrap();
+    let _attached = attach_with(
+        lab.rx_ns(),
+        lab.rx_iface(),
+        "1gbit",
+        "64k",
+        &["--max-subscribers", "16"],
+    );
+    // 2001:2:0:2::/64 and 2001:2:0:3::/64, the lab's second and third sources, are in
+    // 2001:2::/56; the first source's IPv4 address is the subscriber's too.
+    let v4 = format!("{}/32", lab.sources()[0]);
+    let plan = ["--rate", "4mbit", "--burst", "16k"];
+    let mut args = vec![
+        "subscriber",
+        "set",
+        lab.rx_iface(),
+        "c1042",
+        "--prefix",
+        &v4,
+        "--prefix",
+        "2001:2::/56",
+    ];
+    args.extend_from_slice(&plan);
+    ok(&lab, &args);
+    let flow = |src: IpAddr| Flow {
+        src,
+        offered_bps: 3 * PER_SOURCE_BPS,
+        frame_bytes: FRAME,
+    };
+    let v4 = [flow(lab.sources()[0].into())];
+    let v6 = [
+        flow(lab.sources6()[1].into()),
+        flow(lab.sources6()[2].into()),
+    ];
+    let results = run_udp_both(&lab, &v4, &v6, Duration::from_secs(SECONDS));
+    let all: Vec<&FlowResult> = results.iter().collect();
+    let plan = (PER_SOURCE_BPS, PER_SOURCE_BURST);
+    let replayed = replay(&all, Some(plan), Some(plan));
+    for r in &results {
+        println!(
+            "{}: offered {:.2} Mbit/s, received {:.3} Mbit/s",
+            r.src,
+            r.sent_bps() / 1e6,
+            r.received_bps() / 1e6
+        );
+        assert!(r.received_packets > 0, "{} received nothing", r.src);
+    }
+    let total: u64 = results.iter().map(|r| r.received_l2_bytes).sum();
+    assert_limited(
+        "the subscriber received",
+        total,
+        replayed.iter().sum(),
+        plan,
+        &all,
+    );
+    let row: serde_json::Value = serde_json::from_str(&ok(
+        &lab,
+        &["-j", "subscriber", "show", lab.rx_iface(), "c1042"],
+    ))
+    .unwrap();
+    assert_eq!(field(&row, "passed_bytes"), total, "{row}");
+    let sent: u64 = results.iter().map(|r| r.sent_packets).sum();
+    let received: u64 = results.iter().map(|r| r.received_packets).sum();
+    assert_eq!(field(&row, "dropped_packets"), sent - received, "{row}");
+}
+
+/// [`run_udp`] of IPv4 flows and IPv6 flows at once (a run is of one family: two runs,
+/// side by side), their send offsets moved to the earlier run's origin so that one
+/// [`replay`] places every send.
+fn run_udp_both(lab: &Lab, v4: &[Flow], v6: &[Flow], duration: Duration) -> Vec<FlowResult> {
+    let (a, b) = thread::scope(|s| {
+        let a = s.spawn(|| run_udp_report(lab, v4, duration));
+        let b = s.spawn(|| run_udp_report(lab, v6, duration));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let origin = a.start.min(b.start);
+    let mut results = Vec::new();
+    for report in [a, b] {
+        let shift = u64::try_from((report.start - origin).as_nanos()).unwrap();
+        results.extend(report.flows.into_iter().map(|mut r| {
+            r.send_offsets_ns.iter_mut().for_each(|t| *t += shift);
+            r
+        }));
+    }
+    results
 }
 
 /// One source at 8 mbit under a policy of 4 mbit, lowered to 1 mbit and raised to 6 mbit
