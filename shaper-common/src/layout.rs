@@ -296,10 +296,10 @@ const PREFIXES_V6_ANY: MapLayout = map(
     (LPM, 20, 4, ANY, BPF_F_NO_PREALLOC),
     Holds::Settings,
 );
-const SUBSCRIBERS_128: MapLayout = map(
+const SUBSCRIBERS_160: MapLayout = map(
     PIN_SUBSCRIBERS,
     MAP_SUBSCRIBERS,
-    (ARRAY, 4, 128, ANY, 0),
+    (ARRAY, 4, 160, ANY, 0),
     Holds::Cells,
 );
 const AGGREGATES: MapLayout = map(
@@ -599,7 +599,7 @@ pub const LAYOUTS: &[Layout] = &[
             METER2,
             METER2_6,
             METER2_SHARED,
-            SUBSCRIBERS_128,
+            SUBSCRIBERS_160,
         ],
     },
 ];

@@ -162,28 +162,36 @@ pub const SUBSCRIBER_NAME_BYTES: usize = 24;
 /// route's value with [`SUBSCRIBER_BIT`]; index 0 is never one). Every frame of any of its
 /// prefixes is metered by the rule of its plan (a policy slot whose [`Policy::plan`] is
 /// set), with `cell` where a prefix policy's aggregate cell would be: one bucket for all
-/// of its prefixes, every CPU sharing it.
+/// of its prefixes, every CPU sharing it. A plan with an excess rate (a committed and a
+/// peak rate) passes what `cell` refuses but `excess` takes, marked (yellow).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Subscriber {
-    /// The subscriber's bucket, at its plan's aggregate limit.
+    /// The subscriber's bucket, at its plan's aggregate limit (its committed rate).
     pub cell: Cell,
+    /// Its excess bucket, at its plan's excess limit (`Meter2::excess`); unused without.
+    pub excess: Cell,
     /// The policy slot of its plan.
     pub plan: u32,
     /// Non-zero while the index holds a subscriber.
     pub in_use: u32,
     /// Its frames: passed, dropped, would drop (every CPU adds to them, atomically).
     pub outcomes: Outcomes,
+    /// Of its passed frames, those the excess bucket passed (yellow).
+    pub yellow_packets: u64,
+    pub yellow_bytes: u64,
     /// Its id, NUL-padded (written and read by userspace only).
     pub id: [u8; SUBSCRIBER_ID_BYTES],
     /// Its name, NUL-padded, empty for none (userspace only).
     pub name: [u8; SUBSCRIBER_NAME_BYTES],
 }
 
-const _: () = assert!(size_of::<Subscriber>() == 128);
-const _: () = assert!(offset_of!(Subscriber, plan) == 16);
-const _: () = assert!(offset_of!(Subscriber, outcomes) == 24);
-const _: () = assert!(offset_of!(Subscriber, id) == 72);
+const _: () = assert!(size_of::<Subscriber>() == 160);
+const _: () = assert!(offset_of!(Subscriber, excess) == 16);
+const _: () = assert!(offset_of!(Subscriber, plan) == 32);
+const _: () = assert!(offset_of!(Subscriber, outcomes) == 40);
+const _: () = assert!(offset_of!(Subscriber, yellow_packets) == 88);
+const _: () = assert!(offset_of!(Subscriber, id) == 104);
 
 /// Policy slots per interface (`SHAPER_POLICIES`, `SHAPER_AGGS`, `SHAPER_PSTATS`), slot
 /// [`DEFAULT_SLOT`] included; also the size of each prefix trie.

@@ -308,10 +308,20 @@ pub unsafe fn carry_over(cell: *mut Cell, limit: &Limit, now: u64) {
 #[inline(always)]
 pub unsafe fn carried(cell: *mut Cell, rule: &Rule) -> bool {
     // SAFETY: the caller's; the rule's aggregate cell is a live map value.
-    let scale = |cell: *mut Cell| unsafe { atomic::load(&raw const (*cell).scale) };
-    scale(cell) == rule.limit.scale()
-        && (rule.aggregate_cell.is_null()
-            || scale(rule.aggregate_cell) == rule.aggregate_limit.scale())
+    unsafe {
+        scaled(cell, rule.limit)
+            && (rule.aggregate_cell.is_null() || scaled(rule.aggregate_cell, rule.aggregate_limit))
+    }
+}
+
+/// Whether `cell` is expressed in `limit`'s scale.
+///
+/// # Safety
+/// `cell` points to a live map value, or to a value on a caller's stack.
+#[inline(always)]
+pub unsafe fn scaled(cell: *mut Cell, limit: &Limit) -> bool {
+    // SAFETY: the caller's.
+    unsafe { atomic::load(&raw const (*cell).scale) == limit.scale() }
 }
 
 /// Carries `cell`, and the rule's aggregate cell if it has one, over to their limits

@@ -23,7 +23,7 @@ use shaper_common::maps::{Cell, Config, Counters, Ipv4Key, SourceState};
 use shaper_ebpf::atomic;
 
 use crate::{
-    cell::{Count, carried, carry_over_rule, count_policy, decide, take},
+    cell::{Count, carried, carry_over, carry_over_rule, count_policy, decide, scaled, take},
     key::join,
     maps::{ADMISSION, AGGREGATES, CONFIG, FIRSTS, POLICY_STATS, SOURCES, SOURCES6},
     meter2::{self, AGAIN, shaper_meter2, shaper_meter2_prepare},
@@ -174,9 +174,10 @@ pub extern "C" fn shaper_subscriber(
         COUNT_UNADMITTED => Count::Unadmitted,
         _ => Count::Later,
     };
-    let (rule, slot) = policy::subscriber_rule(config, value);
-    // SAFETY: checked above.
-    if unsafe { !carried(cell, &rule) } {
+    let (rule, slot, excess) = policy::subscriber_rule(config, value);
+    let peak = policy::has_excess(&rule, excess);
+    // SAFETY: checked above; the excess cell is null or a live map value.
+    if unsafe { !carried(cell, &rule) || peak && !scaled(excess, &rule.meter2.excess) } {
         return if frame & PREPARED == 0 {
             AGAIN
         } else {
@@ -184,18 +185,66 @@ pub extern "C" fn shaper_subscriber(
         };
     }
     let len = frame as u32;
+    // Over the committed rate with an excess one: the excess bucket in the committed
+    // one's place, the frame yellow if it passes. (Another CPU may fill the committed
+    // bucket after this look and before the charge: the frame is then red.)
+    let mut yellow = false;
+    let mut chosen = rule;
+    // SAFETY: a live map value (`peak`: the subscriber's, as the aggregate cell is).
+    if peak && unsafe { !fits(rule.aggregate_cell, rule.aggregate_limit, len, now) } {
+        chosen.aggregate_cell = excess;
+        chosen.aggregate_limit = &rule.meter2.excess;
+        yellow = true;
+    }
     // SAFETY: checked above.
-    let metered = unsafe { decide::<false>(cell, &rule, slot, count, len, now, counters) };
+    let mut metered =
+        unsafe { decide::<false>(cell, &chosen, slot, Count::Later, len, now, counters) };
+    yellow = yellow && metered.outcome() == Outcome::Passed;
+    if yellow && !rule.monitor {
+        metered = metered.remark();
+    }
+    if count == Count::Unadmitted {
+        metered = metered.unadmitted();
+    }
+    if count != Count::Later {
+        count_policy(slot, metered, len);
+    }
+    count_subscriber(value, metered, yellow, len, counters);
+    metered.0
+}
+
+/// Whether `len` bytes fit `cell` under `limit` at `now`, nothing charged.
+///
+/// # Safety
+/// `cell` points to a live map value.
+#[inline(always)]
+unsafe fn fits(cell: *mut Cell, limit: &shaper_common::gcra::Limit, len: u32, now: u64) -> bool {
+    // SAFETY: the caller's.
+    let tat = unsafe { atomic::load(&raw const (*cell).tat) };
+    limit.admit(tat, now, len).is_some()
+}
+
+/// Counts a subscriber's frame in its entry (atomically: every CPU shares it), and a
+/// yellow one in this CPU's counters too.
+#[inline(always)]
+fn count_subscriber(value: u32, metered: Metered, yellow: bool, len: u32, counters: &mut Counters) {
     let s = policy::subscriber(value);
-    if !s.is_null() {
-        // SAFETY: a live map value.
-        unsafe {
-            let (packets, bytes) = outcome_counters(&raw mut (*s).outcomes, metered.outcome());
-            atomic::add(packets, 1);
-            atomic::add(bytes, u64::from(len));
+    if s.is_null() {
+        return;
+    }
+    let bytes = u64::from(len);
+    // SAFETY: a live map value.
+    unsafe {
+        let (packets, total) = outcome_counters(&raw mut (*s).outcomes, metered.outcome());
+        atomic::add(packets, 1);
+        atomic::add(total, bytes);
+        if yellow {
+            atomic::add(&raw mut (*s).yellow_packets, 1);
+            atomic::add(&raw mut (*s).yellow_bytes, bytes);
+            counters.meter2.yellow_packets += 1;
+            counters.meter2.yellow_bytes += bytes;
         }
     }
-    metered.0
 }
 
 /// What [`shaper_subscriber`] leaves to its caller: a cell charged under another rate
@@ -213,10 +262,15 @@ pub extern "C" fn shaper_subscriber_prepare(cell: *mut Cell, value: u32, now: u6
     if cell.is_null() {
         return 0;
     }
-    let (rule, _) = policy::subscriber_rule(config, value);
+    let (rule, _, excess) = policy::subscriber_rule(config, value);
     // SAFETY: a global function's pointer argument is null or points to a whole value
-    // (checked above).
-    unsafe { carry_over_rule(cell, &rule, now) };
+    // (checked above); the excess cell is null or a live map value.
+    unsafe {
+        carry_over_rule(cell, &rule, now);
+        if policy::has_excess(&rule, excess) {
+            carry_over(excess, &rule.meter2.excess, now);
+        }
+    }
     1
 }
 
@@ -257,7 +311,9 @@ unsafe fn metered<const SECOND: bool>(
     if policy::is_subscriber(value) {
         if !SECOND {
             // In a global function already (a call more would not fit the stack).
-            let (rule, slot) = policy::subscriber_rule(config, value);
+            // Its excess rate is not applied (a frame over the committed rate is red):
+            // a frame of a key two CPUs created at once.
+            let (rule, slot, _) = policy::subscriber_rule(config, value);
             // SAFETY: the caller's.
             return unsafe { decide::<true>(cell, &rule, slot, count, len, now, counters) };
         }

@@ -9,14 +9,15 @@ use aya_ebpf::maps::lpm_trie::Key;
 use shaper_common::{
     gcra::{Limit, ticks_from_ns},
     maps::{
-        ACTION_LIMIT, Admission, Cell, Config, DEFAULT_SLOT, Ipv4Key, Ipv6Key, MODE_MONITOR,
-        MODE_SHAPE, Meter2, SUBSCRIBER_BIT, SourceState,
+        ACTION_LIMIT, Admission, Cell, Config, DEFAULT_SLOT, Ipv4Key, Ipv6Key, METER2_EXCESS,
+        MODE_MONITOR, MODE_SHAPE, Meter2, SUBSCRIBER_BIT, SourceState,
     },
 };
 
 use crate::maps::{AGGREGATES, POLICIES, PREFIXES_V4, PREFIXES_V6, SUBSCRIBERS};
 
 /// What to do with a source's packet.
+#[derive(Clone, Copy)]
 pub struct Rule<'a> {
     /// `ACTION_*`.
     pub action: u32,
@@ -100,23 +101,39 @@ pub fn subscriber(value: u32) -> *mut shaper_common::maps::Subscriber {
     }
 }
 
-/// The rule of a subscriber's frame (`value` has `SUBSCRIBER_BIT`) and its plan's slot:
-/// its plan's rule with the subscriber's cell in the aggregate's place, so every prefix
-/// of the subscriber draws from one bucket; the default's if it is gone.
+/// The rule of a subscriber's frame (`value` has `SUBSCRIBER_BIT`), its plan's slot and
+/// the subscriber's excess cell: its plan's rule with the subscriber's cell in the
+/// aggregate's place, so every prefix of the subscriber draws from one bucket; the
+/// default's if it is gone. The excess cell is null when the rule has no aggregate cell
+/// (the subscriber is gone); whether it is used, [`has_excess`] says.
 #[inline(always)]
-pub fn subscriber_rule(config: &Config, value: u32) -> (Rule<'_>, u32) {
+pub fn subscriber_rule(config: &Config, value: u32) -> (Rule<'_>, u32, *mut Cell) {
     let s = subscriber(value);
     if s.is_null() {
-        return (rule(config, DEFAULT_SLOT), DEFAULT_SLOT);
+        return (
+            rule(config, DEFAULT_SLOT),
+            DEFAULT_SLOT,
+            core::ptr::null_mut(),
+        );
     }
     // SAFETY: a live map value.
     let slot = unsafe { (*s).plan };
     let mut r = rule(config, slot);
-    if !r.aggregate_cell.is_null() {
-        // SAFETY: a live map value.
-        r.aggregate_cell = unsafe { &raw mut (*s).cell };
+    if r.aggregate_cell.is_null() {
+        return (r, slot, core::ptr::null_mut());
     }
-    (r, slot)
+    // SAFETY: a live map value.
+    r.aggregate_cell = unsafe { &raw mut (*s).cell };
+    // SAFETY: a live map value.
+    (r, slot, unsafe { &raw mut (*s).excess })
+}
+
+/// Whether a subscriber's frame has an excess rate: [`subscriber_rule`]'s excess cell and
+/// its plan's excess limit. Not folded into that cell's pointer (null when none): LLVM
+/// would mask the pointer with the flag, arithmetic the verifier refuses on a pointer.
+#[inline(always)]
+pub fn has_excess(rule: &Rule, excess: *mut Cell) -> bool {
+    !excess.is_null() && rule.meter2.meters & METER2_EXCESS != 0
 }
 
 /// The source's policy slot: the cached one while the generation holds, otherwise looked

@@ -88,6 +88,8 @@ pub struct Installed {
     pub spec: SubscriberSpec,
     pub plan_slot: u32,
     pub outcomes: Outcomes,
+    /// Of its passed frames, those its excess rate passed (yellow, marked): packets, bytes.
+    pub yellow: (u64, u64),
 }
 
 /// What a change did.
@@ -159,7 +161,8 @@ impl SubscriberSpec {
 }
 
 /// The plan's policy entry: a limit with a subscriber's rate (the aggregate), enforced or
-/// monitored, with no second meter.
+/// monitored; its excess rate, if any, is the subscriber's (a committed and a peak rate),
+/// not each address's.
 fn plan_entry(id: &str, plan: &PolicyLimits) -> Result<Policy, SubscriberError> {
     let refuse = |reason: &str| SubscriberError::Plan {
         id: id.to_owned(),
@@ -173,10 +176,8 @@ fn plan_entry(id: &str, plan: &PolicyLimits) -> Result<Policy, SubscriberError> 
             "shape mode is not for subscribers yet (their bucket is policed)",
         ));
     }
-    if plan.meter2 != Default::default() {
-        return Err(refuse(
-            "an excess rate or packet rate is not for subscribers yet",
-        ));
+    if plan.meter2.packet_rate != 0 {
+        return Err(refuse("a packet rate is not for subscribers yet"));
     }
     let mut entry = Policy::new(4, [0; 16], 0, plan).map_err(|e| refuse(&e.to_string()))?;
     entry.family = 0;
@@ -284,6 +285,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                     },
                     plan_slot: s.plan,
                     outcomes: s.outcomes,
+                    yellow: (s.yellow_packets, s.yellow_bytes),
                 }
             })
             .collect();

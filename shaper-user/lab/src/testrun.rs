@@ -3,7 +3,10 @@
 //! through, and how they read back what the program recorded. The bench object's no-op
 //! ([`noop`]) is loaded the same way, as the benchmarks' baseline.
 
-use std::{net::Ipv4Addr, os::fd::AsFd as _};
+use std::{
+    net::Ipv4Addr,
+    os::fd::{AsFd as _, AsRawFd as _},
+};
 
 use anyhow::{Context as _, Result, ensure};
 use aya::{
@@ -15,8 +18,8 @@ use shaper_common::{
     bench::{PROG_FLOOR, PROG_NOOP},
     gcra::MAX_RATE_BPS,
     maps::{
-        Config, Counters, Ipv4Key, Ipv6Key, MAP_COUNTERS, MAP_SOURCES, MAP_SOURCES6,
-        MAP_SUBSCRIBERS, PROG_XDP, SourceState, sum_per_cpu,
+        Config, Counters, Ipv4Key, Ipv6Key, MAP_COUNTERS, MAP_PREFIXES_V4, MAP_PREFIXES_V6,
+        MAP_SOURCES, MAP_SOURCES6, MAP_SUBSCRIBERS, PROG_XDP, SourceState, Subscriber, sum_per_cpu,
     },
 };
 use shaper_user::{object, policy::PolicyTable, subscriber::SubscriberTable};
@@ -60,6 +63,8 @@ pub fn counters(ebpf: &Ebpf) -> Result<Counters> {
 pub struct Harness {
     ebpf: Ebpf,
     table: PolicyTable,
+    /// The prefix tries (the table holds them), by name, for [`Harness::memlock`].
+    tries: Vec<(&'static str, MapData)>,
 }
 
 impl Harness {
@@ -80,8 +85,12 @@ impl Harness {
             ..object::Sizes::full(max_sources)
         })?;
         object::xdp_program(&mut ebpf, PROG_XDP)?;
+        let tries = [MAP_PREFIXES_V4, MAP_PREFIXES_V6]
+            .into_iter()
+            .map(|name| Ok((name, map_data(&ebpf, name)?)))
+            .collect::<Result<_>>()?;
         let table = PolicyTable::take(&mut ebpf)?;
-        let mut h = Self { ebpf, table };
+        let mut h = Self { ebpf, table, tries };
         if let Some(config) = config {
             h.configure(config)?;
         }
@@ -100,16 +109,22 @@ impl Harness {
 
     /// The subscribers, to set and read as `shaper subscriber` does.
     pub fn subscribers(&mut self) -> Result<SubscriberTable<&mut PolicyTable>> {
-        let map = self
-            .ebpf
-            .map(MAP_SUBSCRIBERS)
-            .context("subscribers map missing")?;
-        let aya::maps::Map::Array(data) = map else {
-            anyhow::bail!("the subscribers map is not an array");
-        };
-        let fd = data.fd().as_fd().try_clone_to_owned()?;
-        let subs = aya::maps::Array::try_from(aya::maps::Map::Array(MapData::from_fd(fd)?))?;
+        let subs = self.subscriber_entries()?;
         Ok(SubscriberTable::new(subs, &mut self.table))
+    }
+
+    /// The subscribers' map itself (`SHAPER_SUBS`), to write entries in bulk.
+    pub fn subscriber_entries(&self) -> Result<aya::maps::Array<MapData, Subscriber>> {
+        let data = map_data(&self.ebpf, MAP_SUBSCRIBERS)?;
+        Ok(aya::maps::Array::try_from(aya::maps::Map::Array(data))?)
+    }
+
+    /// The kernel memory charged to map `name` (its fdinfo's `memlock:`), in bytes.
+    pub fn memlock(&self, name: &str) -> Result<u64> {
+        match self.tries.iter().find(|(n, _)| *n == name) {
+            Some((_, data)) => memlock_of(data),
+            None => memlock_of(&map_data(&self.ebpf, name)?),
+        }
     }
 
     /// The loaded program, for running it from several threads at once.
@@ -134,6 +149,23 @@ impl Harness {
             .test_run(opts)
             .with_context(|| format!("BPF_PROG_TEST_RUN on a {}-byte frame", frame.len()))?;
         Ok(result.return_value)
+    }
+
+    /// [`Harness::run`], with the frame as the program left it.
+    pub fn run_out(&mut self, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(PROG_XDP)
+            .context("program missing")?
+            .try_into()?;
+        let mut out = vec![0u8; frame.len()];
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(frame);
+        opts.data_out = Some(&mut out);
+        let result = prog
+            .test_run(opts)
+            .with_context(|| format!("BPF_PROG_TEST_RUN on a {}-byte frame", frame.len()))?;
+        Ok((result.return_value, out))
     }
 
     /// The global counters, summed over CPUs.
@@ -253,4 +285,31 @@ pub fn prefill(ebpf: &mut Ebpf, addrs: impl IntoIterator<Item = Ipv4Addr>) -> Re
             .with_context(|| format!("inserting {addr}"))?;
     }
     Ok(())
+}
+
+/// A map of `ebpf` by name, on a descriptor of its own.
+fn map_data(ebpf: &Ebpf, name: &str) -> Result<MapData> {
+    let map = ebpf.map(name).with_context(|| format!("{name} missing"))?;
+    let fd = match map {
+        aya::maps::Map::Array(d) | aya::maps::Map::LpmTrie(d) | aya::maps::Map::HashMap(d) => d,
+        aya::maps::Map::LruHashMap(d) | aya::maps::Map::PerCpuArray(d) => d,
+        _ => anyhow::bail!("{name}: not a map kind read here"),
+    }
+    .fd()
+    .as_fd()
+    .try_clone_to_owned()?;
+    Ok(MapData::from_fd(fd)?)
+}
+
+/// The `memlock:` line of one map's fdinfo, in bytes: the kernel memory charged to it.
+pub fn memlock_of(map: &MapData) -> Result<u64> {
+    let fd = map.fd().as_fd().as_raw_fd();
+    let path = format!("/proc/self/fdinfo/{fd}");
+    let info = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("memlock:"))
+        .with_context(|| format!("no memlock line in {path}"))?
+        .trim()
+        .parse()
+        .with_context(|| format!("memlock in {path}"))
 }

@@ -1,9 +1,13 @@
 //! `shaper subscriber set|del|list|show IFACE ...`: subscribers on an attachment.
 
 use super::Scope;
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 use serde::Serialize;
-use shaper_common::{config::PolicyLimits, maps::ACTION_LIMIT};
+use shaper_common::{
+    config::{Meter2Limits, PolicyLimits},
+    dscp::Dscp,
+    maps::{ACTION_LIMIT, Meter2},
+};
 use shaper_user::{
     change,
     maps::Pinned,
@@ -14,7 +18,7 @@ use shaper_user::{
 
 pub use shaper_user::subscriber::SubscriberSpec;
 
-use super::{attach::check_burst_fits, outcomes::OutcomeFields};
+use super::{attach::check_burst_fits, meter2, outcomes::OutcomeFields};
 
 /// Subscribers: one bucket for all of a customer's prefixes
 ///
@@ -64,6 +68,8 @@ Examples:
       An upgrade of its plan, without a refill.
   shaper --direction egress subscriber set eth0 c1042 --prefix 100.64.0.14 --rate 100mbit --burst 1m --per-address-rate 50mbit --per-address-burst 512k
       Its downloads: 100 Mbit/s in all, 50 Mbit/s to any one address.
+  shaper subscriber set eth0 b2077 --prefix 198.51.100.0/29 --prefix 2001:db8:2077::/48 --rate 50mbit --burst 512k --excess-rate 50mbit --excess-burst 512k --excess-dscp af11
+      A business circuit: 50 Mbit/s committed, up to 100 Mbit/s with the excess marked AF11.
 ")]
 pub struct SetArgs {
     pub iface: String,
@@ -87,6 +93,18 @@ pub struct SetArgs {
     /// Each address's (key's) burst [default: --burst]
     #[arg(long, requires = "per_address_rate")]
     pub per_address_burst: Option<Size>,
+    /// The excess (peak) rate over --rate, in tc units: the subscriber's frames over
+    /// --rate and --burst but within this pass, marked with --excess-dscp (a committed
+    /// and a peak rate: --rate is the committed one, --rate plus this the peak)
+    #[arg(long, value_name = "RATE", requires = "excess_burst")]
+    pub excess_rate: Option<Rate>,
+    /// The excess burst, in tc units
+    #[arg(long, value_name = "SIZE", requires = "excess_rate")]
+    pub excess_burst: Option<Size>,
+    /// The DSCP written into frames the excess rate passes, ECN bits kept: a name (cs0..cs7,
+    /// af11..af43, ef, le) or 0-63 [default: le, RFC 8622's Lower Effort]
+    #[arg(long, value_name = "DSCP", requires = "excess_rate")]
+    pub excess_dscp: Option<Dscp>,
     /// monitor: drop nothing, count what would be dropped
     #[arg(long, value_enum, default_value_t = Mode::Enforce)]
     pub mode: Mode,
@@ -178,9 +196,27 @@ fn spec(args: &SetArgs) -> Result<SubscriberSpec> {
             burst_bytes: burst.bytes(),
             aggregate_rate_bps: args.rate.bits_per_sec(),
             aggregate_burst_bytes: args.burst.bytes(),
+            meter2: excess(args)?,
             ..PolicyLimits::default()
         },
     })
+}
+
+/// The subscriber's excess rate, checked; all zero without --excess-rate.
+fn excess(args: &SetArgs) -> Result<Meter2Limits> {
+    let Some((rate, burst)) = args.excess_rate.zip(args.excess_burst) else {
+        return Ok(Meter2Limits::default());
+    };
+    check_burst_fits("--excess-burst", burst, &args.iface)?;
+    let limits = Meter2Limits {
+        excess_rate_bps: rate.bits_per_sec(),
+        excess_burst_bytes: burst.bytes(),
+        excess_dscp: args.excess_dscp.unwrap_or(Dscp::LE).value(),
+        ..Meter2Limits::default()
+    };
+    Meter2::new(&limits)
+        .map_err(|e| anyhow!("invalid --excess-rate {rate} / --excess-burst {burst}: {e}"))?;
+    Ok(limits)
 }
 
 fn set(args: &SetArgs, scope: Scope<'_>) -> Result<()> {
@@ -225,6 +261,7 @@ pub fn describe(spec: &SubscriberSpec) -> String {
             Size::from_bytes(p.burst_bytes)
         );
     }
+    text += &meter2::describe(&p.meter2);
     if Mode::from_value(p.mode) == Mode::Monitor {
         text += " (monitor)";
     }
@@ -241,8 +278,15 @@ struct Row {
     burst_bytes: u64,
     per_address_rate_bps: u64,
     per_address_burst_bytes: u64,
+    /// The excess (peak) rate over `rate_bps` (0: none), its burst and DSCP.
+    excess_rate_bps: u64,
+    excess_burst_bytes: u64,
+    excess_dscp: u8,
     #[serde(flatten)]
     outcomes: OutcomeFields,
+    /// Of the passed frames, those the excess rate passed, marked.
+    yellow_packets: u64,
+    yellow_bytes: u64,
 }
 
 fn row(s: &Installed) -> Row {
@@ -256,7 +300,12 @@ fn row(s: &Installed) -> Row {
         burst_bytes: p.aggregate_burst_bytes,
         per_address_rate_bps: p.rate_bps,
         per_address_burst_bytes: p.burst_bytes,
+        excess_rate_bps: p.meter2.excess_rate_bps,
+        excess_burst_bytes: p.meter2.excess_burst_bytes,
+        excess_dscp: p.meter2.excess_dscp,
         outcomes: OutcomeFields::new(s.outcomes),
+        yellow_packets: s.yellow.0,
+        yellow_bytes: s.yellow.1,
     }
 }
 
@@ -288,9 +337,11 @@ fn show(iface: &str, id: Option<&str>, scope: Scope<'_>, json: bool) -> Result<(
         println!("{}{name}: {}", r.id, describe(&s.spec));
         let o = &s.outcomes;
         println!(
-            "  passed {} packets {} bytes, dropped {} packets {} bytes, would drop {} packets {} bytes",
+            "  passed {} packets {} bytes (marked {} packets {} bytes), dropped {} packets {} bytes, would drop {} packets {} bytes",
             o.passed_packets,
             o.passed_bytes,
+            s.yellow.0,
+            s.yellow.1,
             o.dropped_packets,
             o.dropped_bytes,
             o.would_drop_packets,

@@ -1,11 +1,7 @@
 //! Source maps filled to a size from userspace, for the cases that depend on how many
 //! sources are tracked (`scale`, and the cold-key cases of `per_packet`).
 
-use std::{
-    net::Ipv4Addr,
-    os::fd::{AsFd as _, AsRawFd as _},
-    time::Instant,
-};
+use std::{net::Ipv4Addr, time::Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use aya::{
@@ -18,7 +14,7 @@ use super::builds::{Build, single_rate};
 use crate::{
     frame,
     rng::Rng,
-    testrun::{open, prefill},
+    testrun::{memlock_of, open, prefill},
 };
 
 /// Map sizes measured: 1K, 64K and 1M sources.
@@ -121,17 +117,4 @@ fn memlock(ebpf: &Ebpf) -> Result<u64> {
         HashMap::try_from(ebpf.map(MAP_SOURCES6).context("IPv6 sources map missing")?)?;
     Ok(memlock_of(aya::maps::IterableMap::map(&v4))?
         + memlock_of(aya::maps::IterableMap::map(&v6))?)
-}
-
-/// The `memlock:` line of one map's fdinfo, in bytes.
-fn memlock_of(map: &MapData) -> Result<u64> {
-    let fd = map.fd().as_fd().as_raw_fd();
-    let path = format!("/proc/self/fdinfo/{fd}");
-    let info = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("memlock:"))
-        .with_context(|| format!("no memlock line in {path}"))?
-        .trim()
-        .parse()
-        .with_context(|| format!("memlock in {path}"))
 }
