@@ -87,10 +87,11 @@ pub struct SetArgs {
     /// The subscriber's burst, in tc units
     #[arg(long)]
     pub burst: Size,
-    /// Each address's (key's) rate inside the subscriber's [default: --rate]
+    /// Each address's (key's) rate inside the subscriber's [default: --rate, plus
+    /// --excess-rate]
     #[arg(long, requires = "per_address_burst")]
     pub per_address_rate: Option<Rate>,
-    /// Each address's (key's) burst [default: --burst]
+    /// Each address's (key's) burst [default: --burst, plus --excess-burst]
     #[arg(long, requires = "per_address_rate")]
     pub per_address_burst: Option<Size>,
     /// The excess (peak) rate over --rate, in tc units: the subscriber's frames over
@@ -181,9 +182,14 @@ fn spec(args: &SetArgs) -> Result<SubscriberSpec> {
     if args.mode == Mode::Shape {
         bail!("--mode shape is not for subscribers yet (their bucket is policed)");
     }
-    let (rate, burst) = match (args.per_address_rate, args.per_address_burst) {
-        (Some(r), Some(b)) => (r, b),
-        _ => (args.rate, args.burst),
+    let meter2 = excess(args)?;
+    // Each address may take the whole plan, its peak (committed and excess) included.
+    let (rate_bps, burst_bytes) = match (args.per_address_rate, args.per_address_burst) {
+        (Some(r), Some(b)) => (r.bits_per_sec(), b.bytes()),
+        _ => (
+            args.rate.bits_per_sec() + meter2.excess_rate_bps,
+            args.burst.bytes() + meter2.excess_burst_bytes,
+        ),
     };
     Ok(SubscriberSpec {
         id: args.id.clone(),
@@ -192,11 +198,11 @@ fn spec(args: &SetArgs) -> Result<SubscriberSpec> {
         plan: PolicyLimits {
             action: ACTION_LIMIT,
             mode: args.mode.value(),
-            rate_bps: rate.bits_per_sec(),
-            burst_bytes: burst.bytes(),
+            rate_bps,
+            burst_bytes,
             aggregate_rate_bps: args.rate.bits_per_sec(),
             aggregate_burst_bytes: args.burst.bytes(),
-            meter2: excess(args)?,
+            meter2,
             ..PolicyLimits::default()
         },
     })
