@@ -16,7 +16,7 @@ use shaper_common::{
     layout,
     maps::{
         Config, Counters, Ipv4Key, Ipv6Key, PIN_CONFIG, PIN_LAYOUT, PIN_METER2, PIN_METER2_6,
-        PIN_SOURCES, PIN_SUBSCRIBERS, PerCpuSum as _, SourceState, sum_per_cpu,
+        PIN_SOURCES, PIN_SUBSCRIBERS, PerCpuSum, SourceState, sum_per_cpu,
     },
 };
 
@@ -280,6 +280,40 @@ pub fn read_batched<K: aya::Pod, V: aya::Pod>(map: &MapData) -> Result<Vec<(K, V
                 )
             };
             entries.push((k, v));
+        }
+    })
+    .map_err(batch_err)?;
+    Ok(entries)
+}
+
+/// Every entry of a per-CPU array or hash map of `K` to `V`, its values summed over CPUs,
+/// read in batches ([`BATCH`] entries a call) as [`read_batched`].
+pub fn read_batched_summed<K: aya::Pod, V: aya::Pod + PerCpuSum>(
+    map: &MapData,
+) -> Result<Vec<(K, V)>, MapError> {
+    let cpus = aya::util::nr_cpus().map_err(|(_, io_error)| batch_err(io_error))?;
+    // The kernel copies each CPU's value padded to 8 bytes.
+    let (ks, vs) = (size_of::<K>(), size_of::<V>().next_multiple_of(8));
+    let mut entries = Vec::new();
+    batch::each(map, ks, vs * cpus, |n, keys, values| {
+        for i in 0..n {
+            let mut total = V::default();
+            for cpu in 0..cpus {
+                // SAFETY: the kernel wrote `n` keys of `ks` bytes and `n` values of
+                // `cpus` copies of `vs` bytes each; K and V are plain data (`Pod`), read
+                // unaligned.
+                let v = unsafe {
+                    values
+                        .as_ptr()
+                        .add((i * cpus + cpu) * vs)
+                        .cast::<V>()
+                        .read_unaligned()
+                };
+                total.add(&v);
+            }
+            // SAFETY: as above.
+            let k = unsafe { keys.as_ptr().add(i * ks).cast::<K>().read_unaligned() };
+            entries.push((k, total));
         }
     })
     .map_err(batch_err)?;

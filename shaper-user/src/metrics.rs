@@ -23,7 +23,9 @@ use prometheus_client::{
     registry::Registry,
 };
 use shaper_common::{
-    maps::{DEFAULT_SLOT, MODE_MONITOR, MODE_SHAPE, Meter2Counts, Outcomes, Sightings},
+    maps::{
+        DEFAULT_SLOT, MODE_MONITOR, MODE_SHAPE, Meter2Counts, Outcomes, PolicyStats, Sightings,
+    },
     shape::bucket_bounds_ns,
 };
 
@@ -374,6 +376,7 @@ fn collect(
     f: &mut Families,
     at: &Attachment,
     counted: Option<Counted>,
+    top: usize,
 ) -> Result<(), MetricsError> {
     let map_err = |error| MetricsError::Map {
         iface: at.iface.clone(),
@@ -507,58 +510,61 @@ fn collect(
         );
     }
 
+    collect_policies(f, at, &base, top)
+}
+
+/// The per-policy series of an attachment: the default policy's, and those of the `top`
+/// prefix policies that refused the most bytes (then passed the most), so a scrape stays
+/// bounded however many policies there are; how many there are, as a gauge. The horizon's
+/// drops are summed over every policy.
+fn collect_policies(
+    f: &mut Families,
+    at: &Attachment,
+    base: &Labels,
+    top: usize,
+) -> Result<(), MetricsError> {
     let policy_err = |error| MetricsError::Policy {
         iface: at.iface.clone(),
         error: Box::new(error),
     };
     let table = PolicyTable::open(at).map_err(policy_err)?;
     let installed = table.list().map_err(policy_err)?;
-    let mut slots = vec![(DEFAULT_SLOT, "default".to_owned())];
-    slots.extend(
-        installed
-            .iter()
-            .map(|i| (i.slot, i.spec.prefix.to_string())),
-    );
     let config = table.config().map_err(policy_err)?;
-    let shapes: Vec<u32> = installed
-        .iter()
-        .filter(|i| i.spec.mode() == Mode::Shape)
-        .map(|i| i.slot)
-        .chain((config.mode == MODE_SHAPE).then_some(DEFAULT_SLOT))
-        .collect();
+    let mut stats = table.all_stats().map_err(policy_err)?;
+    let mut take = |slot| stats.remove(&slot).unwrap_or_default();
+    let default = take(DEFAULT_SLOT);
     let mut horizon = (0, 0);
-    for (slot, name) in slots {
-        let s = table.stats(slot).map_err(policy_err)?;
-        if config.mode != MODE_MONITOR && shapes.contains(&slot) {
-            horizon.0 += s.outcomes.dropped_packets + s.unadmitted.dropped_packets;
-            horizon.1 += s.outcomes.dropped_bytes + s.unadmitted.dropped_bytes;
+    let mut add_horizon = |s: &PolicyStats| {
+        horizon.0 += s.outcomes.dropped_packets + s.unadmitted.dropped_packets;
+        horizon.1 += s.outcomes.dropped_bytes + s.unadmitted.dropped_bytes;
+    };
+    if config.mode == MODE_SHAPE {
+        add_horizon(&default);
+    }
+    let mut ranked = Vec::with_capacity(installed.len());
+    for i in &installed {
+        let s = take(i.slot);
+        if config.mode != MODE_MONITOR && i.spec.mode() == Mode::Shape {
+            add_horizon(&s);
         }
-        let mut l = base.clone();
-        l.push(("policy".to_owned(), LabelValue(name)));
-        f.outcomes(&POLICY, &l, &s.outcomes);
-        f.outcomes(&POLICY_UNADMITTED, &l, &s.unadmitted);
-        f.sightings(&POLICY_SIGHTINGS, &l, &s.sightings);
-        let yellow = (s.meter2.yellow_packets, s.meter2.yellow_bytes);
-        let colours = Colours::new(&[&s.outcomes, &s.unadmitted], yellow);
-        f.colours(&POLICY_COLOURS, &l, &colours, &s.meter2);
-        f.counter(
-            "shaper_policy_aggregate_refused_packets",
-            "Of a policy's dropped or would-drop frames, those its aggregate refused",
-            l.clone(),
-            s.aggregate_refused_packets,
-        );
-        f.counter(
-            "shaper_policy_aggregate_refused_bytes",
-            "Bytes of a policy's dropped or would-drop frames that its aggregate refused",
-            l.clone(),
-            s.aggregate_refused_bytes,
-        );
-        f.counter(
-            "shaper_policy_new_sources",
-            "Keys given a cell under a policy",
-            l,
-            s.new_sources,
-        );
+        ranked.push((i.spec.prefix.to_string(), s));
+    }
+    let refused = |s: &PolicyStats| {
+        let (o, u) = (&s.outcomes, &s.unadmitted);
+        o.dropped_bytes + o.would_drop_bytes + u.dropped_bytes + u.would_drop_bytes
+    };
+    let passed = |s: &PolicyStats| s.outcomes.passed_bytes + s.unadmitted.passed_bytes;
+    ranked.sort_by_key(|(_, s)| std::cmp::Reverse((refused(s), passed(s))));
+    ranked.truncate(top);
+    f.gauge(
+        "shaper_policies",
+        "Prefix policies in force (per-policy series are given for the default and at most the top few: see shaper run --metrics-policies)",
+        base.clone(),
+        installed.len() as f64,
+    );
+    policy_series(f, base, "default".to_owned(), &default);
+    for (name, s) in ranked {
+        policy_series(f, base, name, &s);
     }
     f.counter(
         "shaper_horizon_dropped_packets",
@@ -569,10 +575,40 @@ fn collect(
     f.counter(
         "shaper_horizon_dropped_bytes",
         "Shape mode: bytes of frames dropped beyond the horizon",
-        base,
+        base.clone(),
         horizon.1,
     );
     Ok(())
+}
+
+/// One policy's series, labelled `policy="name"`.
+fn policy_series(f: &mut Families, base: &Labels, name: String, s: &PolicyStats) {
+    let mut l = base.clone();
+    l.push(("policy".to_owned(), LabelValue(name)));
+    f.outcomes(&POLICY, &l, &s.outcomes);
+    f.outcomes(&POLICY_UNADMITTED, &l, &s.unadmitted);
+    f.sightings(&POLICY_SIGHTINGS, &l, &s.sightings);
+    let yellow = (s.meter2.yellow_packets, s.meter2.yellow_bytes);
+    let colours = Colours::new(&[&s.outcomes, &s.unadmitted], yellow);
+    f.colours(&POLICY_COLOURS, &l, &colours, &s.meter2);
+    f.counter(
+        "shaper_policy_aggregate_refused_packets",
+        "Of a policy's dropped or would-drop frames, those its aggregate refused",
+        l.clone(),
+        s.aggregate_refused_packets,
+    );
+    f.counter(
+        "shaper_policy_aggregate_refused_bytes",
+        "Bytes of a policy's dropped or would-drop frames that its aggregate refused",
+        l.clone(),
+        s.aggregate_refused_bytes,
+    );
+    f.counter(
+        "shaper_policy_new_sources",
+        "Keys given a cell under a policy",
+        l,
+        s.new_sources,
+    );
 }
 
 /// How many keys an attachment's source maps held when last counted.
@@ -740,10 +776,16 @@ pub struct Scrape {
 /// One whose pins cannot be read (an older layout, a pin that fails to open) has none
 /// either: it is counted in `shaper_attachments_unreadable` and named in
 /// [`Scrape::unreadable`], and the others are served.
+/// The prefix policies given series of their own by default (`render`'s `top`).
+pub const DEFAULT_TOP_POLICIES: u16 = 10;
+
+/// The scrape of every live attachment of `netns`, with per-policy series for the default
+/// policy and the `top` prefix policies of each that refused the most.
 pub fn render(
     netns: Option<&str>,
     sources: &SourceCounter,
     daemon: &Daemon,
+    top: usize,
 ) -> Result<Scrape, MetricsError> {
     let mut families = Families::default();
     let mut unreadable = Vec::new();
@@ -753,7 +795,7 @@ pub fn render(
         .filter(|at| at.netns.as_deref() == netns && crate::link::is_live(at))
     {
         let mut one = Families::default();
-        match collect(&mut one, at, sources.get(at)) {
+        match collect(&mut one, at, sources.get(at), top) {
             Ok(()) => families.absorb(one),
             Err(e) => unreadable.push(format!("{}: {e}", at.label())),
         }

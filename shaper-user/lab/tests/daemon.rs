@@ -10,7 +10,7 @@
 mod common;
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fs,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
     process::{Command, Stdio},
@@ -386,6 +386,8 @@ impl Told {
             // Every attachment of the lab is readable.
             "attachments_unreadable" => 0.0,
             "sources_counted_timestamp_seconds" => sample.value,
+            // Prefix policies: every row of policy list but the default's.
+            "policies" => (self.policies.len() - 1) as f64,
             "unmetered_packets_total" => self.total(&format!("{}_packets", label("kind"))),
             "unmetered_bytes_total" => self.total(&format!("{}_bytes", label("kind"))),
             "metered_packets_total" => self.total(&format!("{}_packets", label("family"))),
@@ -464,6 +466,118 @@ fn settled_scrape(lab: &Lab, iface: &str) -> (String, Vec<Sample>, Told) {
         }
     }
     panic!("no scrape counted between two equal readings of the counters in 20 tries");
+}
+
+/// The /64 of `a`, as a prefix.
+fn net64(a: Ipv6Addr) -> String {
+    let s = a.segments();
+    format!("{}/64", Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+}
+
+/// Per-policy series are bounded: 40 prefix policies, 4 of them (two IPv4 sources' and
+/// two IPv6 sources') made to refuse different amounts, and `--metrics-policies 3`: a
+/// scrape gives series for the default and exactly the 3 that refused the most bytes (by
+/// `policy list -j`), every series still equal to the commands' counts, and the number
+/// of policies as a gauge.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn metrics_give_the_default_and_the_top_policies_only() {
+    let options = LabOptions {
+        ipv6: true,
+        ..LabOptions::default()
+    };
+    let lab = Lab::with("dm-topn", 2, options).unwrap();
+    let iface = lab.rx_iface().to_owned();
+    let _guard = guard(lab.rx_ns(), &iface);
+    lab.rx_netns()
+        .ip(&["link", "set", "dev", "lo", "up"])
+        .unwrap();
+    let dir = scratch("dm-topn");
+    let file = dir.join("shaper.toml");
+    let mut text =
+        format!("[[interface]]\nname = \"{iface}\"\nrate = \"100mbit\"\nburst = \"64k\"\n");
+    // The four sources' policies, the tighter the more each refuses of the same load.
+    let hot: Vec<(String, &str)> = vec![
+        (format!("{}/32", lab.sources()[0]), "1mbit"),
+        (format!("{}/32", lab.sources()[1]), "4mbit"),
+        (net64(lab.sources6()[0]), "2mbit"),
+        (net64(lab.sources6()[1]), "6mbit"),
+    ];
+    let mut policy = |prefix: &str, rate: &str| {
+        text += &format!(
+            "\n[[interface.policy]]\nprefix = \"{prefix}\"\nrate = \"{rate}\"\nburst = \"16k\"\n"
+        );
+    };
+    for (prefix, rate) in &hot {
+        policy(prefix, rate);
+    }
+    for i in 0..36 {
+        policy(&format!("203.0.113.{i}/32"), "1mbit");
+    }
+    fs::write(&file, text).unwrap();
+    let _daemon = Daemon::start(
+        lab.rx_ns(),
+        &file,
+        &["--no-watch", "--metrics-policies", "3"],
+    );
+    let v4 = lab.flows(&[8_000_000, 8_000_000], 1000);
+    let v6: Vec<Flow> = lab.sources6()[..2]
+        .iter()
+        .map(|&src| Flow {
+            src: src.into(),
+            offered_bps: 8_000_000,
+            frame_bytes: 1000,
+        })
+        .collect();
+    for flows in [v4, v6] {
+        let report =
+            run_udp_with(&lab, &flows, Duration::from_secs(1), &RunOptions::default()).unwrap();
+        assert_eq!(report.receiver_drops, 0);
+    }
+    let (_, samples, told) = settled_scrape(&lab, &iface);
+    for sample in &samples {
+        assert_eq!(sample.value, told.expected(sample), "{sample}");
+    }
+    let refused = |r: &Value| {
+        [
+            "dropped_bytes",
+            "would_drop_bytes",
+            "unadmitted_dropped_bytes",
+            "unadmitted_would_drop_bytes",
+        ]
+        .iter()
+        .map(|f| r[*f].as_u64().unwrap())
+        .sum::<u64>()
+    };
+    let mut rows: Vec<&Value> = told
+        .policies
+        .iter()
+        .filter(|r| r["prefix"] != "default")
+        .collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(refused(r)));
+    let want: BTreeSet<String> = rows[..3]
+        .iter()
+        .map(|r| r["prefix"].as_str().unwrap().to_owned())
+        .chain(["default".to_owned()])
+        .collect();
+    assert!(
+        refused(rows[2]) > refused(rows[3]),
+        "a tie for third: {rows:?}"
+    );
+    assert!(
+        want.iter().any(|p| p.contains(':')) && want.iter().any(|p| p.contains('.')),
+        "both families among the top: {want:?}"
+    );
+    let got: BTreeSet<String> = samples
+        .iter()
+        .filter_map(|s| s.labels.get("policy").cloned())
+        .collect();
+    assert_eq!(got, want);
+    let gauge = samples
+        .iter()
+        .find(|s| s.name == "shaper_policies")
+        .unwrap();
+    assert_eq!(gauge.value, 40.0);
 }
 
 /// `/metrics` in the lab, every series of every family against what `stats -j`, `policy

@@ -71,6 +71,12 @@ pub struct Args {
     /// Serve no metrics
     #[arg(long, conflicts_with = "metrics")]
     pub no_metrics: bool,
+    /// Per-policy series for the default policy and at most this many prefix policies of
+    /// each attachment: those that refused the most bytes, then passed the most (0: the
+    /// default's only). Totals over every policy are the interface's series
+    #[arg(long, value_name = "N", default_value_t = metrics::DEFAULT_TOP_POLICIES,
+          value_parser = clap::value_parser!(u16).range(0..=1000))]
+    pub metrics_policies: u16,
     /// Also serve /top (the addresses dropped most, as JSON) on a listener of its own,
     /// on loopback unless an address is given: it shows every source's address and
     /// traffic, so keep it off a /metrics port other hosts reach
@@ -379,6 +385,7 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         let serves = http::Serves::Metrics {
             sources,
             daemon: Arc::clone(&daemon_state),
+            policies: usize::from(args.metrics_policies),
         };
         local.spawn_local(http::serve(
             listener,

@@ -91,6 +91,8 @@ pub enum Serves {
     Metrics {
         sources: SourceCounter,
         daemon: Arc<Mutex<Daemon>>,
+        /// Prefix policies given series of their own, per attachment.
+        policies: usize,
     },
     /// `/top`: per-address data.
     Top,
@@ -370,13 +372,20 @@ fn answer(
     unreadable: &mut Vec<String>,
 ) -> Answer {
     match (path, serves) {
-        ("/metrics", Serves::Metrics { sources, daemon }) => {
+        (
+            "/metrics",
+            Serves::Metrics {
+                sources,
+                daemon,
+                policies,
+            },
+        ) => {
             // A copy: the daemon's thread never waits for a scrape to update it.
             let daemon = daemon
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone();
-            match shaper_user::metrics::render(scope.netns, sources, &daemon) {
+            match shaper_user::metrics::render(scope.netns, sources, &daemon, *policies) {
                 Ok(scrape) => {
                     if scrape.unreadable != *unreadable {
                         for line in &scrape.unreadable {
