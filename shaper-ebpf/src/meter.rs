@@ -13,8 +13,8 @@
 //! (`watch::shaper_sample`). A subscriber's frame is one call ([`shaper_subscriber`]), and
 //! after its plan changed two more ([`shaper_subscriber_prepare`], then the first again),
 //! so that no chain of calls is three frames deep below the entry point's (6.1 allows
-//! 512 bytes of stack to a chain, each frame rounded up to 32 bytes). A global function takes only scalars and pointers to memory
-//! and returns one scalar.
+//! 512 bytes of stack to a chain, each frame rounded up to 32 bytes). A global function
+//! takes only scalars and pointers to memory and returns one scalar.
 
 use core::{mem::MaybeUninit, ptr};
 
