@@ -182,6 +182,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         let (mut v4, mut v6) = (false, false);
         for (done, w) in batch.writes.iter().enumerate() {
             self.write_one(w, &mut plans)?;
+            crate::crash::point("subscriber-step");
             v4 |= w.spec.prefixes.iter().any(|p| p.addr().is_ipv4());
             v6 |= w.spec.prefixes.iter().any(|p| p.addr().is_ipv6());
             if done % 1024 == 0 {
