@@ -909,6 +909,11 @@ fn a_reimport_writes_only_what_changed_and_prune_removes() {
     assert_eq!((summary.changed, summary.unchanged), (1, 2));
     let c2 = h.subscribers().unwrap().get("c2").unwrap();
     assert_eq!(c2.spec.plan.aggregate_rate_bps, 24);
+    assert_eq!(
+        h.policies().plans().unwrap().len(),
+        2,
+        "c2's plan and the others'"
+    );
     for key in ["100.64.0.1", "fdd7:b724:1::1", "100.64.1.1"] {
         assert_eq!(send(&mut h, key, 1), 0, "{key}: no refill");
     }
@@ -937,6 +942,11 @@ fn a_reimport_writes_only_what_changed_and_prune_removes() {
     assert_eq!((summary.added, summary.removed), (1, 1));
     assert_eq!(send(&mut h, "fdd7:b724:2:ff::1", 20), BURST_FRAMES);
     assert_eq!(send(&mut h, "100.64.1.2", 1), 0);
+    // c2 back on the others' plan: its own, used by no one, is freed.
+    let back = c5.replace(",25.5,0.000024,", ",25.5,0.000016,");
+    let summary = import(&mut h, &import_specs(&back).unwrap(), true).unwrap();
+    assert_eq!(summary.changed, 1);
+    assert_eq!(h.policies().plans().unwrap().len(), 1);
 }
 
 /// A malformed row is refused naming its line and column, before anything is written;

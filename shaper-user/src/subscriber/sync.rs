@@ -42,6 +42,8 @@ pub struct Batch {
     writes: Vec<Write>,
     removes: Vec<Before>,
     summary: Summary,
+    /// The plans of the subscribers it leaves alone.
+    kept_plans: HashSet<u32>,
 }
 
 impl Batch {
@@ -106,6 +108,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             writes: Vec::new(),
             removes: Vec::new(),
             summary: Summary::default(),
+            kept_plans: HashSet::new(),
         };
         for spec in specs {
             let plan = spec.check((config.prefix_v4, config.prefix_v6))?;
@@ -149,6 +152,13 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             batch.summary.removed = batch.removes.len();
         }
         check_end_state(&batch, &read)?;
+        let touched: HashSet<u32> = batch.befores().map(|b| b.index).collect();
+        batch.kept_plans = read
+            .entries
+            .iter()
+            .filter(|(i, _)| !touched.contains(i))
+            .map(|(_, s)| s.plan)
+            .collect();
         Ok(batch)
     }
 
@@ -180,8 +190,9 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         }
         let mut plans = self.p().plans()?;
         let (mut v4, mut v6) = (false, false);
+        let mut used = batch.kept_plans.clone();
         for (done, w) in batch.writes.iter().enumerate() {
-            self.write_one(w, &mut plans)?;
+            used.insert(self.write_one(w, &mut plans)?);
             crate::crash::point("subscriber-step");
             v4 |= w.spec.prefixes.iter().any(|p| p.addr().is_ipv4());
             v6 |= w.spec.prefixes.iter().any(|p| p.addr().is_ipv6());
@@ -195,17 +206,21 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 .map_err(map_err("clear a subscriber"))?;
         }
         self.pm().subscribers_routed(v4, v6)?;
-        self.drop_unused_plans()?;
+        // The plans no subscriber has any more, known without reading the table again.
+        for (slot, _) in plans.iter().filter(|(slot, _)| !used.contains(slot)) {
+            self.pm().drop_plan(*slot)?;
+        }
         progress(total, total);
         Ok(batch.summary)
     }
 
-    /// Writes one subscriber's entry (its cell carried over), then its routes.
+    /// Writes one subscriber's entry (its cell carried over), then its routes: its plan's
+    /// slot.
     fn write_one(
         &mut self,
         w: &Write,
         plans: &mut Vec<(u32, Policy)>,
-    ) -> Result<(), SubscriberError> {
+    ) -> Result<u32, SubscriberError> {
         let slot = match plans.iter().find(|(_, p)| *p == w.plan) {
             Some((slot, _)) => *slot,
             None => {
@@ -238,18 +253,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 self.pm().route_value(*p, value)?;
             }
         }
-        Ok(())
-    }
-
-    /// Frees each plan's slot that no subscriber points at.
-    fn drop_unused_plans(&mut self) -> Result<(), SubscriberError> {
-        let used: HashSet<u32> = self.entries()?.iter().map(|(_, s)| s.plan).collect();
-        for (slot, _) in self.p().plans()? {
-            if !used.contains(&slot) {
-                self.pm().drop_plan(slot)?;
-            }
-        }
-        Ok(())
+        Ok(slot)
     }
 }
 
