@@ -28,7 +28,7 @@ use crate::{
     pins::Attachment,
     policy::{Changes, CheckedPolicy, PolicyError, PolicyTable},
     request::{self, AttachRequest, Hook, RequestError},
-    subscriber::{Changed, SubscriberError, SubscriberSpec, SubscriberTable},
+    subscriber::{Changed, SubscriberError, SubscriberSpec, SubscriberTable, Summary},
     system::{self, SystemError},
     upgrade::{self, UpgradeError},
 };
@@ -257,6 +257,29 @@ pub fn set_subscriber(at: &Attachment, spec: &SubscriberSpec) -> Result<Changed,
     let changed = table.set(spec, &before)?;
     change.commit()?;
     Ok(changed)
+}
+
+/// `shaper subscriber import`, and the subscribers of a configuration file: sets each of
+/// `specs` on `at`, writing only those that differ (with `prune`, removing those not in
+/// `specs`); every one checked before anything is written. `progress` is told how many of
+/// how many are written.
+pub fn set_subscribers(
+    at: &Attachment,
+    specs: &[SubscriberSpec],
+    prune: bool,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Summary, ChangeError> {
+    let prepared = begin("subscriber import", std::slice::from_ref(at))?;
+    let mut table = SubscriberTable::of(prepared.attached(at)?)?;
+    let batch = table.batch(specs, prune)?;
+    if batch.befores().next().is_none() {
+        return Ok(batch.summary());
+    }
+    let undo = batch.befores().map(|b| Undo::subscriber(at, b)).collect();
+    let change = prepared.journal_with(undo)?;
+    let summary = table.write_batch(&batch, progress)?;
+    change.commit()?;
+    Ok(summary)
 }
 
 /// `shaper subscriber del`: removes the subscriber `id` from `at`.

@@ -19,7 +19,7 @@
 use std::{fs, io};
 
 use serde::{Deserialize, Serialize};
-use shaper_common::maps::{Config, PIN_SOURCES, Policy};
+use shaper_common::maps::{Config, PIN_SOURCES, Policy, Subscriber as SubscriberEntry};
 
 use crate::{
     bpf,
@@ -92,6 +92,7 @@ pub enum Undo {
         #[serde(default)]
         direction: Direction,
         index: u32,
+        /// Its bytes; empty for a free entry (the subscriber was added).
         entry: Vec<u8>,
         routes: Vec<(String, Option<u32>)>,
     },
@@ -221,7 +222,10 @@ impl Undo {
             } => {
                 let before = Before {
                     index: *index,
-                    entry: value(entry).ok_or("a subscriber entry of another size")?,
+                    entry: match entry.len() {
+                        0 => SubscriberEntry::default(),
+                        _ => value(entry).ok_or("a subscriber entry of another size")?,
+                    },
                     routes: routes
                         .iter()
                         .map(|(p, v)| p.parse().map(|p| (p, *v)))
@@ -240,7 +244,11 @@ impl Undo {
             netns: at.netns.clone(),
             direction: at.direction,
             index: before.index,
-            entry: bytes(&before.entry),
+            // A free entry (a subscriber added) as none: a million added journal small.
+            entry: match before.entry.in_use {
+                0 => Vec::new(),
+                _ => bytes(&before.entry),
+            },
             routes: before
                 .routes
                 .iter()

@@ -11,6 +11,7 @@ pub mod config_file;
 pub mod crash;
 pub mod detach;
 pub mod explain;
+pub mod import;
 pub mod journal;
 pub mod kernel;
 pub mod libreqos;

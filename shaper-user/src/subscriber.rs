@@ -17,6 +17,8 @@
 //! prefix inside another subscriber's. A subscriber's prefix inside a prefix policy is
 //! allowed: the longest prefix wins, and it is the subscriber's.
 
+mod sync;
+
 use std::borrow::BorrowMut;
 
 use aya::maps::{Array, MapData, MapError};
@@ -33,6 +35,8 @@ use crate::{
     maps::{Pinned, PinnedMapError},
     policy::{PolicyError, PolicyTable, table::keyed_whole},
 };
+
+pub use sync::{Batch, Summary};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SubscriberError {

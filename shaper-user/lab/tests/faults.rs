@@ -20,7 +20,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{TempFile, attach, error_line, guard, nobody_binary, shaper, shaper_ok, stats};
+use common::{
+    TempFile, attach, attach_with, error_line, guard, nobody_binary, shaper, shaper_ok, stats,
+};
 use serde_json::Value;
 use shaper_common::maps::{PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_ROOT, PIN_SOURCES};
 use shaper_common::{config::PolicyLimits, layout};
@@ -337,7 +339,7 @@ fn a_full_source_map() {
     const CAP: u64 = 4;
     let lab = Lab::new("fz-full", SOURCES).unwrap();
     let (ns, iface) = (lab.rx_ns(), lab.rx_iface().to_owned());
-    let _guard = common::attach_with(
+    let _guard = attach_with(
         ns,
         &iface,
         "1mbit",
@@ -786,6 +788,74 @@ fn killed_at_each_step_the_next_command_rolls_back() {
 }
 
 /// A policy that passes `prefix`.
+/// The subscribers of `iface` as `subscriber list -j` prints them.
+fn subscribers(ns: &str, iface: &str) -> Value {
+    serde_json::from_str(&shaper_ok(ns, &["-j", "subscriber", "list", iface])).unwrap()
+}
+
+/// A LibreQoS file: a header, then `rows`.
+fn shaped_devices(rows: &[&str]) -> String {
+    let mut text = "Circuit ID,Circuit Name,Device ID,Device Name,Parent Node,MAC,IPv4,IPv6,\
+                    Download Min Mbps,Upload Min Mbps,Download Max Mbps,Upload Max Mbps,Comment\n"
+        .to_owned();
+    for row in rows {
+        text += row;
+        text += "\n";
+    }
+    text
+}
+
+/// `subscriber import` killed after it wrote some of its subscribers (one changed, one
+/// added, one removed, a prefix of each family moved from the removed one to the added
+/// one) is rolled back whole by the next command: every subscriber, prefix and plan as
+/// before.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_import_killed_half_way_is_rolled_back_whole() {
+    let lab = Lab::new("fz-import", 1).unwrap();
+    let (ns, iface) = (lab.rx_ns().to_owned(), lab.rx_iface().to_owned());
+    let _guard = attach_with(&ns, &iface, "8mbit", "64k", &["--max-subscribers", "16"]);
+    let first = TempFile::new(
+        "import-a",
+        &shaped_devices(&[
+            "c1,A,d1,R,P,,\"100.64.0.1, 100.64.0.2\",fdd7:1:0:100::/56,1,1,10,10,",
+            "c2,B,d2,R,P,,100.64.0.3,fdd7:2::/48,1,1,20,20,",
+            "c2,B,d3,R,P,,100.64.0.4,,1,1,20,20,",
+        ]),
+    );
+    let second = TempFile::new(
+        "import-b",
+        &shaped_devices(&[
+            "c1,A,d1,R,P,,\"100.64.0.1, 100.64.0.2\",fdd7:1:0:100::/56,1,1,10,12.5,",
+            "c3,C,d4,R,P,,100.64.0.3,fdd7:2::/48,1,1,30,30,",
+        ]),
+    );
+    fn import<'a>(iface: &'a str, file: &'a TempFile) -> [&'a str; 7] {
+        [
+            "subscriber",
+            "import",
+            iface,
+            "--from",
+            "libreqos",
+            "--prune",
+            file.path(),
+        ]
+    }
+    shaper_ok(&ns, &import(&iface, &first));
+    let before = subscribers(&ns, &iface);
+    assert_eq!(before.as_array().unwrap().len(), 2);
+    for nth in ["subscriber-step#1", "subscriber-step#2"] {
+        killed_at(&ns, nth, &import(&iface, &second));
+        rolled_back_by_status(&ns, &iface, "subscriber import", &[&iface]);
+        assert_eq!(subscribers(&ns, &iface), before, "killed at {nth}");
+    }
+    let done = shaper_ok(&ns, &import(&iface, &second));
+    assert!(
+        done.contains("1 added, 1 changed, 0 unchanged, 1 removed"),
+        "{done}"
+    );
+}
+
 fn pass(prefix: &str) -> CheckedPolicy {
     CheckedPolicy::new(PolicySpec {
         prefix: parse_prefix(prefix).unwrap(),

@@ -111,6 +111,7 @@ impl Command {
             Self::Policy(policy::Command::Del(a)) => Some(&a.iface),
             Self::Policy(policy::Command::List(a)) => Some(&a.iface),
             Self::Subscriber(subscriber::Command::Set(a)) => Some(&a.iface),
+            Self::Subscriber(subscriber::Command::Import(a)) => Some(&a.iface),
             Self::Subscriber(subscriber::Command::Del(a)) => Some(&a.iface),
             Self::Subscriber(subscriber::Command::List(a)) => Some(&a.iface),
             Self::Subscriber(subscriber::Command::Show(a)) => Some(&a.iface),

@@ -8,12 +8,14 @@ use shaper_common::{
     dscp::Dscp,
     maps::{ACTION_LIMIT, Meter2},
 };
+use std::io::IsTerminal as _;
+
 use shaper_user::{
-    change,
+    change, import, libreqos,
     maps::Pinned,
     policy::{Mode, parse_prefix},
     subscriber::{Changed, Installed, SubscriberTable},
-    units::{Rate, Size},
+    units::{Delay, Rate, Size},
 };
 
 pub use shaper_user::subscriber::SubscriberSpec;
@@ -42,6 +44,7 @@ pub enum Command {
     Del(DelArgs),
     List(ListArgs),
     Show(ShowArgs),
+    Import(ImportArgs),
 }
 
 const EXAMPLES: &str = "\
@@ -52,6 +55,8 @@ Examples:
       Both prefixes share one 20 Mbit/s bucket.
   shaper subscriber list eth0
       Every subscriber with its counters.
+  shaper subscriber import eth0 --from libreqos ShapedDevices.csv
+      Every circuit of a LibreQoS file as a subscriber (the upload rates on eth0's ingress).
 ";
 
 /// Add subscriber ID, or replace it: its prefixes and plan
@@ -159,8 +164,61 @@ pub struct ShowArgs {
     pub id: String,
 }
 
+/// Set every subscriber of a file (LibreQoS's ShapedDevices.csv), writing only those that
+/// changed
+///
+/// Each circuit (the rows of one Circuit ID) is one subscriber: its IPv4 and IPv6 prefixes,
+/// its Circuit Name, and a plan of the direction's rates: on the ingress attachment (the
+/// default) the Upload columns, with --direction egress the Download ones. Max Mbps is the
+/// rate; with --committed-from-min, Min Mbps is the committed rate and Max - Min the excess
+/// rate, marked (--excess-dscp), not dropped. The file has no burst: each lasts --burst-time
+/// at its rate, at least 16k. Names are cut to 24 bytes.
+///
+/// Every row is checked before anything is written: an error names the line and the column,
+/// and nothing is applied. Then one change (one lock, one journal) writes the subscribers
+/// that differ from those in force, and leaves the rest untouched (no refill). Subscribers
+/// not in the file stay, unless --prune. On a terminal, an import over a second shows its
+/// progress on stderr; with -j, one JSON object of counts.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = "\
+Examples:
+  shaper subscriber import eth0 --from libreqos ShapedDevices.csv
+      The upload plans of every circuit, on eth0's ingress.
+  shaper --direction egress subscriber import eth0 --from libreqos ShapedDevices.csv
+      The download plans, on its egress.
+  shaper subscriber import eth0 --from libreqos --committed-from-min --prune ShapedDevices.csv
+      Min as committed and Max - Min marked; subscribers not in the file removed.
+")]
+pub struct ImportArgs {
+    pub iface: String,
+    /// The file's format
+    #[arg(long, value_enum)]
+    pub from: Format,
+    pub file: std::path::PathBuf,
+    /// Min Mbps as the committed rate, Max - Min as the excess rate (marked)
+    #[arg(long)]
+    pub committed_from_min: bool,
+    /// The excess rate's mark with --committed-from-min: a name (le, cs1, af11, ...) or 0-63
+    #[arg(long, default_value = "le")]
+    pub excess_dscp: Dscp,
+    /// How long each burst lasts at its rate, in tc time units
+    #[arg(long, default_value = "20ms")]
+    pub burst_time: Delay,
+    /// Remove the subscribers that are not in the file
+    #[arg(long)]
+    pub prune: bool,
+}
+
+/// The formats `import` reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// LibreQoS's ShapedDevices.csv
+    Libreqos,
+}
+
 pub fn run(command: &Command, scope: Scope<'_>, json: bool) -> Result<()> {
     match command {
+        Command::Import(args) => import(args, scope, json),
         Command::Set(args) => set(args, scope),
         Command::Del(args) => del(args, scope),
         Command::List(args) => show(&args.iface, None, scope, json),
@@ -240,6 +298,82 @@ fn set(args: &SetArgs, scope: Scope<'_>) -> Result<()> {
         describe(&spec)
     );
     Ok(())
+}
+
+/// The subscribers of `args.file`, every row checked: errors name the file, line and column.
+fn read_file(args: &ImportArgs, scope: Scope<'_>) -> Result<Vec<SubscriberSpec>> {
+    let shown = args.file.display();
+    let file = std::fs::File::open(&args.file).map_err(|e| anyhow!("cannot open {shown}: {e}"))?;
+    let circuits =
+        libreqos::read(std::io::BufReader::new(file)).map_err(|e| anyhow!("{shown} {e}"))?;
+    let plan = import::Plan {
+        direction: scope.direction,
+        committed_from_min: args.committed_from_min,
+        burst_ns: args.burst_time.ns(),
+        excess_dscp: args.excess_dscp.value(),
+    };
+    if plan.burst_ns == 0 {
+        bail!("invalid --burst-time 0: a burst must last");
+    }
+    import::subscribers(&circuits, &plan).map_err(|e| anyhow!("{shown} {e}"))
+}
+
+fn import(args: &ImportArgs, scope: Scope<'_>, json: bool) -> Result<()> {
+    let specs = read_file(args, scope)?;
+    if let Some(smallest) = specs.iter().map(|s| s.plan.aggregate_burst_bytes).min() {
+        check_burst_fits("--burst-time", Size::from_bytes(smallest), &args.iface)?;
+    }
+    let at = scope.at(&args.iface);
+    let mut progress = Progress::new(!json && std::io::stderr().is_terminal());
+    let summary = change::set_subscribers(&at, &specs, args.prune, &mut |done, total| {
+        progress.show(done, total);
+    })?;
+    progress.finish();
+    if json {
+        println!("{}", serde_json::to_string(&summary)?);
+        return Ok(());
+    }
+    println!(
+        "imported {} into {}: {} added, {} changed, {} unchanged, {} removed",
+        args.file.display(),
+        at.label(),
+        summary.added,
+        summary.changed,
+        summary.unchanged,
+        summary.removed
+    );
+    Ok(())
+}
+
+/// `written 120000/1000000 subscribers` on stderr, rewritten in place, once the change has
+/// taken a second; nothing where `shown` is false (a script, -j).
+pub struct Progress {
+    shown: bool,
+    start: std::time::Instant,
+    printed: bool,
+}
+
+impl Progress {
+    pub fn new(shown: bool) -> Self {
+        Self {
+            shown,
+            start: std::time::Instant::now(),
+            printed: false,
+        }
+    }
+
+    pub fn show(&mut self, done: usize, total: usize) {
+        if self.shown && self.start.elapsed() >= std::time::Duration::from_secs(1) {
+            eprint!("\rwritten {done}/{total} subscribers");
+            self.printed = true;
+        }
+    }
+
+    pub fn finish(&mut self) {
+        if self.printed {
+            eprintln!();
+        }
+    }
 }
 
 fn del(args: &DelArgs, scope: Scope<'_>) -> Result<()> {

@@ -1,0 +1,385 @@
+//! Many subscribers in one change (an import, a configuration file): the table read once,
+//! every subscriber checked and the overlaps of the end state refused before anything is
+//! written ([`SubscriberTable::batch`]), then only the subscribers that differ written
+//! ([`SubscriberTable::write_batch`]). [`Batch::befores`] is what the journal keeps to put
+//! them back.
+//!
+//! The overlap rule is the one of [`SubscriberTable::set`], judged on the end state by
+//! lookup: for each route, its covering prefixes of the lengths subscribers use.
+
+use std::{
+    borrow::BorrowMut,
+    collections::{HashMap, HashSet},
+};
+
+use ipnet::IpNet;
+use shaper_common::maps::{Policy, SUBSCRIBER_BIT, Subscriber};
+
+use super::{Before, SubscriberError, SubscriberSpec, SubscriberTable, map_err, padded, unpadded};
+use crate::policy::PolicyTable;
+
+/// What a batch does, by subscriber.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Summary {
+    pub added: usize,
+    pub changed: usize,
+    pub unchanged: usize,
+    pub removed: usize,
+}
+
+/// One subscriber to write: what it becomes, its plan's entry, and what it may touch as
+/// it is.
+#[derive(Debug)]
+struct Write {
+    spec: SubscriberSpec,
+    plan: Policy,
+    before: Before,
+}
+
+/// Subscribers checked against the table as it was read: those to write and to remove.
+#[derive(Debug)]
+pub struct Batch {
+    writes: Vec<Write>,
+    removes: Vec<Before>,
+    summary: Summary,
+    /// The plans of the subscribers it leaves alone.
+    kept_plans: HashSet<u32>,
+}
+
+impl Batch {
+    /// What puts each subscriber the batch touches back (`crate::journal::Undo`).
+    pub fn befores(&self) -> impl Iterator<Item = &Before> {
+        self.writes
+            .iter()
+            .map(|w| &w.before)
+            .chain(self.removes.iter())
+    }
+
+    /// What writing it does.
+    pub fn summary(&self) -> Summary {
+        self.summary
+    }
+}
+
+/// The table as a batch reads it once.
+struct Read {
+    entries: Vec<(u32, Subscriber)>,
+    routes: HashMap<IpNet, u32>,
+    /// Each subscriber's prefixes, by index.
+    prefixes: HashMap<u32, Vec<IpNet>>,
+    plans: Vec<(u32, Policy)>,
+}
+
+fn same_set(a: &[IpNet], b: &[IpNet]) -> bool {
+    a.len() == b.len() && a.iter().all(|p| b.contains(p))
+}
+
+impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
+    fn read_all(&self) -> Result<Read, SubscriberError> {
+        let routes: HashMap<IpNet, u32> = self.p().routes()?.into_iter().collect();
+        let mut prefixes: HashMap<u32, Vec<IpNet>> = HashMap::new();
+        for (net, v) in &routes {
+            if v & SUBSCRIBER_BIT != 0 {
+                prefixes.entry(v & !SUBSCRIBER_BIT).or_default().push(*net);
+            }
+        }
+        Ok(Read {
+            entries: self.entries()?,
+            routes,
+            prefixes,
+            plans: self.p().plans()?,
+        })
+    }
+
+    /// Checks `specs` (each id once) against the table: what writing them changes. With
+    /// `prune`, the subscribers not in `specs` are removed. Writes nothing.
+    pub fn batch(&self, specs: &[SubscriberSpec], prune: bool) -> Result<Batch, SubscriberError> {
+        let config = self.p().config()?;
+        let read = self.read_all()?;
+        let by_id: HashMap<String, (u32, Subscriber)> = read
+            .entries
+            .iter()
+            .map(|(i, s)| (unpadded(&s.id), (*i, *s)))
+            .collect();
+        let used: HashSet<u32> = read.entries.iter().map(|(i, _)| *i).collect();
+        let mut free = (1..=self.room()).filter(|i| !used.contains(i));
+        let mut seen = HashSet::new();
+        let mut batch = Batch {
+            writes: Vec::new(),
+            removes: Vec::new(),
+            summary: Summary::default(),
+            kept_plans: HashSet::new(),
+        };
+        for spec in specs {
+            let plan = spec.check((config.prefix_v4, config.prefix_v6))?;
+            if !seen.insert(spec.id.as_str()) {
+                return Err(SubscriberError::Overlap(format!(
+                    "subscriber {} is given twice",
+                    spec.id
+                )));
+            }
+            let (index, entry) = match by_id.get(&spec.id) {
+                Some(found) => *found,
+                None => match free.next() {
+                    Some(i) => (i, Subscriber::default()),
+                    None => return Err(SubscriberError::Full { room: self.room() }),
+                },
+            };
+            let old = read.prefixes.get(&index).map_or(&[][..], Vec::as_slice);
+            if entry.in_use != 0 && unchanged(spec, &plan, &entry, old, &read.plans) {
+                batch.summary.unchanged += 1;
+                continue;
+            }
+            match entry.in_use {
+                0 => batch.summary.added += 1,
+                _ => batch.summary.changed += 1,
+            }
+            batch.writes.push(Write {
+                before: before_of(index, entry, old, &spec.prefixes, &read.routes),
+                spec: spec.clone(),
+                plan,
+            });
+        }
+        if prune {
+            for (index, entry) in &read.entries {
+                if !seen.contains(unpadded(&entry.id).as_str()) {
+                    let old = read.prefixes.get(index).map_or(&[][..], Vec::as_slice);
+                    batch
+                        .removes
+                        .push(before_of(*index, *entry, old, &[], &read.routes));
+                }
+            }
+            batch.summary.removed = batch.removes.len();
+        }
+        check_end_state(&batch, &read)?;
+        let touched: HashSet<u32> = batch.befores().map(|b| b.index).collect();
+        batch.kept_plans = read
+            .entries
+            .iter()
+            .filter(|(i, _)| !touched.contains(i))
+            .map(|(_, s)| s.plan)
+            .collect();
+        Ok(batch)
+    }
+
+    /// Writes `batch` (as [`SubscriberTable::batch`] read the table, under the same lock):
+    /// routes that go first, then each subscriber's entry and its routes, then the
+    /// removed subscribers' entries and the plans no subscriber has any more. `progress`
+    /// is told how many of how many are written.
+    pub fn write_batch(
+        &mut self,
+        batch: &Batch,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Summary, SubscriberError> {
+        let total = batch.writes.len() + batch.removes.len();
+        // Every route that goes, first: a prefix moved to another subscriber is routed to
+        // it below, never removed after.
+        for w in &batch.writes {
+            for (p, v) in &w.before.routes {
+                if *v == Some(w.before.index | SUBSCRIBER_BIT) && !w.spec.prefixes.contains(p) {
+                    self.pm().unroute_if_there(*p)?;
+                }
+            }
+        }
+        for b in &batch.removes {
+            for (p, v) in &b.routes {
+                if *v == Some(b.index | SUBSCRIBER_BIT) {
+                    self.pm().unroute_if_there(*p)?;
+                }
+            }
+        }
+        let mut plans = self.p().plans()?;
+        let (mut v4, mut v6) = (false, false);
+        let mut used = batch.kept_plans.clone();
+        for (done, w) in batch.writes.iter().enumerate() {
+            used.insert(self.write_one(w, &mut plans)?);
+            crate::crash::point("subscriber-step");
+            v4 |= w.spec.prefixes.iter().any(|p| p.addr().is_ipv4());
+            v6 |= w.spec.prefixes.iter().any(|p| p.addr().is_ipv6());
+            if done % 1024 == 0 {
+                progress(done, total);
+            }
+        }
+        for b in &batch.removes {
+            self.subs
+                .set(b.index, Subscriber::default(), 0)
+                .map_err(map_err("clear a subscriber"))?;
+        }
+        self.pm().subscribers_routed(v4, v6)?;
+        // The plans no subscriber has any more, known without reading the table again.
+        for (slot, _) in plans.iter().filter(|(slot, _)| !used.contains(slot)) {
+            self.pm().drop_plan(*slot)?;
+        }
+        progress(total, total);
+        Ok(batch.summary)
+    }
+
+    /// Writes one subscriber's entry (its cell carried over), then its routes: its plan's
+    /// slot.
+    fn write_one(
+        &mut self,
+        w: &Write,
+        plans: &mut Vec<(u32, Policy)>,
+    ) -> Result<u32, SubscriberError> {
+        let slot = match plans.iter().find(|(_, p)| *p == w.plan) {
+            Some((slot, _)) => *slot,
+            None => {
+                let slot = self.pm().add_plan(&w.plan)?;
+                plans.push((slot, w.plan));
+                slot
+            }
+        };
+        let index = w.before.index;
+        let now = match w.before.entry.in_use {
+            0 => Subscriber::default(),
+            _ => self
+                .subs
+                .get(&index, 0)
+                .map_err(map_err("read the subscribers"))?,
+        };
+        let entry = Subscriber {
+            plan: slot,
+            in_use: 1,
+            id: padded(&w.spec.id),
+            name: padded(&w.spec.name),
+            ..now
+        };
+        self.subs
+            .set(index, entry, 0)
+            .map_err(map_err(format!("write subscriber {}", w.spec.id)))?;
+        let value = index | SUBSCRIBER_BIT;
+        for (p, v) in &w.before.routes {
+            if w.spec.prefixes.contains(p) && *v != Some(value) {
+                self.pm().route_value(*p, value)?;
+            }
+        }
+        Ok(slot)
+    }
+}
+
+/// Whether subscriber `entry` (with prefixes `old`) is `spec` already.
+fn unchanged(
+    spec: &SubscriberSpec,
+    plan: &Policy,
+    entry: &Subscriber,
+    old: &[IpNet],
+    plans: &[(u32, Policy)],
+) -> bool {
+    let same_plan = plans
+        .iter()
+        .any(|(slot, p)| *slot == entry.plan && p == plan);
+    same_plan
+        && entry.id == padded(&spec.id)
+        && entry.name == padded(&spec.name)
+        && same_set(old, &spec.prefixes)
+}
+
+/// What subscriber `index` may touch, as it is: its prefixes `old`, and the `new` ones.
+fn before_of(
+    index: u32,
+    entry: Subscriber,
+    old: &[IpNet],
+    new: &[IpNet],
+    routes: &HashMap<IpNet, u32>,
+) -> Before {
+    let mut touched: Vec<IpNet> = old.to_vec();
+    touched.extend(new.iter().filter(|p| !old.contains(p)));
+    Before {
+        index,
+        entry,
+        routes: touched
+            .into_iter()
+            .map(|p| (p, routes.get(&p).copied()))
+            .collect(),
+    }
+}
+
+/// Refuses an end state where a route is inside (or is) another subscriber's prefix, and
+/// a subscriber's prefix inside another subscriber's (the rule of `set`).
+fn check_end_state(batch: &Batch, read: &Read) -> Result<(), SubscriberError> {
+    let rewritten: HashSet<u32> = batch.befores().map(|b| b.index).collect();
+    let mut end: HashMap<IpNet, u32> = read
+        .routes
+        .iter()
+        .filter(|(_, v)| **v & SUBSCRIBER_BIT == 0 || !rewritten.contains(&(**v & !SUBSCRIBER_BIT)))
+        .map(|(p, v)| (*p, *v))
+        .collect();
+    let names: HashMap<u32, String> = read
+        .entries
+        .iter()
+        .map(|(i, s)| (*i, unpadded(&s.id)))
+        .collect();
+    let id_of = |v: u32| -> String {
+        let i = v & !SUBSCRIBER_BIT;
+        batch
+            .writes
+            .iter()
+            .find(|w| w.before.index == i)
+            .map(|w| w.spec.id.clone())
+            .or_else(|| names.get(&i).cloned())
+            .unwrap_or_else(|| "?".to_owned())
+    };
+    for w in &batch.writes {
+        let value = w.before.index | SUBSCRIBER_BIT;
+        for p in &w.spec.prefixes {
+            if let Some(other) = end.insert(*p, value) {
+                let what = describe(*p, other, &id_of);
+                return Err(SubscriberError::Overlap(format!(
+                    "{what} is subscriber {}'s prefix too: its traffic would escape a subscriber's bucket",
+                    w.spec.id
+                )));
+            }
+        }
+    }
+    let lengths = subscriber_lengths(&end);
+    for (r, v) in &end {
+        for len in lengths
+            .iter()
+            .filter(|l| l.0 == r.addr().is_ipv4() && l.1 < r.prefix_len())
+        {
+            let Ok(cover) = r.supernet_of_len(len.1) else {
+                continue;
+            };
+            match end.get(&cover) {
+                Some(o) if *o & SUBSCRIBER_BIT != 0 && o != v => {
+                    let what = describe(*r, *v, &id_of);
+                    return Err(SubscriberError::Overlap(format!(
+                        "{what} is inside subscriber {}'s prefix {cover}: its traffic would escape that subscriber's bucket",
+                        id_of(*o)
+                    )));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `subscriber c1's prefix 10.0.0.0/24` or `policy 10.0.0.0/24`.
+fn describe(p: IpNet, value: u32, id_of: &impl Fn(u32) -> String) -> String {
+    if value & SUBSCRIBER_BIT != 0 {
+        format!("subscriber {}'s prefix {p}", id_of(value))
+    } else {
+        format!("policy {p}")
+    }
+}
+
+/// The (IPv4?, length) pairs of the subscribers' prefixes.
+fn subscriber_lengths(end: &HashMap<IpNet, u32>) -> Vec<(bool, u8)> {
+    let set: HashSet<(bool, u8)> = end
+        .iter()
+        .filter(|(_, v)| **v & SUBSCRIBER_BIT != 0)
+        .map(|(p, _)| (p.addr().is_ipv4(), p.prefix_len()))
+        .collect();
+    set.into_iter().collect()
+}
+
+trait Supernet {
+    fn supernet_of_len(&self, len: u8) -> Result<IpNet, ipnet::PrefixLenError>;
+}
+
+impl Supernet for IpNet {
+    fn supernet_of_len(&self, len: u8) -> Result<IpNet, ipnet::PrefixLenError> {
+        IpNet::new(self.addr(), len).map(|n| n.trunc())
+    }
+}
