@@ -311,9 +311,15 @@ const TABLE: u32 = 65_536;
 #[test]
 #[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
 fn a_spoofed_flood_under_the_default_admission_gets_under_1_percent_of_the_table() {
-    for family in [V4, V6] {
-        spoofed_flood(family);
-    }
+    spoofed_flood(V4);
+}
+
+/// The same of IPv6 /64 keys (a test of its own: the kernel matrix's guests run the IPv4
+/// one alone, a flood under emulation being slow).
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_spoofed_flood_of_ipv6_keys_under_the_default_admission_gets_under_1_percent_of_the_table() {
+    spoofed_flood(V6);
 }
 
 fn spoofed_flood(family: Family) {
