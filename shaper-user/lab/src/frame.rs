@@ -261,11 +261,15 @@ pub fn ipv6_fragment(src: Ipv6Addr, dst: Ipv6Addr, first: bool, payload_len: usi
     ethernet(ETH_P_IPV6, &ipv6(src, dst, IPPROTO_FRAGMENT, &payload))
 }
 
-/// The one's-complement sum of `bytes` as 16-bit words, complemented (RFC 1071).
-/// An untagged IPv4 frame with the ECN field of its header set to `ecn` (0: Not-ECT,
-/// 2: ECT(0), 1: ECT(1), 3: CE), its header checksum made valid again.
+/// An untagged IPv4 or IPv6 frame with the ECN field of its header set to `ecn` (0:
+/// Not-ECT, 2: ECT(0), 1: ECT(1), 3: CE), an IPv4 header's checksum made valid again.
 pub fn with_ecn(frame: &[u8], ecn: u8) -> Vec<u8> {
     let mut f = frame.to_vec();
+    if is_ipv6(frame) {
+        // The traffic class straddles the first two bytes: ECN is bits 4-5 of the second.
+        f[ETH_HLEN + 1] = (f[ETH_HLEN + 1] & !0x30) | ((ecn & 3) << 4);
+        return f;
+    }
     let ip = ETH_HLEN..ETH_HLEN + IPV4_HLEN;
     f[ETH_HLEN + 1] = (f[ETH_HLEN + 1] & !3) | (ecn & 3);
     f[ETH_HLEN + 10..ETH_HLEN + 12].fill(0);
@@ -274,12 +278,21 @@ pub fn with_ecn(frame: &[u8], ecn: u8) -> Vec<u8> {
     f
 }
 
-/// The ECN field of an untagged IPv4 frame, and whether its header checksum is valid.
+/// The ECN field of an untagged IPv4 or IPv6 frame, and whether its header checksum is
+/// valid (IPv6 has none: always).
 pub fn ecn_of(frame: &[u8]) -> (u8, bool) {
+    if is_ipv6(frame) {
+        return ((frame[ETH_HLEN + 1] >> 4) & 3, true);
+    }
     let header = &frame[ETH_HLEN..ETH_HLEN + IPV4_HLEN];
     (header[1] & 3, internet_checksum(header) == 0)
 }
 
+fn is_ipv6(frame: &[u8]) -> bool {
+    frame[12..14] == ETH_P_IPV6.to_be_bytes()
+}
+
+/// The one's-complement sum of `bytes` as 16-bit words, complemented (RFC 1071).
 fn internet_checksum(bytes: &[u8]) -> u16 {
     let mut sum: u32 = bytes
         .chunks(2)

@@ -607,3 +607,124 @@ fn a_prefix_policys_yellow_frames_carry_its_own_dscp() {
         assert_eq!(run(&f), Out::Pass(want), "{program}: yellow as DSCP {dscp}");
     }
 }
+
+/// A monitoring prefix policy with a second meter (both its rates) passes every frame
+/// untouched, yellow ones too (counted, not remarked), and counts as would-drop exactly
+/// what the same policy enforced drops: three green, one yellow, then the packet rate
+/// refuses the rest. In both families, on both programs.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_monitoring_policys_second_meter_counts_what_enforcing_would_drop_and_remarks_nothing() {
+    use shaper_common::{
+        config::PolicyLimits,
+        maps::{ACTION_LIMIT, MODE_ENFORCE},
+    };
+    use shaper_user::policy::{PolicySpec, PolicyTable, parse_prefix};
+
+    let mut ebpf = load(&config(100 * FRAME as u64, Meter2Limits::default()));
+    let enforcing = PolicyLimits {
+        action: ACTION_LIMIT,
+        mode: MODE_ENFORCE,
+        rate_bps: MIN_RATE_BPS,
+        burst_bytes: 3 * FRAME as u64,
+        meter2: Meter2Limits {
+            packet_rate: 1,
+            packet_burst: 4,
+            ..excess(2 * FRAME as u64, 10)
+        },
+        ..PolicyLimits::default()
+    };
+    let monitoring = PolicyLimits {
+        mode: MODE_MONITOR,
+        ..enforcing
+    };
+    let prefixes = [
+        ("198.18.11.0/24", monitoring),
+        ("198.18.12.0/24", enforcing),
+        ("2001:db8:11::/48", monitoring),
+        ("2001:db8:12::/48", enforcing),
+    ];
+    let specs: Vec<PolicySpec> = prefixes
+        .iter()
+        .map(|&(p, limits)| PolicySpec {
+            prefix: parse_prefix(p).unwrap(),
+            limits,
+        })
+        .collect();
+    let mut table = PolicyTable::take(&mut ebpf).unwrap();
+    table.replace_all(&specs).unwrap();
+    let installed = table.list().unwrap();
+    let sent = 10;
+    for (prefix, limits) in prefixes {
+        // Host 1 of the prefix.
+        let ip = match prefix.split('/').next().unwrap().parse().unwrap() {
+            std::net::IpAddr::V6(a) => ipv6(Ipv6Addr::from(u128::from(a) | 1), 0, FRAME - ETH_HLEN),
+            std::net::IpAddr::V4(a) => ipv4(Ipv4Addr::from(u32::from(a) | 1), 0, FRAME - ETH_HLEN),
+        };
+        let ether_type = if ip[0] >> 4 == 4 {
+            ETH_P_IP
+        } else {
+            ETH_P_IPV6
+        };
+        let f = frame::ethernet(ether_type, &ip);
+        let yellow = frame::ethernet(ether_type, &remarked(&ip, 10));
+        let outs: Vec<Out> = (0..sent)
+            .map(|i| {
+                if i % 2 == 0 {
+                    xdp(&ebpf, &f)
+                } else {
+                    tc(&ebpf, &f)
+                }
+            })
+            .collect();
+        let want: Vec<Out> = (0..sent)
+            .map(|i| match (i, limits.mode) {
+                (_, MODE_MONITOR) => Out::Pass(f.clone()),
+                (0..3, _) => Out::Pass(f.clone()),
+                (3, _) => Out::Pass(yellow.clone()),
+                _ => Out::Drop,
+            })
+            .collect();
+        assert_eq!(outs, want, "{prefix}");
+        let slot = installed
+            .iter()
+            .find(|i| i.spec.prefix == parse_prefix(prefix).unwrap())
+            .unwrap()
+            .slot;
+        let s = table.stats(slot).unwrap();
+        let refused = if limits.mode == MODE_MONITOR {
+            (s.outcomes.would_drop_packets, s.outcomes.dropped_packets)
+        } else {
+            (s.outcomes.dropped_packets, s.outcomes.would_drop_packets)
+        };
+        assert_eq!(refused, (6, 0), "{prefix}: refused, and of the other kind");
+        assert_eq!(s.outcomes.passed_packets, 4, "{prefix}");
+        assert_eq!(
+            (
+                s.meter2.yellow_packets,
+                s.meter2.yellow_bytes,
+                s.meter2.packet_rate_refused_packets,
+                s.meter2.packet_rate_refused_bytes
+            ),
+            (1, FRAME as u64, 6, 6 * FRAME as u64),
+            "{prefix}: yellow, and refused by the packet rate"
+        );
+    }
+    let c = testrun::counters(&ebpf).unwrap();
+    assert_eq!(
+        (
+            c.outcomes.passed_packets,
+            c.outcomes.dropped_packets,
+            c.outcomes.would_drop_packets
+        ),
+        (16, 12, 12)
+    );
+    assert_eq!(
+        (
+            c.meter2.yellow_packets,
+            c.meter2.packet_rate_refused_packets
+        ),
+        (4, 24)
+    );
+    assert_eq!((c.ipv4_packets, c.ipv6_packets), (20, 20));
+}

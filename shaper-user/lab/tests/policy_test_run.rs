@@ -734,6 +734,69 @@ fn the_aggregates_refusals_are_counted_in_bytes() {
     }
 }
 
+/// A packet rate and an aggregate on one policy refuse apart, and neither charges a
+/// frame the other refused: A's frames past its packet burst (3) are the packet rate's
+/// refusals and leave the aggregate (5) its room; B gets the aggregate's last 2, then the
+/// aggregate refuses it, its packets given back. In both families (keys /32 and /64).
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_packet_rate_and_an_aggregate_refuse_apart_and_charge_nothing_refused() {
+    use shaper_common::config::Meter2Limits;
+
+    let mut h = harness(100 * FRAME as u64);
+    let mut both = limit(SLOW, 100 * FRAME as u64);
+    both.aggregate_rate_bps = SLOW;
+    both.aggregate_burst_bytes = 5 * FRAME as u64;
+    both.meter2 = Meter2Limits {
+        packet_rate: 1,
+        packet_burst: 3,
+        ..Meter2Limits::default()
+    };
+    let no_aggregate = PolicyLimits {
+        aggregate_rate_bps: 0,
+        aggregate_burst_bytes: 0,
+        ..both
+    };
+    let cases = [
+        ("198.18.0.0/24", "198.18.0.11", "198.18.0.12"),
+        ("2001:db8:5::/48", "2001:db8:5:1::1", "2001:db8:5:2::1"),
+    ];
+    let specs = |limits| cases.map(|(prefix, _, _)| spec(prefix, limits));
+    h.policies().replace_all(&specs(both)).unwrap();
+    for (prefix, a, b) in cases {
+        assert_eq!(send(&mut h, a, 10), 3, "{prefix}: A, its packet burst");
+        assert_eq!(send(&mut h, b, 10), 2, "{prefix}: B, the aggregate's rest");
+        let s = stats(&mut h, Some(prefix));
+        assert_eq!(
+            (s.outcomes.passed_packets, s.outcomes.dropped_packets),
+            (5, 15),
+            "{prefix}"
+        );
+        assert_eq!(
+            (
+                s.meter2.packet_rate_refused_packets,
+                s.meter2.packet_rate_refused_bytes
+            ),
+            (7, 7 * FRAME as u64),
+            "{prefix}: A's refusals, the packet rate's"
+        );
+        assert_eq!(
+            (s.aggregate_refused_packets, s.aggregate_refused_bytes),
+            (8, 8 * FRAME as u64),
+            "{prefix}: B's refusals, the aggregate's"
+        );
+    }
+    // Lifting the aggregate: B has exactly the one packet of its burst it did not use, A
+    // none.
+    h.policies().replace_all(&specs(no_aggregate)).unwrap();
+    for (prefix, a, b) in cases {
+        assert_eq!(send(&mut h, b, 10), 1, "{prefix}: B's packet left");
+        assert_eq!(send(&mut h, a, 10), 0, "{prefix}: A's packets");
+    }
+    let c = h.counters().unwrap();
+    assert_eq!(c.meter2.packet_rate_refused_packets, 2 * (7 + 9 + 10));
+}
+
 /// A key caches the slot it resolved to with the policies' generation (`cache_word`), so
 /// the tries are searched for new keys and after a change only: read back from its
 /// state, in both families, for a prefix policy's key and a default one, before and after

@@ -8,16 +8,20 @@
 //! clock read just before and after each run, so however slow the machine (an emulated
 //! guest), nothing depends on how fast it is. (live_shape.rs has TCP through sch_fq.)
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use aya::programs::{SchedClassifier, TestRun as _, TestRunOptions};
 use shaper_common::{
-    gcra::TICK_SHIFT,
-    maps::{Config, MODE_SHAPE, Shape, TC_MODE_TCX},
+    config::PolicyLimits,
+    gcra::{MIN_RATE_BPS, TICK_SHIFT},
+    maps::{ACTION_LIMIT, Config, MODE_SHAPE, Shape, TC_MODE_TCX},
     shape::{DELAY_BUCKETS, delay_bucket},
 };
 use shaper_lab::{frame, testrun};
-use shaper_user::object;
+use shaper_user::{
+    object,
+    policy::{PolicySpec, PolicyTable, parse_prefix},
+};
 
 /// `TC_ACT_UNSPEC` and `TC_ACT_SHOT`.
 const TC_ACT_UNSPEC: i32 = -1;
@@ -77,35 +81,104 @@ fn run(prog: &SchedClassifier, frame: &[u8], ecn_capable: bool) -> Run {
 #[test]
 #[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
 fn departure_stamps_are_the_rate_within_the_horizon_and_marks_past_the_threshold() {
+    departures(Family::V4, Shaper::Default);
+    departures(Family::V6, Shaper::Default);
+}
+
+/// The same stamps, marks and horizon drops when a prefix policy in shape mode holds its
+/// own keys while the interface's default polices (at 8 bit/s: a default key sending
+/// alongside gets its burst and nothing more, dropped, never stamped); the policy's own
+/// counters count its frames exactly.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_shaping_prefix_policy_stamps_marks_and_drops_its_own_frames_while_the_default_polices() {
+    departures(Family::V4, Shaper::Policy);
+    departures(Family::V6, Shaper::Policy);
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Family {
+    V4,
+    V6,
+}
+
+/// What shapes the frames: the interface's default, or a prefix policy over them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Shaper {
+    Default,
+    Policy,
+}
+
+/// A `FRAME`-byte UDP frame from `src` (a /64 of its own when IPv6).
+fn frame_of(family: Family, host: u16) -> Vec<u8> {
+    match family {
+        Family::V4 => frame::ipv4_udp(Ipv4Addr::new(198, 18, (host >> 8) as u8, host as u8), FRAME),
+        Family::V6 => {
+            let src = Ipv6Addr::new(0x2001, 0xdb8, host >> 8, host & 0xff, 0, 0, 0, 1);
+            let payload = FRAME - frame::ETH_HLEN - frame::IPV6_HLEN - frame::UDP_HLEN;
+            frame::ipv6_udp(src, frame::DEFAULT_DST_V6, payload)
+        }
+    }
+}
+
+fn departures(family: Family, shaper: Shaper) {
+    let case = format!("{family:?}, shaped by the {shaper:?}");
     let mut ebpf = object::load(object::Sizes::full(1024)).unwrap();
     object::tc_program(&mut ebpf).unwrap();
-    let mut config = Config::per_source(RATE_BPS, BURST).unwrap();
-    config.mode = MODE_SHAPE;
+    let mut table = PolicyTable::take(&mut ebpf).unwrap();
+    let shaping = Config::per_source(RATE_BPS, BURST).unwrap();
+    let mut config = match shaper {
+        Shaper::Default => Config {
+            mode: MODE_SHAPE,
+            ..shaping
+        },
+        // The default polices, at the slowest rate there is: its burst, then nothing.
+        Shaper::Policy => Config::per_source(MIN_RATE_BPS, BURST).unwrap(),
+    };
     config.xdp_mode = TC_MODE_TCX;
     config.shape = Shape::new(ECN_THRESHOLD_NS, HORIZON_NS).unwrap();
-    object::configure(&mut ebpf, &config).unwrap();
+    table.set_config(&config).unwrap();
+    // The shaped key is host 21 of 198.18.0.0/24 or 2001:db8:0:21::/64 (the policy's
+    // prefix); the default's key host 0x121, outside it.
+    let slot = if shaper == Shaper::Policy {
+        let prefix = match family {
+            Family::V4 => "198.18.0.0/24",
+            Family::V6 => "2001:db8::/56",
+        };
+        let limits = PolicyLimits {
+            action: ACTION_LIMIT,
+            mode: MODE_SHAPE,
+            rate_bps: RATE_BPS,
+            burst_bytes: BURST,
+            ..PolicyLimits::default()
+        };
+        let prefix = parse_prefix(prefix).unwrap();
+        table.replace_all(&[PolicySpec { prefix, limits }]).unwrap();
+        table.list().unwrap()[0].slot
+    } else {
+        0
+    };
     let prog: &SchedClassifier = ebpf
         .program(shaper_common::maps::PROG_TC)
         .unwrap()
         .try_into()
         .unwrap();
-    let plain = frame::ipv4_udp(Ipv4Addr::new(198, 18, 0, 21), FRAME);
+    let plain = frame_of(family, 0x21);
     let ect0 = frame::with_ecn(&plain, 2);
+    let default_key = frame_of(family, 0x121);
     assert_eq!(
-        config.limit.cost(FRAME as u32, 0) >> TICK_SHIFT,
+        shaping.limit.cost(FRAME as u32, 0) >> TICK_SHIFT,
         COST_NS,
         "the cost of a frame"
     );
 
-    // Back to back, ECN-capable and not in turn, until every kind of decision has been
-    // seen a few times (a bounded number of frames: a machine too slow to queue any
-    // frame fails below).
     let mut runs: Vec<Run> = Vec::new();
     let seen = |runs: &[Run], what: &dyn Fn(&Run) -> bool| runs.iter().filter(|r| what(r)).count();
     let dropped = |r: &Run| r.verdict == TC_ACT_SHOT;
     let marked = |r: &Run| r.ecn.0 == 3;
     let held_unmarked = |r: &Run| r.tstamp != 0 && r.ecn_capable && !marked(r);
     let held_not_ect = |r: &Run| r.tstamp != 0 && !r.ecn_capable;
+    let mut defaults: Vec<Run> = Vec::new();
     for i in 0..2000 {
         let ecn_capable = i % 2 == 0;
         runs.push(run(
@@ -113,6 +186,9 @@ fn departure_stamps_are_the_rate_within_the_horizon_and_marks_past_the_threshold
             if ecn_capable { &ect0 } else { &plain },
             ecn_capable,
         ));
+        if shaper == Shaper::Policy {
+            defaults.push(run(prog, &default_key, false));
+        }
         if [
             seen(&runs, &dropped),
             seen(&runs, &marked),
@@ -127,7 +203,7 @@ fn departure_stamps_are_the_rate_within_the_horizon_and_marks_past_the_threshold
     }
     let counters = testrun::counters(&ebpf).unwrap();
     println!(
-        "{} frames: {} left at once, {} held ({} marked), {} dropped; counters: shaped {}, CE {}, dropped {}, delays {:?}",
+        "{case}: {} frames: {} left at once, {} held ({} marked), {} dropped; counters: shaped {}, CE {}, dropped {}, delays {:?}",
         runs.len(),
         runs.iter()
             .filter(|r| r.verdict == TC_ACT_UNSPEC && r.tstamp == 0)
@@ -146,7 +222,7 @@ fn departure_stamps_are_the_rate_within_the_horizon_and_marks_past_the_threshold
         ("held, ECN-capable, unmarked", seen(&runs, &held_unmarked)),
         ("held, not ECN-capable", seen(&runs, &held_not_ect)),
     ] {
-        assert!(n >= 3, "only {n} frames {what} of {}", runs.len());
+        assert!(n >= 3, "{case}: only {n} frames {what} of {}", runs.len());
     }
 
     // The burst leaves at once, unstamped: the first frames, and only they; and as many
@@ -170,7 +246,7 @@ fn departure_stamps_are_the_rate_within_the_horizon_and_marks_past_the_threshold
             r.verdict
         );
         // The checksum holds, marked or not; only an ECN-capable frame is marked.
-        assert!(r.ecn.1, "frame {i}: IPv4 checksum broken");
+        assert!(r.ecn.1, "{case}: frame {i}: IPv4 checksum broken");
         assert!(
             r.ecn_capable || r.ecn.0 == 0,
             "frame {i}: ECN field {}",
@@ -221,19 +297,66 @@ fn departure_stamps_are_the_rate_within_the_horizon_and_marks_past_the_threshold
         }
     }
 
+    // The default's key, beside a shaping policy: its burst passes, the rest is dropped,
+    // nothing stamped.
+    let burst = (BURST as usize).div_ceil(FRAME);
+    for (i, r) in defaults.iter().enumerate() {
+        let want = if i < burst {
+            TC_ACT_UNSPEC
+        } else {
+            TC_ACT_SHOT
+        };
+        assert_eq!(
+            (r.verdict, r.tstamp),
+            (want, 0),
+            "{case}: default frame {i}"
+        );
+    }
+    let default_dropped = defaults.len().saturating_sub(burst) as u64;
+    let default_passed = defaults.len() as u64 - default_dropped;
+
     // The counters count what the frames show.
     let held = runs.iter().filter(|r| r.tstamp != 0).count() as u64;
-    assert_eq!(counters.shaped_packets, held);
-    assert_eq!(counters.shaped_bytes, held * FRAME as u64);
+    let dropped_n = seen(&runs, &dropped) as u64;
+    let passed_n = runs.len() as u64 - dropped_n;
+    assert_eq!(counters.shaped_packets, held, "{case}");
+    assert_eq!(counters.shaped_bytes, held * FRAME as u64, "{case}");
     assert_eq!(counters.ce_marked_packets, seen(&runs, &marked) as u64);
     assert_eq!(
         counters.outcomes.dropped_packets,
-        seen(&runs, &dropped) as u64
+        dropped_n + default_dropped,
+        "{case}"
     );
     assert_eq!(
         counters.outcomes.passed_packets,
-        (runs.len() - seen(&runs, &dropped)) as u64
+        passed_n + default_passed,
+        "{case}"
     );
+    let frames = (runs.len() + defaults.len()) as u64;
+    let by_family = match family {
+        Family::V4 => (counters.ipv4_packets, counters.ipv6_packets),
+        Family::V6 => (counters.ipv6_packets, counters.ipv4_packets),
+    };
+    assert_eq!(by_family, (frames, 0), "{case}: frames of the family");
+    // The shaping policy's own counters: its key's frames, exactly.
+    let stats = table.stats(slot).unwrap();
+    assert_eq!(
+        (
+            stats.outcomes.passed_packets,
+            stats.outcomes.dropped_packets
+        ),
+        (passed_n, dropped_n),
+        "{case}: the shaper's own counts"
+    );
+    assert_eq!(stats.outcomes.would_drop_packets, 0);
+    if shaper == Shaper::Policy {
+        let d = table.stats(0).unwrap();
+        assert_eq!(
+            (d.outcomes.passed_packets, d.outcomes.dropped_packets),
+            (default_passed, default_dropped),
+            "{case}: the default's counts"
+        );
+    }
     assert_eq!(counters.shape_delay.iter().sum::<u64>(), held);
     // Each delay in its bucket: at most the horizon's, at least the bucket of the
     // shortest delay held.

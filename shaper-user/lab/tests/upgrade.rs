@@ -271,7 +271,8 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
         ipv6: true,
         ..LabOptions::default()
     };
-    let lab = Lab::with("upgr", 4, options).unwrap();
+    // The fifth source sends only after the swap.
+    let lab = Lab::with("upgr", 5, options).unwrap();
     let old = OldAttachment::new(&lab, layout);
     // Some traffic first, so cells are charged and counters count: IPv4, then IPv6.
     let report = run_udp_with(
@@ -398,6 +399,75 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
     let (_, policies) = counters(&new_shaper(), &lab);
     assert_eq!(policies[1]["passed_packets"], 0, "{policies}");
     assert_eq!(policies[1]["dropped_packets"], 0, "{policies}");
+    new_keys_after_the_swap(&lab);
+}
+
+/// Traffic after an upgrade from keys new to the table, of both families (an IPv4 source
+/// and an IPv6 /64 that sent nothing before): each metered by the new program, every
+/// frame once, what it passed what arrived, and no more than its limit.
+fn new_keys_after_the_swap(lab: &Lab) {
+    let before = counters(&new_shaper(), lab).0;
+    // One run a family (the lab's sender sends one family a run).
+    let mut results = Vec::new();
+    for src in [IpAddr::from(lab.sources()[4]), lab.sources6()[2].into()] {
+        let flow = Flow {
+            src,
+            offered_bps: 4 * RATE_BPS,
+            frame_bytes: FRAME,
+        };
+        let report = run_udp_with(
+            lab,
+            &[flow],
+            Duration::from_millis(300),
+            &RunOptions::default(),
+        )
+        .unwrap();
+        assert_eq!((report.path_drops, report.receiver_drops), (0, 0));
+        results.push((flow, report.flows[0].clone()));
+    }
+    let stats = json(
+        &new_shaper(),
+        lab.rx_ns(),
+        &["stats", lab.rx_iface(), "--top", "1000"],
+    );
+    let n = |v: &Value, key: &str| v[key].as_u64().unwrap();
+    let unadmitted = n(&stats["totals"], "unadmitted_packets") - n(&before, "unadmitted_packets");
+    let mut firsts = 0;
+    for (flow, result) in &results {
+        let key = match flow.src {
+            IpAddr::V4(a) => a.to_string(),
+            IpAddr::V6(a) => format!("{}/64", Ipv6Addr::from(u128::from(a) & !0 << 64)),
+        };
+        let r = stats["top_sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["source"] == key)
+            .unwrap_or_else(|| panic!("{key}, new after the upgrade, not in stats"));
+        let metered = n(r, "passed_packets") + n(r, "dropped_packets");
+        // Its first frame, if the doorkeeper metered it unadmitted, is in the totals only.
+        let first = result.sent_packets - metered;
+        let first_passed = result.received_packets - n(r, "passed_packets");
+        assert!(
+            first <= 1 && first_passed <= first,
+            "{key}: {first} unmetered"
+        );
+        assert_eq!(
+            n(r, "passed_bytes") + first_passed * u64::from(FRAME),
+            result.received_l2_bytes,
+            "{key}: what shaper passed is not what arrived"
+        );
+        // Limited: at most one burst and the rate over the time its frames arrived (a
+        // sender slowed by emulation may not overload it: no drop is required).
+        let most = BURST_BYTES as f64 + RATE_BPS as f64 / 8.0 * result.received_span_secs();
+        assert!(
+            result.received_l2_bytes as f64 <= most + f64::from(FRAME),
+            "{key}: {} bytes passed, the limit allows {most:.0}",
+            result.received_l2_bytes
+        );
+        firsts += first;
+    }
+    assert_eq!(firsts, unadmitted, "frames metered unadmitted");
 }
 
 #[test]

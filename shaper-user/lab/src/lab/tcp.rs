@@ -1,5 +1,6 @@
-//! One TCP transfer from the first source to the receiver, as fast as TCP goes: large
-//! writes on a veth with TSO, so the sender's stack builds GSO packets of up to 64 KiB.
+//! One TCP transfer from the first source to the receiver (IPv4 or IPv6), as fast as TCP
+//! goes: large writes on a veth with TSO, so the sender's stack builds GSO packets of up to
+//! 64 KiB.
 
 use std::{
     io::{Read as _, Write as _},
@@ -17,11 +18,12 @@ const PORT: u16 = 5201;
 const WRITE_BYTES: usize = 256 * 1024;
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Sends `bytes` from the tx namespace to the receiver over TCP and waits until the
-/// receiver has read them all and the connection is closed; returns the sender's address
-/// (the tx veth's first address, as routing picks it).
-pub fn send_tcp(lab: &Lab, bytes: usize) -> Result<IpAddr> {
-    let rx = SocketAddr::new(lab.rx_addr().into(), PORT);
+/// Sends `bytes` from the tx namespace to the receiver's address `dst` ([`Lab::rx_addr`],
+/// or [`Lab::rx_addr6`] in a lab with IPv6) over TCP and waits until the receiver has
+/// read them all and the connection is closed; returns the sender's address (the tx
+/// veth's first address of the family, as routing picks it).
+pub fn send_tcp_to(lab: &Lab, dst: IpAddr, bytes: usize) -> Result<IpAddr> {
+    let rx = SocketAddr::new(dst, PORT);
     let listener = netns::run_in(lab.rx_ns(), move || TcpListener::bind(rx))?
         .with_context(|| format!("cannot listen on {rx}"))?;
     let reader = std::thread::spawn(move || -> Result<u64> {
