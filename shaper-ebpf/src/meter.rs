@@ -174,7 +174,7 @@ pub extern "C" fn shaper_subscriber(
         COUNT_UNADMITTED => Count::Unadmitted,
         _ => Count::Later,
     };
-    let (rule, slot, excess) = policy::subscriber_rule(config, value);
+    let (rule, slot, excess, entry) = policy::subscriber_rule(config, value);
     let peak = policy::has_excess(&rule, excess);
     // SAFETY: checked above; the excess cell is null or a live map value.
     if unsafe { !carried(cell, &rule) || peak && !scaled(excess, &rule.meter2.excess) } {
@@ -209,7 +209,7 @@ pub extern "C" fn shaper_subscriber(
     if count != Count::Later {
         count_policy(slot, metered, len);
     }
-    count_subscriber(value, metered, yellow, len, counters);
+    count_subscriber(entry, metered, yellow, len, counters);
     metered.0
 }
 
@@ -224,11 +224,16 @@ unsafe fn fits(cell: *mut Cell, limit: &shaper_common::gcra::Limit, len: u32, no
     limit.admit(tat, now, len).is_some()
 }
 
-/// Counts a subscriber's frame in its entry (atomically: every CPU shares it), and a
-/// yellow one in this CPU's counters too.
+/// Counts a subscriber's frame in its entry `s` (null: gone) atomically, every CPU sharing
+/// it, and a yellow one in this CPU's counters too.
 #[inline(always)]
-fn count_subscriber(value: u32, metered: Metered, yellow: bool, len: u32, counters: &mut Counters) {
-    let s = policy::subscriber(value);
+fn count_subscriber(
+    s: *mut shaper_common::maps::Subscriber,
+    metered: Metered,
+    yellow: bool,
+    len: u32,
+    counters: &mut Counters,
+) {
     if s.is_null() {
         return;
     }
@@ -262,7 +267,7 @@ pub extern "C" fn shaper_subscriber_prepare(cell: *mut Cell, value: u32, now: u6
     if cell.is_null() {
         return 0;
     }
-    let (rule, _, excess) = policy::subscriber_rule(config, value);
+    let (rule, _, excess, _) = policy::subscriber_rule(config, value);
     // SAFETY: a global function's pointer argument is null or points to a whole value
     // (checked above); the excess cell is null or a live map value.
     unsafe {
@@ -313,7 +318,7 @@ unsafe fn metered<const SECOND: bool>(
             // In a global function already (a call more would not fit the stack).
             // Its excess rate is not applied (a frame over the committed rate is red):
             // a frame of a key two CPUs created at once.
-            let (rule, slot, _) = policy::subscriber_rule(config, value);
+            let (rule, slot, _, _) = policy::subscriber_rule(config, value);
             // SAFETY: the caller's.
             return unsafe { decide::<true>(cell, &rule, slot, count, len, now, counters) };
         }
@@ -477,19 +482,7 @@ fn created(
     match key.insert(fresh) {
         Ok(()) => {
             count_policy(slot, metered, len);
-            let again = u64::from(admitted == Admitted::Again);
-            let first = u64::from(admitted == Admitted::First);
-            counters.new_sources += 1;
-            counters.sightings.admitted += again;
-            counters.sightings.first_admitted += first;
-            if let Some(stats) = POLICY_STATS.get_ptr_mut(slot) {
-                // SAFETY: this CPU's entry (see `cell::count_policy`).
-                unsafe {
-                    (*stats).new_sources += 1;
-                    (*stats).sightings.admitted += again;
-                    (*stats).sightings.first_admitted += first;
-                }
-            }
+            count_new_source(admitted, slot, counters);
             metered
         }
         Err(e) if e == -EEXIST => {
@@ -557,21 +550,28 @@ fn subscriber_created(
     };
     let metered = known::<true>(state, key, config, value, slot, len, now, counters);
     if new {
-        let again = u64::from(admitted == Admitted::Again);
-        let first = u64::from(admitted == Admitted::First);
-        counters.new_sources += 1;
-        counters.sightings.admitted += again;
-        counters.sightings.first_admitted += first;
-        if let Some(stats) = POLICY_STATS.get_ptr_mut(slot) {
-            // SAFETY: this CPU's entry (see `cell::count_policy`).
-            unsafe {
-                (*stats).new_sources += 1;
-                (*stats).sightings.admitted += again;
-                (*stats).sightings.first_admitted += first;
-            }
-        }
+        count_new_source(admitted, slot, counters);
     }
     metered
+}
+
+/// Counts a key new to the table, `admitted` as it was, in this CPU's counters and its
+/// policy `slot`'s.
+#[inline(always)]
+fn count_new_source(admitted: Admitted, slot: u32, counters: &mut Counters) {
+    let again = u64::from(admitted == Admitted::Again);
+    let first = u64::from(admitted == Admitted::First);
+    counters.new_sources += 1;
+    counters.sightings.admitted += again;
+    counters.sightings.first_admitted += first;
+    if let Some(stats) = POLICY_STATS.get_ptr_mut(slot) {
+        // SAFETY: this CPU's entry (see `cell::count_policy`).
+        unsafe {
+            (*stats).new_sources += 1;
+            (*stats).sightings.admitted += again;
+            (*stats).sightings.first_admitted += first;
+        }
+    }
 }
 
 /// Gives `refund` ticks back to the aggregate cell of a frame under `value` (policy `slot`):

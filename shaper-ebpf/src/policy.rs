@@ -101,31 +101,36 @@ pub fn subscriber(value: u32) -> *mut shaper_common::maps::Subscriber {
     }
 }
 
-/// The rule of a subscriber's frame (`value` has `SUBSCRIBER_BIT`), its plan's slot and
-/// the subscriber's excess cell: its plan's rule with the subscriber's cell in the
-/// aggregate's place, so every prefix of the subscriber draws from one bucket; the
-/// default's if it is gone. The excess cell is null when the rule has no aggregate cell
-/// (the subscriber is gone); whether it is used, [`has_excess`] says.
+/// The rule of a subscriber's frame (`value` has `SUBSCRIBER_BIT`), its plan's slot, the
+/// subscriber's excess cell and its entry: its plan's rule with the subscriber's cell in
+/// the aggregate's place, so every prefix of the subscriber draws from one bucket; the
+/// default's if it is gone (the entry null). The excess cell is null when the rule has no
+/// aggregate cell; whether it is used, [`has_excess`] says. The entry is what its frames
+/// are counted in, looked up once.
 #[inline(always)]
-pub fn subscriber_rule(config: &Config, value: u32) -> (Rule<'_>, u32, *mut Cell) {
+pub fn subscriber_rule(
+    config: &Config,
+    value: u32,
+) -> (Rule<'_>, u32, *mut Cell, *mut shaper_common::maps::Subscriber) {
     let s = subscriber(value);
     if s.is_null() {
         return (
             rule(config, DEFAULT_SLOT),
             DEFAULT_SLOT,
             core::ptr::null_mut(),
+            s,
         );
     }
     // SAFETY: a live map value.
     let slot = unsafe { (*s).plan };
     let mut r = rule(config, slot);
     if r.aggregate_cell.is_null() {
-        return (r, slot, core::ptr::null_mut());
+        return (r, slot, core::ptr::null_mut(), s);
     }
     // SAFETY: a live map value.
     r.aggregate_cell = unsafe { &raw mut (*s).cell };
     // SAFETY: a live map value.
-    (r, slot, unsafe { &raw mut (*s).excess })
+    (r, slot, unsafe { &raw mut (*s).excess }, s)
 }
 
 /// Whether a subscriber's frame has an excess rate: [`subscriber_rule`]'s excess cell and
