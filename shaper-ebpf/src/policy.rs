@@ -111,7 +111,12 @@ pub fn subscriber(value: u32) -> *mut shaper_common::maps::Subscriber {
 pub fn subscriber_rule(
     config: &Config,
     value: u32,
-) -> (Rule<'_>, u32, *mut Cell, *mut shaper_common::maps::Subscriber) {
+) -> (
+    Rule<'_>,
+    u32,
+    *mut Cell,
+    *mut shaper_common::maps::Subscriber,
+) {
     let s = subscriber(value);
     if s.is_null() {
         return (

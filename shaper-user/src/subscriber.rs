@@ -209,15 +209,19 @@ pub struct Before {
 pub struct SubscriberTable<P = PolicyTable> {
     subs: Array<MapData, Subscriber>,
     policies: P,
+    /// Every route of the tries as last read, until the next write through
+    /// [`Self::pm`]: a change reads them once (they are read key by key, the slow part
+    /// of a change at a million subscribers).
+    routes: std::cell::OnceCell<Vec<(IpNet, u32)>>,
 }
 
 impl SubscriberTable {
     /// The maps of an attachment's pins as opened (no pin is opened again).
     pub fn of(pinned: &Pinned) -> Result<Self, SubscriberError> {
-        Ok(Self {
-            subs: pinned.map(PIN_SUBSCRIBERS)?,
-            policies: PolicyTable::of(pinned)?,
-        })
+        Ok(Self::new(
+            pinned.map(PIN_SUBSCRIBERS)?,
+            PolicyTable::of(pinned)?,
+        ))
     }
 }
 
@@ -225,7 +229,11 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// The subscribers' map `subs` beside the policy maps `policies` (of a loaded object:
     /// `test_run` and benchmarks).
     pub fn new(subs: Array<MapData, Subscriber>, policies: P) -> Self {
-        Self { subs, policies }
+        Self {
+            subs,
+            policies,
+            routes: std::cell::OnceCell::new(),
+        }
     }
 
     fn p(&self) -> &PolicyTable {
@@ -233,7 +241,17 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     }
 
     fn pm(&mut self) -> &mut PolicyTable {
+        self.routes.take();
         self.policies.borrow_mut()
+    }
+
+    /// Every route of the tries (read once until the next write).
+    fn routes(&self) -> Result<&[(IpNet, u32)], SubscriberError> {
+        if let Some(routes) = self.routes.get() {
+            return Ok(routes);
+        }
+        let routes = self.p().routes()?;
+        Ok(self.routes.get_or_init(|| routes))
     }
 
     /// Subscribers it has room for.
@@ -264,15 +282,15 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     pub fn list(&self) -> Result<Vec<Installed>, SubscriberError> {
         let routes = self.p().subscriber_routes()?;
         let plans = self.p().plans()?;
+        let mut by_index: std::collections::HashMap<u32, Vec<IpNet>> = Default::default();
+        for (net, index) in routes {
+            by_index.entry(index).or_default().push(net);
+        }
         let mut found: Vec<Installed> = self
             .entries()?
             .into_iter()
             .map(|(index, s)| {
-                let mut prefixes: Vec<IpNet> = routes
-                    .iter()
-                    .filter(|(_, i)| *i == index)
-                    .map(|(net, _)| *net)
-                    .collect();
+                let mut prefixes = by_index.remove(&index).unwrap_or_default();
                 prefixes.sort();
                 let plan = plans
                     .iter()
@@ -318,7 +336,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             None if spec.is_none() => return Err(SubscriberError::NotFound(id.to_owned())),
             None => (self.free_index()?, Subscriber::default()),
         };
-        let routes = self.p().routes()?;
+        let routes = self.routes()?;
         let mut touched: Vec<IpNet> = routes
             .iter()
             .filter(|(_, v)| *v == index | SUBSCRIBER_BIT)
@@ -354,38 +372,37 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// Refuses a prefix of `spec` (subscriber `index`) that would let traffic escape a
     /// subscriber's bucket (see the module docs).
     fn check_overlaps(&self, spec: &SubscriberSpec, index: u32) -> Result<(), SubscriberError> {
-        let names: Vec<(u32, String)> = self
-            .entries()?
-            .into_iter()
-            .map(|(i, s)| (i, unpadded(&s.id)))
-            .collect();
-        let name = |v: u32| {
-            names
-                .iter()
-                .find(|(i, _)| *i == v & !SUBSCRIBER_BIT)
-                .map_or_else(|| "?".to_owned(), |(_, id)| id.clone())
+        // Named only for the error: looking every route's subscriber up would read the
+        // whole table once a route.
+        let what = |route: IpNet, value: u32| {
+            if value & SUBSCRIBER_BIT == 0 {
+                return format!("policy {route}");
+            }
+            let i = value & !SUBSCRIBER_BIT;
+            let id = self
+                .subs
+                .get(&i, 0)
+                .map_or_else(|_| "?".to_owned(), |s| unpadded(&s.id));
+            format!("subscriber {id}'s prefix {route}")
         };
-        for (route, value) in self.p().routes()? {
+        for &(route, value) in self.routes()? {
             if value == index | SUBSCRIBER_BIT {
                 continue;
             }
             let theirs = value & SUBSCRIBER_BIT != 0;
             for p in &spec.prefixes {
-                let what = if theirs {
-                    format!("subscriber {}'s prefix {route}", name(value))
-                } else {
-                    format!("policy {route}")
-                };
                 if p.contains(&route) {
                     return Err(SubscriberError::Overlap(format!(
-                        "{what} is inside subscriber {}'s prefix {p}: its traffic would escape the subscriber's bucket",
+                        "{} is inside subscriber {}'s prefix {p}: its traffic would escape the subscriber's bucket",
+                        what(route, value),
                         spec.id
                     )));
                 }
                 if theirs && route.contains(p) {
                     return Err(SubscriberError::Overlap(format!(
-                        "subscriber {}'s prefix {p} is inside {what}: its traffic would escape that subscriber's bucket",
-                        spec.id
+                        "subscriber {}'s prefix {p} is inside {}: its traffic would escape that subscriber's bucket",
+                        spec.id,
+                        what(route, value)
                     )));
                 }
             }
