@@ -1,13 +1,15 @@
 //! The counters and gauges of every attachment in a network namespace, in the
 //! Prometheus/OpenMetrics text format (the prometheus-client crate's encoder), read from
-//! the pins at each scrape. Labels name the interface, the direction (`ingress` or `egress`)
-//! and, for per-policy counters, the policy (`default` or its prefix): never an address,
-//! so the series are bounded by the interfaces and their policies.
+//! the pins at each scrape. Labels name the interface, the direction (`ingress` or `egress`),
+//! for per-policy counters the policy (`default` or its prefix), and for the busiest
+//! subscribers' the subscriber's id: never an address, and a bounded number of policies and
+//! subscribers per attachment.
 //!
 //! A scrape reads a fixed number of entries per attachment (the counters, the settings,
 //! one per policy), whatever the source maps hold: how many keys they hold is counted by
 //! the daemon in the background ([`SourceCounter`]), at most 1% of a CPU, and a scrape
-//! serves the last count. The daemon adds what only it knows ([`Daemon`]): whether each
+//! serves the last count; so are the subscribers (their number and the busiest). The
+//! daemon adds what only it knows ([`Daemon`]): whether each
 //! interface of its file is attached, and how its last reload went.
 
 use std::{
@@ -31,9 +33,10 @@ use shaper_common::{
 
 use crate::{
     colour::Colours,
-    maps::{self, PinnedMapError},
+    maps::{self, Pinned, PinnedMapError},
     pins::{self, Attachment, Direction},
     policy::{Mode, PolicyError, PolicyTable},
+    subscriber::{Counts, SubscriberTable},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -345,6 +348,25 @@ const POLICY: OutcomeNames = (
     ],
 );
 
+const SUBSCRIBER: OutcomeNames = (
+    [
+        "shaper_subscriber_passed_packets",
+        "shaper_subscriber_passed_bytes",
+        "shaper_subscriber_dropped_packets",
+        "shaper_subscriber_dropped_bytes",
+        "shaper_subscriber_would_drop_packets",
+        "shaper_subscriber_would_drop_bytes",
+    ],
+    [
+        "Frames of one of the busiest subscribers, passed",
+        "Bytes of frames of one of the busiest subscribers, passed",
+        "Frames of one of the busiest subscribers, dropped",
+        "Bytes of frames of one of the busiest subscribers, dropped",
+        "Frames of one of the busiest subscribers that would drop (monitor mode)",
+        "Bytes of frames of one of the busiest subscribers that would drop (monitor mode)",
+    ],
+);
+
 const POLICY_UNADMITTED: OutcomeNames = (
     [
         "shaper_policy_unadmitted_passed_packets",
@@ -475,8 +497,8 @@ fn collect(
 
     let capacity = maps::sources_capacity(at).map_err(map_err)?;
     for (family, tracked) in [
-        ("ipv4", counted.map(|c| c.ipv4)),
-        ("ipv6", counted.map(|c| c.ipv6)),
+        ("ipv4", counted.as_ref().map(|c| c.ipv4)),
+        ("ipv6", counted.as_ref().map(|c| c.ipv6)),
     ] {
         let mut l = base.clone();
         l.push(("family".to_owned(), LabelValue(family.to_owned())));
@@ -508,6 +530,9 @@ fn collect(
             base.clone(),
             unix_seconds(c.at),
         );
+        if let Some(subs) = &c.subscribers {
+            subscriber_series(f, &base, subs);
+        }
     }
 
     collect_policies(f, at, &base, top)
@@ -611,12 +636,50 @@ fn policy_series(f: &mut Families, base: &Labels, name: String, s: &PolicyStats)
     );
 }
 
-/// How many keys an attachment's source maps held when last counted.
-#[derive(Clone, Copy, Debug)]
+/// The subscribers in force as the daemon last counted them, with a series set for each
+/// of the busiest (`SourceCounter::new`'s `subscribers`): bounded however many there are.
+fn subscriber_series(f: &mut Families, base: &Labels, subs: &SubscriberCount) {
+    f.gauge(
+        "shaper_subscribers",
+        "Subscribers in force, when the daemon last counted (per-subscriber series are given for at most the busiest few: see shaper run --metrics-subscribers)",
+        base.clone(),
+        subs.in_force as f64,
+    );
+    for c in &subs.busiest {
+        let mut l = base.clone();
+        l.push(("subscriber".to_owned(), LabelValue(c.id.clone())));
+        f.outcomes(&SUBSCRIBER, &l, &c.outcomes);
+        f.counter(
+            "shaper_subscriber_yellow_packets",
+            "Of one of the busiest subscribers' passed frames, those its excess rate passed (marked)",
+            l.clone(),
+            c.yellow.0,
+        );
+        f.counter(
+            "shaper_subscriber_yellow_bytes",
+            "Bytes of one of the busiest subscribers' frames its excess rate passed (marked)",
+            l,
+            c.yellow.1,
+        );
+    }
+}
+
+/// How many keys an attachment's source maps held when last counted, and its subscribers.
+#[derive(Clone, Debug)]
 pub struct Counted {
     pub ipv4: u64,
     pub ipv6: u64,
     pub at: SystemTime,
+    /// `None` where they could not be read.
+    pub subscribers: Option<SubscriberCount>,
+}
+
+/// An attachment's subscribers when last counted: how many, and the busiest.
+#[derive(Clone, Debug)]
+pub struct SubscriberCount {
+    pub in_force: usize,
+    /// Those that refused the most bytes, then passed the most.
+    pub busiest: Vec<Counts>,
 }
 
 /// The keys of every live attachment of a namespace, counted in the background and read
@@ -624,9 +687,20 @@ pub struct Counted {
 #[derive(Clone, Default)]
 pub struct SourceCounter {
     counts: Arc<Mutex<HashMap<(String, Direction), Counted>>>,
+    /// How many of each attachment's busiest subscribers it keeps the counts of.
+    subscribers: usize,
 }
 
 impl SourceCounter {
+    /// A counter that also keeps the counts of each attachment's `subscribers` busiest
+    /// subscribers (0: their number only).
+    pub fn new(subscribers: usize) -> Self {
+        Self {
+            counts: Arc::default(),
+            subscribers,
+        }
+    }
+
     /// The share of one CPU counting may take: after a count that took `t`, the next
     /// starts `t / BUDGET` later (and at least [`MIN_COUNT_INTERVAL`]).
     pub const BUDGET: f64 = 0.01;
@@ -646,6 +720,7 @@ impl SourceCounter {
                     ipv4,
                     ipv6,
                     at: SystemTime::now(),
+                    subscribers: self.count_subscribers(&at),
                 };
                 counts.insert((at.iface, at.direction), counted);
             }
@@ -663,12 +738,21 @@ impl SourceCounter {
         }
     }
 
+    fn count_subscribers(&self, at: &Attachment) -> Option<SubscriberCount> {
+        let pinned = Pinned::open(at).ok()?;
+        let (in_force, busiest) = SubscriberTable::of(&pinned)
+            .ok()?
+            .busiest(self.subscribers)
+            .ok()?;
+        Some(SubscriberCount { in_force, busiest })
+    }
+
     fn get(&self, at: &Attachment) -> Option<Counted> {
         self.counts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&(at.iface.clone(), at.direction))
-            .copied()
+            .cloned()
     }
 }
 
@@ -778,6 +862,9 @@ pub struct Scrape {
 /// [`Scrape::unreadable`], and the others are served.
 /// The prefix policies given series of their own by default (`render`'s `top`).
 pub const DEFAULT_TOP_POLICIES: u16 = 10;
+
+/// The subscribers given series of their own by default ([`SourceCounter::new`]).
+pub const DEFAULT_TOP_SUBSCRIBERS: u16 = 10;
 
 /// The scrape of every live attachment of `netns`, with per-policy series for the default
 /// policy and the `top` prefix policies of each that refused the most.

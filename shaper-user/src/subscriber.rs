@@ -96,6 +96,22 @@ pub struct Installed {
     pub yellow: (u64, u64),
 }
 
+/// A subscriber's counts (what `/metrics` gives of the busiest).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Counts {
+    pub id: String,
+    pub outcomes: Outcomes,
+    /// Of its passed frames, those its excess rate passed: packets, bytes.
+    pub yellow: (u64, u64),
+}
+
+impl Counts {
+    /// Bytes refused: dropped, or would drop in monitor mode.
+    pub fn refused_bytes(&self) -> u64 {
+        self.outcomes.dropped_bytes + self.outcomes.would_drop_bytes
+    }
+}
+
 /// What a change did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Changed {
@@ -313,6 +329,34 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             .collect();
         found.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
         Ok(found)
+    }
+
+    /// How many subscribers are in force, and the counts of the `n` of them that refused
+    /// the most bytes, then passed the most (then by id): their entries read in batches,
+    /// no route (the daemon's background count, not a scrape).
+    pub fn busiest(&self, n: usize) -> Result<(usize, Vec<Counts>), SubscriberError> {
+        let mut all: Vec<Counts> = self
+            .entries()?
+            .into_iter()
+            .map(|(_, s)| Counts {
+                id: unpadded(&s.id),
+                outcomes: s.outcomes,
+                yellow: (s.yellow_packets, s.yellow_bytes),
+            })
+            .collect();
+        let in_force = all.len();
+        let order = |c: &Counts| {
+            (
+                std::cmp::Reverse((c.refused_bytes(), c.outcomes.passed_bytes)),
+                c.id.clone(),
+            )
+        };
+        if n < all.len() {
+            all.select_nth_unstable_by_key(n, order);
+            all.truncate(n);
+        }
+        all.sort_by_key(order);
+        Ok((in_force, all))
     }
 
     /// The subscriber `id`.

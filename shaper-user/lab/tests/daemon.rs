@@ -320,6 +320,7 @@ for family in text_string_to_metric_families(sys.stdin.read()):
 struct Told {
     stats: Value,
     policies: Vec<Value>,
+    subscribers: Vec<Value>,
     status: Value,
 }
 
@@ -333,6 +334,10 @@ impl Told {
         Told {
             stats: json(&["stats", iface, "--top", "100000"]),
             policies: json(&["policy", "list", iface]).as_array().unwrap().clone(),
+            subscribers: json(&["subscriber", "list", iface])
+                .as_array()
+                .unwrap()
+                .clone(),
             status: status(lab, iface),
         }
     }
@@ -372,6 +377,21 @@ impl Told {
                 .unwrap_or_else(|| panic!("{sample}: policy list -j has no {field}"))
                 as f64;
         }
+        if let Some(id) = sample.labels.get("subscriber") {
+            let row = self
+                .subscribers
+                .iter()
+                .find(|r| r["id"] == id.as_str())
+                .unwrap_or_else(|| panic!("{sample}: no subscriber {id} in subscriber list"));
+            let field = name
+                .strip_prefix("subscriber_")
+                .and_then(|n| n.strip_suffix("_total"))
+                .unwrap_or_else(|| panic!("{sample}: a per-subscriber series of no counter"));
+            return row[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{sample}: subscriber list -j has no {field}"))
+                as f64;
+        }
         let tracked = |family: &str| {
             self.status[&format!("{family}_sources_tracked")]
                 .as_u64()
@@ -388,6 +408,7 @@ impl Told {
             "sources_counted_timestamp_seconds" => sample.value,
             // Prefix policies: every row of policy list but the default's.
             "policies" => (self.policies.len() - 1) as f64,
+            "subscribers" => self.subscribers.len() as f64,
             "unmetered_packets_total" => self.total(&format!("{}_packets", label("kind"))),
             "unmetered_bytes_total" => self.total(&format!("{}_bytes", label("kind"))),
             "metered_packets_total" => self.total(&format!("{}_packets", label("family"))),
@@ -433,7 +454,13 @@ impl Told {
 /// background count of the keys was made between the two (a count from before the first
 /// reading missed a key it had: 0 against 1 IPv6 key, at a daemon's start).
 fn settled_scrape(lab: &Lab, iface: &str) -> (String, Vec<Sample>, Told) {
-    let counts = |t: &Told| (t.stats["totals"].clone(), t.policies.clone());
+    let counts = |t: &Told| {
+        (
+            t.stats["totals"].clone(),
+            t.policies.clone(),
+            t.subscribers.clone(),
+        )
+    };
     let counted = |samples: &[Sample]| {
         samples
             .iter()
@@ -578,6 +605,123 @@ fn metrics_give_the_default_and_the_top_policies_only() {
         .find(|s| s.name == "shaper_policies")
         .unwrap();
     assert_eq!(gauge.value, 40.0);
+}
+
+/// `/metrics` gives the number of subscribers and a series set for the busiest few only
+/// (`--metrics-subscribers`), counted in the background: four subscribers of either
+/// family, each sending the same load over plans of different rates, and one idle; the
+/// three that refused the most have series, equal to `subscriber list -j`, the others none.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn metrics_give_the_busiest_subscribers_only() {
+    let options = LabOptions {
+        ipv6: true,
+        ..LabOptions::default()
+    };
+    let lab = Lab::with("dm-subs", 2, options).unwrap();
+    let iface = lab.rx_iface().to_owned();
+    let _guard = guard(lab.rx_ns(), &iface);
+    lab.rx_netns()
+        .ip(&["link", "set", "dev", "lo", "up"])
+        .unwrap();
+    let ns = lab.rx_ns();
+    shaper_ok(
+        ns,
+        &[
+            "attach",
+            &iface,
+            "--rate",
+            "100mbit",
+            "--burst",
+            "64k",
+            "--max-subscribers",
+            "8",
+        ],
+    );
+    // The tighter the plan, the more it refuses of the same load; the busiest are not
+    // the first by id.
+    let subscribers = [
+        ("s-d", format!("{}/32", lab.sources()[0]), "1mbit"),
+        ("s-b", format!("{}/32", lab.sources()[1]), "4mbit"),
+        ("s-c", net64(lab.sources6()[0]), "2mbit"),
+        ("s-a", net64(lab.sources6()[1]), "6mbit"),
+        ("s-idle", "203.0.113.9/32".to_owned(), "1mbit"),
+    ];
+    for (id, prefix, rate) in &subscribers {
+        shaper_ok(
+            ns,
+            &[
+                "subscriber",
+                "set",
+                &iface,
+                id,
+                "--prefix",
+                prefix,
+                "--rate",
+                rate,
+                "--burst",
+                "16k",
+            ],
+        );
+    }
+    let dir = scratch("dm-subs");
+    let file = dir.join("shaper.toml");
+    fs::write(&file, config(&iface, "100mbit")).unwrap();
+    let _daemon = Daemon::start(
+        ns,
+        &file,
+        &[
+            "--no-watch",
+            "--metrics-policies",
+            "0",
+            "--metrics-subscribers",
+            "3",
+        ],
+    );
+    let v4 = lab.flows(&[8_000_000, 8_000_000], 1000);
+    let v6: Vec<Flow> = lab.sources6()[..2]
+        .iter()
+        .map(|&src| Flow {
+            src: src.into(),
+            offered_bps: 8_000_000,
+            frame_bytes: 1000,
+        })
+        .collect();
+    for flows in [v4, v6] {
+        let report =
+            run_udp_with(&lab, &flows, Duration::from_secs(1), &RunOptions::default()).unwrap();
+        assert_eq!(report.receiver_drops, 0);
+    }
+    let (_, samples, told) = settled_scrape(&lab, &iface);
+    for sample in &samples {
+        assert_eq!(sample.value, told.expected(sample), "{sample}");
+    }
+    let refused = |r: &Value| r["dropped_bytes"].as_u64().unwrap();
+    let mut rows: Vec<&Value> = told.subscribers.iter().collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(refused(r)));
+    assert!(
+        refused(rows[2]) > refused(rows[3]),
+        "a tie for third: {rows:?}"
+    );
+    let want: BTreeSet<String> = rows[..3]
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_owned())
+        .collect();
+    let got: BTreeSet<String> = samples
+        .iter()
+        .filter_map(|s| s.labels.get("subscriber").cloned())
+        .collect();
+    assert_eq!(got, want);
+    let ids: BTreeSet<&str> = ["s-b", "s-c", "s-d"].into();
+    assert_eq!(
+        want.iter().map(String::as_str).collect::<BTreeSet<_>>(),
+        ids
+    );
+    let gauge = samples
+        .iter()
+        .find(|s| s.name == "shaper_subscribers")
+        .unwrap();
+    assert_eq!(gauge.value, 5.0);
 }
 
 /// `/metrics` in the lab, every series of every family against what `stats -j`, `policy

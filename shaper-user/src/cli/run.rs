@@ -77,6 +77,12 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = metrics::DEFAULT_TOP_POLICIES,
           value_parser = clap::value_parser!(u16).range(0..=1000))]
     pub metrics_policies: u16,
+    /// Per-subscriber series for at most this many subscribers of each attachment: those
+    /// that refused the most bytes, then passed the most, as the daemon last counted them
+    /// (in the background, with the sources); their number is a gauge
+    #[arg(long, value_name = "N", default_value_t = metrics::DEFAULT_TOP_SUBSCRIBERS,
+          value_parser = clap::value_parser!(u16).range(0..=1000))]
+    pub metrics_subscribers: u16,
     /// Also serve /top (the addresses dropped most, as JSON) on a listener of its own,
     /// on loopback unless an address is given: it shows every source's address and
     /// traffic, so keep it off a /metrics port other hosts reach
@@ -376,7 +382,7 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         eprintln!("shaper: serving /metrics on http://{}", args.metrics);
         // The source maps are counted on a thread of their own, at most 1% of a CPU;
         // a scrape serves the last count.
-        let sources = SourceCounter::default();
+        let sources = SourceCounter::new(usize::from(args.metrics_subscribers));
         let (counter, ns) = (sources.clone(), netns.map(str::to_owned));
         std::thread::Builder::new()
             .name("count-sources".to_owned())
