@@ -359,6 +359,20 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         Ok((in_force, all))
     }
 
+    /// The counts of subscriber `id`: its entry found among the entries (read in
+    /// batches), no route read.
+    pub fn counts(&self, id: &str) -> Result<Counts, SubscriberError> {
+        check_id(id)?;
+        let (_, s) = self
+            .find(id)?
+            .ok_or_else(|| SubscriberError::NotFound(id.to_owned()))?;
+        Ok(Counts {
+            id: id.to_owned(),
+            outcomes: s.outcomes,
+            yellow: (s.yellow_packets, s.yellow_bytes),
+        })
+    }
+
     /// The subscriber `id`.
     pub fn get(&self, id: &str) -> Result<Installed, SubscriberError> {
         check_id(id)?;

@@ -717,6 +717,29 @@ fn metrics_give_the_busiest_subscribers_only() {
         want.iter().map(String::as_str).collect::<BTreeSet<_>>(),
         ids
     );
+    // `stats --subscriber`: the same counts, and by colour (nothing marked: red is what
+    // was dropped).
+    for row in &told.subscribers {
+        let id = row["id"].as_str().unwrap();
+        let out = shaper_ok(ns, &["-j", "stats", &iface, "--subscriber", id]);
+        let stats: Value = serde_json::from_str(&out).unwrap();
+        for field in [
+            "passed_packets",
+            "passed_bytes",
+            "dropped_packets",
+            "dropped_bytes",
+        ] {
+            assert_eq!(stats[field], row[field], "{id}: {field}");
+        }
+        assert_eq!(stats["green_bytes"], row["passed_bytes"], "{id}");
+        assert_eq!(stats["red_bytes"], row["dropped_bytes"], "{id}");
+    }
+    let out = shaper(ns, &["stats", &iface, "--subscriber", "nobody"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.trim() == "shaper: no subscriber nobody",
+        "{err}"
+    );
     let gauge = samples
         .iter()
         .find(|s| s.name == "shaper_subscribers")

@@ -10,9 +10,11 @@ use shaper_common::{
 };
 use shaper_user::{
     colour::{self, Colours},
-    maps::{self, KeyNet},
+    maps::{self, KeyNet, Pinned},
+    pins::Attachment,
     policy::{Mode, PolicyTable},
     request, sources,
+    subscriber::SubscriberTable,
     units::Delay,
 };
 use std::collections::HashMap;
@@ -41,6 +43,10 @@ pub struct Args {
     /// How many sources to list.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
+    /// The counters of one subscriber (shaper-subscriber(8)) instead: its frames passed
+    /// (of which marked yellow by its excess rate), dropped and would drop, by colour
+    #[arg(long, value_name = "ID", conflicts_with = "top")]
+    pub subscriber: Option<String>,
 }
 
 const EXAMPLES: &str = "\
@@ -51,6 +57,8 @@ Examples:
       The egress attachment's counters as JSON.
   shaper -j stats eth0 | jq '.totals | {green_bytes, yellow_bytes, red_bytes}'
       What a bandwidth profile (--excess-rate) delivered unmarked, marked and refused.
+  shaper -j stats eth0 --direction egress --subscriber c1042
+      Subscriber c1042's download counters as JSON.
 ";
 
 #[derive(Debug, Serialize)]
@@ -164,7 +172,7 @@ impl Shaping {
 
 /// The packets and bytes the policies in shape mode dropped (the default policy's too if
 /// the interface shapes): shaping drops only beyond the horizon.
-pub fn horizon_dropped(at: &shaper_user::pins::Attachment) -> Result<(u64, u64)> {
+pub fn horizon_dropped(at: &Attachment) -> Result<(u64, u64)> {
     let table = PolicyTable::open(at)?;
     let config = table.config()?;
     let mut slots = Vec::new();
@@ -323,6 +331,9 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
     if !at.exists() {
         bail!("shaper is not attached to {}", at.label());
     }
+    if let Some(id) = &args.subscriber {
+        return subscriber(&at, id, json);
+    }
     let config = maps::read_config(&at)?;
     let counters = maps::read_counters(&at)?;
     let horizon = horizon_dropped(&at)?;
@@ -476,6 +487,63 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
             o.would_drop_packets,
             yellow(format!(" {:>12}", s.colours.yellow_packets))
         );
+    }
+    Ok(())
+}
+
+#[derive(Debug, Serialize)]
+struct SubscriberStats<'a> {
+    interface: &'a str,
+    netns: Option<&'a str>,
+    direction: &'static str,
+    subscriber: &'a str,
+    #[serde(flatten)]
+    outcomes: OutcomeFields,
+    #[serde(flatten)]
+    colours: Colours,
+}
+
+/// `stats --subscriber ID`: one subscriber's counters.
+fn subscriber(at: &Attachment, id: &str, json: bool) -> Result<()> {
+    let c = SubscriberTable::of(&Pinned::open(at)?)?.counts(id)?;
+    let stats = SubscriberStats {
+        interface: &at.iface,
+        netns: at.netns.as_deref(),
+        direction: at.direction.name(),
+        subscriber: id,
+        outcomes: OutcomeFields::new(c.outcomes),
+        colours: Colours::new(&[&c.outcomes], c.yellow),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&stats)?);
+        return Ok(());
+    }
+    let (o, k) = (&c.outcomes, &stats.colours);
+    println!("{} subscriber {id}:", at.label());
+    for (what, packets, bytes, note) in [
+        ("passed", o.passed_packets, o.passed_bytes, ""),
+        ("dropped", o.dropped_packets, o.dropped_bytes, ""),
+        (
+            "would drop",
+            o.would_drop_packets,
+            o.would_drop_bytes,
+            " (monitor: passed)",
+        ),
+        (
+            "green",
+            k.green_packets,
+            k.green_bytes,
+            " (passed unmarked)",
+        ),
+        (
+            "yellow",
+            k.yellow_packets,
+            k.yellow_bytes,
+            " (passed marked by the excess rate)",
+        ),
+        ("red", k.red_packets, k.red_bytes, " (refused)"),
+    ] {
+        println!("  {what:<10} {packets:>12} pkts {bytes:>16} bytes{note}");
     }
     Ok(())
 }

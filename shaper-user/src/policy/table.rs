@@ -548,12 +548,16 @@ impl PolicyTable {
         {
             return Ok(());
         }
-        let routes = self.subscriber_routes()?;
+        let routes: std::collections::HashSet<IpNet> = self
+            .subscriber_routes()?
+            .into_iter()
+            .map(|(net, _)| net.trunc())
+            .collect();
         for p in set.specs() {
-            if let Some((subscriber, _)) = routes.iter().find(|(r, _)| r.contains(&p.prefix)) {
+            if let Some(subscriber) = covering(&routes, p.prefix) {
                 return Err(PolicyError::InSubscriber {
                     prefix: p.prefix,
-                    subscriber: *subscriber,
+                    subscriber,
                 });
             }
         }
@@ -820,4 +824,12 @@ impl PolicyTable {
             .set(0, config, 0)
             .map_err(map_err("write the config"))
     }
+}
+
+/// The prefix of `routes` equal to or holding `prefix`, if any: one look-up a prefix length
+/// (a policy checked against a million subscribers' routes in microseconds, not seconds).
+fn covering(routes: &std::collections::HashSet<IpNet>, prefix: IpNet) -> Option<IpNet> {
+    (0..=prefix.prefix_len())
+        .filter_map(|len| IpNet::new(prefix.addr(), len).ok().map(|n| n.trunc()))
+        .find(|net| routes.contains(net))
 }
