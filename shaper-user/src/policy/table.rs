@@ -9,7 +9,7 @@
 //! Slots freed by the change are cleared last and not reused within it. If any map write
 //! fails, the steps already taken are undone in reverse.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use aya::{
     Ebpf,
@@ -548,7 +548,7 @@ impl PolicyTable {
         {
             return Ok(());
         }
-        let routes: std::collections::HashSet<IpNet> = self
+        let routes: HashSet<IpNet> = self
             .subscriber_routes()?
             .into_iter()
             .map(|(net, _)| net.trunc())
@@ -711,28 +711,26 @@ impl PolicyTable {
             .collect();
         // Subscribers' routes are theirs to restore (`crate::subscriber`).
         let (v4, v6) = (&self.v4, &self.v6);
-        let keep_v4: Vec<Key<Ipv4Key>> = keys_of(v4, "IPv4")?
+        let keep_v4: HashSet<(u32, u32)> = keys_of(v4, "IPv4")?
             .into_iter()
             .filter(|k| {
                 routes.contains(&(4, k.prefix_len(), u128::from(k.data()))) || theirs(v4, k)
             })
+            .map(|k| (k.prefix_len(), k.data()))
             .collect();
-        let keep_v6: Vec<Key<Ipv6Key>> = keys_of(v6, "IPv6")?
+        let keep_v6: HashSet<(u32, [u8; 16])> = keys_of(v6, "IPv6")?
             .into_iter()
             .filter(|k| {
                 routes.contains(&(6, k.prefix_len(), u128::from_ne_bytes(k.data())))
                     || theirs(v6, k)
             })
+            .map(|k| (k.prefix_len(), k.data()))
             .collect();
         prune(&mut self.v4, "IPv4", |k| {
-            keep_v4
-                .iter()
-                .any(|o| o.prefix_len() == k.prefix_len() && o.data() == k.data())
+            keep_v4.contains(&(k.prefix_len(), k.data()))
         })?;
         prune(&mut self.v6, "IPv6", |k| {
-            keep_v6
-                .iter()
-                .any(|o| o.prefix_len() == k.prefix_len() && o.data() == k.data())
+            keep_v6.contains(&(k.prefix_len(), k.data()))
         })?;
         let saved: BTreeSet<u32> = slots.iter().map(|(slot, _)| *slot).collect();
         for (slot, _) in self.slots()? {
@@ -828,7 +826,7 @@ impl PolicyTable {
 
 /// The prefix of `routes` equal to or holding `prefix`, if any: one look-up a prefix length
 /// (a policy checked against a million subscribers' routes in microseconds, not seconds).
-fn covering(routes: &std::collections::HashSet<IpNet>, prefix: IpNet) -> Option<IpNet> {
+fn covering(routes: &HashSet<IpNet>, prefix: IpNet) -> Option<IpNet> {
     (0..=prefix.prefix_len())
         .filter_map(|len| IpNet::new(prefix.addr(), len).ok().map(|n| n.trunc()))
         .find(|net| routes.contains(net))
