@@ -9,9 +9,11 @@ use shaper_common::maps::{Config, Counters, Outcomes, PerCpuSum as _, SourceStat
 
 use crate::{
     colour::{self, Colours},
-    maps::{self, KeyNet, PinnedMapError},
+    maps::{self, KeyNet, Pinned, PinnedMapError},
     pins::Attachment,
     policy::{PolicyError, PolicyTable},
+    subscriber::{SubscriberError, SubscriberTable},
+    units::Rate,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -22,12 +24,14 @@ pub enum SourcesError {
     Policy(#[from] PolicyError),
     #[error("cannot read the second meter's cells")]
     Meter2(#[from] aya::maps::MapError),
+    #[error(transparent)]
+    Subscriber(#[from] SubscriberError),
 }
 
 /// Refused bytes (dropped, or would drop in monitor mode) first, then passed bytes, then
 /// the key: the order of "dropped most", on cumulative counters (`stats`, `/top`) or on
 /// what changed between two reads (`shaper top`).
-pub fn dropped_most(a: (&KeyNet, &Outcomes), b: (&KeyNet, &Outcomes)) -> Ordering {
+pub fn dropped_most<K: Ord>(a: (&K, &Outcomes), b: (&K, &Outcomes)) -> Ordering {
     let refused = |o: &Outcomes| o.dropped_bytes + o.would_drop_bytes;
     (refused(b.1), b.1.passed_bytes, a.0).cmp(&(refused(a.1), a.1.passed_bytes, b.0))
 }
@@ -84,23 +88,29 @@ impl PolicyNames {
     }
 }
 
-/// One key at one read.
+/// What a row of the views is: a key ([`KeyNet`]), or a subscriber's id
+/// ([`Sample::subscribers`]).
+pub trait RowKey: Clone + Eq + std::hash::Hash + Ord + std::fmt::Display {}
+
+impl<K: Clone + Eq + std::hash::Hash + Ord + std::fmt::Display> RowKey for K {}
+
+/// One key (or subscriber) at one read.
 #[derive(Clone, Debug)]
-pub struct Source {
-    pub key: KeyNet,
+pub struct Source<K = KeyNet> {
+    pub key: K,
     pub policy: String,
     pub outcomes: Outcomes,
     /// Of the passed, those passed yellow (marked): packets, bytes (`crate::colour`).
     pub yellow: (u64, u64),
 }
 
-/// One read of an attachment's counters and keys.
+/// One read of an attachment's counters and keys (or subscribers).
 #[derive(Clone, Debug)]
-pub struct Sample {
+pub struct Sample<K = KeyNet> {
     pub taken: Instant,
     pub config: Config,
     pub totals: Counters,
-    pub sources: Vec<Source>,
+    pub sources: Vec<Source<K>>,
 }
 
 impl Sample {
@@ -116,6 +126,32 @@ impl Sample {
                 yellow: yellow.get(&key).copied().unwrap_or_default(),
                 key,
                 outcomes: state.outcomes,
+            })
+            .collect();
+        Ok(Self {
+            taken: Instant::now(),
+            config,
+            totals,
+            sources,
+        })
+    }
+}
+
+impl Sample<String> {
+    /// One read of an attachment's counters and subscribers, each named by its plan's
+    /// rate: `shaper top --subscribers`.
+    pub fn subscribers(at: &Attachment) -> Result<Self, SourcesError> {
+        let config = maps::read_config(at)?;
+        let totals = maps::read_counters(at)?;
+        let table = SubscriberTable::of(&Pinned::open(at)?)?;
+        let sources = table
+            .with_plans()?
+            .into_iter()
+            .map(|(c, rate_bps)| Source {
+                key: c.id,
+                policy: format!("plan {}", Rate::from_bps(rate_bps)),
+                outcomes: c.outcomes,
+                yellow: c.yellow,
             })
             .collect();
         Ok(Self {
@@ -219,10 +255,10 @@ impl Change {
     }
 }
 
-/// A key's rates between two reads.
+/// A key's (or subscriber's) rates between two reads.
 #[derive(Clone, Debug)]
-pub struct SourceRate {
-    pub key: KeyNet,
+pub struct SourceRate<K = KeyNet> {
+    pub key: K,
     pub policy: String,
     pub change: Change,
 }
@@ -260,18 +296,22 @@ impl SortKey {
 
 /// The rates of every key of `after` since `before` (a key new in `after` counts from
 /// zero), sorted by `key`, and the interface's.
-pub fn rates(before: &Sample, after: &Sample, key: SortKey) -> (TotalRates, Vec<SourceRate>) {
+pub fn rates<K: RowKey>(
+    before: &Sample<K>,
+    after: &Sample<K>,
+    key: SortKey,
+) -> (TotalRates, Vec<SourceRate<K>>) {
     let secs = after.taken.duration_since(before.taken).as_secs_f64();
-    let earlier: HashMap<KeyNet, (&Outcomes, (u64, u64))> = before
+    let earlier: HashMap<&K, (&Outcomes, (u64, u64))> = before
         .sources
         .iter()
-        .map(|s| (s.key, (&s.outcomes, s.yellow)))
+        .map(|s| (&s.key, (&s.outcomes, s.yellow)))
         .collect();
-    let mut rows: Vec<SourceRate> = after
+    let mut rows: Vec<SourceRate<K>> = after
         .sources
         .iter()
         .map(|s| SourceRate {
-            key: s.key,
+            key: s.key.clone(),
             policy: s.policy.clone(),
             change: Change::between(
                 earlier
@@ -303,13 +343,13 @@ pub fn rates(before: &Sample, after: &Sample, key: SortKey) -> (TotalRates, Vec<
     (totals, rows)
 }
 
-/// Sorts rows by `key`, largest first, ties by the key's address.
-pub fn sort(rows: &mut [SourceRate], key: SortKey) {
+/// Sorts rows by `key`, largest first, ties by the key's address (or id).
+pub fn sort<K: RowKey>(rows: &mut [SourceRate<K>], key: SortKey) {
     rows.sort_by(|a, b| {
         let (ca, cb) = (&a.change.counts, &b.change.counts);
         match key {
-            SortKey::Rate => (cb.bytes(), a.key).cmp(&(ca.bytes(), b.key)),
-            SortKey::Passed => (cb.passed_bytes, a.key).cmp(&(ca.passed_bytes, b.key)),
+            SortKey::Rate => (cb.bytes(), &a.key).cmp(&(ca.bytes(), &b.key)),
+            SortKey::Passed => (cb.passed_bytes, &a.key).cmp(&(ca.passed_bytes, &b.key)),
             SortKey::Dropped => dropped_most((&a.key, ca), (&b.key, cb)),
         }
     });

@@ -105,6 +105,14 @@ pub struct Counts {
     pub yellow: (u64, u64),
 }
 
+fn counts_of(s: &Subscriber) -> Counts {
+    Counts {
+        id: unpadded(&s.id),
+        outcomes: s.outcomes,
+        yellow: (s.yellow_packets, s.yellow_bytes),
+    }
+}
+
 impl Counts {
     /// Bytes refused: dropped, or would drop in monitor mode.
     pub fn refused_bytes(&self) -> u64 {
@@ -335,15 +343,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// the most bytes, then passed the most (then by id): their entries read in batches,
     /// no route (the daemon's background count, not a scrape).
     pub fn busiest(&self, n: usize) -> Result<(usize, Vec<Counts>), SubscriberError> {
-        let mut all: Vec<Counts> = self
-            .entries()?
-            .into_iter()
-            .map(|(_, s)| Counts {
-                id: unpadded(&s.id),
-                outcomes: s.outcomes,
-                yellow: (s.yellow_packets, s.yellow_bytes),
-            })
-            .collect();
+        let mut all: Vec<Counts> = self.entries()?.iter().map(|(_, s)| counts_of(s)).collect();
         let in_force = all.len();
         let order = |c: &Counts| {
             (
@@ -359,6 +359,21 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         Ok((in_force, all))
     }
 
+    /// Every subscriber's counts with its plan's rate (bits per second): no route read.
+    pub fn with_plans(&self) -> Result<Vec<(Counts, u64)>, SubscriberError> {
+        let plans: std::collections::HashMap<u32, u64> = self
+            .p()
+            .plans()?
+            .into_iter()
+            .map(|(slot, p)| (slot, plan_limits(&p).aggregate_rate_bps))
+            .collect();
+        Ok(self
+            .entries()?
+            .iter()
+            .map(|(_, s)| (counts_of(s), plans.get(&s.plan).copied().unwrap_or(0)))
+            .collect())
+    }
+
     /// The counts of subscriber `id`: its entry found among the entries (read in
     /// batches), no route read.
     pub fn counts(&self, id: &str) -> Result<Counts, SubscriberError> {
@@ -366,11 +381,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         let (_, s) = self
             .find(id)?
             .ok_or_else(|| SubscriberError::NotFound(id.to_owned()))?;
-        Ok(Counts {
-            id: id.to_owned(),
-            outcomes: s.outcomes,
-            yellow: (s.yellow_packets, s.yellow_bytes),
-        })
+        Ok(counts_of(&s))
     }
 
     /// The subscriber `id`.

@@ -9,17 +9,17 @@
 mod common;
 
 use std::{
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     process::Command,
     thread,
     time::{Duration, Instant},
 };
 
-use common::{attach, shaper_ok};
+use common::{attach, attach_with, shaper_ok};
 use serde_json::Value;
 use shaper_lab::{
     bins::shaper as shaper_bin,
-    lab::{Flow, Lab, RunOptions, run_udp_with},
+    lab::{Flow, Lab, LabOptions, RunOptions, run_udp_with},
 };
 
 /// What each source offers: the first 3 Mbit/s under the 8mbit default, the second
@@ -344,4 +344,91 @@ fn top_without_a_terminal_prints_one_snapshot() {
         top["totals"]["rate_bits_per_sec"].as_f64().unwrap(),
         (OFFERED[0] + OFFERED[1]) as f64,
     );
+}
+
+/// `top --subscribers`: a row a subscriber, over all of its prefixes and both families.
+/// `c-two` holds the second IPv4 source and the first IPv6 one's /64, each at 3 Mbit/s,
+/// under a plan of 1.5 Mbit/s committed and 0.5 more marked; `c-one` the first IPv4
+/// source at 3 Mbit/s under 8 Mbit/s. Their rates, passed, dropped and marked as offered
+/// and planned, sorted by passed (`c-one` first) and named by their plans' rates.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn top_shows_subscribers_over_their_prefixes() {
+    let options = LabOptions {
+        ipv6: true,
+        ..LabOptions::default()
+    };
+    let lab = Lab::with("top-subs", 2, options).unwrap();
+    let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
+    let _guard = attach_with(ns, iface, "8mbit", "64k", &["--max-subscribers", "4"]);
+    let six = lab.sources6()[0].segments();
+    let net64 = Ipv6Addr::new(six[0], six[1], six[2], six[3], 0, 0, 0, 0);
+    for args in [
+        vec![
+            "c-one".to_owned(),
+            "--prefix".to_owned(),
+            format!("{}/32", lab.sources()[0]),
+            "--rate".to_owned(),
+            "8mbit".to_owned(),
+        ],
+        vec![
+            "c-two".to_owned(),
+            "--prefix".to_owned(),
+            format!("{}/32", lab.sources()[1]),
+            "--prefix".to_owned(),
+            format!("{net64}/64"),
+            "--rate".to_owned(),
+            "1500kbit".to_owned(),
+            "--excess-rate".to_owned(),
+            "500kbit".to_owned(),
+            "--excess-burst".to_owned(),
+            "16k".to_owned(),
+        ],
+    ] {
+        let mut all = vec!["subscriber", "set", iface];
+        all.extend(args.iter().map(String::as_str));
+        all.extend(["--burst", "16k"]);
+        shaper_ok(ns, &all);
+    }
+    let flow = |src: IpAddr| Flow {
+        src,
+        offered_bps: 3_000_000,
+        frame_bytes: FRAME,
+    };
+    let v4 = [flow(lab.sources()[0].into()), flow(lab.sources()[1].into())];
+    let v6 = [flow(lab.sources6()[0].into())];
+    let run = |flows: &[Flow]| {
+        run_udp_with(&lab, flows, Duration::from_secs(4), &RunOptions::default()).expect("traffic")
+    };
+    let json = thread::scope(|scope| {
+        let senders = [scope.spawn(|| run(&v4)), scope.spawn(|| run(&v6))];
+        thread::sleep(Duration::from_secs(1));
+        let json = shaper_ok(
+            ns,
+            &["-j", "top", iface, "--subscribers", "--sort", "passed"],
+        );
+        for s in senders {
+            s.join().unwrap();
+        }
+        json
+    });
+    println!("{json}");
+    let top: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(top["subscribers_tracked"], 2);
+    let rows = top["subscribers"].as_array().unwrap();
+    let ids: Vec<&str> = rows
+        .iter()
+        .map(|r| r["subscriber"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["c-one", "c-two"]);
+    assert_eq!(rows[0]["plan"], "plan 8mbit");
+    assert_eq!(rows[1]["plan"], "plan 1500kbit");
+    let rate = |r: &Value, what: &str| r[format!("{what}_bits_per_sec")].as_f64().unwrap();
+    assert_rate("c-one rate", rate(&rows[0], "rate"), 3e6);
+    assert_rate("c-one passed", rate(&rows[0], "passed"), 3e6);
+    assert_rate("c-two rate", rate(&rows[1], "rate"), 6e6);
+    assert_rate("c-two passed", rate(&rows[1], "passed"), 2e6);
+    assert_rate("c-two green", rate(&rows[1], "green"), 1.5e6);
+    assert_rate("c-two yellow", rate(&rows[1], "yellow"), 0.5e6);
+    assert_rate("c-two dropped", rate(&rows[1], "dropped"), 4e6);
 }

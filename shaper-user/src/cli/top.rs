@@ -1,6 +1,7 @@
-//! `shaper top IFACE`: the keys of an attachment by their current rate, in the manner of
-//! iftop: read the counters every second, show what changed per second, sort with a key.
-//! Without a terminal, one snapshot (two reads a second apart), as text or JSON.
+//! `shaper top IFACE [--subscribers]`: the keys (or subscribers) of an attachment by their
+//! current rate, in the manner of iftop: read the counters every second, show what changed
+//! per second, sort with a key. Without a terminal, one snapshot (two reads a second
+//! apart), as text or JSON.
 
 use std::{
     io::IsTerminal as _,
@@ -17,10 +18,12 @@ use ratatui::{
     widgets::{Block, Paragraph, Row, Table},
 };
 use serde::Serialize;
+use shaper_common::maps::Config;
 use shaper_user::{
+    maps::KeyNet,
     pins::Attachment,
     request,
-    sources::{self, Change, Sample, SortKey, SourceRate, TotalRates},
+    sources::{self, Change, RowKey, Sample, SortKey, SourceRate, SourcesError, TotalRates},
 };
 
 use super::Scope;
@@ -44,6 +47,10 @@ pub struct Args {
     /// The order of the rows at the start
     #[arg(long, value_enum, default_value_t = SortArg::Rate)]
     pub sort: SortArg,
+    /// Rows of subscribers (shaper-subscriber(8)) instead of keys: each one's frames, over
+    /// all of its prefixes, named by its plan's rate
+    #[arg(long)]
+    pub subscribers: bool,
 }
 
 const EXAMPLES: &str = "\
@@ -52,6 +59,8 @@ Examples:
       Watch eth0's sources live, busiest first.
   shaper top eth0 --sort dropped | head -20
       One snapshot of the sources dropped most.
+  shaper top eth0 --direction egress --subscribers
+      The subscribers downloading most, live.
 ";
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -80,24 +89,72 @@ pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
         bail!("shaper is not attached to {}", at.label());
     }
     let sort = SortKey::from(args.sort);
-    if json || !std::io::stdout().is_terminal() {
-        return snapshot(&at, sort, json);
+    if args.subscribers {
+        return view::<String>(&at, sort, json);
     }
-    let first = Sample::read(&at)?;
+    view::<KeyNet>(&at, sort, json)
+}
+
+/// What a row of `top` is: a key, or a subscriber (`--subscribers`).
+trait Rows: RowKey {
+    /// What a row holds, as its title and its JSON field call it.
+    fn title(config: &Config) -> &'static str;
+    /// The title of the second column: what the row is limited by.
+    const POLICY: &'static str;
+    /// The rows as the header counts them.
+    const TRACKED: &'static str;
+    const SUBSCRIBERS: bool;
+    fn read(at: &Attachment) -> Result<Sample<Self>, SourcesError>;
+}
+
+impl Rows for KeyNet {
+    fn title(config: &Config) -> &'static str {
+        if request::key_name(config.key_by) == "dst" {
+            "destination"
+        } else {
+            "source"
+        }
+    }
+    const POLICY: &'static str = "policy";
+    const TRACKED: &'static str = "keys tracked";
+    const SUBSCRIBERS: bool = false;
+    fn read(at: &Attachment) -> Result<Sample<Self>, SourcesError> {
+        Sample::read(at)
+    }
+}
+
+impl Rows for String {
+    fn title(_: &Config) -> &'static str {
+        "subscriber"
+    }
+    const POLICY: &'static str = "plan";
+    const TRACKED: &'static str = "subscribers";
+    const SUBSCRIBERS: bool = true;
+    fn read(at: &Attachment) -> Result<Sample<Self>, SourcesError> {
+        Sample::subscribers(at)
+    }
+}
+
+/// The live view on a terminal, otherwise one snapshot.
+fn view<K: Rows>(at: &Attachment, sort: SortKey, json: bool) -> Result<()> {
+    if json || !std::io::stdout().is_terminal() {
+        return snapshot::<K>(at, sort, json);
+    }
+    let first = K::read(at)?;
     let mut terminal = ratatui::init();
-    let result = live(&mut terminal, &at, first, sort);
+    let result = live(&mut terminal, at, first, sort);
     ratatui::restore();
     result
 }
 
 /// Two reads `INTERVAL` apart, printed once.
-fn snapshot(at: &Attachment, sort: SortKey, json: bool) -> Result<()> {
-    let before = Sample::read(at)?;
+fn snapshot<K: Rows>(at: &Attachment, sort: SortKey, json: bool) -> Result<()> {
+    let before = K::read(at)?;
     std::thread::sleep(INTERVAL);
-    let after = Sample::read(at)?;
+    let after = K::read(at)?;
     let (totals, rows) = sources::rates(&before, &after, sort);
     if json {
-        let top = Snapshot {
+        let mut top = Snapshot {
             interface: at.iface.clone(),
             netns: at.netns.clone(),
             direction: at.direction.name(),
@@ -111,17 +168,27 @@ fn snapshot(at: &Attachment, sort: SortKey, json: bool) -> Result<()> {
                 unadmitted_passed_bits_per_sec: totals.unadmitted.passed_bits_per_sec(),
                 unadmitted_dropped_bits_per_sec: totals.unadmitted.dropped_bits_per_sec(),
             },
-            sources_tracked: after.sources.len(),
-            sources: rows
-                .iter()
-                .map(|r| SourceJson {
-                    source: r.key.to_string(),
-                    policy: r.policy.clone(),
-                    rates: Rates::from(&r.change),
-                    colours: ColourRates::from(&r.change),
-                })
-                .collect(),
+            sources_tracked: (!K::SUBSCRIBERS).then_some(after.sources.len()),
+            subscribers_tracked: K::SUBSCRIBERS.then_some(after.sources.len()),
+            sources: None,
+            subscribers: None,
         };
+        let json_rows: Vec<SourceJson> = rows
+            .iter()
+            .map(|r| SourceJson {
+                source: (!K::SUBSCRIBERS).then(|| r.key.to_string()),
+                policy: (!K::SUBSCRIBERS).then(|| r.policy.clone()),
+                subscriber: K::SUBSCRIBERS.then(|| r.key.to_string()),
+                plan: K::SUBSCRIBERS.then(|| r.policy.clone()),
+                rates: Rates::from(&r.change),
+                colours: ColourRates::from(&r.change),
+            })
+            .collect();
+        if K::SUBSCRIBERS {
+            top.subscribers = Some(json_rows);
+        } else {
+            top.sources = Some(json_rows);
+        }
         println!("{}", serde_json::to_string_pretty(&top)?);
         return Ok(());
     }
@@ -144,8 +211,14 @@ struct Snapshot {
     interval_secs: f64,
     sort: &'static str,
     totals: TotalsJson,
-    sources_tracked: usize,
-    sources: Vec<SourceJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sources_tracked: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    subscribers_tracked: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sources: Option<Vec<SourceJson>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    subscribers: Option<Vec<SourceJson>>,
 }
 
 #[derive(Serialize)]
@@ -163,9 +236,16 @@ struct TotalsJson {
 #[derive(Serialize)]
 struct SourceJson {
     /// The address, or `network/prefix` when keys are aggregated.
-    source: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
     /// `default`, or the prefix of the policy, as `policy list` names it.
-    policy: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy: Option<String>,
+    /// With --subscribers: the subscriber's id, and its plan's rate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    subscriber: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    plan: Option<String>,
     #[serde(flatten)]
     rates: Rates,
     #[serde(flatten)]
@@ -237,7 +317,7 @@ fn pps(v: f64) -> String {
 }
 
 /// The lines above the rows: the interface and the sort key, then its totals per second.
-fn header(at: &Attachment, s: &Sample, t: &TotalRates, sort: SortKey) -> [String; 2] {
+fn header<K: Rows>(at: &Attachment, s: &Sample<K>, t: &TotalRates, sort: SortKey) -> [String; 2] {
     let m = &t.metered;
     let mut totals = format!(
         "rate {}  passed {} ({})  dropped {} ({})",
@@ -262,10 +342,11 @@ fn header(at: &Attachment, s: &Sample, t: &TotalRates, sort: SortKey) -> [String
     }
     [
         format!(
-            "{} {}: {} keys tracked, sorted by {}",
+            "{} {}: {} {}, sorted by {}",
             at.label(),
             at.direction.name(),
             s.sources.len(),
+            K::TRACKED,
             sort.name()
         ),
         totals,
@@ -275,14 +356,16 @@ fn header(at: &Attachment, s: &Sample, t: &TotalRates, sort: SortKey) -> [String
 const WIDTHS: [usize; 8] = [24, 20, 14, 14, 10, 14, 10, 14];
 
 /// The column titles.
-fn columns(s: &Sample) -> Vec<String> {
-    let key = if request::key_name(s.config.key_by) == "dst" {
-        "destination"
-    } else {
-        "source"
-    };
+fn columns<K: Rows>(s: &Sample<K>) -> Vec<String> {
     [
-        key, "policy", "rate", "passed", "pkts", "dropped", "pkts", "marked",
+        K::title(&s.config),
+        K::POLICY,
+        "rate",
+        "passed",
+        "pkts",
+        "dropped",
+        "pkts",
+        "marked",
     ]
     .iter()
     .zip(WIDTHS)
@@ -292,7 +375,7 @@ fn columns(s: &Sample) -> Vec<String> {
 }
 
 /// One row's cells.
-fn cells(r: &SourceRate) -> Vec<String> {
+fn cells<K: Rows>(r: &SourceRate<K>) -> Vec<String> {
     let c = &r.change;
     let dropped = c.dropped_bits_per_sec() + c.would_drop_bits_per_sec();
     let dropped_pps = c.dropped_packets_per_sec() + c.would_drop_packets_per_sec();
@@ -323,14 +406,14 @@ fn pad(i: usize, t: &str, w: usize) -> String {
 }
 
 /// The live view: a read every `INTERVAL`, keys between.
-fn live(
+fn live<K: Rows>(
     terminal: &mut DefaultTerminal,
     at: &Attachment,
-    first: Sample,
+    first: Sample<K>,
     mut sort: SortKey,
 ) -> Result<()> {
     let mut before = first;
-    let mut view: Option<(Sample, TotalRates, Vec<SourceRate>)> = None;
+    let mut view: Option<View<K>> = None;
     let mut next = Instant::now() + INTERVAL;
     loop {
         terminal.draw(|f| draw(f, at, &before, view.as_ref(), sort))?;
@@ -355,7 +438,7 @@ fn live(
             }
             continue;
         }
-        let after = Sample::read(at)?;
+        let after = K::read(at)?;
         let (totals, rows) = sources::rates(&before, &after, sort);
         before = after.clone();
         view = Some((after, totals, rows));
@@ -363,11 +446,14 @@ fn live(
     }
 }
 
-fn draw(
+/// What the live view shows: the last read, and the rates since the one before.
+type View<K> = (Sample<K>, TotalRates, Vec<SourceRate<K>>);
+
+fn draw<K: Rows>(
     f: &mut Frame<'_>,
     at: &Attachment,
-    first: &Sample,
-    view: Option<&(Sample, TotalRates, Vec<SourceRate>)>,
+    first: &Sample<K>,
+    view: Option<&View<K>>,
     sort: SortKey,
 ) {
     let [top, body, help] = Layout::vertical([
@@ -386,9 +472,10 @@ fn draw(
     let Some((sample, totals, rows)) = view else {
         f.render_widget(
             Paragraph::new(format!(
-                "{}: {} keys tracked; measuring rates over {} s...",
+                "{}: {} {}; measuring rates over {} s...",
                 at.label(),
                 first.sources.len(),
+                K::TRACKED,
                 INTERVAL.as_secs()
             )),
             top,
