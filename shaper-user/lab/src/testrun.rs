@@ -97,6 +97,11 @@ impl Harness {
         Ok(h)
     }
 
+    /// The loaded object (to run its programs).
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
     /// Replaces the settings and default policy, as `attach` on a live attachment does.
     pub fn configure(&mut self, config: &Config) -> Result<()> {
         Ok(self.table.set_config(config)?)

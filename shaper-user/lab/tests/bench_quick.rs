@@ -113,6 +113,23 @@ fn quick_bench_writes_a_well_formed_report() {
         };
         assert_eq!(r["colour"], want, "{r}");
     }
+    // The subscribers' rows (the bench checked the subscriber counted every frame), among
+    // the cases, each family set against a per-source pass on the same object.
+    let sub = &json["per_packet"]["subscriber"];
+    for id in [
+        "pass_subscriber",
+        "pass_subscriber_v6",
+        "pass_known_same_object",
+        "pass_known_same_object_v6",
+    ] {
+        assert!(
+            ids.contains(&id),
+            "subscriber row {id} missing from {ids:?}"
+        );
+    }
+    for ratio in ["over_per_source", "over_per_source_v6"] {
+        assert!(sub[ratio]["median"].as_f64().unwrap() > 0.0, "{sub}");
+    }
     // Issue 24's bound: what is printed of it is what the figures say (not a timing check:
     // over the bound is reported, not failed).
     let median = colour["yellow_over_green"]["median"].as_f64().unwrap();

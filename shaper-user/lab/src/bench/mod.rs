@@ -47,6 +47,7 @@ pub mod report;
 pub mod scale;
 pub mod softirq;
 pub mod spread;
+pub mod subscriber;
 pub mod tcp;
 
 use std::net::IpAddr;

@@ -63,6 +63,7 @@ use super::{
     colour::{self, ColourResults},
     population::Population,
     spread::{Summary, median},
+    subscriber::{self, SubscriberResults},
 };
 use crate::{
     frame,
@@ -126,6 +127,10 @@ pub struct PerPacketResults {
     /// The second meter's rows (today's build only; also among `cases`) against the
     /// single-rate pass of the same runs ([`colour`]).
     pub colour: ColourResults,
+    /// The subscribers' rows (today's build only; also among `cases`) against a
+    /// per-source pass on the same object ([`subscriber`]); `None` in results from before
+    /// them.
+    pub subscriber: Option<SubscriberResults>,
 }
 
 /// The baseline's cases, and each product case of both builds side by side.
@@ -682,6 +687,7 @@ pub fn run(
         },
     ];
     let colour_cases = colour::cases()?;
+    let mut subscribers = subscriber::Rig::new(FRAME_BYTES)?;
     let mut singles = vec![
         SingleCase {
             id: "noop_single",
@@ -776,6 +782,7 @@ pub fn run(
     let mut single_samples: Vec<Vec<Vec<f64>>> = singles.iter().map(|_| per_build()).collect();
     // Today's build only.
     let mut colour_samples = vec![Vec::with_capacity(opts.runs); colour_cases.len()];
+    let mut subscriber_samples = vec![Vec::with_capacity(opts.runs); subscribers.cases().len()];
     let hot_frames = vec![hot.clone(); opts.frames];
     // Of the refused cases' frames, those admitted all the same (the cell refills at one
     // key a second), per case and build.
@@ -820,6 +827,12 @@ pub fn run(
             let (c, samples) = (&colour_cases[i], &mut colour_samples[i]);
             let ebpf = today.main_with(&c.config)?;
             samples.push(colour::measure(ebpf, c, opts.repeat)?);
+        }
+        // The subscribers' rows, on an object of their own, today's build only.
+        let rows = subscriber_samples.len();
+        for i in 0..rows {
+            let i = (i + run) % rows;
+            subscriber_samples[i].push(subscribers.measure(i, opts.repeat)?);
         }
         for ((case, samples), admitted) in singles
             .iter()
@@ -902,6 +915,11 @@ pub fn run(
     for (c, runs) in colour_cases.iter().zip(&colour_samples) {
         cases.push(loop_result(opts, c.id, c.name, runs, noop_runs, floor_runs));
     }
+    subscribers.check(opts.repeat, opts.runs)?;
+    for (c, runs) in subscribers.cases().iter().zip(&subscriber_samples) {
+        cases.push(loop_result(opts, c.id, c.name, runs, noop_runs, floor_runs));
+    }
+    let subscriber = subscriber::results(subscribers.cases(), &subscriber_samples)?;
     let single_rate = cases
         .iter()
         .find(|c| c.id == "pass_existing")
@@ -929,6 +947,7 @@ pub fn run(
         baseline,
         baseline_missing: None,
         colour,
+        subscriber: Some(subscriber),
     })
 }
 

@@ -404,6 +404,17 @@ fn markdown(inputs: &Inputs<'_>, plots: &[String]) -> String {
          ({:.2}–{:.2}× run by run; issue 24's bound is {:.2}×)",
         yg.median, yg.min, yg.max, pp.colour.bound
     );
+    if let Some(sub) = &pp.subscriber {
+        let (a, b) = (&sub.over_per_source, &sub.over_per_source_v6);
+        let _ = writeln!(
+            w,
+            "- a known key's pass under a subscriber (its plan, its one bucket over all of \
+             its prefixes) against a per-source pass on the same object: **{:.2}×** IPv4 \
+             ({:.2}–{:.2}× run by run), **{:.2}×** IPv6 ({:.2}–{:.2}×); issue 31's target \
+             is {:.1}×",
+            a.median, a.min, a.max, b.median, b.min, b.max, sub.target
+        );
+    }
     if let Some(r) = scale.rows.last() {
         let _ = writeln!(
             w,
@@ -1375,6 +1386,7 @@ mod tests {
             }),
             baseline_missing: None,
             colour: colour_fixture(),
+            subscriber: None,
         };
         let row = |capacity: u32| ScaleRow {
             capacity,
