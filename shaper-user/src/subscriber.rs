@@ -54,6 +54,10 @@ pub enum SubscriberError {
     Plan { id: String, reason: String },
     #[error("{0}")]
     Overlap(String),
+    #[error(
+        "no room for the subscribers' new plans: {room} of the 16383 policy slots are free (prefix policies and plans share them)"
+    )]
+    PlanRoom { room: usize },
     #[error("no subscriber {0}")]
     NotFound(String),
     #[error(

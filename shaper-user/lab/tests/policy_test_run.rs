@@ -1054,3 +1054,36 @@ fn a_bad_file_is_refused_by_line_and_column_with_nothing_applied() {
     }
     assert_eq!(h.subscribers().unwrap().list().unwrap(), before);
 }
+
+/// Plans take policy slots: a batch whose new plans do not fit the slots left by the prefix
+/// policies is refused before anything is written (it was refused at its first new plan,
+/// after reading and journaling the whole batch). One slot free: two new plans are
+/// refused, two subscribers of both families sharing one new plan fit.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn new_plans_beyond_the_free_slots_are_refused_before_writing() {
+    let mut h = subscriber_harness();
+    let policies: Vec<PolicySpec> = (0..16_382u32)
+        .map(|i| {
+            let [_, _, a, b] = i.to_be_bytes();
+            spec(&format!("172.16.{a}.{b}/32"), action(ACTION_PASS))
+        })
+        .collect();
+    h.policies().replace_all(&policies).unwrap();
+    let two_plans = [
+        subscriber("a", &["100.64.0.1/32", "fdd7:1::/56"], 2),
+        subscriber("b", &["100.64.0.2/32"], 3),
+    ];
+    let e = import(&mut h, &two_plans, false).unwrap_err();
+    assert!(
+        e.starts_with("no room for the subscribers' new plans: 1 of"),
+        "{e}"
+    );
+    assert_eq!(h.subscribers().unwrap().list().unwrap(), []);
+    let one_plan = [
+        subscriber("a", &["100.64.0.1/32", "fdd7:1::/56"], 2),
+        subscriber("b", &["100.64.0.2/32", "fdd7:2::/56"], 2),
+    ];
+    import(&mut h, &one_plan, false).unwrap();
+    assert_eq!(send(&mut h, "fdd7:2::1", 5), 2);
+}

@@ -13,7 +13,7 @@ use std::{
 };
 
 use ipnet::IpNet;
-use shaper_common::maps::{Policy, SUBSCRIBER_BIT, Subscriber};
+use shaper_common::maps::{MAX_POLICIES, Policy, SUBSCRIBER_BIT, Subscriber};
 
 use super::{Before, SubscriberError, SubscriberSpec, SubscriberTable, map_err, padded, unpadded};
 use crate::policy::PolicyTable;
@@ -152,6 +152,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             batch.summary.removed = batch.removes.len();
         }
         check_end_state(&batch, &read)?;
+        self.check_plan_room(&batch, &read)?;
         let touched: HashSet<u32> = batch.befores().map(|b| b.index).collect();
         batch.kept_plans = read
             .entries
@@ -160,6 +161,27 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             .map(|(_, s)| s.plan)
             .collect();
         Ok(batch)
+    }
+
+    /// Refuses a batch whose new plans would not fit the policy slots (plans and prefix
+    /// policies share them): found before anything is written, not when the first one
+    /// fails and the whole batch is rolled back.
+    fn check_plan_room(&self, batch: &Batch, read: &Read) -> Result<(), SubscriberError> {
+        let room = (MAX_POLICIES - 1) as usize - self.p().slots()?.len();
+        // Plans are few (tens): a list, counted no further than one over the room.
+        let mut new: Vec<&Policy> = Vec::new();
+        for w in &batch.writes {
+            if !read.plans.iter().any(|(_, p)| *p == w.plan) && !new.contains(&&w.plan) {
+                new.push(&w.plan);
+                if new.len() > room {
+                    break;
+                }
+            }
+        }
+        if new.len() > room {
+            return Err(SubscriberError::PlanRoom { room });
+        }
+        Ok(())
     }
 
     /// Writes `batch` (as [`SubscriberTable::batch`] read the table, under the same lock):
