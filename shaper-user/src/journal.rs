@@ -195,8 +195,10 @@ impl Undo {
         }
     }
 
-    /// Puts the attachment back.
-    fn run(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// Puts the attachment back. `opened`: the subscriber table the last step opened, kept
+    /// for the next steps of the same attachment (a batch of a million subscribers opens
+    /// its pins once, not once a subscriber).
+    fn run(&self, opened: &mut Option<(Attachment, SubscriberTable)>) -> Result<(), Failure> {
         let at = self.attachment();
         match self {
             Self::Detach { .. } => detach_any(&at),
@@ -231,8 +233,13 @@ impl Undo {
                         .map(|(p, v)| p.parse().map(|p| (p, *v)))
                         .collect::<Result<_, _>>()?,
                 };
-                SubscriberTable::of(&Pinned::open(&at)?)?.restore(&before)?;
-                Ok(())
+                let mut table = match opened.take() {
+                    Some((was, table)) if was == at => table,
+                    _ => SubscriberTable::of(&Pinned::open(&at)?)?,
+                };
+                let result = table.restore(&before).map_err(Into::into);
+                *opened = Some((at, table));
+                result
             }
         }
     }
@@ -366,11 +373,18 @@ fn remove() -> Result<(), JournalError> {
     }
 }
 
+type Failure = Box<dyn std::error::Error + Send + Sync>;
+
 /// Runs every undo step, newest first; returns the failures, by attachment.
 fn roll_back(record: &Record) -> Vec<String> {
     let mut failed = Vec::new();
+    let mut opened = None;
     for undo in record.undo.iter().rev() {
-        if let Err(e) = undo.run() {
+        if !matches!(undo, Undo::Subscriber { .. }) {
+            // Other steps may make the pins anew: what was opened is stale.
+            opened = None;
+        }
+        if let Err(e) = undo.run(&mut opened) {
             failed.push(format!("{}: {e}", undo.attachment().label()));
         }
     }
