@@ -150,6 +150,20 @@ impl<'a> Packet<'a> {
     }
 }
 
+/// Sets the Request Authenticator of the CoA- or Disconnect-Request `raw` for `secret`
+/// (RFC 5176 §2.3), as a client does last; a packet shorter than a header is left alone.
+pub fn sign_request(raw: &mut [u8], secret: &[u8]) {
+    if raw.len() < HEADER {
+        return;
+    }
+    raw[4..HEADER].fill(0);
+    let mut md5 = Md5::new();
+    md5.update(&*raw);
+    md5.update(secret);
+    let digest = md5.finalize();
+    raw[4..HEADER].copy_from_slice(&digest);
+}
+
 fn hmac_md5(secret: &[u8], data: &[u8]) -> [u8; 16] {
     // HMAC takes a key of any length.
     let mut mac = Hmac::<Md5>::new_from_slice(secret).unwrap_or_else(|_| unreachable!());
@@ -224,11 +238,7 @@ pub(crate) mod tests {
             let mac = hmac_md5(secret, &out);
             out[mac_at..mac_at + 16].copy_from_slice(&mac);
         }
-        let mut md5 = Md5::new();
-        md5.update(&out);
-        md5.update(secret);
-        let digest = md5.finalize();
-        out[4..20].copy_from_slice(&digest);
+        sign_request(&mut out, secret);
         out
     }
 

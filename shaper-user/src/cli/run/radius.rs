@@ -77,10 +77,13 @@ fn serve(socket: &UdpSocket, mut server: Server, daemon: &Mutex<metrics::Daemon>
                 continue;
             }
         };
+        // An IPv4 client on a dual-stack socket as itself, not ::ffff:a.b.c.d.
+        let shown = std::net::SocketAddr::new(from.ip().to_canonical(), from.port());
         let now = Instant::now();
         let outcome = match server.check(from, &buf[..n], now, SystemTime::now()) {
             Ok(checked) => {
-                let outcome = server.act(&checked);
+                let mut outcome = server.act(&checked);
+                outcome.detail += &format!(" ({:.1?})", now.elapsed());
                 if let Some(reply) = &outcome.reply {
                     server.remember(&checked, reply, now);
                 }
@@ -94,7 +97,7 @@ fn serve(socket: &UdpSocket, mut server: Server, daemon: &Mutex<metrics::Daemon>
             eprintln!("shaper: radius: answering {from}: {e}");
         }
         count(daemon, outcome.reason);
-        log(&mut quiet, from, &outcome, now);
+        log(&mut quiet, shown, &outcome, now);
     }
 }
 
