@@ -11,7 +11,9 @@
 //! limits in force through their pins, or detaching what the file names with
 //! `--detach-on-exit`. One runs per host ([`system::daemon_lock`]); each change takes
 //! the same lock as every other command. It logs one line per event on stderr (the
-//! journal, under systemd).
+//! journal, under systemd). With a `[radius]` table in the file, it serves RADIUS CoA
+//! and Disconnect requests on a thread of its own ([`radius`]), each change made through
+//! the one change path.
 
 mod http;
 mod radius;

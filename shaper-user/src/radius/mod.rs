@@ -163,12 +163,16 @@ impl Reason {
     }
 }
 
+/// A request's replay-cache key: its client's address, Identifier and Request
+/// Authenticator.
+type Key = (IpAddr, u8, [u8; 16]);
+
 /// A request that passed every check: its packet and its client's secret.
 pub struct Checked<'a> {
     pub packet: Packet<'a>,
     pub secret: Vec<u8>,
     /// Its replay-cache key, for [`Server::remember`].
-    key: (IpAddr, u8, [u8; 16]),
+    key: Key,
 }
 
 /// What became of a datagram: why, the reply to send (none: dropped), and a line for the
@@ -192,7 +196,7 @@ pub struct Server {
     config: Config,
     netns: Option<String>,
     buckets: Vec<Bucket>,
-    seen: HashMap<(IpAddr, u8, [u8; 16]), (Instant, Vec<u8>)>,
+    seen: HashMap<Key, (Instant, Vec<u8>)>,
 }
 
 fn drop(reason: Reason, detail: impl Into<String>) -> Outcome {
