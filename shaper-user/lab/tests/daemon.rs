@@ -1627,18 +1627,30 @@ fn unix_secs() -> u64 {
         .as_secs()
 }
 
-/// RADIUS CoA and Disconnect (RFC 5176) from FreeRADIUS's radclient, over IPv4 and IPv6:
-/// a CoA with WISPr or Mikrotik rates, naming the subscriber by User-Name,
-/// Framed-IP-Address or Framed-IPv6-Prefix, sets its plan on the direction of each rate
-/// (ACK, with a Message-Authenticator when the request had one); an unknown subscriber
-/// gets a NAK with Session-Context-Not-Found; a wrong secret, a bad Message-Authenticator,
-/// a stale Event-Timestamp and a replay change nothing and move their reason's counter;
-/// a Disconnect removes the subscriber from both directions.
-#[test]
-#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
-fn radius_coa_and_disconnect_set_plans_and_bad_requests_change_nothing() {
-    const IFACE: &str = "shr0";
-    let name = format!("dm-radius-{}", std::process::id());
+const IFACE: &str = "shr0";
+
+/// A namespace with interface [`IFACE`] attached both ways (room for 16 subscribers),
+/// subscribers c1 (100.64.0.1, fdd7:b724:0:100::/56) and c2 (100.64.0.2,
+/// fdd7:b724:0:200::/56) at 10mbit burst 64k on each direction, and a daemon's file
+/// (mode 0600) whose `[radius]` listens on [::]:3799 for 127.0.0.1 (secret `v4secret`)
+/// and ::1 (`v6secret`). Detached, removed and deleted when dropped.
+struct RadiusLab {
+    // Dropped in this order: detached before the namespace goes.
+    _guards: [AttachGuard; 2],
+    _ns: Netns,
+    name: String,
+    dir: std::path::PathBuf,
+    file: std::path::PathBuf,
+}
+
+impl Drop for RadiusLab {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn radius_lab(tag: &str) -> RadiusLab {
+    let name = format!("{tag}-{}", std::process::id());
     let ns = Netns::create(&name).unwrap();
     add_dummy(&ns, IFACE, 4);
     let mut guards = ["ingress", "egress"]
@@ -1673,7 +1685,7 @@ fn radius_coa_and_disconnect_set_plans_and_bad_requests_change_nothing() {
             shaper_ok(&name, &[&set[..], &plan[..]].concat());
         }
     }
-    let dir = scratch("dm-radius");
+    let dir = scratch(tag);
     let file = dir.join("shaper.toml");
     let text = config(IFACE, "8mbit")
         + &config(IFACE, "8mbit")
@@ -1682,6 +1694,27 @@ fn radius_coa_and_disconnect_set_plans_and_bad_requests_change_nothing() {
            [[radius.client]]\naddress = \"::1\"\nsecret = \"v6secret\"\n";
     fs::write(&file, text).unwrap();
     fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    RadiusLab {
+        _guards: guards,
+        _ns: ns,
+        name,
+        dir,
+        file,
+    }
+}
+
+/// RADIUS CoA and Disconnect (RFC 5176) from FreeRADIUS's radclient, over IPv4 and IPv6:
+/// a CoA with WISPr or Mikrotik rates, naming the subscriber by User-Name,
+/// Framed-IP-Address or Framed-IPv6-Prefix, sets its plan on the direction of each rate
+/// (ACK, with a Message-Authenticator when the request had one); an unknown subscriber
+/// gets a NAK with Session-Context-Not-Found; a wrong secret, a bad Message-Authenticator,
+/// a stale Event-Timestamp and a replay change nothing and move their reason's counter;
+/// a Disconnect removes the subscriber from both directions.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn radius_coa_and_disconnect_set_plans_and_bad_requests_change_nothing() {
+    let lab = radius_lab("dm-radius");
+    let (name, file) = (lab.name.clone(), lab.file.clone());
     let daemon = Daemon::start(&name, &file, &["--no-watch"]);
     let (v4, v6) = ("127.0.0.1:3799", "[::1]:3799");
     let plan = |d: &str, id: &str| sub_plan(&name, IFACE, d, id);
@@ -1857,5 +1890,46 @@ fn radius_coa_and_disconnect_set_plans_and_bad_requests_change_nothing() {
     let (exit, log) = daemon.stop();
     assert!(exit.success(), "{exit}: {log}");
     assert!(log.contains("radius: 127.0.0.1:"), "{log}");
-    let _ = fs::remove_dir_all(&dir);
+}
+
+/// A CoA that changes both directions is one change: the daemon killed between its
+/// ingress and egress writes (a crash point), the next command rolls both back, and the
+/// journal names the RADIUS change.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_coa_killed_half_way_is_rolled_back_whole() {
+    let lab = radius_lab("dm-radius-kill");
+    let name = &lab.name;
+    let plans = || ["ingress", "egress"].map(|d| sub_plan(name, IFACE, d, "c1"));
+    let before = plans();
+    assert_eq!(before, [Some((10_000_000, 64 << 10)); 2]);
+    // The second subscriber write: the egress one, after the ingress one.
+    let crash = [(shaper_user::crash::CRASH_AT_VAR, "subscriber-step#2")];
+    let mut daemon = Daemon::start_with_env(name, &lab.file, &["--no-watch"], &crash);
+    let (acked, said) = radclient_within(
+        name,
+        "0.25",
+        "127.0.0.1:3799",
+        "coa",
+        "v4secret",
+        &format!(
+            "User-Name = c1\nEvent-Timestamp = {}\nWISPr-Bandwidth-Max-Up = 30000000\nWISPr-Bandwidth-Max-Down = 40000000\n",
+            unix_secs()
+        ),
+    );
+    assert!(!acked, "{said}");
+    let status = daemon.child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "the daemon did not die at the crash point: {}",
+        daemon.log()
+    );
+    let out = shaper(name, &["status", IFACE]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("interrupted") && stderr.contains("radius coa"),
+        "{stderr}"
+    );
+    assert_eq!(plans(), before, "half a CoA stayed");
 }
