@@ -1715,7 +1715,7 @@ fn radius_lab(tag: &str) -> RadiusLab {
 fn radius_coa_and_disconnect_set_plans_and_bad_requests_change_nothing() {
     let lab = radius_lab("dm-radius");
     let (name, file) = (lab.name.clone(), lab.file.clone());
-    let daemon = Daemon::start(&name, &file, &["--no-watch"]);
+    let mut daemon = Daemon::start(&name, &file, &["--no-watch"]);
     let (v4, v6) = ("127.0.0.1:3799", "[::1]:3799");
     let plan = |d: &str, id: &str| sub_plan(&name, IFACE, d, id);
     let both = |id: &str| (plan("ingress", id), plan("egress", id));
@@ -1887,6 +1887,21 @@ fn radius_coa_and_disconnect_set_plans_and_bad_requests_change_nothing() {
         assert_eq!(both(id), (None, None), "{id} not removed");
     }
     assert_eq!(radius_count(&name, "ack"), 6);
+    // The table is read at start: a reload says a changed one waits for a restart, and
+    // refuses a broken one.
+    let text = fs::read_to_string(&file).unwrap();
+    fs::write(&file, text.replace("v6secret", "rotated")).unwrap();
+    let said = daemon.reload();
+    assert!(
+        said.contains("takes effect when shaper run restarts"),
+        "{said}"
+    );
+    fs::write(&file, text.replace("\"::1\"", "\"not-an-address\"")).unwrap();
+    let said = daemon.reload();
+    assert!(
+        said.contains("reload refused") && said.contains("radius.client[1].address"),
+        "{said}"
+    );
     let (exit, log) = daemon.stop();
     assert!(exit.success(), "{exit}: {log}");
     assert!(log.contains("radius: 127.0.0.1:"), "{log}");

@@ -386,7 +386,7 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         last_reload: None,
         radius: Vec::new(),
     }));
-    if let Some(config) = radius {
+    if let Some(config) = radius.clone() {
         radius::start(config, netns, Arc::clone(&daemon_state))?;
     }
     // The servers accept on this thread, between signals, and render on threads of their own.
@@ -491,17 +491,19 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                 let lock = reload_lock().await.inspect_err(|_| {
                     retry = Some(tokio::time::Instant::now() + RELOAD_RETRY);
                 });
-                let (successful, status) =
-                    match lock.and_then(|l| apply_file(&args.file, scope, Some(l))) {
-                        Ok((desired, line)) => {
-                            running = desired;
-                            (true, line)
-                        }
-                        Err(e) => (
-                            false,
-                            format!("reload refused, the running configuration stays: {e:#}"),
-                        ),
-                    };
+                let (successful, status) = match lock.and_then(|l| {
+                    let note = radius::reloaded(&args.file, radius.as_ref())?;
+                    apply_file(&args.file, scope, Some(l)).map(|(d, line)| (d, line + &note))
+                }) {
+                    Ok((desired, line)) => {
+                        running = desired;
+                        (true, line)
+                    }
+                    Err(e) => (
+                        false,
+                        format!("reload refused, the running configuration stays: {e:#}"),
+                    ),
+                };
                 {
                     let mut state = daemon_state.lock().unwrap_or_else(PoisonError::into_inner);
                     state.configured = configured(&running);

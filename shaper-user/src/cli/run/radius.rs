@@ -39,6 +39,18 @@ pub fn config(file: &Path) -> Result<Option<Config>> {
     Ok(Some(config))
 }
 
+/// On a reload: the file's `[radius]` table checked (a broken one refuses the reload, as
+/// any error in the file does); what to add to the reload's line if it differs from the
+/// one the listener runs, which is read at start only.
+pub fn reloaded(file: &Path, running: Option<&Config>) -> Result<String> {
+    let now = config(file)?;
+    Ok(if now.as_ref() == running {
+        String::new()
+    } else {
+        "; the [radius] table changed: it takes effect when shaper run restarts".to_owned()
+    })
+}
+
 /// Binds the listener (in the daemon's namespace: call it on the daemon's thread) and
 /// starts its thread; every reason is counted in `daemon` from zero.
 pub fn start(
