@@ -194,6 +194,34 @@ fn plan_limits(p: &Policy) -> PolicyLimits {
     p.limits()
 }
 
+/// Subscriber `index` as in force: its entry `s`, its `prefixes` (sorted here), its plan
+/// found among `plans`.
+fn installed(
+    index: u32,
+    s: &Subscriber,
+    mut prefixes: Vec<IpNet>,
+    plans: &[(u32, Policy)],
+) -> Installed {
+    prefixes.sort();
+    let plan = plans
+        .iter()
+        .find(|(slot, _)| *slot == s.plan)
+        .map(|(_, p)| plan_limits(p))
+        .unwrap_or_default();
+    Installed {
+        index,
+        spec: SubscriberSpec {
+            id: unpadded(&s.id),
+            name: unpadded(&s.name),
+            prefixes,
+            plan,
+        },
+        plan_slot: s.plan,
+        outcomes: s.outcomes,
+        yellow: (s.yellow_packets, s.yellow_bytes),
+    }
+}
+
 /// A subscriber's entry and routes as they were before a change, to put back
 /// (`crate::journal`).
 #[derive(Clone, Debug)]
@@ -260,50 +288,59 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             .find(|(_, s)| unpadded(&s.id) == id))
     }
 
-    /// Every subscriber in force, by id.
+    /// Every subscriber in force, by id: each one's routes grouped once (not searched
+    /// for each subscriber: a list at 100,000 subscribers is one pass).
     pub fn list(&self) -> Result<Vec<Installed>, SubscriberError> {
-        let routes = self.p().subscriber_routes()?;
+        let mut routes: std::collections::HashMap<u32, Vec<IpNet>> = Default::default();
+        for (net, index) in self.p().subscriber_routes()? {
+            routes.entry(index).or_default().push(net);
+        }
         let plans = self.p().plans()?;
         let mut found: Vec<Installed> = self
             .entries()?
             .into_iter()
             .map(|(index, s)| {
-                let mut prefixes: Vec<IpNet> = routes
-                    .iter()
-                    .filter(|(_, i)| *i == index)
-                    .map(|(net, _)| *net)
-                    .collect();
-                prefixes.sort();
-                let plan = plans
-                    .iter()
-                    .find(|(slot, _)| *slot == s.plan)
-                    .map(|(_, p)| plan_limits(p))
-                    .unwrap_or_default();
-                Installed {
-                    index,
-                    spec: SubscriberSpec {
-                        id: unpadded(&s.id),
-                        name: unpadded(&s.name),
-                        prefixes,
-                        plan,
-                    },
-                    plan_slot: s.plan,
-                    outcomes: s.outcomes,
-                    yellow: (s.yellow_packets, s.yellow_bytes),
-                }
+                let prefixes = routes.remove(&index).unwrap_or_default();
+                installed(index, &s, prefixes, &plans)
             })
             .collect();
         found.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
         Ok(found)
     }
 
-    /// The subscriber `id`.
+    /// The subscriber `id`: one read of the entries and the routes.
     pub fn get(&self, id: &str) -> Result<Installed, SubscriberError> {
         check_id(id)?;
-        self.list()?
+        let (index, s) = self
+            .find(id)?
+            .ok_or_else(|| SubscriberError::NotFound(id.to_owned()))?;
+        let prefixes = self
+            .p()
+            .subscriber_routes()?
             .into_iter()
-            .find(|s| s.spec.id == id)
-            .ok_or_else(|| SubscriberError::NotFound(id.to_owned()))
+            .filter(|(_, i)| *i == index)
+            .map(|(net, _)| net)
+            .collect();
+        Ok(installed(index, &s, prefixes, &self.p().plans()?))
+    }
+
+    /// The id of the subscriber whose prefix holds `net` (the longest such prefix, as the
+    /// kernel's lookup chooses), if any.
+    pub fn id_holding(&self, net: &IpNet) -> Result<Option<String>, SubscriberError> {
+        let Some((_, index)) = self
+            .p()
+            .subscriber_routes()?
+            .into_iter()
+            .filter(|(route, _)| route.contains(net))
+            .max_by_key(|(route, _)| route.prefix_len())
+        else {
+            return Ok(None);
+        };
+        let entry = self
+            .subs
+            .get(&index, 0)
+            .map_err(map_err("read the subscribers"))?;
+        Ok((entry.in_use != 0).then(|| unpadded(&entry.id)))
     }
 
     /// What [`SubscriberTable::set`] of `spec` (or `del` with `None`) of subscriber `id`
@@ -371,21 +408,23 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             }
             let theirs = value & SUBSCRIBER_BIT != 0;
             for p in &spec.prefixes {
-                let what = if theirs {
-                    format!("subscriber {}'s prefix {route}", name(value))
-                } else {
-                    format!("policy {route}")
+                // Named only for an error: a name is a search of every subscriber.
+                let what = || match theirs {
+                    true => format!("subscriber {}'s prefix {route}", name(value)),
+                    false => format!("policy {route}"),
                 };
                 if p.contains(&route) {
                     return Err(SubscriberError::Overlap(format!(
-                        "{what} is inside subscriber {}'s prefix {p}: its traffic would escape the subscriber's bucket",
+                        "{} is inside subscriber {}'s prefix {p}: its traffic would escape the subscriber's bucket",
+                        what(),
                         spec.id
                     )));
                 }
                 if theirs && route.contains(p) {
                     return Err(SubscriberError::Overlap(format!(
-                        "subscriber {}'s prefix {p} is inside {what}: its traffic would escape that subscriber's bucket",
-                        spec.id
+                        "subscriber {}'s prefix {p} is inside {}: its traffic would escape that subscriber's bucket",
+                        spec.id,
+                        what()
                     )));
                 }
             }

@@ -21,7 +21,6 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use ipnet::IpNet;
 use shaper_common::config::PolicyLimits;
 
 use crate::{
@@ -445,23 +444,21 @@ impl Server {
                 continue;
             }
             let table = SubscriberTable::of(&Pinned::open(&at)?)?;
-            let listed = table.list()?;
-            let hit = listed.iter().find(|s| match (&id, target) {
-                (Some(id), _) | (None, Target::Id(id)) => s.spec.id == *id,
-                (None, Target::Prefix(net)) => holds(&s.spec.prefixes, net),
-            });
-            if let Some(s) = hit {
-                id.get_or_insert_with(|| s.spec.id.clone());
+            let hit = match (&id, target) {
+                (Some(id), _) | (None, Target::Id(id)) => match table.get(id) {
+                    Ok(s) => Some(s.spec.id),
+                    Err(SubscriberError::NotFound(_) | SubscriberError::Id(_)) => None,
+                    Err(e) => return Err(e),
+                },
+                (None, Target::Prefix(net)) => table.id_holding(net)?,
+            };
+            if let Some(hit) = hit {
+                id.get_or_insert(hit);
                 found.push(d);
             }
         }
         Ok(id.map(|id| (id, found)))
     }
-}
-
-/// Whether one of `prefixes` holds `net` (same family).
-fn holds(prefixes: &[IpNet], net: &IpNet) -> bool {
-    prefixes.iter().any(|p| p.contains(net))
 }
 
 /// `coa c1042: up 10000000 bit/s, down 20000000 bit/s`.
