@@ -319,16 +319,15 @@ pub fn edit_subscribers(
     let mut steps = Vec::new();
     for (at, edit) in edits {
         let table = SubscriberTable::of(prepared.attached(at)?)?;
-        let (spec, before) = match edit {
+        // A plan change reads and writes the entry alone, never the tries.
+        let (plan, before) = match edit {
             Edit::Plan { id, plan } => {
-                let mut spec = table.get(id)?.spec;
-                spec.plan = plan(&spec.plan);
-                let before = table.before(id, Some(&spec))?;
-                (Some(spec), before)
+                let (before, now) = table.plan_before(id)?;
+                (Some(plan(&now)), before)
             }
             Edit::Del { id } => (None, table.before(id, None)?),
         };
-        steps.push((table, spec, before));
+        steps.push((table, plan, before));
     }
     let undo = edits
         .iter()
@@ -337,9 +336,9 @@ pub fn edit_subscribers(
         .collect();
     let change = prepared.journal_with(undo)?;
     let mut changed = Vec::new();
-    for (mut table, spec, before) in steps {
-        changed.push(match spec {
-            Some(spec) => table.set(&spec, &before)?,
+    for (mut table, plan, before) in steps {
+        changed.push(match plan {
+            Some(plan) => table.set_plan(&before, &plan)?,
             None => table.del(&before)?,
         });
     }

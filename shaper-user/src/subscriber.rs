@@ -324,23 +324,76 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         Ok(installed(index, &s, prefixes, &self.p().plans()?))
     }
 
-    /// The id of the subscriber whose prefix holds `net` (the longest such prefix, as the
-    /// kernel's lookup chooses), if any.
+    /// The id of the subscriber whose prefix holds `net` (the longest route covering it,
+    /// as the kernel's lookup chooses, is a subscriber's), if any: one lookup.
     pub fn id_holding(&self, net: &IpNet) -> Result<Option<String>, SubscriberError> {
-        let Some((_, index)) = self
-            .p()
-            .subscriber_routes()?
-            .into_iter()
-            .filter(|(route, _)| route.contains(net))
-            .max_by_key(|(route, _)| route.prefix_len())
-        else {
+        let Some(value) = self.p().longest_route(*net) else {
             return Ok(None);
         };
+        if value & SUBSCRIBER_BIT == 0 {
+            return Ok(None);
+        }
         let entry = self
             .subs
-            .get(&index, 0)
+            .get(&(value & !SUBSCRIBER_BIT), 0)
             .map_err(map_err("read the subscribers"))?;
         Ok((entry.in_use != 0).then(|| unpadded(&entry.id)))
+    }
+
+    /// Whether subscriber `id` is set: one read of the entries.
+    pub fn contains(&self, id: &str) -> Result<bool, SubscriberError> {
+        Ok(check_id(id).is_ok() && self.find(id)?.is_some())
+    }
+
+    /// For a change of subscriber `id`'s plan alone ([`SubscriberTable::set_plan`]):
+    /// its entry as it is (to journal: its routes are not touched) and its plan in force.
+    /// The tries are not read.
+    pub fn plan_before(&self, id: &str) -> Result<(Before, PolicyLimits), SubscriberError> {
+        let (index, entry) = self
+            .find(id)?
+            .ok_or_else(|| SubscriberError::NotFound(id.to_owned()))?;
+        let plan = self
+            .p()
+            .plans()?
+            .iter()
+            .find(|(slot, _)| *slot == entry.plan)
+            .map(|(_, p)| plan_limits(p))
+            .unwrap_or_default();
+        let before = Before {
+            index,
+            entry,
+            routes: Vec::new(),
+        };
+        Ok((before, plan))
+    }
+
+    /// Gives the subscriber `before` read (by [`SubscriberTable::plan_before`]) the plan
+    /// `plan`, its prefixes and name untouched: one write of its entry, its cell carried
+    /// over (no refill), the old plan's slot freed if no one else has it.
+    pub fn set_plan(
+        &mut self,
+        before: &Before,
+        plan: &PolicyLimits,
+    ) -> Result<Changed, SubscriberError> {
+        let entry_plan = plan_entry(&unpadded(&before.entry.id), plan)?;
+        let plans = self.p().plans()?;
+        let slot = match plans.iter().find(|(_, p)| *p == entry_plan) {
+            Some((slot, _)) => *slot,
+            None => self.pm().add_plan(&entry_plan)?,
+        };
+        if slot == before.entry.plan {
+            return Ok(Changed::Unchanged);
+        }
+        let now = self
+            .subs
+            .get(&before.index, 0)
+            .map_err(map_err("read the subscribers"))?;
+        self.subs
+            .set(before.index, Subscriber { plan: slot, ..now }, 0)
+            .map_err(map_err("write a subscriber's plan"))?;
+        crate::crash::point("subscriber-step");
+        self.drop_plan_if_unused(before.entry.plan)?;
+        Ok(Changed::Changed)
     }
 
     /// What [`SubscriberTable::set`] of `spec` (or `del` with `None`) of subscriber `id`

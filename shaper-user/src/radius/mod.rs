@@ -445,11 +445,7 @@ impl Server {
             }
             let table = SubscriberTable::of(&Pinned::open(&at)?)?;
             let hit = match (&id, target) {
-                (Some(id), _) | (None, Target::Id(id)) => match table.get(id) {
-                    Ok(s) => Some(s.spec.id),
-                    Err(SubscriberError::NotFound(_) | SubscriberError::Id(_)) => None,
-                    Err(e) => return Err(e),
-                },
+                (Some(id), _) | (None, Target::Id(id)) => table.contains(id)?.then(|| id.clone()),
                 (None, Target::Prefix(net)) => table.id_holding(net)?,
             };
             if let Some(hit) = hit {
