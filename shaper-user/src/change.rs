@@ -18,6 +18,7 @@
 //! [`crate::apply::apply`] is one over every interface of a file.
 
 use ipnet::IpNet;
+use shaper_common::config::PolicyLimits;
 
 use crate::{
     attach::{self, AttachError, Attached},
@@ -289,6 +290,58 @@ pub fn del_subscriber(at: &Attachment, id: &str) -> Result<Changed, ChangeError>
     let before = table.before(id, None)?;
     let change = prepared.journal_with(vec![Undo::subscriber(at, &before)])?;
     let changed = table.del(&before)?;
+    change.commit()?;
+    Ok(changed)
+}
+
+/// What [`edit_subscribers`] does to the subscriber of one attachment.
+pub enum Edit<'a> {
+    /// Gives subscriber `id` the plan `plan` makes of the one in force, its prefixes and
+    /// name kept (a plan change: its bucket carried over, no refill).
+    Plan {
+        id: String,
+        plan: &'a dyn Fn(&PolicyLimits) -> PolicyLimits,
+    },
+    /// Removes subscriber `id`.
+    Del { id: String },
+}
+
+/// A RADIUS CoA or Disconnect: `edits` of the subscribers of one or more attachments,
+/// as one change under `lock` (taken already): each read, journaled and written, all or
+/// none. A subscriber gone meanwhile is [`SubscriberError::NotFound`], nothing written.
+pub fn edit_subscribers(
+    command: &str,
+    lock: system::Lock,
+    edits: &[(Attachment, Edit<'_>)],
+) -> Result<Vec<Changed>, ChangeError> {
+    let attachments: Vec<Attachment> = edits.iter().map(|(at, _)| at.clone()).collect();
+    let prepared = begin_holding(command, &attachments, lock)?;
+    let mut steps = Vec::new();
+    for (at, edit) in edits {
+        let table = SubscriberTable::of(prepared.attached(at)?)?;
+        // A plan change reads and writes the entry alone, never the tries.
+        let (plan, before) = match edit {
+            Edit::Plan { id, plan } => {
+                let (before, now) = table.plan_before(id)?;
+                (Some(plan(&now)), before)
+            }
+            Edit::Del { id } => (None, table.before(id, None)?),
+        };
+        steps.push((table, plan, before));
+    }
+    let undo = edits
+        .iter()
+        .zip(&steps)
+        .map(|((at, _), (_, _, before))| Undo::subscriber(at, before))
+        .collect();
+    let change = prepared.journal_with(undo)?;
+    let mut changed = Vec::new();
+    for (mut table, plan, before) in steps {
+        changed.push(match plan {
+            Some(plan) => table.set_plan(&before, &plan)?,
+            None => table.del(&before)?,
+        });
+    }
     change.commit()?;
     Ok(changed)
 }

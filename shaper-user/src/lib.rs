@@ -23,6 +23,7 @@ pub mod object;
 pub mod owned;
 pub mod pins;
 pub mod policy;
+pub mod radius;
 pub mod request;
 pub mod setting;
 pub mod sources;

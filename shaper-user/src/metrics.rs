@@ -773,6 +773,9 @@ pub struct Daemon {
     pub configured: Vec<(String, Direction)>,
     /// Its last reload (SIGHUP or a changed file); `None` before the first.
     pub last_reload: Option<Reload>,
+    /// RADIUS requests by outcome (`crate::radius::Reason`'s names, each listed from the
+    /// start); empty when its listener is off.
+    pub radius: Vec<(&'static str, u64)>,
 }
 
 fn unix_seconds(t: SystemTime) -> f64 {
@@ -795,6 +798,14 @@ fn collect_daemon(f: &mut Families, daemon: &Daemon, netns: Option<&str>) {
             "1 if the interface the daemon's file names does not exist (the daemon attaches it when it appears), 0 if it does",
             labels(&[("interface", iface), ("direction", direction.name())]),
             if crate::system::ifindex(iface).is_err() { 1.0 } else { 0.0 },
+        );
+    }
+    for (reason, n) in &daemon.radius {
+        f.counter(
+            "shaper_radius_requests",
+            "RADIUS Dynamic Authorization requests (RFC 5176) by outcome: ack, a NAK's cause, or why one was dropped unanswered (unknown_client, bad_authenticator, stale_event_timestamp, replay, ...)",
+            labels(&[("reason", reason)]),
+            *n,
         );
     }
     if let Some(reload) = daemon.last_reload {

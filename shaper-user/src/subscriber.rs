@@ -222,6 +222,34 @@ fn plan_limits(p: &Policy) -> PolicyLimits {
     p.limits()
 }
 
+/// Subscriber `index` as in force: its entry `s`, its `prefixes` (sorted here), its plan
+/// found among `plans`.
+fn installed(
+    index: u32,
+    s: &Subscriber,
+    mut prefixes: Vec<IpNet>,
+    plans: &[(u32, Policy)],
+) -> Installed {
+    prefixes.sort();
+    let plan = plans
+        .iter()
+        .find(|(slot, _)| *slot == s.plan)
+        .map(|(_, p)| plan_limits(p))
+        .unwrap_or_default();
+    Installed {
+        index,
+        spec: SubscriberSpec {
+            id: unpadded(&s.id),
+            name: unpadded(&s.name),
+            prefixes,
+            plan,
+        },
+        plan_slot: s.plan,
+        outcomes: s.outcomes,
+        yellow: (s.yellow_packets, s.yellow_bytes),
+    }
+}
+
 /// A subscriber's entry and routes as they were before a change, to put back
 /// (`crate::journal`).
 #[derive(Clone, Debug)]
@@ -306,37 +334,20 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             .find(|(_, s)| unpadded(&s.id) == id))
     }
 
-    /// Every subscriber in force, by id.
+    /// Every subscriber in force, by id: each one's routes grouped once (not searched
+    /// for each subscriber: a list at 100,000 subscribers is one pass).
     pub fn list(&self) -> Result<Vec<Installed>, SubscriberError> {
-        let routes = self.p().subscriber_routes()?;
-        let plans = self.p().plans()?;
-        let mut by_index: std::collections::HashMap<u32, Vec<IpNet>> = Default::default();
-        for (net, index) in routes {
-            by_index.entry(index).or_default().push(net);
+        let mut routes: std::collections::HashMap<u32, Vec<IpNet>> = Default::default();
+        for (net, index) in self.p().subscriber_routes()? {
+            routes.entry(index).or_default().push(net);
         }
+        let plans = self.p().plans()?;
         let mut found: Vec<Installed> = self
             .entries()?
             .into_iter()
             .map(|(index, s)| {
-                let mut prefixes = by_index.remove(&index).unwrap_or_default();
-                prefixes.sort();
-                let plan = plans
-                    .iter()
-                    .find(|(slot, _)| *slot == s.plan)
-                    .map(|(_, p)| plan_limits(p))
-                    .unwrap_or_default();
-                Installed {
-                    index,
-                    spec: SubscriberSpec {
-                        id: unpadded(&s.id),
-                        name: unpadded(&s.name),
-                        prefixes,
-                        plan,
-                    },
-                    plan_slot: s.plan,
-                    outcomes: s.outcomes,
-                    yellow: (s.yellow_packets, s.yellow_bytes),
-                }
+                let prefixes = routes.remove(&index).unwrap_or_default();
+                installed(index, &s, prefixes, &plans)
             })
             .collect();
         found.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
@@ -388,13 +399,92 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         Ok(counts_of(&s))
     }
 
-    /// The subscriber `id`.
+    /// The subscriber `id`: one read of the entries and the routes.
     pub fn get(&self, id: &str) -> Result<Installed, SubscriberError> {
         check_id(id)?;
-        self.list()?
+        let (index, s) = self
+            .find(id)?
+            .ok_or_else(|| SubscriberError::NotFound(id.to_owned()))?;
+        let prefixes = self
+            .p()
+            .subscriber_routes()?
             .into_iter()
-            .find(|s| s.spec.id == id)
-            .ok_or_else(|| SubscriberError::NotFound(id.to_owned()))
+            .filter(|(_, i)| *i == index)
+            .map(|(net, _)| net)
+            .collect();
+        Ok(installed(index, &s, prefixes, &self.p().plans()?))
+    }
+
+    /// The id of the subscriber whose prefix holds `net` (the longest route covering it,
+    /// as the kernel's lookup chooses, is a subscriber's), if any: one lookup.
+    pub fn id_holding(&self, net: &IpNet) -> Result<Option<String>, SubscriberError> {
+        let Some(value) = self.p().longest_route(*net) else {
+            return Ok(None);
+        };
+        if value & SUBSCRIBER_BIT == 0 {
+            return Ok(None);
+        }
+        let entry = self
+            .subs
+            .get(&(value & !SUBSCRIBER_BIT), 0)
+            .map_err(map_err("read the subscribers"))?;
+        Ok((entry.in_use != 0).then(|| unpadded(&entry.id)))
+    }
+
+    /// Whether subscriber `id` is set: one read of the entries.
+    pub fn contains(&self, id: &str) -> Result<bool, SubscriberError> {
+        Ok(check_id(id).is_ok() && self.find(id)?.is_some())
+    }
+
+    /// For a change of subscriber `id`'s plan alone ([`SubscriberTable::set_plan`]):
+    /// its entry as it is (to journal: its routes are not touched) and its plan in force.
+    /// The tries are not read.
+    pub fn plan_before(&self, id: &str) -> Result<(Before, PolicyLimits), SubscriberError> {
+        let (index, entry) = self
+            .find(id)?
+            .ok_or_else(|| SubscriberError::NotFound(id.to_owned()))?;
+        let plan = self
+            .p()
+            .plans()?
+            .iter()
+            .find(|(slot, _)| *slot == entry.plan)
+            .map(|(_, p)| plan_limits(p))
+            .unwrap_or_default();
+        let before = Before {
+            index,
+            entry,
+            routes: Vec::new(),
+        };
+        Ok((before, plan))
+    }
+
+    /// Gives the subscriber `before` read (by [`SubscriberTable::plan_before`]) the plan
+    /// `plan`, its prefixes and name untouched: one write of its entry, its cell carried
+    /// over (no refill), the old plan's slot freed if no one else has it.
+    pub fn set_plan(
+        &mut self,
+        before: &Before,
+        plan: &PolicyLimits,
+    ) -> Result<Changed, SubscriberError> {
+        let entry_plan = plan_entry(&unpadded(&before.entry.id), plan)?;
+        let plans = self.p().plans()?;
+        let slot = match plans.iter().find(|(_, p)| *p == entry_plan) {
+            Some((slot, _)) => *slot,
+            None => self.pm().add_plan(&entry_plan)?,
+        };
+        if slot == before.entry.plan {
+            return Ok(Changed::Unchanged);
+        }
+        let now = self
+            .subs
+            .get(&before.index, 0)
+            .map_err(map_err("read the subscribers"))?;
+        self.subs
+            .set(before.index, Subscriber { plan: slot, ..now }, 0)
+            .map_err(map_err("write a subscriber's plan"))?;
+        crate::crash::point("subscriber-step");
+        self.drop_plan_if_unused(before.entry.plan)?;
+        Ok(Changed::Changed)
     }
 
     /// What [`SubscriberTable::set`] of `spec` (or `del` with `None`) of subscriber `id`

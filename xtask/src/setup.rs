@@ -182,6 +182,15 @@ const NEEDS: &[Need] = &[
         },
         by: &[Test],
     },
+    // The daemon's RADIUS test (issue 33) sends CoA and Disconnect requests with
+    // FreeRADIUS's radclient, a real client.
+    Need {
+        item: Item::Apt {
+            package: "freeradius-utils",
+            present: Present::Programs(&["radclient"]),
+        },
+        by: &[Test],
+    },
     // `shaper top`'s test drives it in a terminal: tmux's send-keys and capture-pane.
     Need {
         item: Item::Apt {

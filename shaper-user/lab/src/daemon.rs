@@ -22,6 +22,11 @@ pub struct Daemon {
 impl Daemon {
     /// Starts it and waits for READY=1.
     pub fn start(ns: &str, file: &Path, more: &[&str]) -> Self {
+        Self::start_with_env(ns, file, more, &[])
+    }
+
+    /// [`Daemon::start`] with `env` set for it alone (a crash point, ...).
+    pub fn start_with_env(ns: &str, file: &Path, more: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = scratch(&format!("daemon-{ns}"));
         // A path socket, not an abstract one: abstract sockets belong to a network
         // namespace, and the daemon enters the lab's.
@@ -36,6 +41,7 @@ impl Daemon {
             .arg(file)
             .args(more)
             .env("NOTIFY_SOCKET", &socket)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -4,7 +4,8 @@
 //! counters kept) and the new rate holds; a SIGHUP with a broken file logs one line
 //! naming file:line and field and changes nothing; SIGTERM leaves enforcement in place,
 //! `--detach-on-exit` removes it; a second daemon is refused; a file replaced as an
-//! editor saves it is applied without a signal.
+//! editor saves it is applied without a signal; RADIUS CoA and Disconnect requests from
+//! FreeRADIUS's radclient change subscribers' plans, and bad ones change nothing.
 
 #[expect(dead_code, reason = "not every helper is used here")]
 mod common;
@@ -1665,4 +1666,454 @@ fn odd_names_scrape_and_an_unreadable_attachment_is_left_out() {
     assert_eq!(left_out.len(), 1, "{log}");
     assert!(left_out[0].contains(ODD), "{log}");
     let _ = fs::remove_dir_all(&dir);
+}
+
+/// `radclient -x` in `ns` sending `attrs` (one per line) as a `code` request (`coa`,
+/// `disconnect`) to `server` with `secret`: whether it got the reply it expects (an ACK),
+/// and what it printed (5 s each for a reply, one retry).
+fn radclient(ns: &str, server: &str, code: &str, secret: &str, attrs: &str) -> (bool, String) {
+    // An answer may wait for the change lock (another command's change).
+    radclient_within(ns, "5", server, code, secret, attrs)
+}
+
+/// [`radclient`] waiting `wait` seconds for a reply (twice: one retry).
+fn radclient_within(
+    ns: &str,
+    wait: &str,
+    server: &str,
+    code: &str,
+    secret: &str,
+    attrs: &str,
+) -> (bool, String) {
+    use std::io::Write as _;
+    let mut child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "radclient",
+            "-x",
+            "-r",
+            "1",
+            "-t",
+            wait,
+        ])
+        .args([server, code, secret])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("radclient (freeradius-utils: cargo xtask setup test)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(attrs.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), said)
+}
+
+/// Subscriber `id`'s rate and burst on `iface`'s `direction`, or `None` if it has none.
+fn sub_plan(ns: &str, iface: &str, direction: &str, id: &str) -> Option<(u64, u64)> {
+    let out = shaper(
+        ns,
+        &[
+            "-j",
+            "--direction",
+            direction,
+            "subscriber",
+            "show",
+            iface,
+            id,
+        ],
+    );
+    if !out.status.success() {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    Some((v["rate_bps"].as_u64()?, v["burst_bytes"].as_u64()?))
+}
+
+/// `shaper_radius_requests_total{reason}` from the daemon's /metrics in `ns`.
+fn radius_count(ns: &str, reason: &str) -> u64 {
+    let (code, body) = http_get(ns, "http://127.0.0.1:9753/metrics");
+    assert_eq!(code, 200, "{body}");
+    let series = format!("shaper_radius_requests_total{{reason=\"{reason}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .unwrap_or_else(|| panic!("no {series} in {body}"))
+        .parse()
+        .unwrap()
+}
+
+/// One request through a relay in `ns` (127.0.0.1:3800 to the daemon's 3799, its reply
+/// back): radclient's request as it was sent, to replay verbatim.
+fn captured(ns: &str, secret: &str, attrs: &str) -> (bool, String, Vec<u8>) {
+    let ns_owned = ns.to_owned();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let relay = std::thread::spawn(move || {
+        shaper_user::netns::enter(&ns_owned).unwrap();
+        let front = UdpSocket::bind("127.0.0.1:3800").unwrap();
+        let back = UdpSocket::bind("127.0.0.1:0").unwrap();
+        for s in [&front, &back] {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        }
+        ready_tx.send(()).unwrap();
+        let mut buf = [0u8; 4096];
+        let (n, client) = front.recv_from(&mut buf).unwrap();
+        let request = buf[..n].to_vec();
+        back.send_to(&request, "127.0.0.1:3799").unwrap();
+        let n = back.recv(&mut buf).unwrap();
+        front.send_to(&buf[..n], client).unwrap();
+        request
+    });
+    ready_rx.recv().unwrap();
+    let (acked, said) = radclient(ns, "127.0.0.1:3800", "coa", secret, attrs);
+    (acked, said, relay.join().unwrap())
+}
+
+/// Sends `bytes` from 127.0.0.1 in `ns` to the daemon; its reply within 0.5 s, if any.
+fn send_raw(ns: &str, bytes: Vec<u8>) -> Option<Vec<u8>> {
+    in_netns(ns, move || {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        s.send_to(&bytes, "127.0.0.1:3799").unwrap();
+        let mut buf = [0u8; 4096];
+        s.recv(&mut buf).ok().map(|n| buf[..n].to_vec())
+    })
+}
+
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+const IFACE: &str = "shr0";
+
+/// A namespace with interface [`IFACE`] attached both ways (room for 16 subscribers),
+/// subscribers c1 (100.64.0.1, fdd7:b724:0:100::/56) and c2 (100.64.0.2,
+/// fdd7:b724:0:200::/56) at 10mbit burst 64k on each direction, and a daemon's file
+/// (mode 0600) whose `[radius]` listens on [::]:3799 for 127.0.0.1 (secret `v4secret`)
+/// and ::1 (`v6secret`). Detached, removed and deleted when dropped.
+struct RadiusLab {
+    // Dropped in this order: detached before the namespace goes.
+    _guards: [AttachGuard; 2],
+    _ns: Netns,
+    name: String,
+    dir: std::path::PathBuf,
+    file: std::path::PathBuf,
+}
+
+impl Drop for RadiusLab {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn radius_lab(tag: &str) -> RadiusLab {
+    let name = format!("{tag}-{}", std::process::id());
+    let ns = Netns::create(&name).unwrap();
+    add_dummy(&ns, IFACE, 4);
+    let mut guards = ["ingress", "egress"]
+        .map(|d| AttachGuard::toward(shaper_lab::bins::shaper(), &name, IFACE, d));
+    for g in &mut guards {
+        g.attach(&[
+            "--rate",
+            "8mbit",
+            "--burst",
+            "64k",
+            "--max-subscribers",
+            "16",
+        ])
+        .unwrap();
+    }
+    for d in ["ingress", "egress"] {
+        for (id, v4, v6) in [
+            ("c1", "100.64.0.1", "fdd7:b724:0:100::/56"),
+            ("c2", "100.64.0.2", "fdd7:b724:0:200::/56"),
+        ] {
+            let set = [
+                "--direction",
+                d,
+                "subscriber",
+                "set",
+                IFACE,
+                id,
+                "--prefix",
+                v4,
+            ];
+            let plan = ["--prefix", v6, "--rate", "10mbit", "--burst", "64k"];
+            shaper_ok(&name, &[&set[..], &plan[..]].concat());
+        }
+    }
+    let dir = scratch(tag);
+    let file = dir.join("shaper.toml");
+    let text = config(IFACE, "8mbit")
+        + &config(IFACE, "8mbit")
+        + "direction = \"egress\"\n\n[radius]\ninterface = \"shr0\"\nlisten = \"[::]:3799\"\n\n\
+           [[radius.client]]\naddress = \"127.0.0.1\"\nsecret = \"v4secret\"\n\n\
+           [[radius.client]]\naddress = \"::1\"\nsecret = \"v6secret\"\n";
+    fs::write(&file, text).unwrap();
+    fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    RadiusLab {
+        _guards: guards,
+        _ns: ns,
+        name,
+        dir,
+        file,
+    }
+}
+
+/// RADIUS CoA and Disconnect (RFC 5176) from FreeRADIUS's radclient, over IPv4 and IPv6:
+/// a CoA with WISPr or Mikrotik rates, naming the subscriber by User-Name,
+/// Framed-IP-Address or Framed-IPv6-Prefix, sets its plan on the direction of each rate
+/// (ACK, with a Message-Authenticator when the request had one); an unknown subscriber
+/// gets a NAK with Session-Context-Not-Found; a wrong secret, a bad Message-Authenticator,
+/// a stale Event-Timestamp and a replay change nothing and move their reason's counter;
+/// a Disconnect removes the subscriber from both directions.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn radius_coa_and_disconnect_set_plans_and_bad_requests_change_nothing() {
+    let lab = radius_lab("dm-radius");
+    let (name, file) = (lab.name.clone(), lab.file.clone());
+    let mut daemon = Daemon::start(&name, &file, &["--no-watch"]);
+    let (v4, v6) = ("127.0.0.1:3799", "[::1]:3799");
+    let plan = |d: &str, id: &str| sub_plan(&name, IFACE, d, id);
+    let both = |id: &str| (plan("ingress", id), plan("egress", id));
+    let now = unix_secs();
+
+    // WISPr by User-Name over IPv4: both directions, the burst 20 ms of the rate.
+    let (acked, said) = radclient(
+        &name,
+        v4,
+        "coa",
+        "v4secret",
+        &format!(
+            "User-Name = c1\nEvent-Timestamp = {now}\nWISPr-Bandwidth-Max-Up = 30000000\nWISPr-Bandwidth-Max-Down = 40000000\n"
+        ),
+    );
+    assert!(
+        acked && said.contains("Received CoA-ACK"),
+        "{said}\n{}",
+        daemon.log()
+    );
+    assert_eq!(
+        both("c1"),
+        (Some((30_000_000, 75_000)), Some((40_000_000, 100_000)))
+    );
+    // Mikrotik by Framed-IPv6-Prefix over IPv6, signed: rx is the upload.
+    let (acked, said) = radclient(
+        &name,
+        v6,
+        "coa",
+        "v6secret",
+        &format!(
+            "Framed-IPv6-Prefix = fdd7:b724:0:200::/64\nEvent-Timestamp = {now}\nMikrotik-Rate-Limit = \"5M/6M\"\nMessage-Authenticator = 0x00\n"
+        ),
+    );
+    assert!(
+        acked && said.contains("Message-Authenticator = 0x"),
+        "{said}"
+    );
+    assert_eq!(
+        both("c2"),
+        (Some((5_000_000, 16_384)), Some((6_000_000, 16_384)))
+    );
+    // WISPr Down alone by Framed-IP-Address: the egress plan only.
+    let (acked, said) = radclient(
+        &name,
+        v4,
+        "coa",
+        "v4secret",
+        &format!(
+            "Framed-IP-Address = 100.64.0.1\nEvent-Timestamp = {now}\nWISPr-Bandwidth-Max-Down = 7000000\n"
+        ),
+    );
+    assert!(acked, "{said}");
+    assert_eq!(
+        both("c1"),
+        (Some((30_000_000, 75_000)), Some((7_000_000, 17_500)))
+    );
+    assert_eq!(radius_count(&name, "ack"), 3);
+
+    // An unknown subscriber, on each family: a NAK with Session-Context-Not-Found.
+    for (server, secret, who) in [
+        (v4, "v4secret", "User-Name = nobody"),
+        (v6, "v6secret", "Framed-IP-Address = 100.64.9.9"),
+    ] {
+        let (acked, said) = radclient(
+            &name,
+            server,
+            "coa",
+            secret,
+            &format!("{who}\nEvent-Timestamp = {now}\nWISPr-Bandwidth-Max-Down = 1000000\n"),
+        );
+        assert!(
+            !acked && said.contains("Error-Cause = Session-Context-Not-Found"),
+            "{said}"
+        );
+    }
+    assert_eq!(radius_count(&name, "session_not_found"), 2);
+    let before = (both("c1"), both("c2"));
+    let bad =
+        format!("User-Name = c1\nEvent-Timestamp = {now}\nWISPr-Bandwidth-Max-Down = 1000000\n");
+    // A wrong secret, and the other family's client's secret: dropped, unanswered.
+    for (server, secret) in [(v4, "wrong"), (v6, "v4secret")] {
+        let (acked, said) = radclient_within(&name, "0.25", server, "coa", secret, &bad);
+        assert!(!acked && said.contains("No reply"), "{said}");
+    }
+    assert_eq!(radius_count(&name, "bad_authenticator"), 2);
+    // A stale Event-Timestamp, each way.
+    for stamp in [now - 1000, now + 1000] {
+        let req = bad.replace(&format!("= {now}"), &format!("= {stamp}"));
+        let (acked, said) = radclient_within(&name, "0.25", v4, "coa", "v4secret", &req);
+        assert!(!acked && said.contains("No reply"), "{said}");
+    }
+    assert_eq!(radius_count(&name, "stale_event_timestamp"), 2);
+    assert_eq!(
+        (both("c1"), both("c2")),
+        before,
+        "a bad request changed a plan"
+    );
+
+    // A signed request as radclient sent it: replayed verbatim after the plan changed,
+    // it gets its first answer again and changes nothing.
+    let (acked, said, request) = captured(
+        &name,
+        "v4secret",
+        &format!(
+            "User-Name = c1\nEvent-Timestamp = {now}\nWISPr-Bandwidth-Max-Down = 9000000\nMessage-Authenticator = 0x00\n"
+        ),
+    );
+    assert!(acked, "{said}");
+    assert_eq!(plan("egress", "c1"), Some((9_000_000, 22_500)));
+    shaper_ok(
+        &name,
+        &[
+            "--direction",
+            "egress",
+            "subscriber",
+            "set",
+            IFACE,
+            "c1",
+            "--prefix",
+            "100.64.0.1",
+            "--prefix",
+            "fdd7:b724:0:100::/56",
+            "--rate",
+            "12mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    let answer = send_raw(&name, request.clone()).expect("a replay is answered");
+    assert_eq!(answer[0], 44, "CoA-ACK");
+    assert_eq!(radius_count(&name, "replay"), 1);
+    assert_eq!(plan("egress", "c1"), Some((12_000_000, 64 << 10)));
+    // Its Message-Authenticator spoiled, its Request Authenticator made right again.
+    let mut forged = request;
+    let n = forged.len();
+    // Message-Authenticator (80), 18 octets: radclient puts it last.
+    let mac = n - 18;
+    assert_eq!(forged[mac..mac + 2], [80, 18]);
+    forged[mac + 2] ^= 0xff;
+    shaper_user::radius::packet::sign_request(&mut forged, b"v4secret");
+    assert_eq!(
+        send_raw(&name, forged),
+        None,
+        "a bad Message-Authenticator was answered"
+    );
+    assert_eq!(radius_count(&name, "bad_message_authenticator"), 1);
+    assert_eq!(plan("egress", "c1"), Some((12_000_000, 64 << 10)));
+
+    // Disconnect, by User-Name over IPv4 and by Framed-IPv6-Prefix over IPv6: gone from
+    // both directions.
+    for (server, secret, who, id) in [
+        (v4, "v4secret", "User-Name = c1", "c1"),
+        (
+            v6,
+            "v6secret",
+            "Framed-IPv6-Prefix = fdd7:b724:0:200::/56",
+            "c2",
+        ),
+    ] {
+        let (acked, said) = radclient(
+            &name,
+            server,
+            "disconnect",
+            secret,
+            &format!("{who}\nEvent-Timestamp = {now}\n"),
+        );
+        assert!(acked && said.contains("Received Disconnect-ACK"), "{said}");
+        assert_eq!(both(id), (None, None), "{id} not removed");
+    }
+    assert_eq!(radius_count(&name, "ack"), 6);
+    // The table is read at start: a reload says a changed one waits for a restart, and
+    // refuses a broken one.
+    let text = fs::read_to_string(&file).unwrap();
+    fs::write(&file, text.replace("v6secret", "rotated")).unwrap();
+    let said = daemon.reload();
+    assert!(
+        said.contains("takes effect when shaper run restarts"),
+        "{said}"
+    );
+    fs::write(&file, text.replace("\"::1\"", "\"not-an-address\"")).unwrap();
+    let said = daemon.reload();
+    assert!(
+        said.contains("reload refused") && said.contains("radius.client[1].address"),
+        "{said}"
+    );
+    let (exit, log) = daemon.stop();
+    assert!(exit.success(), "{exit}: {log}");
+    assert!(log.contains("radius: 127.0.0.1:"), "{log}");
+}
+
+/// A CoA that changes both directions is one change: the daemon killed between its
+/// ingress and egress writes (a crash point), the next command rolls both back, and the
+/// journal names the RADIUS change.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_coa_killed_half_way_is_rolled_back_whole() {
+    let lab = radius_lab("dm-radius-kill");
+    let name = &lab.name;
+    let plans = || ["ingress", "egress"].map(|d| sub_plan(name, IFACE, d, "c1"));
+    let before = plans();
+    assert_eq!(before, [Some((10_000_000, 64 << 10)); 2]);
+    // The second subscriber write: the egress one, after the ingress one.
+    let crash = [(shaper_user::crash::CRASH_AT_VAR, "subscriber-step#2")];
+    let mut daemon = Daemon::start_with_env(name, &lab.file, &["--no-watch"], &crash);
+    let (acked, said) = radclient_within(
+        name,
+        "0.25",
+        "127.0.0.1:3799",
+        "coa",
+        "v4secret",
+        &format!(
+            "User-Name = c1\nEvent-Timestamp = {}\nWISPr-Bandwidth-Max-Up = 30000000\nWISPr-Bandwidth-Max-Down = 40000000\n",
+            unix_secs()
+        ),
+    );
+    assert!(!acked, "{said}");
+    let status = daemon.child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "the daemon did not die at the crash point: {}",
+        daemon.log()
+    );
+    let out = shaper(name, &["status", IFACE]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // The journal is the host's: another shaper command running beside the test (the
+    // lab's other suites) may have rolled it back first, saying nothing here.
+    assert!(
+        stderr.is_empty() || (stderr.contains("interrupted") && stderr.contains("radius coa")),
+        "{stderr}"
+    );
+    assert_eq!(plans(), before, "half a CoA stayed; status said: {stderr}");
 }

@@ -11,9 +11,12 @@
 //! limits in force through their pins, or detaching what the file names with
 //! `--detach-on-exit`. One runs per host ([`system::daemon_lock`]); each change takes
 //! the same lock as every other command. It logs one line per event on stderr (the
-//! journal, under systemd).
+//! journal, under systemd). With a `[radius]` table in the file, it serves RADIUS CoA
+//! and Disconnect requests on a thread of its own ([`radius`]), each change made through
+//! the one change path.
 
 mod http;
+mod radius;
 
 use std::{
     net::SocketAddr,
@@ -55,6 +58,15 @@ use tokio::{
 /// dropped most, as JSON) on --metrics. It tells systemd when it is ready and when it
 /// reloads (Type=notify). On SIGTERM it exits and the limits stay in force, unless
 /// --detach-on-exit. One runs per host; every other shaper command works beside it.
+///
+/// With a [radius] table in the file, it takes RADIUS CoA-Requests and
+/// Disconnect-Requests (RFC 5176, UDP 3799 by default) from the clients listed there,
+/// each with its shared secret: a CoA sets a subscriber's rate from
+/// WISPr-Bandwidth-Max-Up/-Down or Mikrotik-Rate-Limit, a Disconnect removes the
+/// subscriber; a request that fails a check (secret, Message-Authenticator,
+/// Event-Timestamp window, replay, rate) changes nothing, and every outcome is counted
+/// by reason on /metrics (shaper_radius_requests_total). The table is read at start
+/// (restart to change it). See docs/operating/radius.md.
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = EXAMPLES)]
 pub struct Args {
@@ -100,6 +112,8 @@ Examples:
       What shaper.service runs: apply, serve 127.0.0.1:9753/metrics, reload on change.
   curl -s 'localhost:9753/top?iface=eth1&n=10'
       The 10 keys of eth1 dropped most, from a running daemon.
+  echo 'User-Name = c1042, Event-Timestamp = '$(date +%s)', WISPr-Bandwidth-Max-Down = 50000000' | radclient -x 127.0.0.1:3799 coa SECRET
+      A CoA to a daemon whose file has a [radius] table: c1042's downloads at 50 Mbit/s.
 ";
 
 /// The requests whose interface exists here, and the names of those that do not (the
@@ -368,6 +382,7 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     let (links_conn, links) = link_events()?;
     let mut links = std::pin::pin!(links);
     let mut content = Content::read(&args.file);
+    let radius = radius::config(&args.file)?;
     let (mut running, line) = apply_file(&args.file, scope, None)?;
     // When a reload put off for want of the lock is tried again.
     let mut retry = None;
@@ -375,7 +390,11 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     let daemon_state = Arc::new(Mutex::new(metrics::Daemon {
         configured: configured(&running),
         last_reload: None,
+        radius: Vec::new(),
     }));
+    if let Some(config) = radius.clone() {
+        radius::start(config, netns, Arc::clone(&daemon_state))?;
+    }
     // The servers accept on this thread, between signals, and render on threads of their own.
     let local = tokio::task::LocalSet::new();
     if let Some(listener) = listener {
@@ -478,17 +497,19 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                 let lock = reload_lock().await.inspect_err(|_| {
                     retry = Some(tokio::time::Instant::now() + RELOAD_RETRY);
                 });
-                let (successful, status) =
-                    match lock.and_then(|l| apply_file(&args.file, scope, Some(l))) {
-                        Ok((desired, line)) => {
-                            running = desired;
-                            (true, line)
-                        }
-                        Err(e) => (
-                            false,
-                            format!("reload refused, the running configuration stays: {e:#}"),
-                        ),
-                    };
+                let (successful, status) = match lock.and_then(|l| {
+                    let note = radius::reloaded(&args.file, radius.as_ref())?;
+                    apply_file(&args.file, scope, Some(l)).map(|(d, line)| (d, line + &note))
+                }) {
+                    Ok((desired, line)) => {
+                        running = desired;
+                        (true, line)
+                    }
+                    Err(e) => (
+                        false,
+                        format!("reload refused, the running configuration stays: {e:#}"),
+                    ),
+                };
                 {
                     let mut state = daemon_state.lock().unwrap_or_else(PoisonError::into_inner);
                     state.configured = configured(&running);

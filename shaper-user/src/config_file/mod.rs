@@ -35,8 +35,10 @@
 
 mod file;
 mod model;
+mod radius;
 mod render;
 
 pub use file::{MAX_FILE_BYTES, ReadError, read, read_bytes};
 pub use model::{FileError, parse};
+pub use radius::{MAX_SECRET_BYTES, has_inline_secret, parse_radius};
 pub use render::render;

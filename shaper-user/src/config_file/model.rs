@@ -40,6 +40,9 @@ pub struct FileError {
 struct FileModel {
     #[serde(default, rename = "interface")]
     interfaces: Vec<InterfaceModel>,
+    /// `shaper run`'s RADIUS listener: read by `super::radius`, not here.
+    #[serde(default, rename = "radius")]
+    _radius: Option<Value>,
 }
 
 #[derive(Deserialize)]

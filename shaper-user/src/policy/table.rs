@@ -611,6 +611,15 @@ impl PolicyTable {
         }
     }
 
+    /// What the kernel's lookup of `prefix` answers: the value of the longest route
+    /// covering it (one lookup, the tries not read whole), if any.
+    pub fn longest_route(&self, prefix: IpNet) -> Option<u32> {
+        match trie_key(&prefix) {
+            TrieKey::V4(key) => self.v4.get(&key, 0).ok(),
+            TrieKey::V6(key) => self.v6.get(&key, 0).ok(),
+        }
+    }
+
     /// The value `prefix` routes to exactly, if any.
     pub fn route_of(&self, prefix: IpNet) -> Option<u32> {
         let value = match trie_key(&prefix) {

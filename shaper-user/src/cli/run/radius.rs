@@ -1,0 +1,151 @@
+//! The daemon's RADIUS Dynamic Authorization listener ([`shaper_user::radius`]): one
+//! thread, one UDP socket, one request at a time (the kernel's socket buffer is the only
+//! queue, bounded), each answered or dropped and counted by reason on /metrics, and
+//! logged in one line (at most one line a second for each kind of drop, so a flood of
+//! bad packets cannot flood the journal; the counters count every one).
+
+use std::{
+    collections::HashMap,
+    net::UdpSocket,
+    os::unix::fs::MetadataExt as _,
+    path::Path,
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{Context as _, Result, bail};
+use shaper_user::{
+    config_file, metrics,
+    radius::{Config, Reason, Server, packet::MAX_PACKET},
+};
+
+/// The `[radius]` table of `file`, if any; a secret inline in a file others can read is
+/// refused.
+pub fn config(file: &Path) -> Result<Option<Config>> {
+    let name = file.display().to_string();
+    let text = config_file::read(file)?;
+    let Some(config) = config_file::parse_radius(&name, &text)? else {
+        return Ok(None);
+    };
+    let mode = std::fs::metadata(file)
+        .with_context(|| format!("cannot read {name}"))?
+        .mode()
+        & 0o777;
+    if config_file::has_inline_secret(&text) && mode & 0o077 != 0 {
+        bail!(
+            "{name} holds a RADIUS secret and is readable by group or others (mode {mode:04o}): chmod 600 it, or use secret_file"
+        );
+    }
+    Ok(Some(config))
+}
+
+/// On a reload: the file's `[radius]` table checked (a broken one refuses the reload, as
+/// any error in the file does); what to add to the reload's line if it differs from the
+/// one the listener runs, which is read at start only.
+pub fn reloaded(file: &Path, running: Option<&Config>) -> Result<String> {
+    let now = config(file)?;
+    Ok(if now.as_ref() == running {
+        String::new()
+    } else {
+        "; the [radius] table changed: it takes effect when shaper run restarts".to_owned()
+    })
+}
+
+/// Binds the listener (in the daemon's namespace: call it on the daemon's thread) and
+/// starts its thread; every reason is counted in `daemon` from zero.
+pub fn start(
+    config: Config,
+    netns: Option<&str>,
+    daemon: Arc<Mutex<metrics::Daemon>>,
+) -> Result<()> {
+    let socket = UdpSocket::bind(config.listen)
+        .with_context(|| format!("cannot listen on {} for RADIUS", config.listen))?;
+    daemon.lock().unwrap_or_else(PoisonError::into_inner).radius =
+        Reason::ALL.iter().map(|r| (r.name(), 0)).collect();
+    eprintln!(
+        "shaper: RADIUS CoA and Disconnect on udp {} for {} ({} client{})",
+        config.listen,
+        config.interface,
+        config.clients.len(),
+        if config.clients.len() == 1 { "" } else { "s" }
+    );
+    let server = Server::new(config, netns);
+    std::thread::Builder::new()
+        .name("radius".to_owned())
+        .spawn(move || serve(&socket, server, &daemon))
+        .context("cannot start the RADIUS thread")?;
+    Ok(())
+}
+
+fn serve(socket: &UdpSocket, mut server: Server, daemon: &Mutex<metrics::Daemon>) {
+    let mut buf = vec![0u8; MAX_PACKET];
+    let mut quiet: HashMap<Reason, (Option<Instant>, u64)> = HashMap::new();
+    loop {
+        let (n, from) = match socket.recv_from(&mut buf) {
+            Ok(got) => got,
+            Err(e) => {
+                eprintln!("shaper: radius: receiving: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        // An IPv4 client on a dual-stack socket as itself, not ::ffff:a.b.c.d.
+        let shown = std::net::SocketAddr::new(from.ip().to_canonical(), from.port());
+        let now = Instant::now();
+        let outcome = match server.check(from, &buf[..n], now, SystemTime::now()) {
+            Ok(checked) => {
+                let mut outcome = server.act(&checked);
+                outcome.detail += &format!(" ({:.1?})", now.elapsed());
+                if let Some(reply) = &outcome.reply {
+                    server.remember(&checked, reply, now);
+                }
+                outcome
+            }
+            Err(outcome) => outcome,
+        };
+        if let Some(reply) = &outcome.reply
+            && let Err(e) = socket.send_to(reply, from)
+        {
+            eprintln!("shaper: radius: answering {from}: {e}");
+        }
+        count(daemon, outcome.reason);
+        log(&mut quiet, shown, &outcome, now);
+    }
+}
+
+fn count(daemon: &Mutex<metrics::Daemon>, reason: Reason) {
+    let mut state = daemon.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, n)) = state.radius.iter_mut().find(|(r, _)| *r == reason.name()) {
+        *n += 1;
+    }
+}
+
+/// One line per request answered; per kind of drop, one line a second at most, saying
+/// how many were left unsaid.
+fn log(
+    quiet: &mut HashMap<Reason, (Option<Instant>, u64)>,
+    from: std::net::SocketAddr,
+    outcome: &shaper_user::radius::Outcome,
+    now: Instant,
+) {
+    let line = format!(
+        "shaper: radius: {from}: {}: {}",
+        outcome.reason.name(),
+        outcome.detail
+    );
+    if outcome.reply.is_some() {
+        eprintln!("{line}");
+        return;
+    }
+    let (last, unsaid) = quiet.entry(outcome.reason).or_insert((None, 0));
+    if last.is_some_and(|last| now.duration_since(last) < Duration::from_secs(1)) {
+        *unsaid += 1;
+        return;
+    }
+    match *unsaid {
+        0 => eprintln!("{line}"),
+        n => eprintln!("{line} (and {n} more like it unlogged)"),
+    }
+    *last = Some(now);
+    *unsaid = 0;
+}
