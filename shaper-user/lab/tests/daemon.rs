@@ -496,6 +496,30 @@ fn settled_scrape(lab: &Lab, iface: &str) -> (String, Vec<Sample>, Told) {
     panic!("no scrape counted between two equal readings of the counters in 20 tries");
 }
 
+/// Two IPv4 and two IPv6 sources at 8 Mbit/s for a second each (one family, then the
+/// other), then a settled scrape, every sample of which must be what the commands say.
+fn load_and_scrape(lab: &Lab, iface: &str) -> (Vec<Sample>, Told) {
+    let v4 = lab.flows(&[8_000_000, 8_000_000], 1000);
+    let v6: Vec<Flow> = lab.sources6()[..2]
+        .iter()
+        .map(|&src| Flow {
+            src: src.into(),
+            offered_bps: 8_000_000,
+            frame_bytes: 1000,
+        })
+        .collect();
+    for flows in [v4, v6] {
+        let report =
+            run_udp_with(lab, &flows, Duration::from_secs(1), &RunOptions::default()).unwrap();
+        assert_eq!(report.receiver_drops, 0);
+    }
+    let (_, samples, told) = settled_scrape(lab, iface);
+    for sample in &samples {
+        assert_eq!(sample.value, told.expected(sample), "{sample}");
+    }
+    (samples, told)
+}
+
 /// The /64 of `a`, as a prefix.
 fn net64(a: Ipv6Addr) -> String {
     let s = a.segments();
@@ -548,24 +572,7 @@ fn metrics_give_the_default_and_the_top_policies_only() {
         &file,
         &["--no-watch", "--metrics-policies", "3"],
     );
-    let v4 = lab.flows(&[8_000_000, 8_000_000], 1000);
-    let v6: Vec<Flow> = lab.sources6()[..2]
-        .iter()
-        .map(|&src| Flow {
-            src: src.into(),
-            offered_bps: 8_000_000,
-            frame_bytes: 1000,
-        })
-        .collect();
-    for flows in [v4, v6] {
-        let report =
-            run_udp_with(&lab, &flows, Duration::from_secs(1), &RunOptions::default()).unwrap();
-        assert_eq!(report.receiver_drops, 0);
-    }
-    let (_, samples, told) = settled_scrape(&lab, &iface);
-    for sample in &samples {
-        assert_eq!(sample.value, told.expected(sample), "{sample}");
-    }
+    let (samples, told) = load_and_scrape(&lab, &iface);
     let refused = |r: &Value| {
         [
             "dropped_bytes",
@@ -679,24 +686,7 @@ fn metrics_give_the_busiest_subscribers_only() {
             "3",
         ],
     );
-    let v4 = lab.flows(&[8_000_000, 8_000_000], 1000);
-    let v6: Vec<Flow> = lab.sources6()[..2]
-        .iter()
-        .map(|&src| Flow {
-            src: src.into(),
-            offered_bps: 8_000_000,
-            frame_bytes: 1000,
-        })
-        .collect();
-    for flows in [v4, v6] {
-        let report =
-            run_udp_with(&lab, &flows, Duration::from_secs(1), &RunOptions::default()).unwrap();
-        assert_eq!(report.receiver_drops, 0);
-    }
-    let (_, samples, told) = settled_scrape(&lab, &iface);
-    for sample in &samples {
-        assert_eq!(sample.value, told.expected(sample), "{sample}");
-    }
+    let (samples, told) = load_and_scrape(&lab, &iface);
     let refused = |r: &Value| r["dropped_bytes"].as_u64().unwrap();
     let mut rows: Vec<&Value> = told.subscribers.iter().collect();
     rows.sort_by_key(|r| std::cmp::Reverse(refused(r)));
