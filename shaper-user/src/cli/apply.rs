@@ -1,9 +1,13 @@
 //! `shaper apply -f FILE.toml [--check]`: make the interfaces a file names look as it says.
 
-use std::path::{Path, PathBuf};
+use std::{
+    io::IsTerminal as _,
+    path::{Path, PathBuf},
+};
 
-use super::Scope;
+use super::{Scope, subscriber::Progress};
 use anyhow::Result;
+use serde::Serialize;
 use shaper_user::{
     apply::{self, Applied},
     attach::Attached,
@@ -11,6 +15,7 @@ use shaper_user::{
     pins::Direction,
     policy::PolicySet,
     request::AttachRequest,
+    subscriber::Summary,
 };
 
 /// Set interfaces, their default rates and their prefix policies from a TOML file, as one
@@ -87,25 +92,73 @@ pub fn check(args: &Args, direction: Direction) -> Result<()> {
         .iter()
         .map(|d| d.policies.as_ref().map_or(0, PolicySet::len))
         .sum();
+    let subscribers: usize = desired
+        .iter()
+        .map(|d| d.subscribers.as_ref().map_or(0, |s| s.specs.len()))
+        .sum();
     println!(
-        "{}: valid: {} interface{}, {policies} polic{}",
+        "{}: valid: {} interface{}, {policies} polic{}{}",
         args.file.display(),
         desired.len(),
         if desired.len() == 1 { "" } else { "s" },
         if policies == 1 { "y" } else { "ies" },
+        match subscribers {
+            0 => String::new(),
+            1 => ", 1 subscriber".to_owned(),
+            n => format!(", {n} subscribers"),
+        },
     );
     Ok(())
 }
 
-pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
+/// ", subscribers: 1 added, 2 changed, 999997 unchanged, 0 removed", or nothing where the
+/// file gives the interface none.
+pub fn subscribers(summary: Option<&Summary>) -> String {
+    summary.map_or(String::new(), |s| {
+        format!(
+            ", subscribers: {} added, {} changed, {} unchanged, {} removed",
+            s.added, s.changed, s.unchanged, s.removed
+        )
+    })
+}
+
+/// One interface of `apply -j`'s array.
+#[derive(Serialize)]
+struct JsonApplied<'a> {
+    interface: &'a str,
+    outcome: &'static str,
+    policies: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    subscribers: Option<Summary>,
+}
+
+pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
     let desired = read(&args.file, scope.direction)?;
-    let applied = apply::apply(&desired, scope.netns)?;
+    let mut progress = Progress::new(!json && std::io::stderr().is_terminal());
+    let applied = apply::apply(&desired, scope.netns, &mut |done, total| {
+        progress.show(done, total);
+    })?;
+    progress.finish();
+    if json {
+        let rows: Vec<JsonApplied> = applied
+            .iter()
+            .map(|one| JsonApplied {
+                interface: &one.iface,
+                outcome: outcome(one),
+                policies: one.policies,
+                subscribers: one.subscribers,
+            })
+            .collect();
+        println!("{}", serde_json::to_string(&rows)?);
+        return Ok(());
+    }
     for one in &applied {
         println!(
-            "{}: {}, {}",
+            "{}: {}, {}{}",
             one.iface,
             outcome(one),
-            policies(one.policies)
+            policies(one.policies),
+            subscribers(one.subscribers.as_ref())
         );
     }
     Ok(())

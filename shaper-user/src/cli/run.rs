@@ -136,8 +136,8 @@ fn apply_file(
     let desired = super::apply::read(file, scope.direction)?;
     let (here, missing) = present(&desired);
     let applied = match lock {
-        Some(lock) => apply::apply_holding(&here, scope.netns, lock)?,
-        None => apply::apply(&here, scope.netns)?,
+        Some(lock) => apply::apply_holding(&here, scope.netns, lock, &mut |_, _| {})?,
+        None => apply::apply(&here, scope.netns, &mut |_, _| {})?,
     };
     let what = applied
         .iter()
@@ -174,7 +174,7 @@ fn attach_again(name: &str, running: &[AttachRequest], netns: Option<&str>) -> R
         .filter(|d| d.at.iface == name)
         .cloned()
         .collect();
-    let applied = apply::apply(&mine, netns)?;
+    let applied = apply::apply(&mine, netns, &mut |_, _| {})?;
     let any = |f: fn(&Attached) -> bool| applied.iter().any(|a| f(&a.outcome));
     Ok(if any(|o| matches!(o, Attached::Relinked { .. })) {
         format!("{name}: attached it again (its program and maps kept)")

@@ -38,5 +38,5 @@ mod model;
 mod render;
 
 pub use file::{MAX_FILE_BYTES, ReadError, read, read_bytes};
-pub use model::{FileError, parse};
+pub use model::{FileError, Parsed, parse, parse_file};
 pub use render::render;
