@@ -561,6 +561,10 @@ fn subscribers_in_the_file_are_written_only_where_they_differ() {
     business[1].2 = 50_000_000;
     business[1].3 = 50_000_000;
     assert_eq!(subscribers(&lab, iface), business);
+    // `config show` prints them back (plans inline), and apply takes that back unchanged.
+    let shown = TempFile::new("subs-shown", &show(&lab, iface));
+    assert_eq!(applied(&lab, &shown), [0, 0, 2, 0]);
+    assert_eq!(show(&lab, iface), fs::read_to_string(&shown.0).unwrap());
 
     // One set by `subscriber set` stays (no prune_subscribers)...
     ok(
