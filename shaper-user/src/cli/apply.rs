@@ -38,6 +38,20 @@ use shaper_user::{
 /// excess_burst, excess_dscp, packet_rate and packet_burst, as shaper-policy(8) set's
 /// flags (excess_rate = "10mbit", excess_dscp = "cs1" or 8, packet_rate = "20k" or
 /// 20000). shaper-config(8) show prints a running interface as such a file.
+///
+/// Subscribers: a top-level [plan.NAME] takes rate, burst, per_address_rate,
+/// per_address_burst, excess_rate, excess_burst, excess_dscp and mode, as
+/// shaper-subscriber(8) set's flags; an [[interface.subscriber]] takes id, name, prefixes
+/// (a list) and plan = "NAME", or the plan's fields inline; an [interface.libreqos] takes
+/// file (a ShapedDevices.csv, relative to the configuration file), committed_from_min,
+/// excess_dscp and burst_time, as subscriber import's flags; an interface takes
+/// max_subscribers and prune_subscribers. Only the subscribers that differ from those in
+/// force are written (one plan changed: that subscriber alone); those not in the file stay
+/// unless prune_subscribers = true. Every subscriber is checked (its plan, its prefixes,
+/// overlaps with the file's policies and other subscribers) before anything is written.
+/// On a terminal, an apply that takes more than a second shows its progress on stderr;
+/// with -j, one JSON array of what was done to each interface (subscribers counted added,
+/// changed, unchanged, removed).
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = EXAMPLES)]
 pub struct Args {
@@ -59,6 +73,8 @@ Examples:
       A round trip: the running configuration, applied back, changes nothing.
   shaper apply -f examples/profile.toml
       A bandwidth profile per address: 10 Mbit/s unmarked, 10 Mbit/s more marked CS1.
+  shaper -j apply -f examples/isp.toml
+      With a subscriber: what was done to each interface, its subscribers counted, as JSON.
 ";
 
 /// Reads and checks the file; the error names its line and field.

@@ -47,8 +47,10 @@ use tokio::{
 /// interface of it that exists, or exits non-zero with the one-line error; it names the
 /// missing ones and attaches each when it appears. On SIGHUP, and when the file changes (unless
 /// --no-watch), it applies it again: what changed is changed in place, every source
-/// keeping its bucket; a file it refuses is logged in one line naming file:line: field,
-/// and the running configuration stays. An interface the file names that is deleted and
+/// keeping its bucket; the file's subscribers are written only where they differ (one
+/// plan changed: that subscriber alone), and those set by shaper-subscriber(8) stay
+/// unless the interface has prune_subscribers = true; a file it refuses is logged in one
+/// line naming file:line: field, and the running configuration stays. An interface the file names that is deleted and
 /// made again, or whose clsact filter or qdisc is removed, is attached again within a
 /// second or two, over its own pins: its sources, policies and counters go on from where
 /// they were. It serves /metrics (OpenMetrics) and /top (the keys
@@ -143,10 +145,11 @@ fn apply_file(
         .iter()
         .map(|one| {
             format!(
-                "{} {} ({})",
+                "{} {} ({}{})",
                 one.iface,
                 super::apply::outcome(one),
-                super::apply::policies(one.policies)
+                super::apply::policies(one.policies),
+                super::apply::subscribers(one.subscribers.as_ref())
             )
         })
         .collect::<Vec<_>>()

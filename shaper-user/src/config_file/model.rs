@@ -1715,4 +1715,120 @@ excess_burst = "32k"
         );
         assert!(e.starts_with(&want), "{e}");
     }
+
+    const SUBSCRIBERS: &str = r#"
+[plan.business]
+rate = "50mbit"
+burst = "512k"
+excess_rate = "50mbit"
+excess_burst = "512k"
+excess_dscp = "af11"
+
+[[interface]]
+name = "eth0"
+rate = "10mbit"
+burst = "64k"
+prefix_v6 = 56
+prune_subscribers = true
+
+[[interface.policy]]
+prefix = "100.64.0.0/16"
+rate = "4mbit"
+burst = "64k"
+
+[[interface.subscriber]]
+id = "b1"
+prefixes = ["100.64.0.8/29", "2001:db8:1::/48"]
+plan = "business"
+
+[[interface.subscriber]]
+id = "c2"
+name = "Smith"
+prefixes = ["100.64.1.1/32"]
+rate = "20mbit"
+burst = "256k"
+per_address_rate = "10mbit"
+per_address_burst = "128k"
+mode = "monitor"
+"#;
+
+    #[test]
+    fn subscribers_and_their_plans_read_as_subscriber_set_does() {
+        let parsed = parse_file("isp.toml", SUBSCRIBERS, Direction::Ingress).unwrap();
+        let business = parsed.plans()["business"];
+        // Each address may take the plan's peak, as `subscriber set` without per-address
+        // flags gives it.
+        assert_eq!(
+            (
+                business.aggregate_rate_bps,
+                business.rate_bps,
+                business.meter2.excess_dscp
+            ),
+            (50_000_000, 100_000_000, 10)
+        );
+        let subs = parsed.interfaces[0].subscribers.as_ref().unwrap();
+        assert!(subs.prune);
+        assert_eq!(subs.specs[0].plan, business);
+        let c2 = &subs.specs[1];
+        assert_eq!(
+            (
+                c2.name.as_str(),
+                c2.plan.aggregate_rate_bps,
+                c2.plan.rate_bps
+            ),
+            ("Smith", 20_000_000, 10_000_000)
+        );
+        assert_eq!(c2.plan.mode, Mode::Monitor.value());
+        // A subscriber inside a policy is allowed (the longest prefix wins); the errors name
+        // their line and field.
+        for (text, at, want) in [
+            (
+                SUBSCRIBERS.replace("plan = \"business\"", "plan = \"gold\""),
+                "\"gold\"",
+                "interface[0].subscriber[0].plan: no [plan.gold] in the file",
+            ),
+            (
+                SUBSCRIBERS.replace("mode = \"monitor\"", "mode = \"shape\""),
+                "\"shape\"",
+                "interface[0].subscriber[1].mode: shape mode is not for subscribers yet",
+            ),
+            (
+                SUBSCRIBERS.replace("per_address_burst = \"128k\"\n", ""),
+                "per_address_rate",
+                "interface[0].subscriber[1].per_address_burst: a per-address rate and a per-address burst go together",
+            ),
+            (
+                SUBSCRIBERS.replace("\"100.64.1.1/32\"", "\"100.64.0.9/32\""),
+                "100.64.0.9/32",
+                "interface[0].subscriber[1].prefixes: subscriber c2's prefix 100.64.0.9/32 is inside subscriber b1's prefix 100.64.0.8/29",
+            ),
+            (
+                SUBSCRIBERS.replace("\"100.64.0.0/16\"", "\"100.64.0.8/30\""),
+                "100.64.0.8/30",
+                "interface[0].policy[0].prefix: policy 100.64.0.8/30 is inside subscriber b1's prefix 100.64.0.8/29",
+            ),
+            (
+                SUBSCRIBERS.replace("2001:db8:1::/48", "2001:db8:1::/64"),
+                "2001:db8:1::/64",
+                "interface[0].subscriber[0].prefixes: 2001:db8:1::/64 is longer than the /56 keys",
+            ),
+            (
+                SUBSCRIBERS.replace("id = \"c2\"", "id = \"b1\""),
+                "\"100.64.1.1/32\"",
+                "interface[0].subscriber[1].prefixes: subscriber b1 is given twice",
+            ),
+            (
+                SUBSCRIBERS.replace(
+                    "excess_dscp = \"af11\"",
+                    "excess_dscp = \"af11\"\nexcess = 1",
+                ),
+                "excess = 1",
+                "plan.business.excess: unknown field `excess`",
+            ),
+        ] {
+            let e = error_of(&text);
+            let want = format!("isp.toml:{}: {want}", line(&text, at));
+            assert!(e.starts_with(&want), "{e}\nwanted {want}");
+        }
+    }
 }
