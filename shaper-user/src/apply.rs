@@ -10,11 +10,12 @@ use shaper_common::maps::Config;
 use crate::{
     attach::{self, AttachError, Attached},
     change::{self, ChangeError},
-    journal,
+    journal::{self, Undo},
     maps::Pinned,
     pins::Attachment,
     policy::{PolicySet, PolicySpec, PolicyTable},
-    request::{AttachRequest, RequestError},
+    request::{AttachRequest, RequestError, SubscriberRequest},
+    subscriber::{Batch, SubscriberTable, Summary},
     system::{self, SystemError},
 };
 
@@ -45,6 +46,13 @@ pub enum ApplyError {
     /// The lock, or what a killed change or upgrade left, or the pins.
     #[error(transparent)]
     Change(Box<ChangeError>),
+    /// The file's subscribers against those in force (an overlap with one that `subscriber
+    /// set` made, no room): nothing was changed.
+    #[error("interface {iface}: subscribers: {error} (nothing was changed)")]
+    Subscribers {
+        iface: String,
+        error: Box<ChangeError>,
+    },
 }
 
 impl From<ChangeError> for ApplyError {
@@ -81,6 +89,8 @@ pub struct Applied {
     pub policies: usize,
     /// False when an existing attachment already was as the file says.
     pub changed: bool,
+    /// What was done to its subscribers; `None` where the file gives none.
+    pub subscribers: Option<Summary>,
 }
 
 /// Checks what needs the interfaces themselves: that they exist, and that every burst
@@ -107,6 +117,28 @@ pub fn check_interfaces(desired: &[AttachRequest]) -> Result<(), ApplyError> {
                 }
             }
         }
+        // Each subscriber's bursts: the smallest of each kind stands for all.
+        let subs = d.subscribers.iter().flat_map(|s| &s.specs);
+        for (what, least) in [
+            (
+                "burst",
+                subs.clone().map(|s| s.plan.aggregate_burst_bytes).min(),
+            ),
+            (
+                "per_address_burst",
+                subs.clone().map(|s| s.plan.burst_bytes).min(),
+            ),
+            (
+                "excess_burst",
+                subs.map(|s| s.plan.meter2.excess_burst_bytes)
+                    .filter(|&b| b != 0)
+                    .min(),
+            ),
+        ] {
+            if let Some(bytes) = least {
+                bursts.push((format!("subscriber {what}"), bytes));
+            }
+        }
         for (field, burst) in bursts {
             system::check_burst_fits(iface, burst).map_err(sys(Some(field)))?;
         }
@@ -116,17 +148,29 @@ pub fn check_interfaces(desired: &[AttachRequest]) -> Result<(), ApplyError> {
 
 /// Applies `desired` (requests as [`crate::config_file::parse`] makes them) in the
 /// current network namespace (named `netns` in pin paths), as one change (which takes the
-/// lock). The caller has checked privileges and bpffs.
-pub fn apply(desired: &[AttachRequest], netns: Option<&str>) -> Result<Vec<Applied>, ApplyError> {
+/// lock). The caller has checked privileges and bpffs. `progress` is told how many of how
+/// many subscribers are written (an interface at a time).
+pub fn apply(
+    desired: &[AttachRequest],
+    netns: Option<&str>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<Applied>, ApplyError> {
     let lock = system::lock().map_err(ChangeError::from)?;
-    apply_holding(desired, netns, lock)
+    apply_holding(desired, netns, lock, progress)
 }
 
 /// [`apply`] with the lock taken already ([`change::begin_holding`]).
+///
+/// The subscribers of an attachment live before the change are checked against its table
+/// ([`SubscriberTable::batch`]: only those that differ are written, and what they touch
+/// journaled) before anything is written; those of an attachment made (or upgraded) by
+/// the change are checked and written after its `attach`, the whole change rolled back
+/// on an error.
 pub fn apply_holding(
     desired: &[AttachRequest],
     netns: Option<&str>,
     lock: system::Lock,
+    progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Vec<Applied>, ApplyError> {
     check_interfaces(desired)?;
     let ats: Vec<Attachment> = desired
@@ -136,9 +180,24 @@ pub fn apply_holding(
             ..d.at.clone()
         })
         .collect();
-    let change = change::begin_holding("apply", &ats, lock)?.journal()?;
+    let prepared = change::begin_holding("apply", &ats, lock)?;
+    let mut batches = Vec::new();
+    let mut undo = Vec::new();
+    for (d, at) in desired.iter().zip(&ats) {
+        let batch = match (&d.subscribers, prepared.pinned(at)) {
+            (Some(s), Some(pinned)) => {
+                Some(subscriber_batch(pinned, s).map_err(|e| subscriber_err(d, e))?)
+            }
+            _ => None,
+        };
+        if let Some(b) = &batch {
+            undo.extend(b.befores().map(|before| Undo::subscriber(at, before)));
+        }
+        batches.push(batch);
+    }
+    let change = prepared.journal_with(undo)?;
     let mut applied = Vec::new();
-    for (index, (d, at)) in desired.iter().zip(&ats).enumerate() {
+    for (index, ((d, at), batch)) in desired.iter().zip(&ats).zip(batches).enumerate() {
         // Read through the pins the change opened (an error here drops `change`, which
         // puts back what was changed).
         let pinned = change.pinned(at);
@@ -156,16 +215,62 @@ pub fn apply_holding(
             Some(before) => !snapshot(at, pinned).is_ok_and(|after| same(before, &after)),
             None => true,
         };
+        let subscribers = write_subscribers(d, at, pinned, batch, progress)?;
         applied.push(Applied {
             iface: d.at.label(),
             outcome,
             policies: d.policies.as_ref().map_or(0, PolicySet::len),
-            changed,
+            changed: changed || subscribers.is_some_and(|s| s.added + s.changed + s.removed > 0),
+            subscribers,
         });
         crate::crash::point("apply-interface");
     }
     change.commit()?;
     Ok(applied)
+}
+
+/// What setting `s` on the attachment of `pinned` writes, checked.
+fn subscriber_batch(pinned: &Pinned, s: &SubscriberRequest) -> Result<Batch, ChangeError> {
+    let table = SubscriberTable::of(pinned)?;
+    Ok(table.batch(&s.specs, s.prune)?)
+}
+
+/// Writes the subscribers of `d` (its batch, checked before the change was journaled; or,
+/// for an attachment the change made, checked now through its new pins).
+fn write_subscribers(
+    d: &AttachRequest,
+    at: &Attachment,
+    pinned: Option<&Pinned>,
+    batch: Option<Batch>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Option<Summary>, ApplyError> {
+    let Some(s) = &d.subscribers else {
+        return Ok(None);
+    };
+    let opened;
+    let pinned = match pinned {
+        Some(p) => p,
+        None => {
+            opened = Pinned::open(at).map_err(|e| subscriber_err(d, e.into()))?;
+            &opened
+        }
+    };
+    let batch = match batch {
+        Some(b) => b,
+        None => subscriber_batch(pinned, s).map_err(|e| subscriber_err(d, e))?,
+    };
+    let mut table = SubscriberTable::of(pinned).map_err(|e| subscriber_err(d, e.into()))?;
+    let summary = table
+        .write_batch(&batch, progress)
+        .map_err(|e| subscriber_err(d, e.into()))?;
+    Ok(Some(summary))
+}
+
+fn subscriber_err(d: &AttachRequest, e: ChangeError) -> ApplyError {
+    ApplyError::Subscribers {
+        iface: d.at.label(),
+        error: Box::new(e),
+    }
 }
 
 /// An attachment's settings and policies, read through its pins as the change opened

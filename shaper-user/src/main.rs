@@ -154,7 +154,7 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Top(args) => cli::top::run(args, scope, cli.json),
         Command::Policy(command) => cli::policy::run(command, scope, cli.json),
         Command::Subscriber(command) => cli::subscriber::run(command, scope, cli.json),
-        Command::Apply(args) => cli::apply::run(args, scope),
+        Command::Apply(args) => cli::apply::run(args, scope, cli.json),
         Command::Config(command) => cli::config::run(command, scope),
         Command::Explain(args) => cli::explain::run(args, cli.json),
         Command::Completions(args) => cli::completions::run(args),

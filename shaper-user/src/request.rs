@@ -154,6 +154,18 @@ pub struct AttachRequest {
     /// `Some`: make these the interface's prefix policies, in the same change. `None`:
     /// leave the policies as they are (none on a new attachment).
     pub policies: Option<PolicySet>,
+    /// `Some`: set these subscribers in the same change (`apply`: a configuration file's);
+    /// `None`: leave the subscribers as they are. `attach` itself ignores it.
+    pub subscribers: Option<SubscriberRequest>,
+}
+
+/// The subscribers a configuration file gives an interface.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SubscriberRequest {
+    pub specs: Vec<crate::subscriber::SubscriberSpec>,
+    /// Remove the subscribers not in `specs` (`prune_subscribers = true`); otherwise those
+    /// set by `subscriber set` or `import` stay.
+    pub prune: bool,
 }
 
 /// The new-source admission `attach` is asked for.

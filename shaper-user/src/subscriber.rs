@@ -192,6 +192,15 @@ impl SubscriberSpec {
     }
 }
 
+/// Checks a plan on its own (a configuration file's `[plan.NAME]`): why it cannot be one.
+pub fn check_plan(plan: &PolicyLimits) -> Result<(), String> {
+    match plan_entry("", plan) {
+        Ok(_) => Ok(()),
+        Err(SubscriberError::Plan { reason, .. }) => Err(reason),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// The plan's policy entry: a limit with a subscriber's rate (the aggregate), enforced or
 /// monitored; its excess rate, if any, is the subscriber's (a committed and a peak rate),
 /// not each address's.

@@ -448,3 +448,214 @@ fn policy_commands_refuse_bad_input_and_change_nothing() {
     ok(&lab, &["policy", "del", iface, "10.0.0.0/8"]);
     assert!(!show(&lab, iface).contains("[[interface.policy]]"));
 }
+
+/// A file with subscribers: two named plans (a residential one, a business one with a
+/// committed and a peak rate), a dual-stack subscriber (an IPv4 /32 and an IPv6 /56) and a
+/// business circuit of each family, beside a prefix policy.
+fn with_subscribers(iface: &str, c1_plan: &str) -> String {
+    format!(
+        r#"
+[plan.residential]
+rate = "20mbit"
+burst = "256k"
+
+[plan.business]
+rate = "50mbit"
+burst = "512k"
+excess_rate = "50mbit"
+excess_burst = "512k"
+excess_dscp = "af11"
+
+[[interface]]
+name = "{iface}"
+rate = "10mbit"
+burst = "64k"
+max_subscribers = 16
+
+[[interface.policy]]
+prefix = "203.0.113.0/24"
+rate = "4mbit"
+burst = "64k"
+
+[[interface.subscriber]]
+id = "c1"
+name = "Smith"
+prefixes = ["100.64.0.1/32", "fdd7:b724:0:100::/56"]
+plan = "{c1_plan}"
+
+[[interface.subscriber]]
+id = "b2"
+prefixes = ["198.51.100.8/29", "2001:db8:2077::/48"]
+plan = "business"
+"#
+    )
+}
+
+/// `subscriber list -j` as (id, prefixes, rate, excess rate) by id.
+fn subscribers(lab: &Lab, iface: &str) -> Vec<(String, Vec<String>, u64, u64)> {
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(lab, &["-j", "subscriber", "list", iface])).unwrap();
+    let mut rows: Vec<_> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let prefixes = s["prefixes"].as_array().unwrap();
+            (
+                s["id"].as_str().unwrap().to_owned(),
+                prefixes
+                    .iter()
+                    .map(|p| p.as_str().unwrap().to_owned())
+                    .collect(),
+                s["rate_bps"].as_u64().unwrap(),
+                s["excess_rate_bps"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// `apply -j`'s subscriber counts of its one interface: added, changed, unchanged, removed.
+fn applied(lab: &Lab, file: &TempFile) -> [u64; 4] {
+    let out: serde_json::Value =
+        serde_json::from_str(&ok(lab, &["-j", "apply", "-f", file.path()])).unwrap();
+    let s = &out[0]["subscribers"];
+    ["added", "changed", "unchanged", "removed"].map(|k| s[k].as_u64().unwrap())
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn subscribers_in_the_file_are_written_only_where_they_differ() {
+    let lab = Lab::new("applys", 1).unwrap();
+    let iface = lab.rx_iface();
+    let _detach = detach_on_drop(&lab, iface);
+    let file = TempFile::new("subs", &with_subscribers(iface, "residential"));
+    assert_eq!(applied(&lab, &file), [2, 0, 0, 0]);
+    let residential = [
+        (
+            "b2".to_owned(),
+            vec![
+                "198.51.100.8/29".to_owned(),
+                "2001:db8:2077::/48".to_owned(),
+            ],
+            50_000_000,
+            50_000_000,
+        ),
+        (
+            "c1".to_owned(),
+            vec![
+                "100.64.0.1/32".to_owned(),
+                "fdd7:b724:0:100::/56".to_owned(),
+            ],
+            20_000_000,
+            0,
+        ),
+    ];
+    assert_eq!(subscribers(&lab, iface), residential);
+    // The same file again writes nothing; one plan changed writes that subscriber alone.
+    assert_eq!(applied(&lab, &file), [0, 0, 2, 0]);
+    let upgraded = TempFile::new("subs2", &with_subscribers(iface, "business"));
+    assert_eq!(applied(&lab, &upgraded), [0, 1, 1, 0]);
+    let mut business = residential.clone();
+    business[1].2 = 50_000_000;
+    business[1].3 = 50_000_000;
+    assert_eq!(subscribers(&lab, iface), business);
+    // `config show` prints them back (plans inline), and apply takes that back unchanged.
+    let shown = TempFile::new("subs-shown", &show(&lab, iface));
+    assert_eq!(applied(&lab, &shown), [0, 0, 2, 0]);
+    assert_eq!(show(&lab, iface), fs::read_to_string(&shown.0).unwrap());
+
+    // One set by `subscriber set` stays (no prune_subscribers)...
+    ok(
+        &lab,
+        &[
+            "subscriber",
+            "set",
+            iface,
+            "c9",
+            "--prefix",
+            "100.64.9.9",
+            "--rate",
+            "1mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    assert_eq!(applied(&lab, &upgraded), [0, 0, 2, 0]);
+    assert_eq!(subscribers(&lab, iface).len(), 3);
+    // ... and an overlap with it is refused before anything is written.
+    let over = TempFile::new(
+        "subs3",
+        &with_subscribers(iface, "residential").replace("100.64.0.1/32", "100.64.9.9/32"),
+    );
+    let err = refused(&lab, &["apply", "-f", over.path()]);
+    assert!(
+        err.contains("subscribers:") && err.contains("100.64.9.9/32"),
+        "{err}"
+    );
+    assert_eq!(subscribers(&lab, iface).len(), 3);
+    assert_eq!(subscribers(&lab, iface)[..2], business[..]);
+
+    // Overlaps within the file, and a bad plan: refused at their line and field, nothing
+    // applied.
+    for (text, needle, field) in [
+        (
+            with_subscribers(iface, "business").replace("203.0.113.0/24", "100.64.0.1/32"),
+            "\"100.64.0.1/32\", \"fdd7",
+            "interface[0].subscriber[0].prefixes: policy 100.64.0.1/32 is subscriber c1's prefix too",
+        ),
+        (
+            with_subscribers(iface, "business")
+                .replace("2001:db8:2077::/48", "fdd7:b724:0:100::/64"),
+            "fdd7:b724:0:100::/64",
+            "interface[0].subscriber[1].prefixes: subscriber b2's prefix fdd7:b724:0:100::/64 is inside subscriber c1's prefix fdd7:b724:0:100::/56",
+        ),
+        (
+            with_subscribers(iface, "business")
+                .replace("rate = \"50mbit\"\nburst", "rate = \"50mbt\"\nburst"),
+            "50mbt",
+            "plan.business.rate: invalid rate '50mbt'",
+        ),
+        (
+            with_subscribers(iface, "gold"),
+            "\"gold\"",
+            "interface[0].subscriber[0].plan: no [plan.gold] in the file",
+        ),
+    ] {
+        let line = text.lines().position(|l| l.contains(needle)).unwrap() + 1;
+        let bad = TempFile::new("subs4", &text);
+        let err = refused(&lab, &["apply", "-f", bad.path()]);
+        let want = format!("shaper: {}:{line}: {field}", bad.path());
+        assert!(err.starts_with(&want), "{err}\nwanted {want}");
+        assert_eq!(subscribers(&lab, iface).len(), 3);
+    }
+
+    // A LibreQoS file named by the configuration, relative to it; prune_subscribers removes
+    // the others.
+    let csv = std::env::temp_dir().join(format!("shaper-test-{}.csv", std::process::id()));
+    let csv_text = "Circuit ID,Circuit Name,Device ID,Device Name,Parent Node,MAC,IPv4,IPv6,Download Min Mbps,Upload Min Mbps,Download Max Mbps,Upload Max Mbps,Comment\n\
+q1,Quinn,d1,Router,AP,,\"100.64.1.1, 100.64.1.2\",fdd7:b724:1::/56,1,2.5,10,5.5,\n";
+    fs::write(&csv, csv_text).unwrap();
+    let text = format!(
+        "[[interface]]\nname = \"{iface}\"\nrate = \"10mbit\"\nburst = \"64k\"\nmax_subscribers = 16\nprune_subscribers = true\n\n[interface.libreqos]\nfile = \"{}\"\n",
+        csv.file_name().unwrap().to_str().unwrap()
+    );
+    let from_csv = TempFile::new("subs5", &text);
+    let got = applied(&lab, &from_csv);
+    fs::remove_file(&csv).unwrap();
+    assert_eq!(got, [1, 0, 0, 3]);
+    assert_eq!(
+        subscribers(&lab, iface),
+        [(
+            "q1".to_owned(),
+            vec![
+                "100.64.1.1/32".to_owned(),
+                "100.64.1.2/32".to_owned(),
+                "fdd7:b724:1::/56".to_owned()
+            ],
+            5_500_000,
+            0
+        )]
+    );
+}

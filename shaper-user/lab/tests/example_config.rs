@@ -48,14 +48,30 @@ fn the_example_is_valid_and_says_what_its_comments_say() {
     assert_eq!(
         actions,
         [
-            ("203.0.113.0/24".to_owned(), Action::Limit),
-            ("203.0.113.25/32".to_owned(), Action::Limit),
             ("192.0.2.0/28".to_owned(), Action::Pass),
             ("2001:db8:bad::/48".to_owned(), Action::Drop),
             ("198.51.100.0/24".to_owned(), Action::Limit),
         ]
     );
-    assert_eq!(policies[0].limits.aggregate_rate_bps, 10_000_000);
+    // The business customer: one subscriber over both families, its plan named.
+    let parsed = config_file::parse_file("examples/isp.toml", EXAMPLE, Direction::Ingress).unwrap();
+    let business = parsed.plans()["business"];
+    assert_eq!(
+        (business.aggregate_rate_bps, business.rate_bps),
+        (10_000_000, 4_000_000)
+    );
+    let subscribers = &eth1.subscribers.as_ref().unwrap();
+    assert!(!subscribers.prune);
+    let b203 = &subscribers.specs[0];
+    assert_eq!(
+        b203.prefixes
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["203.0.113.0/24", "2001:db8:203::/48"]
+    );
+    assert_eq!(b203.plan, business);
+    assert_eq!(eth1.max_subscribers, Some(1000));
 }
 
 #[test]

@@ -1,9 +1,13 @@
 //! `shaper apply -f FILE.toml [--check]`: make the interfaces a file names look as it says.
 
-use std::path::{Path, PathBuf};
+use std::{
+    io::IsTerminal as _,
+    path::{Path, PathBuf},
+};
 
-use super::Scope;
+use super::{Scope, subscriber::Progress};
 use anyhow::Result;
+use serde::Serialize;
 use shaper_user::{
     apply::{self, Applied},
     attach::Attached,
@@ -11,6 +15,7 @@ use shaper_user::{
     pins::Direction,
     policy::PolicySet,
     request::AttachRequest,
+    subscriber::Summary,
 };
 
 /// Set interfaces, their default rates and their prefix policies from a TOML file, as one
@@ -33,6 +38,20 @@ use shaper_user::{
 /// excess_burst, excess_dscp, packet_rate and packet_burst, as shaper-policy(8) set's
 /// flags (excess_rate = "10mbit", excess_dscp = "cs1" or 8, packet_rate = "20k" or
 /// 20000). shaper-config(8) show prints a running interface as such a file.
+///
+/// Subscribers: a top-level [plan.NAME] takes rate, burst, per_address_rate,
+/// per_address_burst, excess_rate, excess_burst, excess_dscp and mode, as
+/// shaper-subscriber(8) set's flags; an [[interface.subscriber]] takes id, name, prefixes
+/// (a list) and plan = "NAME", or the plan's fields inline; an [interface.libreqos] takes
+/// file (a ShapedDevices.csv, relative to the configuration file), committed_from_min,
+/// excess_dscp and burst_time, as subscriber import's flags; an interface takes
+/// max_subscribers and prune_subscribers. Only the subscribers that differ from those in
+/// force are written (one plan changed: that subscriber alone); those not in the file stay
+/// unless prune_subscribers = true. Every subscriber is checked (its plan, its prefixes,
+/// overlaps with the file's policies and other subscribers) before anything is written.
+/// On a terminal, an apply that takes more than a second shows its progress on stderr;
+/// with -j, one JSON array of what was done to each interface (subscribers counted added,
+/// changed, unchanged, removed).
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = EXAMPLES)]
 pub struct Args {
@@ -54,6 +73,8 @@ Examples:
       A round trip: the running configuration, applied back, changes nothing.
   shaper apply -f examples/profile.toml
       A bandwidth profile per address: 10 Mbit/s unmarked, 10 Mbit/s more marked CS1.
+  shaper -j apply -f examples/isp.toml
+      With a subscriber: what was done to each interface, its subscribers counted, as JSON.
 ";
 
 /// Reads and checks the file; the error names its line and field.
@@ -87,25 +108,73 @@ pub fn check(args: &Args, direction: Direction) -> Result<()> {
         .iter()
         .map(|d| d.policies.as_ref().map_or(0, PolicySet::len))
         .sum();
+    let subscribers: usize = desired
+        .iter()
+        .map(|d| d.subscribers.as_ref().map_or(0, |s| s.specs.len()))
+        .sum();
     println!(
-        "{}: valid: {} interface{}, {policies} polic{}",
+        "{}: valid: {} interface{}, {policies} polic{}{}",
         args.file.display(),
         desired.len(),
         if desired.len() == 1 { "" } else { "s" },
         if policies == 1 { "y" } else { "ies" },
+        match subscribers {
+            0 => String::new(),
+            1 => ", 1 subscriber".to_owned(),
+            n => format!(", {n} subscribers"),
+        },
     );
     Ok(())
 }
 
-pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
+/// ", subscribers: 1 added, 2 changed, 999997 unchanged, 0 removed", or nothing where the
+/// file gives the interface none.
+pub fn subscribers(summary: Option<&Summary>) -> String {
+    summary.map_or(String::new(), |s| {
+        format!(
+            ", subscribers: {} added, {} changed, {} unchanged, {} removed",
+            s.added, s.changed, s.unchanged, s.removed
+        )
+    })
+}
+
+/// One interface of `apply -j`'s array.
+#[derive(Serialize)]
+struct JsonApplied<'a> {
+    interface: &'a str,
+    outcome: &'static str,
+    policies: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    subscribers: Option<Summary>,
+}
+
+pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
     let desired = read(&args.file, scope.direction)?;
-    let applied = apply::apply(&desired, scope.netns)?;
+    let mut progress = Progress::new(!json && std::io::stderr().is_terminal());
+    let applied = apply::apply(&desired, scope.netns, &mut |done, total| {
+        progress.show(done, total);
+    })?;
+    progress.finish();
+    if json {
+        let rows: Vec<JsonApplied> = applied
+            .iter()
+            .map(|one| JsonApplied {
+                interface: &one.iface,
+                outcome: outcome(one),
+                policies: one.policies,
+                subscribers: one.subscribers,
+            })
+            .collect();
+        println!("{}", serde_json::to_string(&rows)?);
+        return Ok(());
+    }
     for one in &applied {
         println!(
-            "{}: {}, {}",
+            "{}: {}, {}{}",
             one.iface,
             outcome(one),
-            policies(one.policies)
+            policies(one.policies),
+            subscribers(one.subscribers.as_ref())
         );
     }
     Ok(())

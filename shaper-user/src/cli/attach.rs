@@ -168,6 +168,7 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         tc_mode: args.tc_mode,
         max_sources: args.max_sources,
         max_subscribers: args.max_subscribers,
+        subscribers: None,
         key: args.key,
         prefix_v4: args.prefix_v4,
         prefix_v6: args.prefix_v6,

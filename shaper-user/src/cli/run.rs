@@ -50,8 +50,10 @@ use tokio::{
 /// interface of it that exists, or exits non-zero with the one-line error; it names the
 /// missing ones and attaches each when it appears. On SIGHUP, and when the file changes (unless
 /// --no-watch), it applies it again: what changed is changed in place, every source
-/// keeping its bucket; a file it refuses is logged in one line naming file:line: field,
-/// and the running configuration stays. An interface the file names that is deleted and
+/// keeping its bucket; the file's subscribers are written only where they differ (one
+/// plan changed: that subscriber alone), and those set by shaper-subscriber(8) stay
+/// unless the interface has prune_subscribers = true; a file it refuses is logged in one
+/// line naming file:line: field, and the running configuration stays. An interface the file names that is deleted and
 /// made again, or whose clsact filter or qdisc is removed, is attached again within a
 /// second or two, over its own pins: its sources, policies and counters go on from where
 /// they were. It serves /metrics (OpenMetrics) and /top (the keys
@@ -156,17 +158,18 @@ fn apply_file(
     let desired = super::apply::read(file, scope.direction)?;
     let (here, missing) = present(&desired);
     let applied = match lock {
-        Some(lock) => apply::apply_holding(&here, scope.netns, lock)?,
-        None => apply::apply(&here, scope.netns)?,
+        Some(lock) => apply::apply_holding(&here, scope.netns, lock, &mut |_, _| {})?,
+        None => apply::apply(&here, scope.netns, &mut |_, _| {})?,
     };
     let what = applied
         .iter()
         .map(|one| {
             format!(
-                "{} {} ({})",
+                "{} {} ({}{})",
                 one.iface,
                 super::apply::outcome(one),
-                super::apply::policies(one.policies)
+                super::apply::policies(one.policies),
+                super::apply::subscribers(one.subscribers.as_ref())
             )
         })
         .collect::<Vec<_>>()
@@ -194,7 +197,7 @@ fn attach_again(name: &str, running: &[AttachRequest], netns: Option<&str>) -> R
         .filter(|d| d.at.iface == name)
         .cloned()
         .collect();
-    let applied = apply::apply(&mine, netns)?;
+    let applied = apply::apply(&mine, netns, &mut |_, _| {})?;
     let any = |f: fn(&Attached) -> bool| applied.iter().any(|a| f(&a.outcome));
     Ok(if any(|o| matches!(o, Attached::Relinked { .. })) {
         format!("{name}: attached it again (its program and maps kept)")

@@ -29,9 +29,27 @@
 //! # and, as the interface: excess_rate, excess_burst, excess_dscp, packet_rate, packet_burst
 //! ```
 //!
+//! Subscribers (`crate::subscriber`): named plans, and each interface's subscribers, a
+//! plan named or inline, or a LibreQoS file's circuits (`crate::import`):
+//!
+//! ```toml
+//! [plan.business]          # rate and burst the subscriber's; per_address_rate and
+//! rate = "50mbit"          # per_address_burst, excess_rate, excess_burst, excess_dscp,
+//! burst = "512k"           # mode as `subscriber set`'s flags
+//!
+//! [[interface.subscriber]]   # under an [[interface]], which may set max_subscribers and
+//! id = "b2077"               # prune_subscribers
+//! prefixes = ["198.51.100.0/29", "2001:db8:2077::/48"]
+//! plan = "business"
+//!
+//! [interface.libreqos]
+//! file = "ShapedDevices.csv" # relative to the file; committed_from_min, excess_dscp, burst_time
+//! ```
+//!
 //! The file is the whole truth for each interface it names: policies not in it are
-//! removed. Interfaces it does not name are left alone. Every error names the file, the
-//! line and the field.
+//! removed; subscribers not in it are removed only with `prune_subscribers = true`.
+//! Interfaces it does not name are left alone. Every error names the file, the line and the
+//! field. [`parse_file`] gives the named plans too ([`Parsed::plans`]).
 
 mod file;
 mod model;
@@ -39,6 +57,6 @@ mod radius;
 mod render;
 
 pub use file::{MAX_FILE_BYTES, ReadError, read, read_bytes};
-pub use model::{FileError, parse};
+pub use model::{FileError, Parsed, parse, parse_file};
 pub use radius::{MAX_SECRET_BYTES, has_inline_secret, parse_radius};
 pub use render::render;

@@ -2,24 +2,32 @@
 //! every error pointing at its line and field. The settings are the library's own types
 //! (serde reads their names); what `attach` takes from flags, the file gives as fields.
 
-use std::ops::Range;
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    ops::Range,
+    path::Path,
+};
 
+use ipnet::IpNet;
 use serde::Deserialize;
 use shaper_common::{
     config::{ConfigError, Meter2Limits, PolicyLimits, RateLimit},
     dscp::Dscp,
     maps::{
-        DEFAULT_ECN_THRESHOLD_NS, DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, Meter2,
+        ACTION_LIMIT, DEFAULT_ECN_THRESHOLD_NS, DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4,
+        DEFAULT_PREFIX_V6, Meter2,
     },
 };
 use toml::{Spanned, Value};
 
 use crate::{
     admission::{self, KeysPerSec, NewSourcesError},
+    import, libreqos,
     pins::{Attachment, Direction},
     policy::{Action, CheckedPolicy, Mode, PolicyError, PolicySet, PolicySpec, parse_prefix},
-    request::{AdmissionRequest, AttachRequest, Hook, KeyBy, XdpAttachMode},
+    request::{AdmissionRequest, AttachRequest, Hook, KeyBy, SubscriberRequest, XdpAttachMode},
     setting::Setting,
+    subscriber::{self, SubscriberError, SubscriberSpec},
     tc::TcAttachMode,
     units::{Delay, Packets, Rate, Size, UnitError},
 };
@@ -43,6 +51,71 @@ struct FileModel {
     /// `shaper run`'s RADIUS listener: read by `super::radius`, not here.
     #[serde(default, rename = "radius")]
     _radius: Option<Value>,
+    /// `[plan.NAME]`: plans subscribers name.
+    #[serde(default, rename = "plan")]
+    plans: BTreeMap<String, PlanModel>,
+}
+
+/// The fields of a plan, in a `[plan.NAME]` table or inline in a subscriber's: as
+/// `subscriber set`'s flags.
+macro_rules! plan_fields {
+    ($(#[$m:meta])* struct $name:ident { $($extra:tt)* }) => {
+        $(#[$m])*
+        struct $name {
+            $($extra)*
+            #[serde(default)]
+            rate: Option<Spanned<String>>,
+            #[serde(default)]
+            burst: Option<Spanned<String>>,
+            #[serde(default)]
+            per_address_rate: Option<Spanned<String>>,
+            #[serde(default)]
+            per_address_burst: Option<Spanned<String>>,
+            #[serde(default)]
+            excess_rate: Option<Spanned<Rate>>,
+            #[serde(default)]
+            excess_burst: Option<Spanned<Size>>,
+            #[serde(default)]
+            excess_dscp: Option<Spanned<Dscp>>,
+            #[serde(default)]
+            mode: Option<Spanned<Mode>>,
+        }
+    };
+}
+
+plan_fields! {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct PlanModel {}
+}
+
+plan_fields! {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct SubscriberModel {
+        id: Spanned<String>,
+        #[serde(default)]
+        name: Option<Spanned<String>>,
+        prefixes: Spanned<Vec<Spanned<String>>>,
+        /// A `[plan.NAME]`'s name; otherwise the plan's fields are given inline.
+        #[serde(default)]
+        plan: Option<Spanned<String>>,
+    }
+}
+
+/// `[interface.libreqos]`: a LibreQoS `ShapedDevices.csv` whose circuits are subscribers,
+/// with `subscriber import`'s options.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LibreqosModel {
+    /// Relative to the configuration file's directory.
+    file: Spanned<String>,
+    #[serde(default)]
+    committed_from_min: bool,
+    #[serde(default)]
+    excess_dscp: Option<Spanned<Dscp>>,
+    #[serde(default)]
+    burst_time: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -89,6 +162,15 @@ struct InterfaceModel {
     packet_burst: Option<Spanned<Packets>>,
     #[serde(default, rename = "policy")]
     policies: Vec<PolicyModel>,
+    #[serde(default)]
+    max_subscribers: Option<Spanned<u32>>,
+    /// Remove the subscribers the file does not give (default: keep them).
+    #[serde(default)]
+    prune_subscribers: bool,
+    #[serde(default, rename = "subscriber")]
+    subscribers: Vec<SubscriberModel>,
+    #[serde(default)]
+    libreqos: Option<LibreqosModel>,
 }
 
 #[derive(Deserialize)]
@@ -317,11 +399,46 @@ pub fn parse(
     text: &str,
     direction: Direction,
 ) -> Result<Vec<AttachRequest>, FileError> {
+    parse_file(file, text, direction).map(|p| p.interfaces)
+}
+
+/// A configuration file read: the requests of its interfaces, and its named plans.
+#[derive(Clone, Debug)]
+pub struct Parsed {
+    pub interfaces: Vec<AttachRequest>,
+    plans: BTreeMap<String, PolicyLimits>,
+}
+
+impl Parsed {
+    /// The file's `[plan.NAME]` tables by name, each checked as a subscriber's plan
+    /// (`aggregate_*` the subscriber's rate and burst, `rate_bps` and `burst_bytes` each
+    /// address's): what a subscriber's `plan = "NAME"` (or a RADIUS Filter-Id) names.
+    pub fn plans(&self) -> &BTreeMap<String, PolicyLimits> {
+        &self.plans
+    }
+}
+
+/// [`parse`], with the file's named plans ([`Parsed::plans`]).
+pub fn parse_file(file: &str, text: &str, direction: Direction) -> Result<Parsed, FileError> {
     let src = Source { file, text };
     let model: FileModel = toml::from_str(text).map_err(|e| src.parse_error(&e))?;
     if model.interfaces.is_empty() {
         return Err(src.error(0..0, "interface".into(), "no [[interface]] in the file"));
     }
+    let plans = model
+        .plans
+        .iter()
+        .map(|(name, m)| {
+            let here = format!("plan.{name}");
+            let first = m.rate.as_ref().or(m.burst.as_ref()).map(Spanned::span);
+            let at = first.unwrap_or_else(|| plan_table_span(text, name));
+            if !plan_name_ok(name) {
+                let why = "a plan's name is 1 to 32 letters, digits and . _ -";
+                return Err(src.error(at, here, why));
+            }
+            Ok((name.clone(), plan_limits(&src, m.fields(), &here, at)?))
+        })
+        .collect::<Result<BTreeMap<_, _>, _>>()?;
     let mut out: Vec<AttachRequest> = Vec::new();
     for (i, m) in model.interfaces.into_iter().enumerate() {
         let here = format!("interface[{i}]");
@@ -375,6 +492,12 @@ pub fn parse(
             prefix_v6.unwrap_or(DEFAULT_PREFIX_V6),
         );
         let prefixes: Vec<_> = policies.iter().map(|p| p.spec().prefix).collect();
+        let policy_prefixes: Vec<_> = prefixes
+            .iter()
+            .zip(&m.policies)
+            .enumerate()
+            .map(|(j, (p, pm))| (*p, pm.prefix.span(), format!("{here}.policy[{j}].prefix")))
+            .collect();
         // As a set (duplicates, prefixes longer than the keys), the way every change is.
         let policies = PolicySet::new(policies, keys).map_err(|e| {
             let prefix = match &e {
@@ -405,8 +528,7 @@ pub fn parse(
             hook: m.hook,
             xdp_mode: m.xdp_mode.unwrap_or_default(),
             tc_mode: m.tc_mode.unwrap_or_default(),
-            max_sources: m.max_sources.map(|n| *n.get_ref()),
-            max_subscribers: None,
+            max_sources: m.max_sources.as_ref().map(|n| *n.get_ref()),
             key: m.key,
             prefix_v4,
             prefix_v6,
@@ -425,10 +547,405 @@ pub fn parse(
             ),
             admission: admission.map_or(AdmissionRequest::Default, AdmissionRequest::Exactly),
             meter2,
+            max_subscribers: m.max_subscribers.as_ref().map(|n| *n.get_ref()),
+            subscribers: subscribers(&src, &m, &here, &plans, keys, direction, &policy_prefixes)?,
             policies: Some(policies),
         });
     }
-    Ok(out)
+    Ok(Parsed {
+        interfaces: out,
+        plans,
+    })
+}
+
+/// A plan's fields as given, wherever they are.
+struct PlanFields<'a> {
+    rate: &'a Option<Spanned<String>>,
+    burst: &'a Option<Spanned<String>>,
+    per_address_rate: &'a Option<Spanned<String>>,
+    per_address_burst: &'a Option<Spanned<String>>,
+    second: SecondMeterModel,
+    mode: &'a Option<Spanned<Mode>>,
+}
+
+/// The [`PlanFields`] of a table that has them.
+macro_rules! plan_fields_of {
+    ($m:expr) => {
+        PlanFields {
+            rate: &$m.rate,
+            burst: &$m.burst,
+            per_address_rate: &$m.per_address_rate,
+            per_address_burst: &$m.per_address_burst,
+            second: SecondMeterModel {
+                excess_rate: $m.excess_rate.clone(),
+                excess_burst: $m.excess_burst.clone(),
+                excess_dscp: $m.excess_dscp.clone(),
+                packet_rate: None,
+                packet_burst: None,
+            },
+            mode: &$m.mode,
+        }
+    };
+}
+
+impl PlanModel {
+    fn fields(&self) -> PlanFields<'_> {
+        plan_fields_of!(self)
+    }
+}
+
+impl SubscriberModel {
+    fn fields(&self) -> PlanFields<'_> {
+        plan_fields_of!(self)
+    }
+
+    /// Whether any of the plan's fields is given inline.
+    fn inline(&self) -> Option<Range<usize>> {
+        let f = self.fields();
+        [f.rate, f.burst, f.per_address_rate, f.per_address_burst]
+            .into_iter()
+            .flatten()
+            .map(Spanned::span)
+            .chain(f.second.given().into_iter().filter_map(|(_, s)| s))
+            .chain(f.mode.as_ref().map(Spanned::span))
+            .next()
+    }
+}
+
+fn plan_name_ok(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+/// Where `[plan.NAME]` is in `text` (its table has no field to point at).
+fn plan_table_span(text: &str, name: &str) -> Range<usize> {
+    let start = text.find(&format!("plan.{name}")).unwrap_or(0);
+    start..start
+}
+
+/// A plan's limits, checked as `subscriber set` checks its flags; an error names the field
+/// under `here` (`at`: the table, for a field left out).
+fn plan_limits(
+    src: &Source,
+    f: PlanFields,
+    here: &str,
+    at: Range<usize>,
+) -> Result<PolicyLimits, FileError> {
+    let need = |v: &Option<Spanned<String>>, name: &str| {
+        v.clone()
+            .ok_or_else(|| src.error(at.clone(), format!("{here}.{name}"), "a plan needs it"))
+    };
+    let agg_rate = need(f.rate, "rate")?;
+    let agg_burst = need(f.burst, "burst")?;
+    let agg_rate_bps = rate(src, &agg_rate, format!("{here}.rate"))?.bits_per_sec();
+    let agg_burst_bytes = size(src, &agg_burst, format!("{here}.burst"))?.bytes();
+    let meter2 = f.second.limits(src, here, at.clone())?;
+    let (rate_bps, burst_bytes) = match (f.per_address_rate, f.per_address_burst) {
+        (Some(r), Some(b)) => (
+            rate(src, r, format!("{here}.per_address_rate"))?.bits_per_sec(),
+            size(src, b, format!("{here}.per_address_burst"))?.bytes(),
+        ),
+        (None, None) => (
+            agg_rate_bps + meter2.excess_rate_bps,
+            agg_burst_bytes + meter2.excess_burst_bytes,
+        ),
+        (Some(r), None) => {
+            return Err(src.error(
+                r.span(),
+                format!("{here}.per_address_burst"),
+                "a per-address rate and a per-address burst go together",
+            ));
+        }
+        (None, Some(b)) => {
+            return Err(src.error(
+                b.span(),
+                format!("{here}.per_address_rate"),
+                "a per-address rate and a per-address burst go together",
+            ));
+        }
+    };
+    let mode = f.mode.as_ref().map_or(Mode::Enforce, |m| *m.get_ref());
+    let limits = PolicyLimits {
+        action: ACTION_LIMIT,
+        mode: mode.value(),
+        rate_bps,
+        burst_bytes,
+        aggregate_rate_bps: agg_rate_bps,
+        aggregate_burst_bytes: agg_burst_bytes,
+        meter2,
+        ..PolicyLimits::default()
+    };
+    subscriber::check_plan(&limits).map_err(|why| {
+        let (field, span) = match (&f.mode, why.contains("mode")) {
+            (Some(m), true) => ("mode", m.span()),
+            _ => ("rate", agg_rate.span()),
+        };
+        src.error(span, format!("{here}.{field}"), why)
+    })?;
+    Ok(limits)
+}
+
+/// Where a subscriber of the file is, for its errors.
+enum Loc {
+    /// `[[interface.subscriber]]`: its table's `prefixes` and its field name.
+    Toml(Range<usize>, String),
+    /// A circuit of a LibreQoS file: the file and the circuit's first line.
+    Csv(String, usize),
+}
+
+impl Loc {
+    fn error(&self, src: &Source, prefix: IpNet, message: String) -> FileError {
+        match self {
+            Self::Toml(span, field) => src.error(span.clone(), field.clone(), message),
+            Self::Csv(file, line) => FileError {
+                file: file.clone(),
+                line: *line,
+                field: if prefix.addr().is_ipv4() {
+                    "IPv4"
+                } else {
+                    "IPv6"
+                }
+                .to_owned(),
+                message,
+            },
+        }
+    }
+}
+
+/// The subscribers of interface `m` (at `here`): its `[[interface.subscriber]]` tables and
+/// its `[interface.libreqos]` file, each checked for keys masked to `keys`, and none
+/// overlapping another or the interface's policies (`policies`: prefix, span, field).
+fn subscribers(
+    src: &Source,
+    m: &InterfaceModel,
+    here: &str,
+    plans: &BTreeMap<String, PolicyLimits>,
+    keys: (u32, u32),
+    direction: Direction,
+    policies: &[(IpNet, Range<usize>, String)],
+) -> Result<Option<SubscriberRequest>, FileError> {
+    if m.subscribers.is_empty() && m.libreqos.is_none() {
+        if m.prune_subscribers {
+            return Ok(Some(SubscriberRequest {
+                specs: Vec::new(),
+                prune: true,
+            }));
+        }
+        return Ok(None);
+    }
+    let mut specs = Vec::new();
+    let mut locs = Vec::new();
+    for (k, s) in m.subscribers.iter().enumerate() {
+        let here = format!("{here}.subscriber[{k}]");
+        specs.push(toml_subscriber(src, s, &here, plans, keys)?);
+        locs.push(Loc::Toml(s.prefixes.span(), format!("{here}.prefixes")));
+    }
+    if let Some(l) = &m.libreqos {
+        let direction = m.direction.unwrap_or(direction);
+        let (csv, circuits) = csv_subscribers(src, l, &format!("{here}.libreqos"), direction)?;
+        for (spec, line) in circuits {
+            spec.check(keys).map_err(|e| {
+                Loc::Csv(csv.clone(), line).error(src, spec.prefixes[0], e.to_string())
+            })?;
+            specs.push(spec);
+            locs.push(Loc::Csv(csv.clone(), line));
+        }
+    }
+    let mut ids = HashSet::new();
+    for (spec, loc) in specs.iter().zip(&locs) {
+        if !ids.insert(spec.id.as_str()) {
+            let message = format!("subscriber {} is given twice", spec.id);
+            return Err(loc.error(src, spec.prefixes[0], message));
+        }
+    }
+    check_overlaps(src, &specs, &locs, policies)?;
+    Ok(Some(SubscriberRequest {
+        specs,
+        prune: m.prune_subscribers,
+    }))
+}
+
+/// One `[[interface.subscriber]]`, its plan named or inline.
+fn toml_subscriber(
+    src: &Source,
+    s: &SubscriberModel,
+    here: &str,
+    plans: &BTreeMap<String, PolicyLimits>,
+    keys: (u32, u32),
+) -> Result<SubscriberSpec, FileError> {
+    let plan = match (&s.plan, s.inline()) {
+        (Some(name), None) => *plans.get(name.get_ref()).ok_or_else(|| {
+            let message = format!("no [plan.{}] in the file", name.get_ref());
+            src.error(name.span(), format!("{here}.plan"), message)
+        })?,
+        (Some(name), Some(_)) => {
+            let message = "a named plan, or the plan's fields inline, not both";
+            return Err(src.error(name.span(), format!("{here}.plan"), message));
+        }
+        (None, _) => plan_limits(src, s.fields(), here, s.id.span())?,
+    };
+    let prefixes = s
+        .prefixes
+        .get_ref()
+        .iter()
+        .map(|p| {
+            parse_prefix(p.get_ref())
+                .map_err(|e| src.error(p.span(), format!("{here}.prefixes"), e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let spec = SubscriberSpec {
+        id: s.id.get_ref().clone(),
+        name: s
+            .name
+            .as_ref()
+            .map(|n| n.get_ref().clone())
+            .unwrap_or_default(),
+        prefixes,
+        plan,
+    };
+    spec.check(keys).map_err(|e| {
+        let (field, span) = match &e {
+            SubscriberError::Id(_) => ("id", s.id.span()),
+            SubscriberError::Name(_) => {
+                ("name", s.name.as_ref().map_or(s.id.span(), Spanned::span))
+            }
+            _ => ("prefixes", s.prefixes.span()),
+        };
+        src.error(span, format!("{here}.{field}"), e.to_string())
+    })?;
+    Ok(spec)
+}
+
+/// Largest LibreQoS file read: 1 GiB (a million circuits take about 100 MB).
+const MAX_CSV_BYTES: u64 = 1 << 30;
+
+/// The circuits of `[interface.libreqos]` as subscribers (with each one's line), and the
+/// CSV file's path as errors name it.
+fn csv_subscribers(
+    src: &Source,
+    l: &LibreqosModel,
+    here: &str,
+    direction: Direction,
+) -> Result<(String, Vec<(SubscriberSpec, usize)>), FileError> {
+    let base = Path::new(src.file).parent().unwrap_or(Path::new(""));
+    let path = base.join(l.file.get_ref());
+    let shown = path.display().to_string();
+    let err = |span: Range<usize>, field: &str, message: String| {
+        src.error(span, format!("{here}.{field}"), message)
+    };
+    let open = std::fs::File::open(&path)
+        .and_then(|f| f.metadata().map(|m| (f, m.len())))
+        .map_err(|e| err(l.file.span(), "file", format!("cannot open {shown}: {e}")))?;
+    if open.1 > MAX_CSV_BYTES {
+        let message = format!("{shown} is larger than {MAX_CSV_BYTES} bytes");
+        return Err(err(l.file.span(), "file", message));
+    }
+    let burst_ns = match &l.burst_time {
+        Some(t) => delay(src, Some(t), format!("{here}.burst_time"))?.unwrap_or(0),
+        None => 20_000_000,
+    };
+    if burst_ns == 0 {
+        let span = l.burst_time.as_ref().map_or(l.file.span(), Spanned::span);
+        return Err(err(span, "burst_time", "a burst must last".to_owned()));
+    }
+    let plan = import::Plan {
+        direction,
+        committed_from_min: l.committed_from_min,
+        burst_ns,
+        excess_dscp: l
+            .excess_dscp
+            .as_ref()
+            .map_or(Dscp::LE, |d| *d.get_ref())
+            .value(),
+    };
+    let csv_error = |e: libreqos::ImportError| FileError {
+        file: shown.clone(),
+        line: e.line(),
+        field: match &e {
+            libreqos::ImportError::Cell { column, .. } => column.clone(),
+            libreqos::ImportError::Line { .. } => "(row)".to_owned(),
+        },
+        message: match e {
+            libreqos::ImportError::Cell { reason, .. }
+            | libreqos::ImportError::Line { reason, .. } => reason,
+        },
+    };
+    let circuits = libreqos::read(std::io::BufReader::new(open.0)).map_err(csv_error)?;
+    let specs = circuits
+        .iter()
+        .map(|c| import::subscriber(c, &plan).map(|s| (s, c.line)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(csv_error)?;
+    Ok((shown, specs))
+}
+
+/// Who holds a prefix in the file.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    Policy(usize),
+    Subscriber(usize),
+}
+
+/// Refuses what would let a subscriber's traffic escape its bucket, as the kernel tables
+/// would ([`crate::subscriber`]): a prefix given twice (by two subscribers, or a
+/// subscriber and a policy), and a policy's or another subscriber's prefix inside a
+/// subscriber's. A lookup per prefix and prefix length subscribers use: no pair is compared.
+fn check_overlaps(
+    src: &Source,
+    specs: &[SubscriberSpec],
+    locs: &[Loc],
+    policies: &[(IpNet, Range<usize>, String)],
+) -> Result<(), FileError> {
+    let mut end: HashMap<IpNet, Owner> = policies
+        .iter()
+        .enumerate()
+        .map(|(j, (p, _, _))| (*p, Owner::Policy(j)))
+        .collect();
+    let name = |o: Owner, p: IpNet| match o {
+        Owner::Policy(_) => format!("policy {p}"),
+        Owner::Subscriber(k) => format!("subscriber {}'s prefix {p}", specs[k].id),
+    };
+    let at = |o: Owner, p: IpNet, message: String| match o {
+        Owner::Policy(j) => src.error(policies[j].1.clone(), policies[j].2.clone(), message),
+        Owner::Subscriber(k) => locs[k].error(src, p, message),
+    };
+    let mut lengths = HashSet::new();
+    for (k, s) in specs.iter().enumerate() {
+        for p in &s.prefixes {
+            lengths.insert((p.addr().is_ipv4(), p.prefix_len()));
+            if let Some(other) = end.insert(*p, Owner::Subscriber(k)) {
+                let message = format!(
+                    "{} is subscriber {}'s prefix too: its traffic would escape a subscriber's bucket",
+                    name(other, *p),
+                    s.id
+                );
+                return Err(at(Owner::Subscriber(k), *p, message));
+            }
+        }
+    }
+    let mut lengths: Vec<_> = lengths.into_iter().collect();
+    lengths.sort_unstable();
+    for (p, o) in &end {
+        for &(_, len) in lengths
+            .iter()
+            .filter(|l| l.0 == p.addr().is_ipv4() && l.1 < p.prefix_len())
+        {
+            let Ok(cover) = IpNet::new(p.addr(), len).map(|c| c.trunc()) else {
+                continue;
+            };
+            if let Some(Owner::Subscriber(k)) = end.get(&cover).copied().filter(|c| c != o) {
+                let message = format!(
+                    "{} is inside subscriber {}'s prefix {cover}: its traffic would escape that subscriber's bucket",
+                    name(*o, *p),
+                    specs[k].id
+                );
+                return Err(at(*o, *p, message));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn rate(src: &Source, v: &Spanned<String>, field: String) -> Result<Rate, FileError> {
@@ -1200,5 +1717,121 @@ excess_burst = "32k"
             line(&burst_too_small, "new_sources_burst = 0")
         );
         assert!(e.starts_with(&want), "{e}");
+    }
+
+    const SUBSCRIBERS: &str = r#"
+[plan.business]
+rate = "50mbit"
+burst = "512k"
+excess_rate = "50mbit"
+excess_burst = "512k"
+excess_dscp = "af11"
+
+[[interface]]
+name = "eth0"
+rate = "10mbit"
+burst = "64k"
+prefix_v6 = 56
+prune_subscribers = true
+
+[[interface.policy]]
+prefix = "100.64.0.0/16"
+rate = "4mbit"
+burst = "64k"
+
+[[interface.subscriber]]
+id = "b1"
+prefixes = ["100.64.0.8/29", "2001:db8:1::/48"]
+plan = "business"
+
+[[interface.subscriber]]
+id = "c2"
+name = "Smith"
+prefixes = ["100.64.1.1/32"]
+rate = "20mbit"
+burst = "256k"
+per_address_rate = "10mbit"
+per_address_burst = "128k"
+mode = "monitor"
+"#;
+
+    #[test]
+    fn subscribers_and_their_plans_read_as_subscriber_set_does() {
+        let parsed = parse_file("isp.toml", SUBSCRIBERS, Direction::Ingress).unwrap();
+        let business = parsed.plans()["business"];
+        // Each address may take the plan's peak, as `subscriber set` without per-address
+        // flags gives it.
+        assert_eq!(
+            (
+                business.aggregate_rate_bps,
+                business.rate_bps,
+                business.meter2.excess_dscp
+            ),
+            (50_000_000, 100_000_000, 10)
+        );
+        let subs = parsed.interfaces[0].subscribers.as_ref().unwrap();
+        assert!(subs.prune);
+        assert_eq!(subs.specs[0].plan, business);
+        let c2 = &subs.specs[1];
+        assert_eq!(
+            (
+                c2.name.as_str(),
+                c2.plan.aggregate_rate_bps,
+                c2.plan.rate_bps
+            ),
+            ("Smith", 20_000_000, 10_000_000)
+        );
+        assert_eq!(c2.plan.mode, Mode::Monitor.value());
+        // A subscriber inside a policy is allowed (the longest prefix wins); the errors name
+        // their line and field.
+        for (text, at, want) in [
+            (
+                SUBSCRIBERS.replace("plan = \"business\"", "plan = \"gold\""),
+                "\"gold\"",
+                "interface[0].subscriber[0].plan: no [plan.gold] in the file",
+            ),
+            (
+                SUBSCRIBERS.replace("mode = \"monitor\"", "mode = \"shape\""),
+                "\"shape\"",
+                "interface[0].subscriber[1].mode: shape mode is not for subscribers yet",
+            ),
+            (
+                SUBSCRIBERS.replace("per_address_burst = \"128k\"\n", ""),
+                "per_address_rate",
+                "interface[0].subscriber[1].per_address_burst: a per-address rate and a per-address burst go together",
+            ),
+            (
+                SUBSCRIBERS.replace("\"100.64.1.1/32\"", "\"100.64.0.9/32\""),
+                "100.64.0.9/32",
+                "interface[0].subscriber[1].prefixes: subscriber c2's prefix 100.64.0.9/32 is inside subscriber b1's prefix 100.64.0.8/29",
+            ),
+            (
+                SUBSCRIBERS.replace("\"100.64.0.0/16\"", "\"100.64.0.8/30\""),
+                "100.64.0.8/30",
+                "interface[0].policy[0].prefix: policy 100.64.0.8/30 is inside subscriber b1's prefix 100.64.0.8/29",
+            ),
+            (
+                SUBSCRIBERS.replace("2001:db8:1::/48", "2001:db8:1::/64"),
+                "2001:db8:1::/64",
+                "interface[0].subscriber[0].prefixes: 2001:db8:1::/64 is longer than the /56 keys",
+            ),
+            (
+                SUBSCRIBERS.replace("id = \"c2\"", "id = \"b1\""),
+                "\"100.64.1.1/32\"",
+                "interface[0].subscriber[1].prefixes: subscriber b1 is given twice",
+            ),
+            (
+                SUBSCRIBERS.replace(
+                    "excess_dscp = \"af11\"",
+                    "excess_dscp = \"af11\"\nexcess = 1",
+                ),
+                "excess = 1",
+                "plan.business.excess: unknown field `excess`",
+            ),
+        ] {
+            let e = error_of(&text);
+            let want = format!("isp.toml:{}: {want}", line(&text, at));
+            assert!(e.starts_with(&want), "{e}\nwanted {want}");
+        }
     }
 }

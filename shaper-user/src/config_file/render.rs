@@ -8,6 +8,7 @@ use crate::{
     pins::{Attachment, Direction},
     policy::{Action, Mode, PolicyError, PolicySpec, PolicyTable},
     request::{self, Hook, KeyBy},
+    subscriber::{SubscriberError, SubscriberSpec, SubscriberTable},
     units::{Delay, Packets, Rate, Size},
 };
 use shaper_common::{config::Meter2Limits, dscp::Dscp, maps::Shape};
@@ -48,6 +49,50 @@ struct InterfaceOut {
     meter2: SecondMeterOut,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     policy: Vec<PolicyOut>,
+    /// Written where it has subscribers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_subscribers: Option<u32>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    subscriber: Vec<SubscriberOut>,
+}
+
+/// A subscriber, its plan inline (a file's named plans are not kept in the kernel).
+#[derive(Serialize)]
+struct SubscriberOut {
+    id: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    name: String,
+    prefixes: Vec<String>,
+    rate: String,
+    burst: String,
+    /// Written where not the default (the plan's rate and burst, excess included).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    per_address_rate: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    per_address_burst: Option<String>,
+    #[serde(flatten)]
+    meter2: SecondMeterOut,
+    mode: &'static str,
+}
+
+fn subscriber_out(spec: &SubscriberSpec) -> SubscriberOut {
+    let p = &spec.plan;
+    let default = (
+        p.aggregate_rate_bps + p.meter2.excess_rate_bps,
+        p.aggregate_burst_bytes + p.meter2.excess_burst_bytes,
+    );
+    let per_address = (default != (p.rate_bps, p.burst_bytes)).then_some(());
+    SubscriberOut {
+        id: spec.id.clone(),
+        name: spec.name.clone(),
+        prefixes: spec.prefixes.iter().map(ToString::to_string).collect(),
+        rate: Rate::from_bps(p.aggregate_rate_bps).to_string(),
+        burst: Size::from_bytes(p.aggregate_burst_bytes).to_string(),
+        per_address_rate: per_address.map(|()| Rate::from_bps(p.rate_bps).to_string()),
+        per_address_burst: per_address.map(|()| Size::from_bytes(p.burst_bytes).to_string()),
+        meter2: (&p.meter2).into(),
+        mode: Mode::from_value(p.mode).name(),
+    }
 }
 
 /// A second meter's fields, those it has (`excess_dscp` always with an excess rate).
@@ -108,6 +153,8 @@ pub enum RenderError {
     Pinned(#[from] maps::PinnedMapError),
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Subscriber(#[from] SubscriberError),
     #[error("cannot write TOML")]
     Toml(#[from] toml::ser::Error),
 }
@@ -146,6 +193,9 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
     let tc = Hook::of_mode(config.xdp_mode) == Hook::Tc;
     let mode = request::mode_name(config.xdp_mode);
     let policies = table.list()?;
+    let pinned = maps::Pinned::open(at)?;
+    let subscribers = SubscriberTable::of(&pinned)?.list()?;
+    let room = (!subscribers.is_empty()).then(|| pinned.subscriber_room());
     let shaping = config.mode == Mode::Shape.value()
         || policies.iter().any(|i| i.spec.mode() == Mode::Shape)
         || config.shape != Shape::default_settings();
@@ -171,6 +221,11 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
             new_sources_burst: a.limited().then_some(a.new_sources_burst),
             meter2: (&config.meter2.limits()).into(),
             policy: policies.iter().map(|i| policy_out(&i.spec)).collect(),
+            max_subscribers: room,
+            subscriber: subscribers
+                .iter()
+                .map(|s| subscriber_out(&s.spec))
+                .collect(),
         }],
     };
     Ok(toml::to_string(&out)?)
