@@ -1848,7 +1848,8 @@ fn radius_lab(tag: &str) -> RadiusLab {
         + &config(IFACE, "8mbit")
         + "direction = \"egress\"\n\n[radius]\ninterface = \"shr0\"\nlisten = \"[::]:3799\"\n\n\
            [[radius.client]]\naddress = \"127.0.0.1\"\nsecret = \"v4secret\"\n\n\
-           [[radius.client]]\naddress = \"::1\"\nsecret = \"v6secret\"\n";
+           [[radius.client]]\naddress = \"::1\"\nsecret = \"v6secret\"\n\n\
+           [plan.gold]\nrate = \"25mbit\"\nburst = \"128k\"\n";
     fs::write(&file, text).unwrap();
     fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     RadiusLab {
@@ -1950,6 +1951,32 @@ fn radius_coa_and_disconnect_set_plans_and_bad_requests_change_nothing() {
         );
     }
     assert_eq!(radius_count(&name, "session_not_found"), 2);
+    // A Filter-Id naming a plan of the file, over IPv6: that plan, both directions; one
+    // naming none: NAK Invalid-Attribute-Value, nothing changed.
+    let was = both("c2");
+    let (acked, said) = radclient(
+        &name,
+        v6,
+        "coa",
+        "v6secret",
+        &format!("User-Name = c2\nEvent-Timestamp = {now}\nFilter-Id = \"nothing\"\n"),
+    );
+    assert!(
+        !acked && said.contains("Error-Cause = Invalid-Attribute-Value"),
+        "{said}"
+    );
+    assert_eq!(both("c2"), was);
+    assert_eq!(radius_count(&name, "invalid_attribute"), 1);
+    let (acked, said) = radclient(
+        &name,
+        v6,
+        "coa",
+        "v6secret",
+        &format!("User-Name = c2\nEvent-Timestamp = {now}\nFilter-Id = \"gold\"\n"),
+    );
+    assert!(acked, "{said}");
+    let gold = Some((25_000_000, 128 << 10));
+    assert_eq!(both("c2"), (gold, gold));
     let before = (both("c1"), both("c2"));
     let bad =
         format!("User-Name = c1\nEvent-Timestamp = {now}\nWISPr-Bandwidth-Max-Down = 1000000\n");
@@ -2043,7 +2070,7 @@ fn radius_coa_and_disconnect_set_plans_and_bad_requests_change_nothing() {
         assert!(acked && said.contains("Received Disconnect-ACK"), "{said}");
         assert_eq!(both(id), (None, None), "{id} not removed");
     }
-    assert_eq!(radius_count(&name, "ack"), 6);
+    assert_eq!(radius_count(&name, "ack"), 7);
     // The table is read at start: a reload says a changed one waits for a restart, and
     // refuses a broken one.
     let text = fs::read_to_string(&file).unwrap();

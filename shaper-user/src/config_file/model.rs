@@ -418,6 +418,33 @@ impl Parsed {
     }
 }
 
+/// The file's `[plan.NAME]` tables alone, checked as [`parse_file`] checks them (for the
+/// RADIUS listener's `Filter-Id`; no interface is read, nor any LibreQoS file).
+pub fn parse_plans(file: &str, text: &str) -> Result<BTreeMap<String, PolicyLimits>, FileError> {
+    let src = Source { file, text };
+    let model: FileModel = toml::from_str(text).map_err(|e| src.parse_error(&e))?;
+    named_plans(&src, &model.plans)
+}
+
+fn named_plans(
+    src: &Source,
+    plans: &BTreeMap<String, PlanModel>,
+) -> Result<BTreeMap<String, PolicyLimits>, FileError> {
+    plans
+        .iter()
+        .map(|(name, m)| {
+            let here = format!("plan.{name}");
+            let first = m.rate.as_ref().or(m.burst.as_ref()).map(Spanned::span);
+            let at = first.unwrap_or_else(|| plan_table_span(src.text, name));
+            if !plan_name_ok(name) {
+                let why = "a plan's name is 1 to 32 letters, digits and . _ -";
+                return Err(src.error(at, here, why));
+            }
+            Ok((name.clone(), plan_limits(src, m.fields(), &here, at)?))
+        })
+        .collect()
+}
+
 /// [`parse`], with the file's named plans ([`Parsed::plans`]).
 pub fn parse_file(file: &str, text: &str, direction: Direction) -> Result<Parsed, FileError> {
     let src = Source { file, text };
@@ -425,20 +452,7 @@ pub fn parse_file(file: &str, text: &str, direction: Direction) -> Result<Parsed
     if model.interfaces.is_empty() {
         return Err(src.error(0..0, "interface".into(), "no [[interface]] in the file"));
     }
-    let plans = model
-        .plans
-        .iter()
-        .map(|(name, m)| {
-            let here = format!("plan.{name}");
-            let first = m.rate.as_ref().or(m.burst.as_ref()).map(Spanned::span);
-            let at = first.unwrap_or_else(|| plan_table_span(text, name));
-            if !plan_name_ok(name) {
-                let why = "a plan's name is 1 to 32 letters, digits and . _ -";
-                return Err(src.error(at, here, why));
-            }
-            Ok((name.clone(), plan_limits(&src, m.fields(), &here, at)?))
-        })
-        .collect::<Result<BTreeMap<_, _>, _>>()?;
+    let plans = named_plans(&src, &model.plans)?;
     let mut out: Vec<AttachRequest> = Vec::new();
     for (i, m) in model.interfaces.into_iter().enumerate() {
         let here = format!("interface[{i}]");

@@ -212,6 +212,7 @@ pub fn parse_radius(file: &str, text: &str) -> Result<Option<Config>, FileError>
         window,
         rate,
         burst_ns,
+        plans: super::parse_plans(file, text)?,
     }))
 }
 

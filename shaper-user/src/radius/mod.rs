@@ -87,6 +87,9 @@ pub struct Config {
     pub rate: u32,
     /// How long a burst lasts at its rate, nanoseconds.
     pub burst_ns: u64,
+    /// The file's `[plan.NAME]` tables, which a `Filter-Id` names (read with the table, at
+    /// start).
+    pub plans: std::collections::BTreeMap<String, PolicyLimits>,
 }
 
 /// Why a request was answered as it was, or dropped: the `reason` label of
@@ -97,8 +100,7 @@ pub enum Reason {
     Ack,
     /// NAK 503: no such subscriber.
     SessionNotFound,
-    /// NAK 401, 402, 407: an attribute unsupported, missing or invalid.
-    UnsupportedAttribute,
+    /// NAK 402, 407: an attribute missing or invalid.
     MissingAttribute,
     InvalidAttribute,
     /// NAK 506: the change failed (lock busy, kernel maps), nothing changed.
@@ -119,10 +121,9 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Self; 17] = [
+    pub const ALL: [Self; 16] = [
         Self::Ack,
         Self::SessionNotFound,
-        Self::UnsupportedAttribute,
         Self::MissingAttribute,
         Self::InvalidAttribute,
         Self::ResourcesUnavailable,
@@ -143,7 +144,6 @@ impl Reason {
         match self {
             Self::Ack => "ack",
             Self::SessionNotFound => "session_not_found",
-            Self::UnsupportedAttribute => "unsupported_attribute",
             Self::MissingAttribute => "missing_attribute",
             Self::InvalidAttribute => "invalid_attribute",
             Self::ResourcesUnavailable => "resources_unavailable",
@@ -374,13 +374,12 @@ impl Server {
             let reason = match r {
                 Refused::Missing(_) => Reason::MissingAttribute,
                 Refused::Invalid(_) => Reason::InvalidAttribute,
-                Refused::Unsupported(_) => Reason::UnsupportedAttribute,
             };
             (reason, r.error_cause(), r.to_string())
         };
         let target = request::target(p, &self.config.identify).map_err(refused)?;
-        let rates = match coa {
-            true => Some(request::rates(p).map_err(refused)?),
+        let asked = match coa {
+            true => Some(self.asked(p).map_err(refused)?),
             false => None,
         };
         let not_found = |what: String| (Reason::SessionNotFound, 503, what);
@@ -388,9 +387,17 @@ impl Server {
             .find(&target)
             .map_err(|e| (Reason::ResourcesUnavailable, 506, e.to_string()))?
             .ok_or_else(|| not_found(format!("no subscriber {target:?}")))?;
+        type Plan = Box<dyn Fn(&PolicyLimits) -> PolicyLimits>;
         let burst_ns = self.config.burst_ns;
-        let up = rates.and_then(|r| r.up).map(|r| new_plan(r, burst_ns));
-        let down = rates.and_then(|r| r.down).map(|r| new_plan(r, burst_ns));
+        let rate = |r: Option<u64>| r.map(|r| Box::new(new_plan(r, burst_ns)) as Plan);
+        let (up, down): (Option<Plan>, Option<Plan>) = match &asked {
+            Some(Asked::Plan(_, plan)) => {
+                let plan = *plan;
+                (Some(Box::new(move |_| plan)), Some(Box::new(move |_| plan)))
+            }
+            Some(Asked::Rates(r)) => (rate(r.up), rate(r.down)),
+            None => (None, None),
+        };
         let edits: Vec<(Attachment, Edit<'_>)> = found
             .into_iter()
             .filter_map(|d| {
@@ -425,11 +432,25 @@ impl Server {
         let lock =
             lock_within(LOCK_PATIENCE).map_err(|e| (Reason::ResourcesUnavailable, 506, e))?;
         match change::edit_subscribers(what, lock, &edits) {
-            Ok(_) => Ok(describe(&id, coa, rates)),
+            Ok(_) => Ok(describe(&id, coa, asked.as_ref())),
             Err(ChangeError::Subscriber(SubscriberError::NotFound(id))) => {
                 Err(not_found(format!("no subscriber {id}")))
             }
             Err(e) => Err((Reason::ResourcesUnavailable, 506, e.to_string())),
+        }
+    }
+
+    /// The plan a CoA asks: the file's plan its `Filter-Id` names, or the rates of its
+    /// other attributes.
+    fn asked(&self, p: &Packet<'_>) -> Result<Asked, Refused> {
+        let Some(name) = request::filter_id(p)? else {
+            return request::rates(p).map(Asked::Rates);
+        };
+        match self.config.plans.get(&name) {
+            Some(plan) => Ok(Asked::Plan(name, *plan)),
+            None => Err(Refused::Invalid(format!(
+                "Filter-Id '{name}' names no plan of the file"
+            ))),
         }
     }
 
@@ -458,12 +479,20 @@ impl Server {
 }
 
 /// `coa c1042: up 10000000 bit/s, down 20000000 bit/s`.
-fn describe(id: &str, coa: bool, rates: Option<request::Rates>) -> String {
-    let Some(r) = rates.filter(|_| coa) else {
-        return format!("disconnect {id}: removed");
+fn describe(id: &str, coa: bool, asked: Option<&Asked>) -> String {
+    let r = match asked.filter(|_| coa) {
+        None => return format!("disconnect {id}: removed"),
+        Some(Asked::Plan(name, _)) => return format!("coa {id}: plan {name}"),
+        Some(Asked::Rates(r)) => r,
     };
     let show = |r: Option<u64>| r.map_or_else(|| "unchanged".to_owned(), |r| format!("{r} bit/s"));
     format!("coa {id}: up {}, down {}", show(r.up), show(r.down))
+}
+
+/// What a CoA asks: a plan of the file by name (`Filter-Id`), or rates.
+enum Asked {
+    Plan(String, PolicyLimits),
+    Rates(request::Rates),
 }
 
 /// What a CoA's `rate_bps` makes of a plan in force: the subscriber's rate and a burst

@@ -78,15 +78,11 @@ pub enum Refused {
     /// 407 Invalid-Attribute-Value.
     #[error("{0}")]
     Invalid(String),
-    /// 401 Unsupported-Attribute.
-    #[error("{0}")]
-    Unsupported(String),
 }
 
 impl Refused {
     pub fn error_cause(&self) -> u32 {
         match self {
-            Self::Unsupported(_) => 401,
             Self::Missing(_) => 402,
             Self::Invalid(_) => 407,
         }
@@ -136,14 +132,18 @@ pub struct Rates {
     pub down: Option<u64>,
 }
 
-/// The rates a CoA asks. A Filter-Id (a named plan) is refused as unsupported until the
-/// file has named plans; no rate at all is a missing attribute.
+/// The plan a CoA names in its Filter-Id, if it has one (RFC 2865 §5.11: text).
+pub fn filter_id(p: &Packet<'_>) -> Result<Option<String>, Refused> {
+    p.first(FILTER_ID)
+        .map(|v| {
+            String::from_utf8(v.to_vec())
+                .map_err(|_| Refused::Invalid("invalid Filter-Id (not UTF-8)".to_owned()))
+        })
+        .transpose()
+}
+
+/// The rates a CoA asks (when it names no plan); no rate at all is a missing attribute.
 pub fn rates(p: &Packet<'_>) -> Result<Rates, Refused> {
-    if p.first(FILTER_ID).is_some() {
-        return Err(Refused::Unsupported(
-            "Filter-Id (named plans are not supported yet)".to_owned(),
-        ));
-    }
     let mut rates = match p.vendor(VENDOR_MIKROTIK, MIKROTIK_RATE_LIMIT) {
         Some(v) => mikrotik(v)?,
         None => Rates::default(),
@@ -256,15 +256,26 @@ mod tests {
         assert_eq!((r.up, r.down), (Some(1_000_000), Some(5_000_000)));
         assert_eq!(rates_of(&[]).unwrap_err().error_cause(), 402);
         assert_eq!(
-            rates_of(&[(FILTER_ID, b"gold".to_vec())])
-                .unwrap_err()
-                .error_cause(),
-            401
-        );
-        assert_eq!(
             rates_of(&[vsa(VENDOR_WISPR, 7, &[1, 2])])
                 .unwrap_err()
                 .error_cause(),
+            407
+        );
+    }
+
+    #[test]
+    fn a_filter_id_is_the_name_of_a_plan() {
+        let id = |attrs: &[(u8, Vec<u8>)]| {
+            let bytes = request(COA_REQUEST, 1, attrs, b"k", false);
+            filter_id(&Packet::parse(&bytes).unwrap())
+        };
+        assert_eq!(
+            id(&[(FILTER_ID, b"gold".to_vec())]).unwrap().as_deref(),
+            Some("gold")
+        );
+        assert_eq!(id(&[]).unwrap(), None);
+        assert_eq!(
+            id(&[(FILTER_ID, vec![0xff])]).unwrap_err().error_cause(),
             407
         );
     }

@@ -15,6 +15,7 @@ fn config() -> Config {
         window: DEFAULT_WINDOW,
         rate: 3,
         burst_ns: DEFAULT_BURST_NS,
+        plans: Default::default(),
     }
 }
 
