@@ -607,21 +607,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         };
         let same_prefixes = old_prefixes.len() == spec.prefixes.len()
             && spec.prefixes.iter().all(|p| old_prefixes.contains(p));
-        // The cell and counts as they are now (the kernel keeps charging meanwhile).
-        let now = match old.in_use {
-            0 => Subscriber::default(),
-            _ => self
-                .subs
-                .get(&index, 0)
-                .map_err(map_err("read the subscribers"))?,
-        };
-        let entry = Subscriber {
-            plan,
-            in_use: 1,
-            id: padded(&spec.id),
-            name: padded(&spec.name),
-            ..now
-        };
+        let entry = self.entry_for(spec, index, &old, plan)?;
         if old.in_use != 0
             && (entry.plan, entry.id, entry.name) == (old.plan, old.id, old.name)
             && same_prefixes
@@ -650,6 +636,32 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             Changed::Added
         } else {
             Changed::Changed
+        })
+    }
+
+    /// Subscriber `spec`'s entry at `index` (`was`: as read before the change) under plan
+    /// `slot`: its cell and counts as they are now (the kernel keeps charging meanwhile),
+    /// a new subscriber's zeroed.
+    fn entry_for(
+        &self,
+        spec: &SubscriberSpec,
+        index: u32,
+        was: &Subscriber,
+        slot: u32,
+    ) -> Result<Subscriber, SubscriberError> {
+        let now = match was.in_use {
+            0 => Subscriber::default(),
+            _ => self
+                .subs
+                .get(&index, 0)
+                .map_err(map_err("read the subscribers"))?,
+        };
+        Ok(Subscriber {
+            plan: slot,
+            in_use: 1,
+            id: padded(&spec.id),
+            name: padded(&spec.name),
+            ..now
         })
     }
 

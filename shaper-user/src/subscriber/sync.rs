@@ -252,20 +252,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             }
         };
         let index = w.before.index;
-        let now = match w.before.entry.in_use {
-            0 => Subscriber::default(),
-            _ => self
-                .subs
-                .get(&index, 0)
-                .map_err(map_err("read the subscribers"))?,
-        };
-        let entry = Subscriber {
-            plan: slot,
-            in_use: 1,
-            id: padded(&w.spec.id),
-            name: padded(&w.spec.name),
-            ..now
-        };
+        let entry = self.entry_for(&w.spec, index, &w.before.entry, slot)?;
         self.subs
             .set(index, entry, 0)
             .map_err(map_err(format!("write subscriber {}", w.spec.id)))?;
