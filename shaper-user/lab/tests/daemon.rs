@@ -363,35 +363,13 @@ impl Told {
             .name
             .strip_prefix("shaper_")
             .unwrap_or_else(|| panic!("{sample}: not shaper's"));
-        if let Some(policy) = sample.labels.get("policy") {
-            let row = self
-                .policies
-                .iter()
-                .find(|r| r["prefix"] == policy.as_str())
-                .unwrap_or_else(|| panic!("{sample}: no policy {policy} in policy list"));
-            let field = name
-                .strip_prefix("policy_")
-                .and_then(|n| n.strip_suffix("_total"))
-                .unwrap_or_else(|| panic!("{sample}: a per-policy series of no counter"));
-            return row[field]
-                .as_u64()
-                .unwrap_or_else(|| panic!("{sample}: policy list -j has no {field}"))
-                as f64;
-        }
-        if let Some(id) = sample.labels.get("subscriber") {
-            let row = self
-                .subscribers
-                .iter()
-                .find(|r| r["id"] == id.as_str())
-                .unwrap_or_else(|| panic!("{sample}: no subscriber {id} in subscriber list"));
-            let field = name
-                .strip_prefix("subscriber_")
-                .and_then(|n| n.strip_suffix("_total"))
-                .unwrap_or_else(|| panic!("{sample}: a per-subscriber series of no counter"));
-            return row[field]
-                .as_u64()
-                .unwrap_or_else(|| panic!("{sample}: subscriber list -j has no {field}"))
-                as f64;
+        for (label, rows, key, listed) in [
+            ("policy", &self.policies, "prefix", "policy list"),
+            ("subscriber", &self.subscribers, "id", "subscriber list"),
+        ] {
+            if let Some(value) = sample.labels.get(label) {
+                return row_field(sample, name, rows, (label, key, listed), value);
+            }
         }
         let tracked = |family: &str| {
             self.status[&format!("{family}_sources_tracked")]
@@ -446,6 +424,28 @@ impl Told {
             ),
         }
     }
+}
+
+/// What the row of `rows` whose `key` is `value` (`listed`'s JSON) says of the per-`label`
+/// series `name` (`policy_passed_bytes_total`: the row's `passed_bytes`).
+fn row_field(
+    sample: &Sample,
+    name: &str,
+    rows: &[Value],
+    (label, key, listed): (&str, &str, &str),
+    value: &str,
+) -> f64 {
+    let row = rows
+        .iter()
+        .find(|r| r[key] == value)
+        .unwrap_or_else(|| panic!("{sample}: no {label} {value} in {listed}"));
+    let field = name
+        .strip_prefix(&format!("{label}_"))
+        .and_then(|n| n.strip_suffix("_total"))
+        .unwrap_or_else(|| panic!("{sample}: a per-{label} series of no counter"));
+    row[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{sample}: {listed} -j has no {field}")) as f64
 }
 
 /// A scrape whose keys were counted after the first of two readings of the commands
