@@ -1,7 +1,9 @@
 //! A real Prometheus server (Debian's `prometheus`) scraping `shaper run` in the lab,
-//! every second, with dist/prometheus/shaper-rules.yml loaded: after traffic, the series
-//! it stored equal the counters of `stats -j` (through its HTTP query API), every metric
-//! the rules name is there, and every rule evaluates without error.
+//! every second, with dist/prometheus/shaper-rules.yml loaded: after traffic of both
+//! families, each policy's series it stored equal what the lab's sender sent and its
+//! receiver counted (an independent count: passed is what arrived, dropped what was sent
+//! and never arrived), the totals equal `stats -j`'s (through its HTTP query API), every
+//! metric the rules name is there, and every rule evaluates without error.
 
 #[expect(dead_code, reason = "not every helper is used here")]
 mod common;
@@ -17,8 +19,42 @@ use common::{guard, stats};
 use serde_json::Value;
 use shaper_lab::{
     daemon::{Daemon, config, scratch, workspace},
-    lab::{Flow, Lab, RunOptions, run_udp_with},
+    lab::{Flow, FlowResult, Lab, LabOptions, RunOptions, run_udp_with},
 };
+
+/// A policy over the lab's IPv4 sources and one over its IPv6 sources (each a /64 of
+/// 2001:2::/32), each address held to 8 Mbit/s: the scrape's per-policy series count
+/// their traffic alone (not the neighbour discovery and MLD of link-local addresses that
+/// the totals carry too).
+const POLICIES: [&str; 2] = ["198.18.0.0/24", "2001:2::/32"];
+
+/// Each policy's series as Prometheus stored them, summed over cells of their own and
+/// unadmitted keys: passed and dropped packets and bytes.
+fn policy_counts(prometheus: &Prometheus, policy: &str) -> Option<[u64; 4]> {
+    let one = |what: &str| {
+        let sum = format!(
+            "sum({{__name__=~\"shaper_policy_(unadmitted_)?{what}_total\",policy=\"{policy}\"}})"
+        );
+        prometheus.value(&sum).map(|v| v as u64)
+    };
+    Some([
+        one("passed_packets")?,
+        one("passed_bytes")?,
+        one("dropped_packets")?,
+        one("dropped_bytes")?,
+    ])
+}
+
+/// What the lab counted of `flow`: passed is what arrived, dropped what was sent and never
+/// arrived (the run lost nothing on its path or in the receiver's socket).
+fn lab_counts(flow: &FlowResult) -> [u64; 4] {
+    [
+        flow.received_packets,
+        flow.received_l2_bytes,
+        flow.sent_packets - flow.received_packets,
+        flow.sent_l2_bytes - flow.received_l2_bytes,
+    ]
+}
 
 /// The rules the package ships.
 fn rules_file() -> std::path::PathBuf {
@@ -142,8 +178,12 @@ fn names_in_rules() -> Vec<String> {
 
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
-fn prometheus_scrapes_what_stats_counts() {
-    let lab = Lab::new("prom", 1).unwrap_or_else(|e| panic!("cannot create lab: {e:#}"));
+fn prometheus_scrapes_what_the_lab_counted() {
+    let options = LabOptions {
+        ipv6: true,
+        ..LabOptions::default()
+    };
+    let lab = Lab::with("prom", 1, options).unwrap_or_else(|e| panic!("cannot create lab: {e:#}"));
     let iface = lab.rx_iface().to_owned();
     let _guard = guard(lab.rx_ns(), &iface);
     lab.rx_netns()
@@ -151,7 +191,13 @@ fn prometheus_scrapes_what_stats_counts() {
         .unwrap();
     let dir = scratch("prom");
     let file = dir.join("shaper.toml");
-    fs::write(&file, config(&iface, "8mbit")).unwrap();
+    let mut text = config(&iface, "8mbit");
+    for prefix in POLICIES {
+        text += &format!(
+            "[[interface.policy]]\nprefix = \"{prefix}\"\nrate = \"8mbit\"\nburst = \"64k\"\n"
+        );
+    }
+    fs::write(&file, text).unwrap();
     let mut daemon = Daemon::start(lab.rx_ns(), &file, &["--no-watch"]);
     // A reload, so that the reload's series are there too.
     daemon.reload();
@@ -163,17 +209,54 @@ fn prometheus_scrapes_what_stats_counts() {
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    run_udp_with(
-        &lab,
-        &[Flow {
-            src: lab.sources()[0].into(),
+    // Twice the rate from one source of each family (the lab sends one family a run).
+    let srcs = [lab.sources()[0].into(), lab.sources6()[0].into()];
+    let mut counted = Vec::new();
+    for (src, policy) in srcs.into_iter().zip(POLICIES) {
+        let flow = Flow {
+            src,
             offered_bps: 16_000_000,
             frame_bytes: 1000,
-        }],
-        Duration::from_secs(1),
-        &RunOptions::default(),
-    )
-    .expect("traffic");
+        };
+        let report = run_udp_with(
+            &lab,
+            &[flow],
+            Duration::from_secs(1),
+            &RunOptions::default(),
+        )
+        .expect("traffic");
+        assert_eq!(
+            (report.path_drops, report.receiver_drops),
+            (0, 0),
+            "the lab lost frames: its counts are not the limiter's"
+        );
+        let lab = lab_counts(&report.flows[0]);
+        assert!(
+            lab[1] > 0 && lab[3] > 0,
+            "{src}: nothing passed or nothing dropped"
+        );
+        counted.push((policy, lab));
+    }
+    // The next scrapes (1 s apart) bring the counters as they stand after the traffic.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (policy, lab) in &counted {
+        loop {
+            let got = policy_counts(&prometheus, policy);
+            if got == Some(*lab) {
+                println!(
+                    "policy {policy}: Prometheus and the lab both count {lab:?} (passed packets, bytes; dropped packets, bytes)"
+                );
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "policy {policy}: Prometheus has {got:?}, the lab counted {lab:?} (passed packets, bytes; dropped packets, bytes)"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    // The totals, equal to `stats -j`'s.
     let totals = stats(lab.rx_ns(), &iface);
     let names = [
         "passed_bytes",
@@ -181,7 +264,6 @@ fn prometheus_scrapes_what_stats_counts() {
         "dropped_bytes",
         "dropped_packets",
     ];
-    // The next scrapes (1 s apart) bring the counters as they stand after the traffic.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let got: Vec<Option<f64>> = names
@@ -194,13 +276,6 @@ fn prometheus_scrapes_what_stats_counts() {
             .collect();
         let want: Vec<Option<f64>> = names.iter().map(|n| Some(totals.total(n) as f64)).collect();
         if got == want {
-            for (n, v) in names.iter().zip(&got) {
-                println!(
-                    "query shaper_{n}_total{{interface=\"{iface}\"}}: {} | stats -j {n}: {}",
-                    v.unwrap(),
-                    totals.total(n)
-                );
-            }
             break;
         }
         assert!(
