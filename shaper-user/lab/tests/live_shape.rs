@@ -25,6 +25,36 @@ fn count(t: &serde_json::Value, key: &str) -> u64 {
     t[key].as_u64().unwrap_or_else(|| panic!("{key} in {t}"))
 }
 
+/// The values of the egress samples of `series` in a scrape, in order.
+fn egress_samples<'a>(scrape: &'a str, series: &str) -> Vec<&'a str> {
+    let start = format!("{series}{{");
+    scrape
+        .lines()
+        .filter(|l| l.starts_with(&start) && l.contains("direction=\"egress\""))
+        .map(|l| l.rsplit_once(' ').expect("a sample has a value").1)
+        .collect()
+}
+
+/// The delay histogram of a scrape's egress series (`shaper_shape_delay_seconds`): its
+/// buckets' counts in order, its `_count` and its `_sum`.
+fn delay_histogram(scrape: &str) -> (Vec<u64>, u64, f64) {
+    const NAME: &str = "shaper_shape_delay_seconds";
+    let buckets = egress_samples(scrape, &format!("{NAME}_bucket"))
+        .iter()
+        .map(|v| v.parse().expect("a bucket's count"))
+        .collect();
+    let one = |suffix: &str| {
+        let values = egress_samples(scrape, &format!("{NAME}_{suffix}"));
+        assert_eq!(values.len(), 1, "one {NAME}_{suffix}: {values:?}");
+        values[0].to_owned()
+    };
+    (
+        buckets,
+        one("count").parse().unwrap(),
+        one("sum").parse().unwrap(),
+    )
+}
+
 /// The most a shaped flow may put on the wire over the run, as a rate: the rate, and
 /// once the burst and a horizon's backlog (50 ms). fq releasing packets at their stamps
 /// keeps TCP under it; fq ignoring them would let TCP run at the line's speed. An upper
@@ -63,6 +93,23 @@ fn shaped_tcp_is_held_to_the_rate_and_policed_tcp_is_dropped() {
     );
     assert_eq!(count(p, "shaped_packets"), 0, "policing held back: {p}");
     assert!(count(t, "shaped_packets") > 0, "nothing was held back: {t}");
+    // The scrape's delay histogram counts each frame held back once, cumulatively: its
+    // buckets never fall, the last (+Inf) is its count, and that is the kernel's count of
+    // frames held back (a counter of its own); policing holds nothing back, so it has none.
+    let (buckets, held, sum) = delay_histogram(&shaped.scrape);
+    println!("shaped: delay buckets {buckets:?}, count {held}, sum {sum} s");
+    assert!(
+        buckets.windows(2).all(|w| w[0] <= w[1]),
+        "the delay histogram is not cumulative: {buckets:?}"
+    );
+    assert_eq!(
+        buckets.last(),
+        Some(&held),
+        "the +Inf bucket is not the count"
+    );
+    assert_eq!(held, count(t, "shaped_packets"), "the histogram's count");
+    assert!(sum > 0.0, "frames held back for no time at all: {sum}");
+    assert_eq!(delay_histogram(&policed.scrape).1, 0, "policing held back");
     let wire = shaped.tcp.goodput_bps * WIRE_OVER_PAYLOAD;
     assert!(
         wire <= most_wire_bps(),

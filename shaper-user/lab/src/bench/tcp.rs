@@ -205,15 +205,18 @@ impl Mode {
     }
 }
 
-/// One flow through one mode: what iperf3 saw, and shaper's totals before it detached.
+/// One flow through one mode: what iperf3 saw, and shaper's totals and the text of a
+/// scrape of its namespace (what `shaper run` serves on `/metrics`) before it detached.
 #[derive(Clone, Debug)]
 pub struct Run {
     pub tcp: Tcp,
     pub totals: serde_json::Value,
+    pub scrape: String,
 }
 
 /// Attaches shaper on the router's egress towards the receiver in `mode` at [`RATE`] and
-/// [`BURST`], runs one iperf3 flow, reads the totals and detaches. Police runs without ECN.
+/// [`BURST`], runs one iperf3 flow, reads the totals and a scrape, and detaches. Police runs
+/// without ECN.
 pub fn measure(shaper: &Path, lab: &Lab, mode: Mode) -> Result<Run> {
     tcp_ecn(lab, u32::from(mode == Mode::ShapeEcn))?;
     let (ns, iface) = lab.egress();
@@ -225,8 +228,20 @@ pub fn measure(shaper: &Path, lab: &Lab, mode: Mode) -> Result<Run> {
     guard.attach(&args)?;
     let tcp = iperf(lab)?;
     let totals = totals(shaper, lab)?;
+    let scrape = shaper_user::metrics::render(
+        Some(ns.name()),
+        &shaper_user::metrics::SourceCounter::default(),
+        &shaper_user::metrics::Daemon::default(),
+        0,
+    )
+    .context("scrape the attachment")?
+    .text;
     guard.detach()?;
-    Ok(Run { tcp, totals })
+    Ok(Run {
+        tcp,
+        totals,
+        scrape,
+    })
 }
 
 /// One row of the bench.
