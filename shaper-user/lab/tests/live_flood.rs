@@ -25,7 +25,7 @@ mod common;
 
 use std::{
     collections::HashMap,
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     thread,
     time::Duration,
 };
@@ -36,9 +36,9 @@ use shaper_lab::{
     cli::{Counts, Stats},
     frame,
     lab::{
-        Lab, Late,
+        Lab, LabOptions, Late,
         ping::ping6,
-        raw::{RawFlow, RawResult, Sources, run_raw},
+        raw::{RawFlow, RawResult, Sources, TAG_BYTES, run_raw},
     },
 };
 
@@ -62,11 +62,118 @@ fn first_sightings() -> u64 {
     Admission::first_sightings_per_sec(Admission::for_table(TABLE as u32).new_sources)
 }
 
+/// One address family of the lab: its frames, its keys (an IPv4 address, an IPv6 /64)
+/// and the counter of its frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn of(addr: IpAddr) -> Self {
+        if addr.is_ipv4() { Self::V4 } else { Self::V6 }
+    }
+
+    /// A lab of `sources` sources of this family (an IPv6 lab has IPv4 ones too).
+    fn lab(self, tag: &str, sources: usize) -> Lab {
+        let options = LabOptions {
+            ipv6: self == Self::V6,
+            ..LabOptions::default()
+        };
+        Lab::with(tag, sources, options).unwrap()
+    }
+
+    /// The lab's sources of this family.
+    fn sources(self, lab: &Lab) -> Vec<IpAddr> {
+        match self {
+            Self::V4 => lab.sources().iter().map(|&a| a.into()).collect(),
+            Self::V6 => lab.sources6().iter().map(|&a| a.into()).collect(),
+        }
+    }
+
+    /// An address to count sources from (a raw flow steps an IPv4 source by one address,
+    /// an IPv6 one by a /64): `n` of 10.n.0.0 or 2001:db8:n00::1.
+    fn net(self, n: u8) -> IpAddr {
+        match self {
+            Self::V4 => Ipv4Addr::new(10, n, 0, 0).into(),
+            Self::V6 => Ipv6Addr::new(0x2001, 0xdb8, u16::from(n) << 8, 0, 0, 0, 0, 1).into(),
+        }
+    }
+
+    /// The smallest frame a flood of this family sends: the smallest Ethernet frame, or
+    /// IPv6's headers and a raw flow's tag.
+    fn flood_frame(self) -> usize {
+        match self {
+            Self::V4 => 60,
+            Self::V6 => 14 + 40 + 8 + TAG_BYTES,
+        }
+    }
+
+    /// The `i`th source past `first`, as a raw flow steps them.
+    fn nth(self, first: IpAddr, i: u64) -> IpAddr {
+        match first {
+            IpAddr::V4(a) => Ipv4Addr::from(u32::from(a) + i as u32).into(),
+            IpAddr::V6(a) => Ipv6Addr::from(u128::from(a) + (u128::from(i) << 64)).into(),
+        }
+    }
+
+    /// How many steps past `first` the key `addr` is, if it is not before it.
+    fn steps(self, first: IpAddr, addr: IpAddr) -> Option<u64> {
+        match (first, addr) {
+            (IpAddr::V4(f), IpAddr::V4(a)) => u32::from(a).checked_sub(u32::from(f)).map(u64::from),
+            (IpAddr::V6(f), IpAddr::V6(a)) => {
+                let step = (u128::from(a) >> 64).checked_sub(u128::from(f) >> 64)?;
+                u64::try_from(step).ok()
+            }
+            _ => None,
+        }
+    }
+
+    /// The counter of `stats -j`'s totals of this family's frames.
+    fn packets_total(self) -> &'static str {
+        match self {
+            Self::V4 => "ipv4_packets",
+            Self::V6 => "ipv6_packets",
+        }
+    }
+}
+
+/// The key `stats -j` lists `addr` under: the address, or an IPv6 address's /64.
+fn key_of(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V4(_) => addr,
+        IpAddr::V6(a) => Ipv6Addr::from(u128::from(a) & !0 << 64).into(),
+    }
+}
+
+/// The key of `addr` as `stats -j` writes it.
+fn key_name(addr: IpAddr) -> String {
+    match addr {
+        IpAddr::V4(a) => a.to_string(),
+        IpAddr::V6(_) => format!("{}/64", key_of(addr)),
+    }
+}
+
+/// The frame of a raw flow from `src` to the receiver: `len` bytes in all.
+fn frame_from(src: IpAddr, lab: &Lab, len: usize) -> Vec<u8> {
+    match src {
+        IpAddr::V4(a) => frame::ipv4_udp_to(a, lab.rx_addr(), len),
+        IpAddr::V6(a) => frame::ipv6_udp(a, lab.rx_addr6().expect("an IPv6 lab"), len - 62),
+    }
+}
+
 /// A raw flow of `len`-byte frames to the receiver; a late sender sends its overdue frames
 /// at once.
-fn flow(src: Ipv4Addr, lab: &Lab, len: usize, offered_bps: u64, sources: Sources) -> RawFlow {
+fn flow(
+    src: impl Into<IpAddr>,
+    lab: &Lab,
+    len: usize,
+    offered_bps: u64,
+    sources: Sources,
+) -> RawFlow {
     RawFlow {
-        frame: frame::ipv4_udp_to(src, lab.rx_addr(), len),
+        frame: frame_from(src.into(), lab, len),
         offered_bps,
         sources,
         late: Late::CatchUp,
@@ -77,7 +184,13 @@ fn flow(src: Ipv4Addr, lab: &Lab, len: usize, offered_bps: u64, sources: Sources
 /// closer together than the rate has them, however busy the machine (a real-time sender
 /// was held up for 160 ms under a load of 9 on 2 vCPUs, then sent 160 frames at once),
 /// so what it claims of a rate of arrivals is tested at that rate.
-fn paced(src: Ipv4Addr, lab: &Lab, len: usize, offered_bps: u64, sources: Sources) -> RawFlow {
+fn paced(
+    src: impl Into<IpAddr>,
+    lab: &Lab,
+    len: usize,
+    offered_bps: u64,
+    sources: Sources,
+) -> RawFlow {
     RawFlow {
         late: Late::Skip,
         ..flow(src, lab, len, offered_bps, sources)
@@ -153,13 +266,14 @@ fn delta(before: &Stats, after: &Stats, name: &str) -> u64 {
     after.total(name) - before.total(name)
 }
 
-/// Every key `stats -j` lists, by address.
-fn keys_by_address(st: &Stats) -> HashMap<Ipv4Addr, Counts> {
+/// Every key `stats -j` lists, by address (an IPv6 key by its /64's).
+fn keys_by_address(st: &Stats) -> HashMap<IpAddr, Counts> {
     st.keys()
         .map(|(key, counts)| {
             let addr = key
+                .trim_end_matches("/64")
                 .parse()
-                .unwrap_or_else(|_| panic!("{key} is not an IPv4 address"));
+                .unwrap_or_else(|_| panic!("{key} is not an address or a /64"));
             (addr, counts)
         })
         .collect()
@@ -170,16 +284,12 @@ fn keys_by_address(st: &Stats) -> HashMap<Ipv4Addr, Counts> {
 /// every frame it sent, or every frame but its first), and lost no frame to its own cell;
 /// a source that sent one frame only may have none. Returns how many were tracked from
 /// their first frame.
-fn assert_each_tracked_by_its_second_frame(
-    st: &Stats,
-    first: Ipv4Addr,
-    pool: u32,
-    sent: u64,
-) -> u64 {
+fn assert_each_tracked_by_its_second_frame(st: &Stats, first: IpAddr, pool: u32, sent: u64) -> u64 {
     let keys = keys_by_address(st);
+    let family = Family::of(first);
     let mut from_first = 0;
     for i in 0..pool {
-        let src = Ipv4Addr::from(u32::from(first) + i);
+        let src = key_of(family.nth(first, i.into()));
         let frames = Sources::Pool(pool).frames_from(sent, i);
         let Some(c) = keys.get(&src) else {
             assert!(frames <= 1, "{src} sent {frames} frames and is not tracked");
@@ -194,14 +304,15 @@ fn assert_each_tracked_by_its_second_frame(
     }
     assert!(
         keys.keys()
-            .all(|a| (u32::from(first)..u32::from(first) + pool).contains(&u32::from(*a))),
+            .all(|&a| family.steps(first, a).is_some_and(|i| i < u64::from(pool))),
         "a key that is not in the pool"
     );
     from_first
 }
 
-/// Every frame was metered exactly once: by a tracked key's cell, or by a shared cell.
-fn assert_each_frame_metered_once(st: &Stats, runs: &[&RawResult]) {
+/// Every frame was metered exactly once: by a tracked key's cell, or by a shared cell, and
+/// counted in its family's frames.
+fn assert_each_frame_metered_once(st: &Stats, family: Family, runs: &[&RawResult]) {
     let sent_packets: u64 = runs.iter().map(|r| r.sent_packets).sum();
     let sent_bytes: u64 = runs.iter().map(|r| r.sent_l2_bytes()).sum();
     let metered = |unit: &str| {
@@ -215,19 +326,32 @@ fn assert_each_frame_metered_once(st: &Stats, runs: &[&RawResult]) {
         (sent_packets, sent_bytes),
         "frames metered against frames sent"
     );
-    assert_eq!(st.total("ipv4_packets"), sent_packets);
+    assert_eq!(st.total(family.packets_total()), sent_packets);
 }
 
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn with_no_admission_flag_a_spoofed_flood_gets_one_sources_share_and_real_sources_lose_nothing() {
-    // The flood of the issue: 5 s of 60-byte frames flat out from random sources, as
+    spoofed_flood(Family::V4);
+}
+
+/// The same over IPv6: each flood frame from a /64 never used before.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn with_no_admission_flag_an_ipv6_spoofed_flood_gets_one_sources_share_and_real_sources_lose_nothing()
+ {
+    spoofed_flood(Family::V6);
+}
+
+fn spoofed_flood(family: Family) {
+    // The flood of the issue: 5 s of the smallest frames flat out from random sources, as
     // three real sources (one over its limit, two under) go on sending.
     const SECONDS: u64 = 5;
-    let lab = Lab::new("flood", 3).unwrap();
+    let lab = family.lab("flood", 3);
     let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
     let _attached = attach(ns, iface, RATE, BURST_ARG);
-    let s = lab.sources();
+    let s = family.sources(&lab);
+    let flood_frame = family.flood_frame();
     let real = [
         flow(s[0], &lab, FRAME, 2 * RATE_BPS, Sources::One),
         paced(s[1], &lab, FRAME, RATE_BPS / 2, Sources::One),
@@ -249,12 +373,12 @@ fn with_no_admission_flag_a_spoofed_flood_gets_one_sources_share_and_real_source
     );
     // Then the same sources through the flood, each of its frames from a new address.
     // The allowance and every cell are full again by now.
-    let flood_net = Ipv4Addr::new(10, 64, 0, 0);
+    let flood_net = family.net(64);
     let mut flows = real.to_vec();
     flows.push(flow(
         flood_net,
         &lab,
-        FLOOD_FRAME,
+        flood_frame,
         FLAT_OUT_BPS,
         Sources::Spoofed,
     ));
@@ -293,7 +417,7 @@ fn with_no_admission_flag_a_spoofed_flood_gets_one_sources_share_and_real_source
 
     // Real sources tracked before the flood keep their cells and lose nothing to it.
     for (i, &src) in s.iter().enumerate() {
-        let (was, now) = (before.key(src), after.key(src));
+        let (was, now) = (before.key(key_name(src)), after.key(key_name(src)));
         let sent = alone.flows[i].sent_packets + with_flood[i].sent_packets;
         let received = alone.flows[i].received_packets + with_flood[i].received_packets;
         println!("{src}: sent {sent}, received {received}, {now:?}");
@@ -333,7 +457,7 @@ fn with_no_admission_flag_a_spoofed_flood_gets_one_sources_share_and_real_source
     let displaced = delta(&before, &after, "traces_displaced");
     let (model_keys, model_shared) = flood_model(
         &flood.per_ms,
-        FLOOD_FRAME,
+        flood_frame,
         first_sightings(),
         (RATE_BYTES, BURST as f64),
     );
@@ -363,16 +487,16 @@ fn with_no_admission_flag_a_spoofed_flood_gets_one_sources_share_and_real_source
     );
     assert_eq!(after.sources_tracked, 3 + created, "keys tracked");
     // The flood's keys: its sources, one frame each, which its fresh cell passed.
-    let flood_sources = u32::from(flood_net)..u32::from(flood_net) + flood.sent_packets as u32;
     let flood_keys: Vec<_> = after
         .keys()
-        .filter(|&(key, _)| !s.iter().any(|src| src.to_string() == key))
+        .filter(|&(key, _)| !s.iter().any(|&src| key_name(src) == key))
         .collect();
     assert_eq!(flood_keys.len() as u64, created, "keys made but not listed");
     for &(key, counts) in &flood_keys {
         assert!(
-            key.parse::<Ipv4Addr>()
-                .is_ok_and(|a| flood_sources.contains(&u32::from(a))),
+            key.trim_end_matches("/64").parse().is_ok_and(|a| family
+                .steps(flood_net, a)
+                .is_some_and(|i| i < flood.sent_packets)),
             "{key} is not a flood source"
         );
         assert_eq!(
@@ -399,11 +523,11 @@ fn with_no_admission_flag_a_spoofed_flood_gets_one_sources_share_and_real_source
     let flood_passed = flood.received_l2_bytes();
     assert_eq!(
         flood_passed,
-        unadmitted_passed + created * FLOOD_FRAME as u64,
+        unadmitted_passed + created * flood_frame as u64,
         "the receiver saw other flood frames than shaper passed"
     );
     let bound =
-        RATE_BYTES * flood.offered_secs + BURST as f64 + (created * FLOOD_FRAME as u64) as f64;
+        RATE_BYTES * flood.offered_secs + BURST as f64 + (created * flood_frame as u64) as f64;
     println!(
         "the flood passed {flood_passed} bytes ({:.2}% of its frames); one source's rate × \
          time + burst + a frame per key made: {bound:.0}",
@@ -413,19 +537,30 @@ fn with_no_admission_flag_a_spoofed_flood_gets_one_sources_share_and_real_source
     assert!(flood_passed as f64 <= bound + BURST as f64 / 2.0);
 
     let runs: Vec<&RawResult> = alone.flows.iter().chain(&run.flows).collect();
-    assert_each_frame_metered_once(&after, &runs);
+    assert_each_frame_metered_once(&after, family, &runs);
 }
 
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn a_warm_start_of_20000_sources_loses_at_most_each_ones_first_frame() {
+    warm_start(Family::V4);
+}
+
+/// The same over IPv6: 20,000 sources, each a /64 of its own.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_warm_start_of_20000_ipv6_sources_loses_at_most_each_ones_first_frame() {
+    warm_start(Family::V6);
+}
+
+fn warm_start(family: Family) {
     const SOURCES: u32 = 20_000;
     /// Every source sends a frame a second: all of them new within the first second.
     const FPS: u64 = SOURCES as u64;
     const SECONDS: u64 = 3;
-    let lab = Lab::new("warm", 1).unwrap();
+    let lab = family.lab("warm", 1);
     let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
-    let first = Ipv4Addr::new(10, 32, 0, 0);
+    let first = family.net(32);
     let warm = [flow(
         first,
         &lab,
@@ -486,7 +621,7 @@ fn a_warm_start_of_20000_sources_loses_at_most_each_ones_first_frame() {
             r.received_packets,
             st.total("passed_packets") + st.total("unadmitted_passed_packets")
         );
-        assert_each_frame_metered_once(&st, &[r]);
+        assert_each_frame_metered_once(&st, family, &[r]);
     }
 
     // `--new-sources N --new-sources-burst B` caps it further: of the sources seen again,
@@ -535,7 +670,7 @@ fn a_warm_start_of_20000_sources_loses_at_most_each_ones_first_frame() {
         assert_eq!(st.total("new_sources"), on_first + on_second);
         assert_eq!(st.sources_tracked, on_first + on_second);
         assert_eq!(st.total("dropped_packets"), 0);
-        assert_each_frame_metered_once(&st, &[r]);
+        assert_each_frame_metered_once(&st, family, &[r]);
     }
 }
 
@@ -596,14 +731,14 @@ fn new_sources_arriving_at_1000_a_second_lose_nothing() {
         (u64::from(SOURCES), u64::from(SOURCES), u64::from(SOURCES))
     );
     assert_eq!(
-        assert_each_tracked_by_its_second_frame(&st, first, SOURCES, r.sent_packets),
+        assert_each_tracked_by_its_second_frame(&st, first.into(), SOURCES, r.sent_packets),
         on_first
     );
     // Nothing lost: not a first frame, not a later one.
     assert_eq!(st.total("unadmitted_dropped_packets"), 0);
     assert_eq!(st.total("dropped_packets"), 0);
     assert_eq!(r.received_packets, r.sent_packets);
-    assert_each_frame_metered_once(&st, &[r]);
+    assert_each_frame_metered_once(&st, Family::V4, &[r]);
 }
 
 #[test]
@@ -651,7 +786,7 @@ fn a_pool_flood_gets_each_addresss_rate_and_an_aggregate_holds_it() {
             st.total("unadmitted_dropped_packets")
         );
         assert_eq!(
-            assert_each_tracked_by_its_second_frame(&st, first, n, r.sent_packets),
+            assert_each_tracked_by_its_second_frame(&st, first.into(), n, r.sent_packets),
             on_first
         );
         assert_eq!(st.sources_tracked, created);

@@ -62,7 +62,7 @@ pub struct RawFlow {
     pub frame: Vec<u8>,
     /// Offered load, layer-2 bits per second.
     pub offered_bps: u64,
-    /// Which IPv4 sources the frames come from.
+    /// Which sources the frames come from.
     pub sources: Sources,
     /// What its sender does when it wakes late: sends the overdue frames at once
     /// ([`Late::CatchUp`], the rate kept), or skips them ([`Late::Skip`], counted in
@@ -71,8 +71,9 @@ pub struct RawFlow {
     pub late: Late,
 }
 
-/// Which sources a [`RawFlow`]'s frames come from. Beyond the frame's own, the IPv4 source
-/// of an untagged IPv4 frame counts up from the frame's own, one per frame sent (a send
+/// Which sources a [`RawFlow`]'s frames come from. Beyond the frame's own, the source of
+/// an untagged IPv4 frame counts up from the frame's own by one address per frame sent,
+/// that of an untagged IPv6 frame by one /64 (shaper's default IPv6 key) per frame (a send
 /// refused for a full queue is tried again from the same source).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sources {
@@ -108,22 +109,63 @@ impl Sources {
         }
     }
 
-    /// The source of the frame sent after `sent` others, counting from the frame's own
-    /// (`first`).
-    fn nth(self, first: u32, sent: u64) -> u32 {
-        let k = match self {
+    /// The source of the frame sent after `sent` others, as how many steps it is past the
+    /// frame's own.
+    fn index(self, sent: u64) -> u64 {
+        match self {
             Self::One => 0,
-            // `sent % n` < n, a u32.
-            Self::Pool(n) => (sent % u64::from(n.max(1))) as u32,
-            // Wraps after 2^32 frames, which no run sends.
-            Self::Spoofed => sent as u32,
-        };
-        first.wrapping_add(k)
+            Self::Pool(n) => sent % u64::from(n.max(1)),
+            Self::Spoofed => sent,
+        }
     }
 }
 
 /// Where an untagged IPv4 frame holds its source address.
 const IPV4_SRC_AT: usize = 14 + 12;
+/// Where an untagged IPv6 frame holds its source address.
+const IPV6_SRC_AT: usize = 14 + 8;
+
+/// The source address of an untagged IP frame, which [`Sources`] steps through.
+#[derive(Debug, Clone, Copy)]
+enum SourceField {
+    /// IPv4: steps of one address; the header checksum made right again.
+    V4 { first: u32 },
+    /// IPv6: steps of one /64 (no header checksum).
+    V6 { first: u128 },
+}
+
+impl SourceField {
+    /// The source field of `frame`, if it is an untagged IP frame long enough to hold one
+    /// before its tag.
+    fn of(frame: &[u8]) -> Option<Self> {
+        let fits = |at: usize, len: usize| frame.len() >= at + len + TAG_BYTES;
+        match frame.get(12..14)? {
+            [0x08, 0x00] if fits(IPV4_SRC_AT, 4) => Some(Self::V4 {
+                first: u32::from_be_bytes(frame[IPV4_SRC_AT..][..4].try_into().ok()?),
+            }),
+            [0x86, 0xdd] if fits(IPV6_SRC_AT, 16) => Some(Self::V6 {
+                first: u128::from_be_bytes(frame[IPV6_SRC_AT..][..16].try_into().ok()?),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Writes into `frame` the source `index` steps past the first.
+    fn write(self, frame: &mut [u8], index: u64) {
+        match self {
+            // Wraps after 2^32 frames, which no run sends.
+            Self::V4 { first } => {
+                let src = first.wrapping_add(index as u32).to_be_bytes();
+                frame[IPV4_SRC_AT..][..4].copy_from_slice(&src);
+                fix_ipv4_checksum(frame);
+            }
+            Self::V6 { first } => {
+                let src = first.wrapping_add(u128::from(index) << 64).to_be_bytes();
+                frame[IPV6_SRC_AT..][..16].copy_from_slice(&src);
+            }
+        }
+    }
+}
 
 /// What one raw flow sent and what of it the rx veth's packet socket saw.
 #[derive(Clone, PartialEq)]
@@ -234,8 +276,8 @@ pub fn run_raw_with(
             14 + TAG_BYTES
         );
         ensure!(
-            flow.sources == Sources::One || flow.frame.len() >= IPV4_SRC_AT + 4 + TAG_BYTES,
-            "raw flow {i}: too short to change its source"
+            flow.sources == Sources::One || SourceField::of(&flow.frame).is_some(),
+            "raw flow {i}: not an untagged IP frame long enough to change its source"
         );
         ensure!(
             flow.sources != Sources::Pool(0),
@@ -273,11 +315,7 @@ pub fn run_raw_with(
                         realtime_priority().context("cannot make a paced sender real-time")?;
                     }
                     let mut frame = frame.clone();
-                    let first = u32::from_be_bytes(
-                        frame[IPV4_SRC_AT..IPV4_SRC_AT + 4]
-                            .try_into()
-                            .expect("4 bytes"),
-                    );
+                    let field = SourceField::of(&frame);
                     // Frames sent: the next one's source.
                     let mut n: u64 = 0;
                     let pacing = Pacing {
@@ -289,10 +327,8 @@ pub fn run_raw_with(
                         record: options.record_sends,
                     };
                     pace(&pacing, || {
-                        if flow.sources != Sources::One {
-                            let src = flow.sources.nth(first, n).to_be_bytes();
-                            frame[IPV4_SRC_AT..IPV4_SRC_AT + 4].copy_from_slice(&src);
-                            fix_ipv4_checksum(&mut frame);
+                        if let Some(field) = field.filter(|_| flow.sources != Sources::One) {
+                            field.write(&mut frame, flow.sources.index(n));
                         }
                         let refused_at = Instant::now();
                         loop {
@@ -570,7 +606,7 @@ mod tests {
         ] {
             let mut counts = [0u64; 12];
             for sent in 0..10 {
-                counts[sources.nth(5, sent) as usize - 5] += 1;
+                counts[sources.index(sent) as usize] += 1;
             }
             let expected: Vec<u64> = (0..12).map(|i| sources.frames_from(10, i)).collect();
             assert_eq!(counts.to_vec(), expected, "{sources:?}");
@@ -581,6 +617,16 @@ mod tests {
                 .collect::<Vec<_>>(),
             [4, 3, 3]
         );
+    }
+
+    #[test]
+    fn an_ipv6_source_steps_by_a_64() {
+        let (dst, src) = (frame::DEFAULT_DST_V6, "2001:db8:0:7::11".parse().unwrap());
+        let mut f = frame::ipv6_udp(src, dst, 40);
+        let field = SourceField::of(&f).expect("an IPv6 frame");
+        field.write(&mut f, 3);
+        let stepped = "2001:db8:0:a::11".parse().unwrap();
+        assert_eq!(f, frame::ipv6_udp(stepped, dst, 40));
     }
 
     #[test]
