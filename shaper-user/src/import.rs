@@ -12,17 +12,19 @@
 
 use shaper_common::{
     config::{Meter2Limits, PolicyLimits},
-    maps::{ACTION_LIMIT, MODE_ENFORCE, SUBSCRIBER_NAME_BYTES},
+    maps::{MODE_ENFORCE, SUBSCRIBER_NAME_BYTES},
 };
 
 use crate::{
     libreqos::{Circuit, ImportError, Rates},
     pins::Direction,
-    subscriber::SubscriberSpec,
+    subscriber::{
+        SubscriberSpec,
+        plan::{PlanParts, burst_for},
+    },
 };
 
-/// The smallest burst given: 16 KiB (ten full-size frames and more).
-pub const MIN_BURST_BYTES: u64 = 16 << 10;
+pub use crate::subscriber::plan::MIN_BURST_BYTES;
 
 /// How circuits become plans.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,14 +37,6 @@ pub struct Plan {
     pub burst_ns: u64,
     /// The excess rate's mark.
     pub excess_dscp: u8,
-}
-
-/// A burst lasting `burst_ns` at `rate_bps`, at least [`MIN_BURST_BYTES`].
-fn burst(rate_bps: u64, burst_ns: u64) -> u64 {
-    let bytes = u128::from(rate_bps) * u128::from(burst_ns) / 8 / 1_000_000_000;
-    u64::try_from(bytes)
-        .unwrap_or(u64::MAX)
-        .max(MIN_BURST_BYTES)
 }
 
 /// The first `most` bytes of `s`, cut at a character.
@@ -94,26 +88,23 @@ fn limits(rates: Rates, plan: &Plan) -> PolicyLimits {
         true => (rates.min_bps, rates.excess_bps()),
         false => (rates.max_bps, 0),
     };
-    let meter2 = match excess {
+    let excess = match excess {
         0 => Meter2Limits::default(),
         _ => Meter2Limits {
             excess_rate_bps: excess,
-            excess_burst_bytes: burst(excess, plan.burst_ns),
+            excess_burst_bytes: burst_for(excess, plan.burst_ns),
             excess_dscp: plan.excess_dscp,
             ..Meter2Limits::default()
         },
     };
-    let committed_burst = burst(committed, plan.burst_ns);
-    PolicyLimits {
-        action: ACTION_LIMIT,
+    PlanParts {
+        rate_bps: committed,
+        burst_bytes: burst_for(committed, plan.burst_ns),
+        per_address: None,
+        excess,
         mode: MODE_ENFORCE,
-        rate_bps: committed + meter2.excess_rate_bps,
-        burst_bytes: committed_burst + meter2.excess_burst_bytes,
-        aggregate_rate_bps: committed,
-        aggregate_burst_bytes: committed_burst,
-        meter2,
-        ..PolicyLimits::default()
     }
+    .limits()
 }
 
 #[cfg(test)]

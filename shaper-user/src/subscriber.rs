@@ -17,6 +17,7 @@
 //! prefix inside another subscriber's. A subscriber's prefix inside a prefix policy is
 //! allowed: the longest prefix wins, and it is the subscriber's.
 
+pub mod plan;
 mod sync;
 
 use std::borrow::BorrowMut;

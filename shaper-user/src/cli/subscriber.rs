@@ -3,11 +3,8 @@
 use super::Scope;
 use anyhow::{Result, anyhow, bail};
 use serde::Serialize;
-use shaper_common::{
-    config::{Meter2Limits, PolicyLimits},
-    dscp::Dscp,
-    maps::{ACTION_LIMIT, Meter2},
-};
+use shaper_common::{config::Meter2Limits, dscp::Dscp, maps::Meter2};
+use shaper_user::subscriber::plan::PlanParts;
 use std::io::IsTerminal as _;
 
 use shaper_user::{
@@ -240,29 +237,21 @@ fn spec(args: &SetArgs) -> Result<SubscriberSpec> {
     if args.mode == Mode::Shape {
         bail!("--mode shape is not for subscribers yet (their bucket is policed)");
     }
-    let meter2 = excess(args)?;
-    // Each address may take the whole plan, its peak (committed and excess) included.
-    let (rate_bps, burst_bytes) = match (args.per_address_rate, args.per_address_burst) {
-        (Some(r), Some(b)) => (r.bits_per_sec(), b.bytes()),
-        _ => (
-            args.rate.bits_per_sec() + meter2.excess_rate_bps,
-            args.burst.bytes() + meter2.excess_burst_bytes,
-        ),
+    let plan = PlanParts {
+        rate_bps: args.rate.bits_per_sec(),
+        burst_bytes: args.burst.bytes(),
+        per_address: args
+            .per_address_rate
+            .zip(args.per_address_burst)
+            .map(|(r, b)| (r.bits_per_sec(), b.bytes())),
+        excess: excess(args)?,
+        mode: args.mode.value(),
     };
     Ok(SubscriberSpec {
         id: args.id.clone(),
         name: args.name.clone(),
         prefixes,
-        plan: PolicyLimits {
-            action: ACTION_LIMIT,
-            mode: args.mode.value(),
-            rate_bps,
-            burst_bytes,
-            aggregate_rate_bps: args.rate.bits_per_sec(),
-            aggregate_burst_bytes: args.burst.bytes(),
-            meter2,
-            ..PolicyLimits::default()
-        },
+        plan: plan.limits(),
     })
 }
 

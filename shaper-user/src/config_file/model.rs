@@ -14,8 +14,7 @@ use shaper_common::{
     config::{ConfigError, Meter2Limits, PolicyLimits, RateLimit},
     dscp::Dscp,
     maps::{
-        ACTION_LIMIT, DEFAULT_ECN_THRESHOLD_NS, DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4,
-        DEFAULT_PREFIX_V6, Meter2,
+        DEFAULT_ECN_THRESHOLD_NS, DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, Meter2,
     },
 };
 use toml::{Spanned, Value};
@@ -27,7 +26,7 @@ use crate::{
     policy::{Action, CheckedPolicy, Mode, PolicyError, PolicySet, PolicySpec, parse_prefix},
     request::{AdmissionRequest, AttachRequest, Hook, KeyBy, SubscriberRequest, XdpAttachMode},
     setting::Setting,
-    subscriber::{self, SubscriberError, SubscriberSpec},
+    subscriber::{self, SubscriberError, SubscriberSpec, plan::PlanParts},
     tc::TcAttachMode,
     units::{Delay, Packets, Rate, Size, UnitError},
 };
@@ -656,15 +655,12 @@ fn plan_limits(
     let agg_rate_bps = rate(src, &agg_rate, format!("{here}.rate"))?.bits_per_sec();
     let agg_burst_bytes = size(src, &agg_burst, format!("{here}.burst"))?.bytes();
     let meter2 = f.second.limits(src, here, at.clone())?;
-    let (rate_bps, burst_bytes) = match (f.per_address_rate, f.per_address_burst) {
-        (Some(r), Some(b)) => (
+    let per_address = match (f.per_address_rate, f.per_address_burst) {
+        (Some(r), Some(b)) => Some((
             rate(src, r, format!("{here}.per_address_rate"))?.bits_per_sec(),
             size(src, b, format!("{here}.per_address_burst"))?.bytes(),
-        ),
-        (None, None) => (
-            agg_rate_bps + meter2.excess_rate_bps,
-            agg_burst_bytes + meter2.excess_burst_bytes,
-        ),
+        )),
+        (None, None) => None,
         (Some(r), None) => {
             return Err(src.error(
                 r.span(),
@@ -681,16 +677,14 @@ fn plan_limits(
         }
     };
     let mode = f.mode.as_ref().map_or(Mode::Enforce, |m| *m.get_ref());
-    let limits = PolicyLimits {
-        action: ACTION_LIMIT,
+    let limits = PlanParts {
+        rate_bps: agg_rate_bps,
+        burst_bytes: agg_burst_bytes,
+        per_address,
+        excess: meter2,
         mode: mode.value(),
-        rate_bps,
-        burst_bytes,
-        aggregate_rate_bps: agg_rate_bps,
-        aggregate_burst_bytes: agg_burst_bytes,
-        meter2,
-        ..PolicyLimits::default()
-    };
+    }
+    .limits();
     subscriber::check_plan(&limits).map_err(|why| {
         let (field, span) = match (&f.mode, why.contains("mode")) {
             (Some(m), true) => ("mode", m.span()),

@@ -25,10 +25,9 @@ use shaper_common::config::PolicyLimits;
 
 use crate::{
     change::{self, ChangeError, Edit},
-    import::MIN_BURST_BYTES,
     maps::Pinned,
     pins::{Attachment, Direction},
-    subscriber::{SubscriberError, SubscriberTable},
+    subscriber::{SubscriberError, SubscriberTable, plan},
     system,
 };
 use packet::{
@@ -498,32 +497,9 @@ enum Asked {
 /// What a CoA's `rate_bps` makes of a plan in force: the subscriber's rate and a burst
 /// lasting `burst_ns` at it (at least 16 KiB, as `subscriber import`); the per-address
 /// limit follows when it was the subscriber's own (plus the excess rate), and is kept
-/// otherwise; the excess rate, DSCP and mode are kept.
+/// otherwise; the excess rate, DSCP and mode are kept ([`plan::with_rate`]).
 fn new_plan(rate_bps: u64, burst_ns: u64) -> impl Fn(&PolicyLimits) -> PolicyLimits {
-    move |old: &PolicyLimits| {
-        let burst = burst_bytes(rate_bps, burst_ns);
-        let m2 = old.meter2;
-        let followed = (old.rate_bps, old.burst_bytes)
-            == (
-                old.aggregate_rate_bps + m2.excess_rate_bps,
-                old.aggregate_burst_bytes + m2.excess_burst_bytes,
-            );
-        let mut plan = *old;
-        plan.aggregate_rate_bps = rate_bps;
-        plan.aggregate_burst_bytes = burst;
-        if followed {
-            plan.rate_bps = rate_bps + m2.excess_rate_bps;
-            plan.burst_bytes = burst + m2.excess_burst_bytes;
-        }
-        plan
-    }
-}
-
-fn burst_bytes(rate_bps: u64, burst_ns: u64) -> u64 {
-    let bytes = u128::from(rate_bps) * u128::from(burst_ns) / 8 / 1_000_000_000;
-    u64::try_from(bytes)
-        .unwrap_or(u64::MAX)
-        .max(MIN_BURST_BYTES)
+    move |old: &PolicyLimits| plan::with_rate(old, rate_bps, burst_ns)
 }
 
 /// The change lock within `patience`, tried every 20 ms.

@@ -1,4 +1,5 @@
 use super::{packet::tests::request, *};
+use crate::subscriber::plan::MIN_BURST_BYTES;
 use packet::{MESSAGE_AUTHENTICATOR, USER_NAME};
 
 fn config() -> Config {
