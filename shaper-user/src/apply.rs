@@ -5,6 +5,7 @@
 //! detached, an updated one gets its previous settings and policies again, an upgraded
 //! one stays upgraded (with the settings it had).
 
+use ipnet::IpNet;
 use shaper_common::maps::Config;
 
 use crate::{
@@ -186,7 +187,9 @@ pub fn apply_holding(
     for (d, at) in desired.iter().zip(&ats) {
         let batch = match (&d.subscribers, prepared.pinned(at)) {
             (Some(s), Some(pinned)) => {
-                Some(subscriber_batch(pinned, s).map_err(|e| subscriber_err(d, e))?)
+                let policies = d.policies.as_ref().map(policy_prefixes);
+                let batch = subscriber_batch(pinned, s, policies.as_deref());
+                Some(batch.map_err(|e| subscriber_err(d, e))?)
             }
             _ => None,
         };
@@ -229,10 +232,20 @@ pub fn apply_holding(
     Ok(applied)
 }
 
-/// What setting `s` on the attachment of `pinned` writes, checked.
-fn subscriber_batch(pinned: &Pinned, s: &SubscriberRequest) -> Result<Batch, ChangeError> {
+/// What setting `s` on the attachment of `pinned` writes, checked against the prefix
+/// policies `policies` (the file's, which `attach` writes first), or those in force.
+fn subscriber_batch(
+    pinned: &Pinned,
+    s: &SubscriberRequest,
+    policies: Option<&[IpNet]>,
+) -> Result<Batch, ChangeError> {
     let table = SubscriberTable::of(pinned)?;
-    Ok(table.batch(&s.specs, s.prune)?)
+    Ok(table.batch_against(&s.specs, s.prune, policies)?)
+}
+
+/// The prefixes of a set of policies.
+fn policy_prefixes(set: &PolicySet) -> Vec<IpNet> {
+    set.specs().map(|p| p.prefix).collect()
 }
 
 /// Writes the subscribers of `d` (its batch, checked before the change was journaled; or,
@@ -257,7 +270,7 @@ fn write_subscribers(
     };
     let batch = match batch {
         Some(b) => b,
-        None => subscriber_batch(pinned, s).map_err(|e| subscriber_err(d, e))?,
+        None => subscriber_batch(pinned, s, None).map_err(|e| subscriber_err(d, e))?,
     };
     let mut table = SubscriberTable::of(pinned).map_err(|e| subscriber_err(d, e.into()))?;
     let summary = table

@@ -597,6 +597,35 @@ fn subscribers_in_the_file_are_written_only_where_they_differ() {
     assert_eq!(subscribers(&lab, iface).len(), 3);
     assert_eq!(subscribers(&lab, iface)[..2], business[..]);
 
+    // A policy's prefix given to a subscriber in one file, of each family: checked against
+    // the policies the file leaves (written before the subscribers), not those it removes.
+    let v6_policy = "\n[[interface.policy]]\nprefix = \"2001:db8:f00::/48\"\nrate = \"4mbit\"\nburst = \"64k\"\n";
+    let with_v6 = TempFile::new(
+        "subs-v6",
+        &(with_subscribers(iface, "business") + v6_policy),
+    );
+    assert_eq!(applied(&lab, &with_v6), [0, 0, 2, 0]);
+    let moved = with_subscribers(iface, "business")
+        .replace("203.0.113.0/24", "192.0.2.0/24")
+        .replace(
+            "\"100.64.0.1/32\", \"fdd7:b724:0:100::/56\"",
+            "\"100.64.0.1/32\", \"fdd7:b724:0:100::/56\", \"203.0.113.0/24\", \"2001:db8:f00::/48\"",
+        );
+    let moved = TempFile::new("subs-moved", &moved);
+    assert_eq!(applied(&lab, &moved), [0, 1, 1, 0]);
+    let c1 = subscribers(&lab, iface).remove(1);
+    assert_eq!(c1.0, "c1");
+    for p in ["203.0.113.0/24", "2001:db8:f00::/48"] {
+        assert!(c1.1.contains(&p.to_owned()), "{p} not c1's: {c1:?}");
+    }
+    let policies = ok(&lab, &["-j", "policy", "list", iface]);
+    assert!(
+        policies.contains("192.0.2.0/24")
+            && !policies.contains("203.0.113.0/24")
+            && !policies.contains("2001:db8:f00::/48"),
+        "{policies}"
+    );
+
     // Overlaps within the file, and a bad plan: refused at their line and field, nothing
     // applied.
     for (text, needle, field) in [

@@ -94,6 +94,18 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// Checks `specs` (each id once) against the table: what writing them changes. With
     /// `prune`, the subscribers not in `specs` are removed. Writes nothing.
     pub fn batch(&self, specs: &[SubscriberSpec], prune: bool) -> Result<Batch, SubscriberError> {
+        self.batch_against(specs, prune, None)
+    }
+
+    /// [`Self::batch`], its overlaps checked against the prefix policies `policies` instead
+    /// of those in force: the policies a change writes before the batch (a file's, which
+    /// may give a policy's prefix to a subscriber).
+    pub fn batch_against(
+        &self,
+        specs: &[SubscriberSpec],
+        prune: bool,
+        policies: Option<&[IpNet]>,
+    ) -> Result<Batch, SubscriberError> {
         let config = self.p().config()?;
         let read = self.read_all()?;
         let by_id: HashMap<String, (u32, Subscriber)> = read
@@ -151,7 +163,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             }
             batch.summary.removed = batch.removes.len();
         }
-        check_end_state(&batch, &read)?;
+        check_end_state(&batch, &read, policies)?;
         self.check_plan_room(&batch, &read)?;
         let touched: HashSet<u32> = batch.befores().map(|b| b.index).collect();
         batch.kept_plans = read
@@ -305,14 +317,25 @@ fn before_of(
 
 /// Refuses an end state where a route is inside (or is) another subscriber's prefix, and
 /// a subscriber's prefix inside another subscriber's (the rule of `set`).
-fn check_end_state(batch: &Batch, read: &Read) -> Result<(), SubscriberError> {
+fn check_end_state(
+    batch: &Batch,
+    read: &Read,
+    policies: Option<&[IpNet]>,
+) -> Result<(), SubscriberError> {
     let rewritten: HashSet<u32> = batch.befores().map(|b| b.index).collect();
+    let kept = |v: u32| match v & SUBSCRIBER_BIT {
+        0 => policies.is_none(),
+        _ => !rewritten.contains(&(v & !SUBSCRIBER_BIT)),
+    };
     let mut end: HashMap<IpNet, u32> = read
         .routes
         .iter()
-        .filter(|(_, v)| **v & SUBSCRIBER_BIT == 0 || !rewritten.contains(&(**v & !SUBSCRIBER_BIT)))
+        .filter(|(_, v)| kept(**v))
         .map(|(p, v)| (*p, *v))
         .collect();
+    // The policies to be in force (their slots do not matter here: a route without
+    // SUBSCRIBER_BIT is a policy's).
+    end.extend(policies.unwrap_or_default().iter().map(|p| (p.trunc(), 0)));
     let names: HashMap<u32, String> = read
         .entries
         .iter()
