@@ -15,6 +15,7 @@
 //! and Disconnect requests on a thread of its own ([`radius`]), each change made through
 //! the one change path.
 
+mod api;
 mod http;
 mod radius;
 
@@ -106,6 +107,13 @@ pub struct Args {
     /// Apply the file again only on SIGHUP, not whenever it changes
     #[arg(long)]
     pub no_watch: bool,
+    /// Serve the local API (JSON over HTTP: subscribers and policies read, set and
+    /// deleted) on this Unix socket, which only root may connect to
+    #[arg(long, value_name = "PATH", default_value = shaper_user::api::DEFAULT_SOCKET)]
+    pub api_socket: PathBuf,
+    /// Serve no local API
+    #[arg(long, conflicts_with = "api_socket")]
+    pub no_api: bool,
 }
 
 const EXAMPLES: &str = "\
@@ -430,6 +438,11 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
             netns.map(str::to_owned),
             scope.direction,
         )?);
+    }
+    if !args.no_api {
+        let api = api::start(&args.api_socket, &args.file, netns, scope.direction)?;
+        eprintln!("shaper: serving the API on {}", args.api_socket.display());
+        local.spawn_local(api::serve(api));
     }
     local.spawn_local(links_conn);
     let mut check = tokio::time::interval(CHECK_EVERY);
