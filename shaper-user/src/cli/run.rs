@@ -70,6 +70,11 @@ use tokio::{
 /// Event-Timestamp window, replay, rate) changes nothing, and every outcome is counted
 /// by reason on /metrics (shaper_radius_requests_total). The table is read at start
 /// (restart to change it). See docs/operating/radius.md.
+///
+/// It serves a local API on --api-socket (a Unix socket only root may connect to): JSON
+/// over HTTP to read, set and delete the subscribers and policies of an attached
+/// interface, checked as the command line checks them, each change made as theirs
+/// are. See docs/operating/api.md.
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = EXAMPLES)]
 pub struct Args {
@@ -124,6 +129,8 @@ Examples:
       The 10 keys of eth1 dropped most, from a running daemon.
   echo 'User-Name = c1042, Event-Timestamp = '$(date +%s)', WISPr-Bandwidth-Max-Down = 50000000' | radclient -x 127.0.0.1:3799 coa SECRET
       A CoA to a daemon whose file has a [radius] table: c1042's downloads at 50 Mbit/s.
+  curl --unix-socket /run/shaper/api.sock -X PUT --data-binary '{\"prefixes\": [\"100.64.0.14\"], \"rate\": \"20mbit\", \"burst\": \"256k\"}' http://localhost/v1/interfaces/eth1/subscribers/c1042
+      The local API: subscriber c1042 set on eth1 (docs/operating/api.md).
 ";
 
 /// The requests whose interface exists here, and the names of those that do not (the
