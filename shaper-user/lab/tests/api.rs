@@ -346,3 +346,56 @@ fn the_api_sets_reads_and_deletes_and_refuses_bad_bodies_and_other_users() {
     assert!(log.contains("shaper: api: PUT"), "{log}");
     assert!(!socket.exists(), "the socket stays after exit: {log}");
 }
+
+/// A change the API makes, its daemon killed half way (after the subscriber's entry, before
+/// its routes): the next command rolls it back whole, as the command line's; and the next
+/// daemon replaces the socket the killed one left.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_api_change_killed_half_way_is_rolled_back_whole() {
+    let lab = api_lab("api-kill");
+    let ns = lab.name.as_str();
+    let socket = lab.run_dir.join("api.sock");
+    let file = lab.dir.join("shaper.toml");
+    let args = [
+        "--no-watch",
+        "--no-metrics",
+        "--api-socket",
+        socket.to_str().unwrap(),
+    ];
+    let put = format!("/v1/interfaces/{IFACE}/subscribers/c1");
+    shaper_ok(
+        ns,
+        &["subscriber", "set", IFACE, "c1", "--prefix", "100.64.0.1"]
+            .into_iter()
+            .chain(["--prefix", "fdd7:b724:0:100::/56"])
+            .chain(["--rate", "20mbit", "--burst", "256k"])
+            .collect::<Vec<_>>(),
+    );
+    let before = cli_show(ns, "ingress", "c1").unwrap();
+
+    let crash = [(shaper_user::crash::CRASH_AT_VAR, "subscriber-step")];
+    let mut daemon = Daemon::start_with_env(ns, &file, &args, &crash);
+    let body = r#"{"prefixes": ["100.64.0.1", "fdd7:b724:0:100::/56", "fdd7:b724:0:200::/56"], "rate": "30mbit", "burst": "256k"}"#;
+    let out = curl_as(None, &socket, "PUT", &put, body);
+    assert!(!out.status.success(), "answered: {:?}", out.stdout);
+    let status = daemon.child.wait().unwrap();
+    assert!(!status.success(), "not killed: {}", daemon.log());
+    let out = shaper(ns, &["status", IFACE]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // The journal is the host's: another command beside the test may have rolled back.
+    assert!(
+        stderr.is_empty() || (stderr.contains("interrupted") && stderr.contains("subscriber set")),
+        "{stderr}"
+    );
+    assert_eq!(cli_show(ns, "ingress", "c1").unwrap(), before, "{stderr}");
+
+    // The killed daemon's socket is still there: the next one replaces it.
+    assert!(socket.exists());
+    let daemon = Daemon::start(ns, &file, &args);
+    let (code, json) = call(&socket, "GET", &put, "");
+    assert_eq!((code, json), (200, before));
+    let (status, log) = daemon.stop();
+    assert!(status.success(), "{log}");
+}
