@@ -251,6 +251,8 @@ fn the_api_sets_reads_and_deletes_and_refuses_bad_bodies_and_other_users() {
     let e = refused(s, "GET", "/v1/interfaces/nosuch0/subscribers", "", 404);
     assert!(e.contains("not attached to nosuch0"), "{e}");
     refused(s, "POST", &subs, "{}", 405);
+    let e = refused(s, "GET", &format!("{subs}/c%20d"), "", 400);
+    assert!(e.contains("'c d'"), "{e}");
 
     // Deleted: gone from the maps.
     let (code, json) = call(s, "DELETE", &put, "");

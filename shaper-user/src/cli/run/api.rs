@@ -327,6 +327,7 @@ fn read_subscribers(at: &Attachment, id: Option<&str>) -> Result<String, Refused
     crate::cli::subscriber::json(at, id).map_err(|e| {
         let status = match e.downcast_ref::<SubscriberError>() {
             Some(SubscriberError::NotFound(_)) => 404,
+            Some(SubscriberError::Id(_)) => 400,
             _ => 500,
         };
         Refused::new(status, format!("{e:#}"))
