@@ -221,7 +221,17 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, ChangeError> {
 
 /// `shaper policy set`: adds `policy` to `at`, or replaces the policy of its prefix.
 pub fn set_policy(at: &Attachment, policy: CheckedPolicy) -> Result<Changes, ChangeError> {
-    let prepared = begin("policy set", std::slice::from_ref(at))?;
+    set_policy_holding(at, policy, system::lock()?)
+}
+
+/// [`set_policy`] under `lock`, taken already (the daemon's API tries it for a bounded
+/// time rather than wait).
+pub fn set_policy_holding(
+    at: &Attachment,
+    policy: CheckedPolicy,
+    lock: system::Lock,
+) -> Result<Changes, ChangeError> {
+    let prepared = begin_holding("policy set", std::slice::from_ref(at), lock)?;
     let pinned = prepared.attached(at)?;
     let mut table = PolicyTable::of(pinned)?;
     let config = table.config()?;
@@ -240,7 +250,16 @@ pub fn set_policy(at: &Attachment, policy: CheckedPolicy) -> Result<Changes, Cha
 
 /// `shaper policy del`: removes the policy of `prefix` from `at`.
 pub fn del_policy(at: &Attachment, prefix: IpNet) -> Result<Changes, ChangeError> {
-    let prepared = begin("policy del", std::slice::from_ref(at))?;
+    del_policy_holding(at, prefix, system::lock()?)
+}
+
+/// [`del_policy`] under `lock`, taken already.
+pub fn del_policy_holding(
+    at: &Attachment,
+    prefix: IpNet,
+    lock: system::Lock,
+) -> Result<Changes, ChangeError> {
+    let prepared = begin_holding("policy del", std::slice::from_ref(at), lock)?;
     let mut table = PolicyTable::of(prepared.attached(at)?)?;
     let change = prepared.journal()?;
     let changes = table.del(prefix)?;
@@ -251,7 +270,16 @@ pub fn del_policy(at: &Attachment, prefix: IpNet) -> Result<Changes, ChangeError
 /// `shaper subscriber set`: adds `spec` to `at`, or replaces the subscriber of its id,
 /// writing that subscriber alone.
 pub fn set_subscriber(at: &Attachment, spec: &SubscriberSpec) -> Result<Changed, ChangeError> {
-    let prepared = begin("subscriber set", std::slice::from_ref(at))?;
+    set_subscriber_holding(at, spec, system::lock()?)
+}
+
+/// [`set_subscriber`] under `lock`, taken already.
+pub fn set_subscriber_holding(
+    at: &Attachment,
+    spec: &SubscriberSpec,
+    lock: system::Lock,
+) -> Result<Changed, ChangeError> {
+    let prepared = begin_holding("subscriber set", std::slice::from_ref(at), lock)?;
     let mut table = SubscriberTable::of(prepared.attached(at)?)?;
     let before = table.before(&spec.id, Some(spec))?;
     let change = prepared.journal_with(vec![Undo::subscriber(at, &before)])?;
@@ -285,7 +313,16 @@ pub fn set_subscribers(
 
 /// `shaper subscriber del`: removes the subscriber `id` from `at`.
 pub fn del_subscriber(at: &Attachment, id: &str) -> Result<Changed, ChangeError> {
-    let prepared = begin("subscriber del", std::slice::from_ref(at))?;
+    del_subscriber_holding(at, id, system::lock()?)
+}
+
+/// [`del_subscriber`] under `lock`, taken already.
+pub fn del_subscriber_holding(
+    at: &Attachment,
+    id: &str,
+    lock: system::Lock,
+) -> Result<Changed, ChangeError> {
+    let prepared = begin_holding("subscriber del", std::slice::from_ref(at), lock)?;
     let mut table = SubscriberTable::of(prepared.attached(at)?)?;
     let before = table.before(id, None)?;
     let change = prepared.journal_with(vec![Undo::subscriber(at, &before)])?;

@@ -2,6 +2,7 @@
 //! maps, and the pieces the `shaper` command is made of.
 
 pub mod admission;
+pub mod api;
 pub mod apply;
 pub mod attach;
 pub mod bpf;

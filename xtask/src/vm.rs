@@ -392,6 +392,12 @@ const SUITES: &[Suite] = &[
               deadlines",
     },
     Suite {
+        file: "tests/api.rs",
+        place: Place::Host,
+        why: "shaper run's local API over its Unix socket, with curl: userspace over the \
+              same maps on any kernel",
+    },
+    Suite {
         file: "tests/metrics.rs",
         place: Place::Host,
         why: "shaper run's listeners (/top apart from /metrics) and a scrape's cost at a \

@@ -151,8 +151,8 @@ fn sighup_with_a_broken_file_keeps_the_running_configuration() {
     );
     assert_eq!(
         log.lines().count(),
-        3,
-        "one line for the start, one for the metrics server, one for the reload: {log}"
+        4,
+        "one line for the start, one for the metrics server, one for the API, one for the reload: {log}"
     );
     assert_eq!(status(&lab, &iface), before);
     assert_eq!(prog_id(&lab), program);

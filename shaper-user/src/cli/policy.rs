@@ -156,13 +156,11 @@ pub fn run(command: &Command, scope: Scope<'_>, json: bool) -> Result<()> {
 }
 
 /// The table of an attached interface.
-fn open(iface: &str, scope: Scope<'_>) -> Result<(Attachment, PolicyTable)> {
-    let at = scope.at(iface);
+fn open(at: &Attachment) -> Result<PolicyTable> {
     if !at.exists() {
         bail!("shaper is not attached to {}", at.label());
     }
-    let table = PolicyTable::open(&at)?;
-    Ok((at, table))
+    Ok(PolicyTable::open(at)?)
 }
 
 /// The limits `set` asks for, checked against the action.
@@ -349,8 +347,8 @@ fn row(prefix: String, spec: &PolicySpec, table: &PolicyTable, slot: u32) -> Res
     })
 }
 
-fn list(args: &ListArgs, scope: Scope<'_>, json: bool) -> Result<()> {
-    let (_, table) = open(&args.iface, scope)?;
+/// The rows of `list`, the default policy's first.
+fn rows(table: &PolicyTable) -> Result<Vec<Row>> {
     let config = table.config()?;
     let default = PolicySpec {
         prefix: parse_prefix("0.0.0.0/0")?,
@@ -364,10 +362,31 @@ fn list(args: &ListArgs, scope: Scope<'_>, json: bool) -> Result<()> {
             ..PolicyLimits::default()
         },
     };
-    let mut rows = vec![row("default".into(), &default, &table, DEFAULT_SLOT)?];
+    let mut rows = vec![row("default".into(), &default, table, DEFAULT_SLOT)?];
     for Installed { slot, spec } in table.list()? {
-        rows.push(row(spec.prefix.to_string(), &spec, &table, slot)?);
+        rows.push(row(spec.prefix.to_string(), &spec, table, slot)?);
     }
+    Ok(rows)
+}
+
+/// What `list -j` prints of `at`'s policies; with `prefix` (`default`, or a prefix as
+/// `list` prints it), that policy's row alone, or `None` if it has none. The daemon's
+/// API answers the same.
+pub fn json(at: &Attachment, prefix: Option<&str>) -> Result<Option<String>> {
+    let table = open(at)?;
+    let rows = rows(&table)?;
+    Ok(match prefix {
+        None => Some(serde_json::to_string_pretty(&rows)?),
+        Some(p) => match rows.iter().find(|r| r.prefix == p) {
+            Some(r) => Some(serde_json::to_string_pretty(r)?),
+            None => None,
+        },
+    })
+}
+
+fn list(args: &ListArgs, scope: Scope<'_>, json: bool) -> Result<()> {
+    let table = open(&scope.at(&args.iface))?;
+    let rows = rows(&table)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());

@@ -15,6 +15,7 @@
 //! and Disconnect requests on a thread of its own ([`radius`]), each change made through
 //! the one change path.
 
+mod api;
 mod http;
 mod radius;
 
@@ -69,6 +70,11 @@ use tokio::{
 /// Event-Timestamp window, replay, rate) changes nothing, and every outcome is counted
 /// by reason on /metrics (shaper_radius_requests_total). The table is read at start
 /// (restart to change it). See docs/operating/radius.md.
+///
+/// It serves a local API on --api-socket (a Unix socket only root may connect to): JSON
+/// over HTTP to read, set and delete the subscribers and policies of an attached
+/// interface, checked as the command line checks them, each change made as theirs
+/// are. See docs/operating/api.md.
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = EXAMPLES)]
 pub struct Args {
@@ -106,6 +112,13 @@ pub struct Args {
     /// Apply the file again only on SIGHUP, not whenever it changes
     #[arg(long)]
     pub no_watch: bool,
+    /// Serve the local API (JSON over HTTP: subscribers and policies read, set and
+    /// deleted) on this Unix socket, which only root may connect to
+    #[arg(long, value_name = "PATH", default_value = shaper_user::api::DEFAULT_SOCKET)]
+    pub api_socket: PathBuf,
+    /// Serve no local API
+    #[arg(long, conflicts_with = "api_socket")]
+    pub no_api: bool,
 }
 
 const EXAMPLES: &str = "\
@@ -116,6 +129,8 @@ Examples:
       The 10 keys of eth1 dropped most, from a running daemon.
   echo 'User-Name = c1042, Event-Timestamp = '$(date +%s)', WISPr-Bandwidth-Max-Down = 50000000' | radclient -x 127.0.0.1:3799 coa SECRET
       A CoA to a daemon whose file has a [radius] table: c1042's downloads at 50 Mbit/s.
+  curl --unix-socket /run/shaper/api.sock -X PUT --data-binary '{\"prefixes\": [\"100.64.0.14\"], \"rate\": \"20mbit\", \"burst\": \"256k\"}' http://localhost/v1/interfaces/eth1/subscribers/c1042
+      The local API: subscriber c1042 set on eth1 (docs/operating/api.md).
 ";
 
 /// The requests whose interface exists here, and the names of those that do not (the
@@ -430,6 +445,11 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
             netns.map(str::to_owned),
             scope.direction,
         )?);
+    }
+    if !args.no_api {
+        let api = api::start(&args.api_socket, &args.file, netns, scope.direction)?;
+        eprintln!("shaper: serving the API on {}", args.api_socket.display());
+        local.spawn_local(api::serve(api));
     }
     local.spawn_local(links_conn);
     let mut check = tokio::time::interval(CHECK_EVERY);

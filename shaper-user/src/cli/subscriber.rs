@@ -10,6 +10,7 @@ use std::io::IsTerminal as _;
 use shaper_user::{
     change, import, libreqos,
     maps::Pinned,
+    pins::Attachment,
     policy::{Mode, parse_prefix},
     subscriber::{Changed, Installed, SubscriberTable},
     units::{Delay, Rate, Size},
@@ -438,25 +439,37 @@ fn row(s: &Installed) -> Row {
     }
 }
 
-/// `list` (every subscriber) and `show` (subscriber `id`).
-fn show(iface: &str, id: Option<&str>, scope: Scope<'_>, json: bool) -> Result<()> {
-    let at = scope.at(iface);
+/// The subscribers of `at` (every one, or `id`), read from its pins.
+fn installed(at: &Attachment, id: Option<&str>) -> Result<Vec<Installed>> {
     if !at.exists() {
         bail!("shaper is not attached to {}", at.label());
     }
-    let table = SubscriberTable::of(&Pinned::open(&at)?)?;
-    let found = match id {
+    let table = SubscriberTable::of(&Pinned::open(at)?)?;
+    Ok(match id {
         Some(id) => vec![table.get(id)?],
         None => table.list()?,
-    };
-    let rows: Vec<Row> = found.iter().map(row).collect();
+    })
+}
+
+/// What `-j` prints of `list` (an array of rows) or `show` (subscriber `id`'s row): the
+/// daemon's API answers the same.
+pub fn json(at: &Attachment, id: Option<&str>) -> Result<String> {
+    let rows: Vec<Row> = installed(at, id)?.iter().map(row).collect();
+    Ok(match id {
+        Some(_) => serde_json::to_string(&rows[0])?,
+        None => serde_json::to_string(&rows)?,
+    })
+}
+
+/// `list` (every subscriber) and `show` (subscriber `id`).
+fn show(iface: &str, id: Option<&str>, scope: Scope<'_>, json: bool) -> Result<()> {
+    let at = scope.at(iface);
     if json {
-        match id {
-            Some(_) => println!("{}", serde_json::to_string(&rows[0])?),
-            None => println!("{}", serde_json::to_string(&rows)?),
-        }
+        println!("{}", self::json(&at, id)?);
         return Ok(());
     }
+    let found = installed(&at, id)?;
+    let rows: Vec<Row> = found.iter().map(row).collect();
     for (s, r) in found.iter().zip(&rows) {
         let name = if r.name.is_empty() {
             String::new()

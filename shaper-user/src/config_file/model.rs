@@ -1096,6 +1096,34 @@ fn bounded(
     }
 }
 
+/// One subscriber's table given alone (`text`, named `file` in errors: the local API's
+/// body, as TOML), read and checked as a `[[interface.subscriber]]` of a file is, its
+/// fields named without a table (`rate`); a `plan` names one of `plans`. The prefixes'
+/// lengths are checked against the attachment's keys when it is set.
+pub fn parse_subscriber(
+    file: &str,
+    text: &str,
+    plans: &BTreeMap<String, PolicyLimits>,
+) -> Result<SubscriberSpec, FileError> {
+    let src = Source { file, text };
+    let model: SubscriberModel = toml::from_str(text).map_err(|e| src.parse_error(&e))?;
+    toml_subscriber(&src, &model, "", plans, (32, 128)).map_err(unprefixed)
+}
+
+/// One policy's table given alone, read and checked as an `[[interface.policy]]` of a
+/// file is (see [`parse_subscriber`]).
+pub fn parse_policy(file: &str, text: &str) -> Result<CheckedPolicy, FileError> {
+    let src = Source { file, text };
+    let model: PolicyModel = toml::from_str(text).map_err(|e| src.parse_error(&e))?;
+    policy(&src, &model, "").map_err(unprefixed)
+}
+
+/// An error of a table given alone: its field without the empty table's dot.
+fn unprefixed(mut e: FileError) -> FileError {
+    e.field = e.field.trim_start_matches('.').to_owned();
+    e
+}
+
 /// One `[[interface.policy]]` table, checked the way `shaper policy set` checks its flags.
 fn policy(src: &Source, p: &PolicyModel, here: &str) -> Result<CheckedPolicy, FileError> {
     let prefix = parse_prefix(p.prefix.get_ref())
