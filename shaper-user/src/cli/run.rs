@@ -15,6 +15,7 @@
 //! and Disconnect requests on a thread of its own ([`radius`]), each change made through
 //! the one change path.
 
+mod accounting;
 mod http;
 mod radius;
 
@@ -394,10 +395,23 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         configured: configured(&running),
         last_reload: None,
         radius: Vec::new(),
+        accounting: None,
     }));
     if let Some(config) = radius.clone() {
         radius::start(config, netns, Arc::clone(&daemon_state))?;
     }
+    let accounting = match radius
+        .as_ref()
+        .and_then(|r| Some((r.accounting.clone()?, r)))
+    {
+        Some((a, r)) => Some(accounting::start(
+            a,
+            &r.interface,
+            netns,
+            Arc::clone(&daemon_state),
+        )?),
+        None => None,
+    };
     // The servers accept on this thread, between signals, and render on threads of their own.
     let local = tokio::task::LocalSet::new();
     if let Some(listener) = listener {
@@ -527,6 +541,9 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         })
         .await;
     notify(&[NotifyState::Stopping]);
+    if let Some(accounting) = accounting {
+        accounting.stop();
+    }
     if !args.detach_on_exit {
         eprintln!("shaper: exiting; the limits stay in force (shaper detach IFACE removes them)");
         return Ok(());
