@@ -5,7 +5,8 @@
 //! naming file:line and field and changes nothing; SIGTERM leaves enforcement in place,
 //! `--detach-on-exit` removes it; a second daemon is refused; a file replaced as an
 //! editor saves it is applied without a signal; RADIUS CoA and Disconnect requests from
-//! FreeRADIUS's radclient change subscribers' plans, and bad ones change nothing.
+//! FreeRADIUS's radclient change subscribers' plans, and bad ones change nothing; RADIUS
+//! accounting reaches a FreeRADIUS server (its detail file) with what `stats` counts.
 
 #[expect(dead_code, reason = "not every helper is used here")]
 mod common;

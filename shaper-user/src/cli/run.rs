@@ -13,7 +13,8 @@
 //! the same lock as every other command. It logs one line per event on stderr (the
 //! journal, under systemd). With a `[radius]` table in the file, it serves RADIUS CoA
 //! and Disconnect requests on a thread of its own ([`radius`]), each change made through
-//! the one change path.
+//! the one change path; with `[radius.accounting]`, it reports the subscribers' usage on
+//! another ([`accounting`]).
 
 mod accounting;
 mod http;
@@ -68,7 +69,10 @@ use tokio::{
 /// WISPr-Bandwidth-Max-Up/-Down or Mikrotik-Rate-Limit, a Disconnect removes the
 /// subscriber; a request that fails a check (secret, Message-Authenticator,
 /// Event-Timestamp window, replay, rate) changes nothing, and every outcome is counted
-/// by reason on /metrics (shaper_radius_requests_total). The table is read at start
+/// by reason on /metrics (shaper_radius_requests_total). With [radius.accounting], it
+/// reports each subscriber of that interface to the accounting servers listed (RFC
+/// 2866: Start, Interim-Update every interim, Stop when removed and on exit; octets
+/// delivered, upload as input), failing over in order. The table is read at start
 /// (restart to change it). See docs/operating/radius.md.
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = EXAMPLES)]

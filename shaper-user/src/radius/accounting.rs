@@ -714,7 +714,8 @@ impl Sender {
         }
     }
 
-    /// Waits for answers until `until`, taking every one that comes.
+    /// Waits for answers until `until`, taking every one that comes; back sooner when an
+    /// answer made room for a request that waits.
     fn receive(&mut self, until: Instant) {
         let mut buf = [0u8; super::packet::MAX_PACKET];
         loop {
@@ -729,7 +730,9 @@ impl Sender {
                     self.answer(f, &buf[..n], from);
                 }
             }
-            if Instant::now() >= until {
+            // Room freed for what waits: back to send it.
+            let room = self.in_flight < MAX_IN_FLIGHT && !self.queue.is_empty();
+            if room || Instant::now() >= until {
                 return;
             }
         }
