@@ -776,6 +776,8 @@ pub struct Daemon {
     /// RADIUS requests by outcome (`crate::radius::Reason`'s names, each listed from the
     /// start); empty when its listener is off.
     pub radius: Vec<(&'static str, u64)>,
+    /// RADIUS accounting's counters; `None` when it is off.
+    pub accounting: Option<crate::radius::accounting::Stats>,
 }
 
 fn unix_seconds(t: SystemTime) -> f64 {
@@ -808,6 +810,9 @@ fn collect_daemon(f: &mut Families, daemon: &Daemon, netns: Option<&str>) {
             *n,
         );
     }
+    if let Some(a) = &daemon.accounting {
+        collect_accounting(f, a);
+    }
     if let Some(reload) = daemon.last_reload {
         f.gauge(
             "shaper_config_last_reload_successful",
@@ -822,6 +827,43 @@ fn collect_daemon(f: &mut Families, daemon: &Daemon, netns: Option<&str>) {
             unix_seconds(reload.at),
         );
     }
+}
+
+/// RADIUS accounting's series: by server, and lost, and the sessions.
+fn collect_accounting(f: &mut Families, a: &crate::radius::accounting::Stats) {
+    for s in &a.servers {
+        let l = || labels(&[("server", &s.server)]);
+        f.counter(
+            "shaper_radius_accounting_requests",
+            "RADIUS Accounting-Requests sent to the server, retransmissions included",
+            l(),
+            s.requests,
+        );
+        f.counter(
+            "shaper_radius_accounting_responses",
+            "Accounting-Responses from the server that answered a request with the right authenticator",
+            l(),
+            s.responses,
+        );
+        f.counter(
+            "shaper_radius_accounting_timeouts",
+            "Accounting-Requests given up on the server after its retries: each went to the next server, or was lost after the last",
+            l(),
+            s.timeouts,
+        );
+    }
+    f.counter(
+        "shaper_radius_accounting_lost",
+        "Accounting records no server answered, or that found the queue full",
+        Vec::new(),
+        a.lost,
+    );
+    f.gauge(
+        "shaper_radius_accounting_sessions",
+        "Accounting sessions open: the subscribers of the [radius] interface",
+        Vec::new(),
+        a.sessions as f64,
+    );
 }
 
 /// Writes the delay histograms as OpenMetrics text: `_bucket{le}` lines, cumulative, then

@@ -384,6 +384,12 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         Ok((in_force, all))
     }
 
+    /// Every subscriber's counts, in index order: their entries read in batches, no
+    /// route, no plan (RADIUS accounting's scan).
+    pub fn all_counts(&self) -> Result<Vec<Counts>, SubscriberError> {
+        Ok(self.entries()?.iter().map(|(_, s)| counts_of(s)).collect())
+    }
+
     /// Every subscriber's counts with its plan's rate (bits per second): no route read.
     pub fn with_plans(&self) -> Result<Vec<(Counts, u64)>, SubscriberError> {
         let plans: std::collections::HashMap<u32, u64> = self

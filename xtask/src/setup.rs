@@ -191,6 +191,16 @@ const NEEDS: &[Need] = &[
         },
         by: &[Test],
     },
+    // Its accounting test runs FreeRADIUS itself as the accounting server, in the
+    // test's namespace with a config of its own (a host run by systemd also gets the
+    // package's service on 1812/1813 of the host's namespace, which the test never uses).
+    Need {
+        item: Item::Apt {
+            package: "freeradius",
+            present: Present::Programs(&["freeradius"]),
+        },
+        by: &[Test],
+    },
     // `shaper top`'s test drives it in a terminal: tmux's send-keys and capture-pane.
     Need {
         item: Item::Apt {

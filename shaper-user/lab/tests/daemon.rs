@@ -5,7 +5,8 @@
 //! naming file:line and field and changes nothing; SIGTERM leaves enforcement in place,
 //! `--detach-on-exit` removes it; a second daemon is refused; a file replaced as an
 //! editor saves it is applied without a signal; RADIUS CoA and Disconnect requests from
-//! FreeRADIUS's radclient change subscribers' plans, and bad ones change nothing.
+//! FreeRADIUS's radclient change subscribers' plans, and bad ones change nothing; RADIUS
+//! accounting reaches a FreeRADIUS server (its detail file) with what `stats` counts.
 
 #[expect(dead_code, reason = "not every helper is used here")]
 mod common;
@@ -2133,4 +2134,300 @@ fn a_coa_killed_half_way_is_rolled_back_whole() {
         "{stderr}"
     );
     assert_eq!(plans(), before, "half a CoA stayed; status said: {stderr}");
+}
+
+/// FreeRADIUS as an accounting server in `ns`: on 127.0.0.1:1813 and [::1]:1813, secret
+/// `acctsecret` for both, its `detail` module writing every request to `dir/detail`.
+/// Killed when dropped.
+struct Freeradius {
+    child: std::process::Child,
+    detail: std::path::PathBuf,
+}
+
+impl Drop for Freeradius {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Freeradius {
+    fn start(ns: &str, dir: &std::path::Path) -> Self {
+        fs::create_dir_all(dir).unwrap();
+        let d = dir.display();
+        let conf = format!(
+            "prefix = /usr\nlocalstatedir = {d}\nlogdir = {d}\nraddbdir = {d}\nradacctdir = {d}\n\
+             confdir = {d}\nrun_dir = {d}\nlibdir = /usr/lib/freeradius\n\
+             dictdir = /usr/share/freeradius\npidfile = {d}/radiusd.pid\nname = freeradius\n\
+             max_request_time = 30\ncleanup_delay = 1\nmax_requests = 65536\n\
+             hostname_lookups = no\nlog {{\n destination = files\n file = {d}/radius.log\n}}\n\
+             security {{\n allow_core_dumps = no\n}}\n\
+             client lo4 {{\n ipaddr = 127.0.0.1\n secret = acctsecret\n}}\n\
+             client lo6 {{\n ipv6addr = ::1\n secret = acctsecret\n}}\n\
+             modules {{\n detail {{\n  filename = {d}/detail\n  permissions = 0600\n  header = \"%t\"\n }}\n}}\n\
+             server default {{\n listen {{\n  type = acct\n  ipaddr = 127.0.0.1\n  port = 1813\n }}\n\
+             listen {{\n  type = acct\n  ipv6addr = ::1\n  port = 1813\n }}\n\
+             accounting {{\n  detail\n }}\n}}\n"
+        );
+        fs::write(dir.join("radiusd.conf"), conf).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, "freeradius", "-f", "-d"])
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("freeradius (cargo xtask setup test)");
+        let server = Freeradius {
+            child,
+            detail: dir.join("detail"),
+        };
+        let log = dir.join("radius.log");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !fs::read_to_string(&log).is_ok_and(|l| l.contains("Ready to process requests")) {
+            assert!(
+                Instant::now() < deadline,
+                "freeradius not ready: {}",
+                fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    /// Every request the detail file holds: its attributes, by name (quotes removed).
+    fn records(&self) -> Vec<BTreeMap<String, String>> {
+        let text = fs::read_to_string(&self.detail).unwrap_or_default();
+        text.split("\n\n")
+            .map(|block| {
+                block
+                    .lines()
+                    .filter_map(|l| l.trim().split_once(" = "))
+                    .map(|(k, v)| (k.to_owned(), v.trim_matches('"').to_owned()))
+                    .collect::<BTreeMap<_, _>>()
+            })
+            .filter(|r| !r.is_empty())
+            .collect()
+    }
+
+    /// The first record of `user` with `status` that `pick` accepts, within 10 s.
+    fn wait_for(
+        &self,
+        user: &str,
+        status: &str,
+        pick: impl Fn(&BTreeMap<String, String>) -> bool,
+    ) -> BTreeMap<String, String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(r) = self.records().into_iter().find(|r| {
+                r.get("User-Name").map(String::as_str) == Some(user)
+                    && r.get("Acct-Status-Type").map(String::as_str) == Some(status)
+                    && pick(r)
+            }) {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {status} for {user}: {:#?}",
+                self.records()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// A record's 64-bit count: its octets and gigawords (`Input`, `Output`).
+fn octets(r: &BTreeMap<String, String>, way: &str) -> u64 {
+    let n = |k: String| r.get(&k).map_or(0, |v| v.parse::<u64>().unwrap());
+    n(format!("Acct-{way}-Gigawords")) << 32 | n(format!("Acct-{way}-Octets"))
+}
+
+/// Subscriber `id`'s delivered bytes on `direction` as `stats -j` counts them (passed and
+/// would-drop), and those it dropped.
+fn delivered(ns: &str, direction: &str, id: &str) -> (u64, u64) {
+    let out = shaper_ok(
+        ns,
+        &[
+            "-j",
+            "--direction",
+            direction,
+            "stats",
+            IFACE,
+            "--subscriber",
+            id,
+        ],
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("no {k}: {v}"));
+    (
+        n("passed_bytes") + n("would_drop_bytes"),
+        n("dropped_bytes"),
+    )
+}
+
+/// Runs `frame` `repeat` times through `direction`'s program of [`IFACE`] in `ns`
+/// (BPF_PROG_TEST_RUN, by bpftool): traffic charged without sending it.
+fn charge(ns: &str, dir: &std::path::Path, direction: Direction, frame: &[u8], repeat: u32) {
+    let at = Attachment::toward(IFACE, Some(ns), direction);
+    let data = dir.join("frame.bin");
+    fs::write(&data, frame).unwrap();
+    let prog = if at.tc_prog().exists() {
+        vec!["pinned".to_owned(), at.tc_prog().display().to_string()]
+    } else {
+        let out = Command::new("bpftool")
+            .args(["-j", "link", "show", "pinned"])
+            .arg(at.link())
+            .output()
+            .unwrap();
+        let link: Value = serde_json::from_slice(&out.stdout).unwrap();
+        vec!["id".to_owned(), link["prog_id"].to_string()]
+    };
+    let out = Command::new("bpftool")
+        .args(["prog", "run"])
+        .args(&prog)
+        .arg("data_in")
+        .arg(&data)
+        .args(["repeat", &repeat.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "bpftool prog run: {out:?}");
+}
+
+/// RADIUS accounting (RFC 2866) to a real FreeRADIUS, read back from its detail file:
+/// Start for the subscribers present when the daemon starts (NAS-Identifier, its
+/// Framed-IP-Address and Framed-IPv6-Prefix), an Interim whose octets are what `stats`
+/// counts (egress is output, ingress input; delivered bytes, dropped ones not), past 2^32
+/// into Gigawords; Stop when a subscriber is removed and for every session when the
+/// daemon stops. The first server never answers: each request fails over to the second,
+/// and /metrics counts the timeouts.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn radius_accounting_reports_stats_to_freeradius_with_failover() {
+    let lab = radius_lab("dm-acct");
+    let (name, file) = (lab.name.clone(), lab.file.clone());
+    // c1's downloads monitored: what would drop is delivered, and counted.
+    shaper_ok(
+        &name,
+        &[
+            "--direction",
+            "egress",
+            "subscriber",
+            "set",
+            IFACE,
+            "c1",
+            "--prefix",
+            "100.64.0.1",
+            "--prefix",
+            "fdd7:b724:0:100::/56",
+            "--rate",
+            "10mbit",
+            "--burst",
+            "64k",
+            "--mode",
+            "monitor",
+        ],
+    );
+    let radius = Freeradius::start(&name, &lab.dir.join("freeradius"));
+    let mut text = fs::read_to_string(&file).unwrap();
+    text += "\n[radius.accounting]\ninterim = \"2s\"\ntimeout = \"200ms\"\nretries = 1\n\
+             nas_identifier = \"lab-nas\"\n\n\
+             [[radius.accounting.server]]\naddress = \"[::1]:18129\"\nsecret = \"acctsecret\"\n\n\
+             [[radius.accounting.server]]\naddress = \"127.0.0.1\"\nsecret = \"acctsecret\"\n";
+    fs::write(&file, text).unwrap();
+    let daemon = Daemon::start(&name, &file, &["--no-watch"]);
+    let any = |_: &BTreeMap<String, String>| true;
+    let start = radius.wait_for("c1", "Start", any);
+    assert_eq!(start["NAS-Identifier"], "lab-nas", "{start:?}");
+    assert_eq!(start["Framed-IP-Address"], "100.64.0.1", "{start:?}");
+    assert_eq!(
+        start["Framed-IPv6-Prefix"], "fdd7:b724:0:100::/56",
+        "{start:?}"
+    );
+    let session = start["Acct-Session-Id"].clone();
+    let c2_session = radius.wait_for("c2", "Start", any)["Acct-Session-Id"].clone();
+    assert_ne!(session, c2_session);
+
+    // Over 4 GiB to c1 (IPv4, 3000-byte frames), some IPv6 too; c2 sends at 10 Mbit/s
+    // burst 64k on both families: most of it dropped.
+    let dir = lab.dir.clone();
+    let from: Ipv4Addr = "10.99.4.2".parse().unwrap();
+    let c1_v4 = shaper_lab::frame::ipv4_udp_to(from, "100.64.0.1".parse().unwrap(), 3000);
+    charge(&name, &dir, Direction::Egress, &c1_v4, 1_500_000);
+    let c1_v6 = shaper_lab::frame::ipv6_udp(
+        "fd99:4::2".parse().unwrap(),
+        "fdd7:b724:0:100::1".parse().unwrap(),
+        1000,
+    );
+    charge(&name, &dir, Direction::Egress, &c1_v6, 100);
+    let to: Ipv4Addr = "10.99.4.1".parse().unwrap();
+    charge(
+        &name,
+        &dir,
+        Direction::Ingress,
+        &shaper_lab::frame::ipv4_udp_to("100.64.0.2".parse().unwrap(), to, 1000),
+        500,
+    );
+    let c2_v6 = shaper_lab::frame::ipv6_udp(
+        "fdd7:b724:0:200::1".parse().unwrap(),
+        "fd99:4::1".parse().unwrap(),
+        1000,
+    );
+    charge(&name, &dir, Direction::Ingress, &c2_v6, 500);
+    let charged = unix_secs();
+    let (c1_out, _) = delivered(&name, "egress", "c1");
+    let (c2_in, c2_dropped) = delivered(&name, "ingress", "c2");
+    assert!(c1_out > 1 << 32 && c2_dropped > 0, "{c1_out} {c2_dropped}");
+    // The first interim made after the charge: octets as stats counts them.
+    // (received two seconds on: a scan before the charge is sent at once).
+    let after = |r: &BTreeMap<String, String>| received_secs(r) >= charged + 2;
+    let interim = radius.wait_for("c1", "Interim-Update", after);
+    assert_eq!(interim["Acct-Session-Id"], session);
+    assert!(interim["Acct-Output-Gigawords"] != "0", "{interim:?}");
+    assert_eq!(
+        (octets(&interim, "Output"), octets(&interim, "Input")),
+        (c1_out, 0)
+    );
+    eprintln!("c1's interim: {interim:#?}\nstats -j egress c1: delivered {c1_out}");
+    let interim = radius.wait_for("c2", "Interim-Update", after);
+    eprintln!(
+        "c2's interim: {interim:#?}\nstats -j ingress c2: delivered {c2_in}, dropped {c2_dropped}"
+    );
+    assert_eq!(
+        (octets(&interim, "Input"), octets(&interim, "Output")),
+        (c2_in, 0)
+    );
+
+    // Removed: its Stop, with its counts.
+    for d in ["ingress", "egress"] {
+        shaper_ok(&name, &["--direction", d, "subscriber", "del", IFACE, "c1"]);
+    }
+    let stop = radius.wait_for("c1", "Stop", any);
+    assert_eq!(stop["Acct-Terminate-Cause"], "Admin-Reset", "{stop:?}");
+    assert_eq!(
+        (stop["Acct-Session-Id"].as_str(), octets(&stop, "Output")),
+        (session.as_str(), c1_out)
+    );
+    let (code, body) = http_get(&name, "http://127.0.0.1:9753/metrics");
+    assert_eq!(code, 200);
+    let series = |s: &str| -> u64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(&format!("{s} ")))
+            .unwrap_or_else(|| panic!("no {s} in {body}"))
+            .parse()
+            .unwrap_or_else(|e| panic!("{s}: {e}: {body}"))
+    };
+    assert!(series("shaper_radius_accounting_timeouts_total{server=\"[::1]:18129\"}") >= 1);
+    assert!(series("shaper_radius_accounting_responses_total{server=\"127.0.0.1:1813\"}") >= 5);
+    assert_eq!(series("shaper_radius_accounting_lost_total{}"), 0);
+    // The daemon stops: c2's session ends, Admin-Reboot.
+    let (exit, log) = daemon.stop();
+    assert!(exit.success(), "{exit}: {log}");
+    let stop = radius.wait_for("c2", "Stop", any);
+    assert_eq!(stop["Acct-Terminate-Cause"], "Admin-Reboot", "{stop:?}");
+    assert_eq!(octets(&stop, "Input"), c2_in);
+}
+
+/// When FreeRADIUS received a detail record, Unix seconds.
+fn received_secs(r: &BTreeMap<String, String>) -> u64 {
+    r["Timestamp"].parse().unwrap()
 }

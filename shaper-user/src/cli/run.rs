@@ -13,8 +13,10 @@
 //! the same lock as every other command. It logs one line per event on stderr (the
 //! journal, under systemd). With a `[radius]` table in the file, it serves RADIUS CoA
 //! and Disconnect requests on a thread of its own ([`radius`]), each change made through
-//! the one change path.
+//! the one change path; with `[radius.accounting]`, it reports the subscribers' usage on
+//! another ([`accounting`]).
 
+mod accounting;
 mod api;
 mod http;
 mod radius;
@@ -68,7 +70,10 @@ use tokio::{
 /// WISPr-Bandwidth-Max-Up/-Down or Mikrotik-Rate-Limit, a Disconnect removes the
 /// subscriber; a request that fails a check (secret, Message-Authenticator,
 /// Event-Timestamp window, replay, rate) changes nothing, and every outcome is counted
-/// by reason on /metrics (shaper_radius_requests_total). The table is read at start
+/// by reason on /metrics (shaper_radius_requests_total). With [radius.accounting], it
+/// reports each subscriber of that interface to the accounting servers listed (RFC
+/// 2866: Start, Interim-Update every interim, Stop when removed and on exit; octets
+/// delivered, upload as input), failing over in order. The table is read at start
 /// (restart to change it). See docs/operating/radius.md.
 ///
 /// It serves a local API on --api-socket (a Unix socket only root may connect to): JSON
@@ -409,10 +414,23 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         configured: configured(&running),
         last_reload: None,
         radius: Vec::new(),
+        accounting: None,
     }));
     if let Some(config) = radius.clone() {
         radius::start(config, netns, Arc::clone(&daemon_state))?;
     }
+    let accounting = match radius
+        .as_ref()
+        .and_then(|r| Some((r.accounting.clone()?, r)))
+    {
+        Some((a, r)) => Some(accounting::start(
+            a,
+            &r.interface,
+            netns,
+            Arc::clone(&daemon_state),
+        )?),
+        None => None,
+    };
     // The servers accept on this thread, between signals, and render on threads of their own.
     let local = tokio::task::LocalSet::new();
     if let Some(listener) = listener {
@@ -547,6 +565,9 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         })
         .await;
     notify(&[NotifyState::Stopping]);
+    if let Some(accounting) = accounting {
+        accounting.stop();
+    }
     if !args.detach_on_exit {
         eprintln!("shaper: exiting; the limits stay in force (shaper detach IFACE removes them)");
         return Ok(());

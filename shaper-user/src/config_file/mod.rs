@@ -51,6 +51,7 @@
 //! Interfaces it does not name are left alone. Every error names the file, the line and the
 //! field. [`parse_file`] gives the named plans too ([`Parsed::plans`]).
 
+mod accounting;
 mod file;
 mod model;
 mod radius;

@@ -61,6 +61,8 @@ struct RadiusModel {
     burst_time: Option<Spanned<String>>,
     #[serde(default, rename = "client")]
     clients: Vec<ClientModel>,
+    #[serde(default)]
+    accounting: Option<Spanned<super::accounting::AccountingModel>>,
 }
 
 fn yes() -> bool {
@@ -163,7 +165,9 @@ pub fn parse_radius(file: &str, text: &str) -> Result<Option<Config>, FileError>
             "names no attribute".to_owned(),
         ));
     }
-    if m.clients.is_empty() || m.clients.len() > MAX_CLIENTS {
+    // Accounting alone needs no client (no CoA listener then).
+    let least = usize::from(m.accounting.is_none());
+    if m.clients.len() < least || m.clients.len() > MAX_CLIENTS {
         return Err(error(
             start,
             "radius.client",
@@ -213,6 +217,10 @@ pub fn parse_radius(file: &str, text: &str) -> Result<Option<Config>, FileError>
         rate,
         burst_ns,
         plans: super::parse_plans(file, text)?,
+        accounting: match m.accounting {
+            None => None,
+            Some(a) => Some(super::accounting::parse(&a, &error)?),
+        },
     }))
 }
 
@@ -223,9 +231,15 @@ pub fn has_inline_secret(text: &str) -> bool {
         secret: Option<toml::Value>,
     }
     #[derive(Deserialize)]
+    struct Accounting {
+        #[serde(default)]
+        server: Vec<Client>,
+    }
+    #[derive(Deserialize)]
     struct Radius {
         #[serde(default)]
         client: Vec<Client>,
+        accounting: Option<Accounting>,
     }
     #[derive(Deserialize)]
     struct Top {
@@ -234,10 +248,13 @@ pub fn has_inline_secret(text: &str) -> bool {
     toml::from_str::<Top>(text)
         .ok()
         .and_then(|t| t.radius)
-        .is_some_and(|r| r.client.iter().any(|c| c.secret.is_some()))
+        .is_some_and(|r| {
+            let servers = r.accounting.map(|a| a.server).unwrap_or_default();
+            r.client.iter().chain(&servers).any(|c| c.secret.is_some())
+        })
 }
 
-fn check_secret(secret: Vec<u8>) -> Result<Vec<u8>, String> {
+pub(super) fn check_secret(secret: Vec<u8>) -> Result<Vec<u8>, String> {
     if secret.is_empty() || secret.len() > MAX_SECRET_BYTES {
         return Err(format!("a secret is 1 to {MAX_SECRET_BYTES} bytes"));
     }
@@ -246,7 +263,7 @@ fn check_secret(secret: Vec<u8>) -> Result<Vec<u8>, String> {
 
 /// A secret file: its owner's (root's or ours) alone to read and write, its content the
 /// secret (one trailing newline dropped).
-fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
+pub(super) fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
     let shown = path.display();
     let mut bytes = read_bytes(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
     let mode = std::fs::metadata(path)

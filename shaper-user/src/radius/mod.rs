@@ -12,6 +12,7 @@
 //! and changes nothing. Then [`Server::act`] finds the subscriber and changes it, and the
 //! reply is an ACK or a NAK with the RFC's Error-Cause.
 
+pub mod accounting;
 pub mod packet;
 pub mod request;
 
@@ -89,6 +90,8 @@ pub struct Config {
     /// The file's `[plan.NAME]` tables, which a `Filter-Id` names (read with the table, at
     /// start).
     pub plans: std::collections::BTreeMap<String, PolicyLimits>,
+    /// `[radius.accounting]`: accounting to its servers, off without it.
+    pub accounting: Option<accounting::Config>,
 }
 
 /// Why a request was answered as it was, or dropped: the `reason` label of

@@ -17,6 +17,7 @@ fn config() -> Config {
         rate: 3,
         burst_ns: DEFAULT_BURST_NS,
         plans: Default::default(),
+        accounting: None,
     }
 }
 

@@ -58,6 +58,10 @@ pub fn start(
     netns: Option<&str>,
     daemon: Arc<Mutex<metrics::Daemon>>,
 ) -> Result<()> {
+    // Accounting alone: no CoA listener.
+    if config.clients.is_empty() {
+        return Ok(());
+    }
     let socket = UdpSocket::bind(config.listen)
         .with_context(|| format!("cannot listen on {} for RADIUS", config.listen))?;
     daemon.lock().unwrap_or_else(PoisonError::into_inner).radius =

@@ -1,0 +1,160 @@
+use super::*;
+
+fn record(status: Status) -> Record {
+    Record {
+        status,
+        user: "c1".to_owned(),
+        session_id: "5F000000-00000001".to_owned(),
+        framed_v4: Some(Ipv4Addr::new(100, 64, 0, 1)),
+        framed_v6: Some("fdd7:b724:0:100::/56".parse().unwrap()),
+        input: Usage {
+            packets: 7,
+            octets: 5 << 32 | 9,
+        },
+        output: Usage {
+            packets: 1 << 32 | 3,
+            octets: 11,
+        },
+        session_secs: 42,
+        cause: None,
+        wall: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+        made: Instant::now(),
+        server: None,
+    }
+}
+
+fn nas() -> Nas {
+    Nas {
+        identifier: "bng1".to_owned(),
+        ip: None,
+    }
+}
+
+fn value(p: &[u8], kind: u8) -> Option<Vec<u8>> {
+    super::super::packet::Packet::parse(p)
+        .unwrap()
+        .first(kind)
+        .map(<[u8]>::to_vec)
+}
+
+fn int_of(p: &[u8], kind: u8) -> u32 {
+    u32::from_be_bytes(value(p, kind).unwrap().try_into().unwrap())
+}
+
+#[test]
+fn a_request_is_signed_as_rfc_2866_says_and_counts_carry_into_gigawords() {
+    let p = encode(&record(Status::Interim), &nas(), 9, 2, b"k");
+    assert_eq!((p[0], p[1]), (ACCOUNTING_REQUEST, 9));
+    let mut zeroed = p.clone();
+    zeroed[4..20].fill(0);
+    let mut md5 = Md5::new();
+    md5.update(&zeroed);
+    md5.update(b"k");
+    assert_eq!(&p[4..20], &md5.finalize()[..]);
+    assert_eq!(int_of(&p, ACCT_STATUS_TYPE), 3);
+    assert_eq!(int_of(&p, ACCT_INPUT_OCTETS), 9);
+    assert_eq!(int_of(&p, ACCT_INPUT_GIGAWORDS), 5);
+    assert_eq!(int_of(&p, ACCT_OUTPUT_PACKETS), 3, "packets wrap at 2^32");
+    assert_eq!(int_of(&p, ACCT_OUTPUT_OCTETS), 11);
+    assert_eq!(int_of(&p, ACCT_DELAY_TIME), 2);
+    assert_eq!(int_of(&p, ACCT_SESSION_TIME), 42);
+    assert_eq!(int_of(&p, EVENT_TIMESTAMP), 1_700_000_000);
+    assert_eq!(value(&p, USER_NAME).unwrap(), b"c1");
+    assert_eq!(value(&p, FRAMED_IP_ADDRESS).unwrap(), [100, 64, 0, 1]);
+    assert_eq!(
+        value(&p, FRAMED_IPV6_PREFIX).unwrap(),
+        [0, 56, 0xfd, 0xd7, 0xb7, 0x24, 0, 0, 1]
+    );
+    // A Start carries no counts.
+    let start = encode(&record(Status::Start), &nas(), 1, 0, b"k");
+    assert_eq!(value(&start, ACCT_INPUT_OCTETS), None);
+}
+
+#[test]
+fn a_response_is_checked_against_its_request_and_secret() {
+    let req = encode(&record(Status::Start), &nas(), 4, 0, b"k");
+    let mut resp = vec![ACCOUNTING_RESPONSE, 4, 0, 20];
+    resp.extend_from_slice(&req[4..20]);
+    let mut md5 = Md5::new();
+    md5.update(&resp);
+    md5.update(b"k");
+    let auth = md5.finalize();
+    resp[4..20].copy_from_slice(&auth);
+    assert!(response_authentic(&resp, &req, b"k"));
+    assert!(!response_authentic(&resp, &req, b"other"));
+    let mut other_id = resp.clone();
+    other_id[1] = 5;
+    assert!(!response_authentic(&other_id, &req, b"k"));
+}
+
+fn seen(pairs: &[(&str, u64, u64)]) -> HashMap<String, Seen> {
+    pairs
+        .iter()
+        .map(|(id, i, o)| {
+            let u = |n: u64| {
+                Some(Usage {
+                    packets: n / 100,
+                    octets: n,
+                })
+            };
+            (
+                (*id).to_owned(),
+                Seen {
+                    input: u(*i),
+                    output: u(*o),
+                },
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn sessions_start_spread_their_interims_and_stop() {
+    let interim = Duration::from_secs(300);
+    let mut s = Sessions::new(
+        interim,
+        SystemTime::UNIX_EPOCH + Duration::from_secs(0x5F00_0000),
+    );
+    let t0 = Instant::now();
+    let wall = SystemTime::now();
+    let none = HashMap::new();
+    let all: Vec<(String, u64, u64)> = (0..100).map(|i| (format!("c{i:03}"), 1000, 2000)).collect();
+    let all: Vec<(&str, u64, u64)> = all.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
+    let out = s.update(&seen(&all), &none, t0, wall);
+    assert_eq!(out.len(), 100);
+    assert!(out.iter().all(|r| r.status == Status::Start));
+    assert_eq!(out[0].session_id, "5F000000-00000001");
+    // Over the first interval, the first scan's sessions come due evenly: 10 a 30 s.
+    let grown: Vec<(&str, u64, u64)> = all.iter().map(|(a, _, _)| (*a, 1500, 2100)).collect();
+    for k in 1..=10u32 {
+        let out = s.update(&seen(&grown), &none, t0 + interim * k / 10, wall);
+        assert_eq!(out.len(), 10, "at {k}/10");
+        assert!(out.iter().all(|r| r.status == Status::Interim));
+        // Counted from Start.
+        assert_eq!((out[0].input.octets, out[0].output.octets), (500, 100));
+    }
+    // c000 removed, c001 set again (its counts went back): Stop, and Stop then Start.
+    let mut rest = grown.clone();
+    rest.remove(0);
+    rest[0].1 = 10;
+    let out = s.update(&seen(&rest), &none, t0 + interim * 11 / 10, wall);
+    let of = |id: &str| {
+        out.iter()
+            .filter(|r| r.user == id)
+            .map(|r| (r.status, r.cause))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of("c000"), [(Status::Stop, Some(CAUSE_ADMIN_RESET))]);
+    assert_eq!(
+        of("c001"),
+        [
+            (Status::Stop, Some(CAUSE_ADMIN_RESET)),
+            (Status::Start, None)
+        ]
+    );
+    assert_eq!(s.len(), 99);
+    let stops = s.stop_all(t0 + interim * 2, wall);
+    assert_eq!(stops.len(), 99);
+    assert!(stops.iter().all(|r| r.cause == Some(CAUSE_ADMIN_REBOOT)));
+    assert!(s.is_empty());
+}
