@@ -281,11 +281,14 @@ mod tests {
             .env("MANPATH", at("usr/share/man"))
             .output()
             .unwrap();
+        // Lines about units the machine has installed (freeradius.service's MemoryLimit=,
+        // where `setup test` put the RADIUS server) are not about ours.
         let said = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success() && said.trim().is_empty(),
-            "verify: {said}"
-        );
+        let installed = ["/lib/systemd/", "/usr/lib/systemd/", "/etc/systemd/"];
+        let ours = said
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !installed.iter().any(|d| l.starts_with(d)));
+        assert!(out.status.success() && ours.count() == 0, "verify: {said}");
         fs::remove_dir_all(&scratch).unwrap();
     }
 }

@@ -25,7 +25,7 @@ use shaper_common::{
     config::Meter2Limits,
     dscp::DSCP_LE,
     gcra::MIN_RATE_BPS,
-    maps::{Config, Counters, MODE_MONITOR, Meter2, PROG_TC, PROG_XDP},
+    maps::{Admission, Config, Counters, MODE_MONITOR, Meter2, PROG_TC, PROG_XDP},
 };
 use shaper_lab::{
     frame::{
@@ -319,6 +319,64 @@ fn a_key_over_both_rates_gets_its_bursts_green_and_yellow_and_the_rest_red() {
         assert_eq!(counters.meter2.yellow_packets, ebs, "monitor {monitor}");
         assert_eq!(counters.meter2.yellow_bytes, ebs * FRAME as u64);
         assert_eq!(counters.meter2.packet_rate_refused_packets, 0);
+    }
+}
+
+/// Keys refused a cell (new-source admission) share their policy's unadmitted cells, the
+/// second meter's too: of 30 frames from 30 new keys, the committed burst's frames are
+/// green and the excess burst's yellow once for them all, the rest red (a key admitted on
+/// its first sighting is green in a cell of its own). Each key metered in an excess cell
+/// of its own would pass every frame past the committed burst yellow. Both families.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn unadmitted_keys_share_one_excess_burst() {
+    const SENT: u64 = 30;
+    for v6 in [false, true] {
+        let c = Config {
+            admission: Admission::new(1, 1).unwrap(),
+            ..config(CBS, excess(EBS, DSCP_LE))
+        };
+        let ebpf = load(&c);
+        let (mut green, mut marked, mut red) = (0, 0, 0);
+        for i in 0..SENT {
+            let (ip, ethertype) = match v6 {
+                false => (
+                    ipv4(Ipv4Addr::new(198, 18, 3, i as u8), 0, FRAME - ETH_HLEN),
+                    ETH_P_IP,
+                ),
+                true => {
+                    let src = Ipv6Addr::new(0x2001, 0xdb8, 3, i as u16, 0, 0, 0, 1);
+                    (ipv6(src, 0, FRAME - ETH_HLEN), ETH_P_IPV6)
+                }
+            };
+            let f = frame::ethernet(ethertype, &ip);
+            let yellow = frame::ethernet(ethertype, &remarked(&ip, DSCP_LE));
+            match xdp(&ebpf, &f) {
+                Out::Pass(out) if out == f => green += 1,
+                Out::Pass(out) if out == yellow => marked += 1,
+                Out::Pass(out) => panic!("frame {i} passed altered: {out:x?}"),
+                Out::Drop => red += 1,
+            }
+        }
+        let counters: Counters = testrun::counters(&ebpf).unwrap();
+        let admitted = counters.new_sources;
+        let (cbs, ebs) = (CBS / FRAME as u64, EBS / FRAME as u64);
+        assert!(
+            admitted < SENT - cbs - ebs,
+            "IPv6 {v6}: {admitted} keys admitted"
+        );
+        assert_eq!(
+            (green, marked, red),
+            (cbs + admitted, ebs, SENT - cbs - ebs - admitted),
+            "IPv6 {v6}: green, yellow and red of {SENT} new keys, {admitted} admitted"
+        );
+        let u = counters.unadmitted;
+        assert_eq!(
+            (u.passed_packets, u.dropped_packets),
+            (cbs + ebs, red),
+            "IPv6 {v6}: the unadmitted frames"
+        );
+        assert_eq!(counters.meter2.yellow_packets, ebs, "IPv6 {v6}");
     }
 }
 

@@ -228,14 +228,19 @@ pub fn measure(shaper: &Path, lab: &Lab, mode: Mode) -> Result<Run> {
     guard.attach(&args)?;
     let tcp = iperf(lab)?;
     let totals = totals(shaper, lab)?;
-    let scrape = shaper_user::metrics::render(
-        Some(ns.name()),
-        &shaper_user::metrics::SourceCounter::default(),
-        &shaper_user::metrics::Daemon::default(),
-        0,
-    )
-    .context("scrape the attachment")?
-    .text;
+    // Rendered inside the namespace, as `shaper -n NS run` does: a clsact attachment is
+    // live if its filter is on the device there.
+    let name = ns.name().to_owned();
+    let scrape = shaper_user::netns::run_in(ns.name(), move || {
+        shaper_user::metrics::render(
+            Some(&name),
+            &shaper_user::metrics::SourceCounter::default(),
+            &shaper_user::metrics::Daemon::default(),
+            0,
+        )
+        .map(|s| s.text)
+    })?
+    .context("scrape the attachment")?;
     guard.detach()?;
     Ok(Run {
         tcp,
