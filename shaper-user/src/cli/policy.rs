@@ -215,13 +215,7 @@ fn set(args: &SetArgs, scope: Scope<'_>) -> Result<()> {
     }
     let at = scope.at(&args.iface);
     let changes = change::set_policy(&at, policy)?;
-    let what = if !changes.added.is_empty() {
-        "added"
-    } else if !changes.changed.is_empty() {
-        "changed"
-    } else {
-        "unchanged"
-    };
+    let what = changes.verb();
     println!("{what} {} on {}: {}", prefix, at.label(), describe(&spec));
     Ok(())
 }

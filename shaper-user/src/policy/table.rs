@@ -90,6 +90,18 @@ impl Changes {
     pub fn is_empty(&self) -> bool {
         self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
     }
+
+    /// What a set of one policy did, as `policy set` and the API say it: `added`,
+    /// `changed` or `unchanged`.
+    pub fn verb(&self) -> &'static str {
+        if !self.added.is_empty() {
+            "added"
+        } else if !self.changed.is_empty() {
+            "changed"
+        } else {
+            "unchanged"
+        }
+    }
 }
 
 /// The maps that hold an interface's settings and policies.

@@ -440,13 +440,7 @@ fn set_policy(at: &Attachment, prefix: &str, body: &[u8]) -> Result<String, Refu
         burst_fits(at, "aggregate_burst", spec.limits.aggregate_burst_bytes)?;
     }
     let changes = change::set_policy_holding(at, policy, lock()?).map_err(|e| refused(&e))?;
-    let what = if !changes.added.is_empty() {
-        "added"
-    } else if !changes.changed.is_empty() {
-        "changed"
-    } else {
-        "unchanged"
-    };
+    let what = changes.verb();
     let description = crate::cli::policy::describe(&spec);
     Ok(result(
         at,
