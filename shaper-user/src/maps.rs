@@ -332,7 +332,8 @@ const BATCH: u32 = 8192;
 
 mod batch {
     //! `BPF_MAP_LOOKUP_BATCH`, which aya does not wrap: the entries of a hash or array
-    //! map, a bucket at a time, into buffers of the caller's.
+    //! map (or a prefix trie, from Linux 5.13), a bucket at a time, into buffers of the
+    //! caller's.
 
     use std::os::fd::{AsFd as _, AsRawFd as _};
 
@@ -365,9 +366,10 @@ mod batch {
         let n = super::BATCH as usize;
         let mut keys = vec![0u8; n * key_size];
         let mut values = vec![0u8; n * value_size];
-        // The kernel's cursor: opaque, at most a u32 bucket or index for these maps.
-        let mut cursor = [0u8; 8];
-        let mut next = [0u8; 8];
+        // The kernel's cursor: opaque; a u32 bucket for hash maps, the last key read for
+        // the generic walk of arrays and prefix tries (20 bytes for an IPv6 trie).
+        let mut cursor = vec![0u8; key_size.max(8)];
+        let mut next = vec![0u8; key_size.max(8)];
         let fd = map.fd().as_fd().as_raw_fd();
         let mut first = true;
         loop {
@@ -381,8 +383,8 @@ mod batch {
                 ..BatchAttr::default()
             };
             // SAFETY: the attribute names buffers of `n` keys and values of the map's
-            // sizes and two cursors of 8 bytes, all alive across the call; the kernel
-            // writes no more than that.
+            // sizes and two cursors of the key's size (at least 8 bytes), all alive
+            // across the call; the kernel writes no more than that.
             let ret = unsafe {
                 libc::syscall(
                     libc::SYS_bpf,
@@ -402,7 +404,7 @@ mod batch {
                 }
                 return Err(error);
             }
-            cursor = next;
+            cursor.copy_from_slice(&next);
             first = false;
         }
     }

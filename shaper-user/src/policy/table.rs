@@ -252,32 +252,49 @@ enum Undo {
 }
 
 /// Whether the route `k` of `trie` is a subscriber's (`crate::subscriber` restores those).
-fn theirs<K: aya::Pod>(trie: &LpmTrie<MapData, K, u32>, k: &Key<K>) -> bool {
-    trie.get(k, 0)
-        .is_ok_and(|value| value & SUBSCRIBER_BIT != 0)
-}
-
-/// Every route of `trie` (the `family` prefix trie).
-fn keys_of<K: aya::Pod>(
+/// Every route of `trie` (the `family` prefix trie) with its value. In batches
+/// (`BPF_MAP_LOOKUP_BATCH`, prefix tries have it from Linux 5.13): a few system calls for a
+/// million routes, where the walk below takes two a route; that walk where the kernel has
+/// no batches for tries.
+fn entries_of<K: aya::Pod>(
     trie: &LpmTrie<MapData, K, u32>,
     family: &str,
-) -> Result<Vec<Key<K>>, PolicyError> {
-    trie.keys()
-        .collect::<Result<_, _>>()
-        .map_err(map_err(format!("read the {family} prefix trie")))
-}
-
-/// Removes every route of `trie` (the `family` prefix trie) that `keep` refuses.
-fn prune<K: aya::Pod>(
-    trie: &mut LpmTrie<MapData, K, u32>,
-    family: &str,
-    keep: impl Fn(&Key<K>) -> bool,
-) -> Result<(), PolicyError> {
+) -> Result<Vec<(Key<K>, u32)>, PolicyError> {
+    use aya::maps::IterableMap as _;
+    match crate::maps::read_batched::<Key<K>, u32>(trie.map()) {
+        Ok(entries) => return Ok(entries),
+        Err(MapError::SyscallError(e)) if no_batches(&e.io_error) => {}
+        Err(e) => return Err(map_err(format!("read the {family} prefix trie"))(e)),
+    }
     let keys: Vec<Key<K>> = trie
         .keys()
         .collect::<Result<_, _>>()
         .map_err(map_err(format!("read the {family} prefix trie")))?;
-    for key in keys.iter().filter(|k| !keep(k)) {
+    // A key gone between the walk and its read was removed meanwhile: not a route.
+    Ok(keys
+        .into_iter()
+        .filter_map(|k| trie.get(&k, 0).ok().map(|v| (k, v)))
+        .collect())
+}
+
+/// Whether a batch read failed because the kernel has no batches for the map's type
+/// (`ENOTSUPP`, 524, before Linux 5.13 for prefix tries).
+fn no_batches(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(524 | libc::EOPNOTSUPP | libc::EINVAL)
+    )
+}
+
+/// Removes each route of `routes` (as [`entries_of`] read `trie`, the `family` prefix trie)
+/// that `keep` refuses.
+fn prune<K: aya::Pod>(
+    trie: &mut LpmTrie<MapData, K, u32>,
+    family: &str,
+    routes: &[(Key<K>, u32)],
+    keep: impl Fn(&Key<K>, u32) -> bool,
+) -> Result<(), PolicyError> {
+    for (key, _) in routes.iter().filter(|(k, v)| !keep(k, *v)) {
         trie.remove(key).map_err(map_err(format!(
             "remove a route from the {family} prefix trie"
         )))?;
@@ -580,17 +597,13 @@ impl PolicyTable {
     /// with `SUBSCRIBER_BIT`.
     pub fn routes(&self) -> Result<Vec<(IpNet, u32)>, PolicyError> {
         let mut found = Vec::new();
-        for k in keys_of(&self.v4, "IPv4")? {
-            if let Ok(v) = self.v4.get(&k, 0)
-                && let Ok(net) = Ipv4Net::new(k.data().to_ne_bytes().into(), k.prefix_len() as u8)
-            {
+        for (k, v) in entries_of(&self.v4, "IPv4")? {
+            if let Ok(net) = Ipv4Net::new(k.data().to_ne_bytes().into(), k.prefix_len() as u8) {
                 found.push((IpNet::V4(net), v));
             }
         }
-        for k in keys_of(&self.v6, "IPv6")? {
-            if let Ok(v) = self.v6.get(&k, 0)
-                && let Ok(net) = Ipv6Net::new(k.data().into(), k.prefix_len() as u8)
-            {
+        for (k, v) in entries_of(&self.v6, "IPv6")? {
+            if let Ok(net) = Ipv6Net::new(k.data().into(), k.prefix_len() as u8) {
                 found.push((IpNet::V6(net), v));
             }
         }
@@ -731,27 +744,14 @@ impl PolicyTable {
             })
             .collect();
         // Subscribers' routes are theirs to restore (`crate::subscriber`).
-        let (v4, v6) = (&self.v4, &self.v6);
-        let keep_v4: HashSet<(u32, u32)> = keys_of(v4, "IPv4")?
-            .into_iter()
-            .filter(|k| {
-                routes.contains(&(4, k.prefix_len(), u128::from(k.data()))) || theirs(v4, k)
-            })
-            .map(|k| (k.prefix_len(), k.data()))
-            .collect();
-        let keep_v6: HashSet<(u32, [u8; 16])> = keys_of(v6, "IPv6")?
-            .into_iter()
-            .filter(|k| {
-                routes.contains(&(6, k.prefix_len(), u128::from_ne_bytes(k.data())))
-                    || theirs(v6, k)
-            })
-            .map(|k| (k.prefix_len(), k.data()))
-            .collect();
-        prune(&mut self.v4, "IPv4", |k| {
-            keep_v4.contains(&(k.prefix_len(), k.data()))
+        let theirs = |v: u32| v & SUBSCRIBER_BIT != 0;
+        let v4 = entries_of(&self.v4, "IPv4")?;
+        prune(&mut self.v4, "IPv4", &v4, |k, v| {
+            routes.contains(&(4, k.prefix_len(), u128::from(k.data()))) || theirs(v)
         })?;
-        prune(&mut self.v6, "IPv6", |k| {
-            keep_v6.contains(&(k.prefix_len(), k.data()))
+        let v6 = entries_of(&self.v6, "IPv6")?;
+        prune(&mut self.v6, "IPv6", &v6, |k, v| {
+            routes.contains(&(6, k.prefix_len(), u128::from_ne_bytes(k.data()))) || theirs(v)
         })?;
         let saved: BTreeSet<u32> = slots.iter().map(|(slot, _)| *slot).collect();
         for (slot, _) in self.slots()? {
