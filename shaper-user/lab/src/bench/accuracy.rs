@@ -55,7 +55,7 @@ use shaper_common::bench::{NET_RX_SOFTIRQ, NET_TX_SOFTIRQ, PROG_NOOP};
 use shaper_user::netns;
 
 use super::{
-    AccuracyResults, AccuracyRow, CpuCost, DurationRow, LateRow, TimeSeries,
+    AccuracyResults, AccuracyRow, CpuCost, DurationRow, LateRow, TimeSeries, exact,
     peers::{self, Peer},
     softirq::SoftirqClock,
     spread::median,
@@ -486,26 +486,35 @@ pub fn summary_lines(results: &AccuracyResults) -> Vec<String> {
             ));
             continue;
         }
-        let parts: Vec<String> = names
-            .iter()
-            .filter_map(|limiter| {
-                let abs: Vec<f64> = comparable
-                    .iter()
-                    .filter(|r| &r.limiter == limiter)
-                    .map(|r| r.error_pct.abs())
-                    .collect();
-                if abs.is_empty() {
-                    return None;
-                }
-                let mean = abs.iter().sum::<f64>() / abs.len() as f64;
-                let worst = abs.iter().copied().fold(0.0, f64::max);
-                Some(format!("{limiter} **{mean:.2}%** (worst {worst:.2}%)"))
-            })
-            .collect();
+        let parts = |of: fn(&AccuracyRow) -> f64| -> String {
+            let parts: Vec<String> = names
+                .iter()
+                .filter_map(|limiter| {
+                    let abs: Vec<f64> = comparable
+                        .iter()
+                        .filter(|r| &r.limiter == limiter)
+                        .map(|r| of(r).abs())
+                        .collect();
+                    if abs.is_empty() {
+                        return None;
+                    }
+                    let mean = abs.iter().sum::<f64>() / abs.len() as f64;
+                    let worst = abs.iter().copied().fold(0.0, f64::max);
+                    Some(format!("{limiter} **{mean:.2}%** (worst {worst:.2}%)"))
+                })
+                .collect();
+            parts.join(", ")
+        };
         lines.push(format!(
             "rate error at {}, mean |error| over the same {n} of {total} configurations for every limiter: {}",
             fmt_rate(rate),
-            parts.join(", ")
+            parts(|r| r.error_pct)
+        ));
+        lines.push(format!(
+            "distance from an exact limiter of its kind on the same sends at {}, mean |delivered − exact| ÷ exact over the same {n} configurations: {}; exact's own error against rate × time + burst: {}",
+            fmt_rate(rate),
+            parts(|r| r.from_exact_pct),
+            parts(|r| r.exact_error_pct)
         ));
     }
     if !results.dropped.is_empty() {
@@ -656,7 +665,7 @@ fn fmt_num(x: f64) -> String {
 
 fn describe_row(r: &AccuracyRow) -> String {
     format!(
-        "accuracy {:<13} {:>9} {:>5} B x{:<3} offered {:>9.3} Mbit/s/src delivered {:>11} expected {:>13.0} error {:+7.2}%{}",
+        "accuracy {:<13} {:>9} {:>5} B x{:<3} offered {:>9.3} Mbit/s/src delivered {:>11} expected {:>13.0} error {:+7.2}% exact {:>11} from exact {:+7.2}%{}",
         r.limiter,
         fmt_rate(r.rate_bps),
         r.frame_bytes,
@@ -665,6 +674,8 @@ fn describe_row(r: &AccuracyRow) -> String {
         r.delivered_bytes,
         r.expected_bytes,
         r.error_pct,
+        r.exact_bytes,
+        r.from_exact_pct,
         r.note
             .as_ref()
             .map_or(String::new(), |n| format!("  [{n}]"))
@@ -703,12 +714,23 @@ fn accuracy_run(
 ) -> Result<AccuracyRow> {
     let flows = flows(lab, n, OVERLOAD * rate_bps, frame);
     let installed = Installed::new(lab, shaper, limiter, rate_bps, BURST_BYTES, n)?;
-    let report = run_udp_with(lab, &flows, duration, &run_options(None))?;
+    let options = RunOptions {
+        record_sends: true,
+        ..run_options(None)
+    };
+    let report = run_udp_with(lab, &flows, duration, &options)?;
     drop(installed);
 
     let rate_bytes = rate_bps as f64 / 8.0;
     let burst_given = limiter.burst(rate_bps, BURST_BYTES);
     let burst = burst_given as f64;
+    let exact = exact_bytes(
+        limiter,
+        &report.flows,
+        rate_bytes,
+        burst,
+        queue_bytes(rate_bps),
+    );
     let busy = |r: &FlowResult| r.offered_secs.max(r.last_arrival_secs);
     let sent_bytes: u64 = report.flows.iter().map(|r| r.sent_l2_bytes).sum();
     let expected = if limiter.aggregate() {
@@ -728,11 +750,14 @@ fn accuracy_run(
         .iter()
         .map(|r| r.offered_secs)
         .fold(0.0, f64::max);
-    let error_pct = if expected > 0.0 {
-        (delivered as f64 - expected) / expected * 100.0
-    } else {
-        0.0
+    let pct = |of: f64, against: f64| {
+        if against > 0.0 {
+            (of - against) / against * 100.0
+        } else {
+            0.0
+        }
     };
+    let error_pct = pct(delivered as f64, expected);
     Ok(AccuracyRow {
         limiter: limiter.name().to_owned(),
         behaviour: limiter.behaviour().to_owned(),
@@ -744,11 +769,49 @@ fn accuracy_run(
         delivered_bytes: delivered,
         expected_bytes: expected,
         error_pct,
+        exact_bytes: exact,
+        from_exact_pct: pct(delivered as f64, exact as f64),
+        exact_error_pct: pct(exact as f64, expected),
         seconds,
         note: note(limiter, rate_bps, n, offered, &report),
         comparable: comparable(rate_bps, offered, &report),
         config_comparable: false,
     })
+}
+
+/// The bytes an exact limiter of `limiter`'s kind ([`exact`]) delivers of the sends
+/// `flows` recorded: a policer per source, tbf one queueing shaper over every source's
+/// sends together, htb one per source, each with the `queue` bytes the real one got.
+fn exact_bytes(limiter: Limiter, flows: &[FlowResult], rate: f64, burst: f64, queue: u64) -> u64 {
+    // Every frame of a run has the same size.
+    let frame = |r: &FlowResult| r.sent_l2_bytes.checked_div(r.sent_packets).unwrap_or(0);
+    let Some(size) = flows.iter().map(frame).find(|&f| f > 0) else {
+        return 0;
+    };
+    let (f, queue) = (size as f64, queue as f64);
+    let queues = limiter.behaviour() == "queues";
+    let frames: u64 = if queues && limiter.aggregate() {
+        let mut all: Vec<u64> = flows
+            .iter()
+            .flat_map(|r| r.send_offsets_ns.iter().copied())
+            .collect();
+        all.sort_unstable();
+        exact::shaper(&all, f, rate, burst, queue)
+    } else if queues {
+        flows
+            .iter()
+            .map(|r| exact::shaper(&r.send_offsets_ns, f, rate, burst, queue))
+            .sum()
+    } else {
+        flows
+            .iter()
+            .map(|r| {
+                let times = &r.send_offsets_ns;
+                times.len() as u64 - exact::policer(times, f, rate, burst).0
+            })
+            .sum()
+    };
+    frames * size
 }
 
 /// What a reader must know about one run, if anything.
@@ -1160,7 +1223,7 @@ fn late_case(lab: &Lab, shaper: &Path, late: Late, duration: Duration) -> Result
     let mut exact_dropped = 0u64;
     let mut needed = Vec::new();
     for r in &report.flows {
-        let (dropped, need) = exact_policer(
+        let (dropped, need) = exact::policer(
             &r.send_offsets_ns,
             f64::from(LATE_FRAME),
             rate_bytes,
@@ -1207,32 +1270,6 @@ fn late_case(lab: &Lab, shaper: &Path, late: Late, duration: Duration) -> Result
     })
 }
 
-/// An exact policer (GCRA: a frame conforms when the theoretical arrival time is at most
-/// burst ÷ rate ahead of its arrival) at `rate` bytes/s and `burst` bytes on frames of
-/// `frame` bytes sent at `times_ns`. Returns the frames it drops and the smallest burst
-/// with which it would drop none (the most the sends ever ran ahead of the rate).
-fn exact_policer(times_ns: &[u64], frame: f64, rate: f64, burst: f64) -> (u64, f64) {
-    let cost = frame / rate; // seconds a frame takes at the rate
-    let tolerance = burst / rate;
-    let mut tat = 0.0f64;
-    let mut dropped = 0;
-    // For the burst needed: every frame passes; how far the TAT runs ahead, in bytes.
-    let mut tat_all = 0.0f64;
-    let mut ahead_max = 0.0f64;
-    for &ns in times_ns {
-        let t = ns as f64 / 1e9;
-        let start = tat.max(t);
-        if start + cost - t <= tolerance + 1e-12 {
-            tat = start + cost;
-        } else {
-            dropped += 1;
-        }
-        tat_all = tat_all.max(t) + cost;
-        ahead_max = ahead_max.max((tat_all - t) * rate);
-    }
-    (dropped, ahead_max)
-}
-
 /// The duration case: one source at twice [`DURATION_RATE_BPS`] through `limiter` for
 /// `duration`, with [`DURATION_BURST`] asked for.
 fn duration_case(
@@ -1267,24 +1304,6 @@ fn duration_case(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exact_policer_passes_paced_frames_and_drops_a_clump() {
-        // 1000-byte frames at exactly 1 MB/s: nothing dropped, one frame of burst needed.
-        let paced: Vec<u64> = (0..1000).map(|i| i * 1_000_000).collect();
-        let (dropped, need) = exact_policer(&paced, 1000.0, 1e6, 4000.0);
-        assert_eq!(dropped, 0);
-        assert!((need - 1000.0).abs() < 1e-6, "{need}");
-        // The same frames, ten at a time every 10 ms: a 4000-byte burst passes 4 of each
-        // 10 at once plus what the 10 ms refill (10 frames) allows... the clump of 10 needs
-        // a 10-frame burst.
-        let clumped: Vec<u64> = (0..1000).map(|i| (i / 10) * 10_000_000).collect();
-        let (dropped, need) = exact_policer(&clumped, 1000.0, 1e6, 4000.0);
-        assert!(dropped > 0);
-        assert!((need - 10_000.0).abs() < 1e-6, "{need}");
-        let (dropped, _) = exact_policer(&clumped, 1000.0, 1e6, 10_000.0);
-        assert_eq!(dropped, 0);
-    }
 
     #[test]
     fn configurations_beyond_the_generator_are_not_run() {

@@ -36,6 +36,7 @@ mod btf;
 pub mod builds;
 pub mod colour;
 pub mod current;
+pub mod exact;
 pub mod flood;
 pub mod kernels;
 pub mod lru;
@@ -74,6 +75,14 @@ pub struct AccuracyRow {
     pub expected_bytes: f64,
     /// (delivered − expected) / expected × 100.
     pub error_pct: f64,
+    /// L2 bytes an exact limiter of its kind delivers of the same recorded sends
+    /// ([`exact`]: GCRA for a policer, a token bucket behind a byte FIFO for tbf and htb).
+    pub exact_bytes: u64,
+    /// (delivered − exact) / exact × 100: how far the limiter is from exact.
+    pub from_exact_pct: f64,
+    /// (exact − expected) / expected × 100: how far exact is from rate × time + burst
+    /// (whole frames, not bytes; a queue's backlog).
+    pub exact_error_pct: f64,
     pub seconds: f64,
     /// Anything a reader must know, e.g. that the generator could not offer 2× the limit.
     pub note: Option<String>,

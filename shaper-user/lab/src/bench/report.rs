@@ -772,7 +772,15 @@ fn accuracy_markdown(w: &mut String, acc: &AccuracyResults, plots: &[String]) {
     let _ = writeln!(
         w,
         "Delivered layer-2 bytes against what the limit allows (rate × time + burst), in \
-         the namespace lab. Error = (delivered − expected) / expected.\n"
+         the namespace lab. Error = (delivered − expected) / expected.\n\n\
+         *Exact bytes*: what an exact limiter of the row's kind delivers of the same sends, \
+         replayed frame by frame on the send times the run recorded: GCRA at the row's rate \
+         and burst for the policers (per source), a token bucket of the row's burst behind a \
+         FIFO of the row's queue for tbf (one, over every source) and htb (one per source). \
+         *From exact* = (delivered − exact) / exact: how far the limiter is from doing \
+         exactly what it was told. *Exact's error* = (exact − expected) / expected: how far \
+         exact itself is from rate × time + burst (a policer passes whole frames; a queue \
+         delivers its backlog).\n"
     );
     if acc.rows.is_empty() {
         let _ = writeln!(w, "No accuracy rows were measured.");
@@ -794,16 +802,16 @@ fn accuracy_markdown(w: &mut String, acc: &AccuracyResults, plots: &[String]) {
         );
         let _ = writeln!(
             w,
-            "| limiter | behaviour | rate | burst | frame | sources | offered per source | delivered bytes | expected bytes | error | seconds | comparable | note |"
+            "| limiter | behaviour | rate | burst | frame | sources | offered per source | delivered bytes | expected bytes | error | exact bytes | from exact | exact's error | seconds | comparable | note |"
         );
         let _ = writeln!(
             w,
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
         );
         for r in &acc.rows {
             let _ = writeln!(
                 w,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:+.2}% | {:.1} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:+.2}% | {} | {:+.2}% | {:+.2}% | {:.1} | {} | {} |",
                 r.limiter,
                 r.behaviour,
                 human_bps(r.rate_bps as f64),
@@ -814,6 +822,9 @@ fn accuracy_markdown(w: &mut String, acc: &AccuracyResults, plots: &[String]) {
                 r.delivered_bytes,
                 r.expected_bytes,
                 r.error_pct,
+                r.exact_bytes,
+                r.from_exact_pct,
+                r.exact_error_pct,
                 r.seconds,
                 match (r.config_comparable, r.comparable) {
                     (true, _) => "yes",
@@ -1415,6 +1426,9 @@ mod tests {
             delivered_bytes: 1000,
             expected_bytes: 1000.0,
             error_pct,
+            exact_bytes: 1000,
+            from_exact_pct: error_pct,
+            exact_error_pct: 0.0,
             seconds: 5.0,
             note: None,
             comparable: true,
