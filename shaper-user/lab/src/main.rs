@@ -808,6 +808,23 @@ fn print_per_packet(results: &shaper_lab::bench::per_packet::PerPacketResults) {
     for line in shaper_lab::bench::colour::summary_lines(&results.colour) {
         println!("  {line}");
     }
+    if let Some(m) = results.subscriber.as_ref().and_then(|s| s.million.as_ref()) {
+        let r = &m.over_per_source;
+        println!(
+            "\nsubscribers: a key of one of {} drawn at random, {:.1} ns, against a per-source \
+             key drawn from as many, {:.1} ns: {:.2}× ({:.2}–{:.2}×) run by run; a key's \
+             first frame after a change of routes: {:.1} ns against {:.1} ns, {:.2}×",
+            m.subscribers,
+            m.subscriber_ns.median,
+            m.per_source_ns.median,
+            r.median,
+            r.min,
+            r.max,
+            m.first_subscriber_ns.median,
+            m.first_per_source_ns.median,
+            m.first_over_per_source.median
+        );
+    }
     match (&results.baseline, &results.baseline_missing) {
         (Some(b), _) => {
             println!(

@@ -130,6 +130,16 @@ fn quick_bench_writes_a_well_formed_report() {
     for ratio in ["over_per_source", "over_per_source_v6"] {
         assert!(sub[ratio]["median"].as_f64().unwrap() > 0.0, "{sub}");
     }
+    // The many-subscribers rows (10,000 in a quick run; the bench checked that they counted
+    // every frame of theirs): cached routes and first frames, each against per-source keys.
+    let million = &sub["million"];
+    assert_eq!(million["subscribers"].as_u64(), Some(10_000), "{million}");
+    for ratio in ["over_per_source", "first_over_per_source"] {
+        assert!(
+            million[ratio]["median"].as_f64().unwrap() > 0.0,
+            "{million}"
+        );
+    }
     // Issue 24's bound: what is printed of it is what the figures say (not a timing check:
     // over the bound is reported, not failed).
     let median = colour["yellow_over_green"]["median"].as_f64().unwrap();

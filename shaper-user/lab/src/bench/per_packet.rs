@@ -181,6 +181,8 @@ pub struct Options {
     pub runs: usize,
     /// Distinct frames per single-shot measurement.
     pub frames: usize,
+    /// Subscribers of the million-subscriber rows ([`subscriber::Million`]).
+    pub million: u32,
 }
 
 impl Options {
@@ -190,12 +192,14 @@ impl Options {
                 repeat: 10_000,
                 runs: 5,
                 frames: 2_000,
+                million: 10_000,
             }
         } else {
             Options {
                 repeat: 1_000_000,
                 runs: 7,
                 frames: 50_000,
+                million: subscriber::Million::SUBSCRIBERS,
             }
         }
     }
@@ -688,6 +692,7 @@ pub fn run(
     ];
     let colour_cases = colour::cases()?;
     let mut subscribers = subscriber::Rig::new(FRAME_BYTES)?;
+    let mut million = subscriber::Million::new(opts.million)?;
     let mut singles = vec![
         SingleCase {
             id: "noop_single",
@@ -834,6 +839,7 @@ pub fn run(
             let i = (i + run) % rows;
             subscriber_samples[i].push(subscribers.measure(i, opts.repeat)?);
         }
+        million.measure(opts.frames, run)?;
         for ((case, samples), admitted) in singles
             .iter()
             .zip(&mut single_samples)
@@ -919,7 +925,11 @@ pub fn run(
     for (c, runs) in subscribers.cases().iter().zip(&subscriber_samples) {
         cases.push(loop_result(opts, c.id, c.name, runs, noop_runs, floor_runs));
     }
-    let subscriber = subscriber::results(subscribers.cases(), &subscriber_samples)?;
+    let subscriber = subscriber::results(
+        subscribers.cases(),
+        &subscriber_samples,
+        Some(million.results(opts.frames)?),
+    )?;
     let single_rate = cases
         .iter()
         .find(|c| c.id == "pass_existing")

@@ -414,6 +414,24 @@ fn markdown(inputs: &Inputs<'_>, plots: &[String]) -> String {
              is {:.1}×",
             a.median, a.min, a.max, b.median, b.min, b.max, sub.target
         );
+        if let Some(m) = &sub.million {
+            let r = &m.over_per_source;
+            let _ = writeln!(
+                w,
+                "- a key of one of {} subscribers drawn at random against a per-source key                  drawn at random from as many on the same object (single shots, cold                  entries): **{:.2}×** ({:.2}–{:.2}× run by run; {:.1} ns against {:.1} ns); \
+                 a key's first frame after a change of routes (its route looked up in the \
+                 trie again): {:.2}× ({:.1} ns against {:.1} ns)",
+                human_count(m.subscribers),
+                r.median,
+                r.min,
+                r.max,
+                m.subscriber_ns.median,
+                m.per_source_ns.median,
+                m.first_over_per_source.median,
+                m.first_subscriber_ns.median,
+                m.first_per_source_ns.median
+            );
+        }
     }
     if let Some(r) = scale.rows.last() {
         let _ = writeln!(
