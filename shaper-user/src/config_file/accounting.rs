@@ -14,15 +14,12 @@
 //! secret_file = "/etc/shaper/acct.secret"
 //! ```
 
-use std::{net::SocketAddr, path::Path, time::Duration};
+use std::{net::SocketAddr, time::Duration};
 
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{
-    FileError,
-    radius::{check_secret, read_secret},
-};
+use super::{FileError, radius::secret_of};
 use crate::{
     radius::accounting::{
         Config, DEFAULT_INTERIM, DEFAULT_PORT, DEFAULT_RETRIES, DEFAULT_TIMEOUT, MAX_INTERIM,
@@ -175,19 +172,13 @@ fn server(i: usize, s: &ServerModel, error: Error<'_>) -> Result<Server, FileErr
                 format!("invalid address '{text}': ADDR or ADDR:PORT"),
             )
         })?;
-    let secret = match (&s.secret, &s.secret_file) {
-        (Some(v), None) => check_secret(v.get_ref().as_bytes().to_vec())
-            .map_err(|e| error(v.span().start, &format!("{here}.secret"), e))?,
-        (None, Some(f)) => read_secret(Path::new(f.get_ref()))
-            .map_err(|e| error(f.span().start, &format!("{here}.secret_file"), e))?,
-        _ => {
-            return Err(error(
-                s.address.span().start,
-                &here,
-                "give one of secret and secret_file".to_owned(),
-            ));
-        }
-    };
+    let secret = secret_of(
+        s.secret.as_ref(),
+        s.secret_file.as_ref(),
+        &here,
+        s.address.span(),
+    )
+    .map_err(|(span, field, why)| error(span.start, &field, why))?;
     Ok(Server { address, secret })
 }
 
@@ -233,6 +224,19 @@ mod tests {
         assert_eq!(
             err("interim = \"60s\"", "retries = 11"),
             "f:10: radius.accounting.retries: must be 0 to 10"
+        );
+        // Exactly one of secret and secret_file, on a server as on a client.
+        assert_eq!(
+            err("secret = \"a\"", "secret = \"a\"\nsecret_file = \"/x\""),
+            "f:13: radius.accounting.server[0]: give one of secret and secret_file"
+        );
+        assert_eq!(
+            err("secret = \"b\"", ""),
+            "f:17: radius.accounting.server[1]: give one of secret and secret_file"
+        );
+        assert_eq!(
+            err("secret = \"b\"", "secret = \"\""),
+            "f:18: radius.accounting.server[1].secret: a secret is 1 to 128 bytes"
         );
     }
 }

@@ -191,19 +191,13 @@ pub fn parse_radius(file: &str, text: &str) -> Result<Option<Config>, FileError>
                 format!("{address} is listed twice"),
             ));
         }
-        let secret = match (&c.secret, &c.secret_file) {
-            (Some(s), None) => check_secret(s.get_ref().as_bytes().to_vec())
-                .map_err(|e| spanned_err(s.span(), &format!("{here}.secret"), e))?,
-            (None, Some(f)) => read_secret(Path::new(f.get_ref()))
-                .map_err(|e| spanned_err(f.span(), &format!("{here}.secret_file"), e))?,
-            _ => {
-                return Err(spanned_err(
-                    c.address.span(),
-                    &here,
-                    "give one of secret and secret_file".to_owned(),
-                ));
-            }
-        };
+        let secret = secret_of(
+            c.secret.as_ref(),
+            c.secret_file.as_ref(),
+            &here,
+            c.address.span(),
+        )
+        .map_err(|(span, field, why)| spanned_err(span, &field, why))?;
         clients.push(Client { address, secret });
     }
     Ok(Some(Config {
@@ -254,7 +248,29 @@ pub fn has_inline_secret(text: &str) -> bool {
         })
 }
 
-pub(super) fn check_secret(secret: Vec<u8>) -> Result<Vec<u8>, String> {
+/// The secret of table `here`: exactly one of its `secret` and `secret_file`, checked (the
+/// file read). An error says where (the field's span, or `whole` when neither or both are
+/// given), which field, and why.
+pub(super) fn secret_of(
+    secret: Option<&Spanned<String>>,
+    file: Option<&Spanned<String>>,
+    here: &str,
+    whole: std::ops::Range<usize>,
+) -> Result<Vec<u8>, (std::ops::Range<usize>, String, String)> {
+    match (secret, file) {
+        (Some(v), None) => check_secret(v.get_ref().as_bytes().to_vec())
+            .map_err(|e| (v.span(), format!("{here}.secret"), e)),
+        (None, Some(f)) => read_secret(Path::new(f.get_ref()))
+            .map_err(|e| (f.span(), format!("{here}.secret_file"), e)),
+        _ => Err((
+            whole,
+            here.to_owned(),
+            "give one of secret and secret_file".to_owned(),
+        )),
+    }
+}
+
+fn check_secret(secret: Vec<u8>) -> Result<Vec<u8>, String> {
     if secret.is_empty() || secret.len() > MAX_SECRET_BYTES {
         return Err(format!("a secret is 1 to {MAX_SECRET_BYTES} bytes"));
     }
@@ -263,7 +279,7 @@ pub(super) fn check_secret(secret: Vec<u8>) -> Result<Vec<u8>, String> {
 
 /// A secret file: its owner's (root's or ours) alone to read and write, its content the
 /// secret (one trailing newline dropped).
-pub(super) fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
+fn read_secret(path: &Path) -> Result<Vec<u8>, String> {
     let shown = path.display();
     let mut bytes = read_bytes(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
     let mode = std::fs::metadata(path)
@@ -323,6 +339,16 @@ mod tests {
         assert_eq!(
             err("secret = \"s3cret\"", "secret = \"\""),
             "f:12: radius.client[0].secret: a secret is 1 to 128 bytes"
+        );
+        assert_eq!(
+            err("secret = \"s3cret\"", ""),
+            "f:11: radius.client[0]: give one of secret and secret_file"
+        );
+        assert!(
+            err("secret = \"s3cret\"", "secret_file = \"/nonexistent/s\"")
+                .starts_with("f:12: radius.client[0].secret_file: "),
+            "{}",
+            err("secret = \"s3cret\"", "secret_file = \"/nonexistent/s\"")
         );
         assert!(
             err("listen", "listne").starts_with("f:8: radius: unknown field `listne`"),
