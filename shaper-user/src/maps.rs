@@ -332,8 +332,7 @@ const BATCH: u32 = 8192;
 
 mod batch {
     //! `BPF_MAP_LOOKUP_BATCH`, which aya does not wrap: the entries of a hash or array
-    //! map (or a prefix trie, from Linux 5.13), a bucket at a time, into buffers of the
-    //! caller's.
+    //! map or a prefix trie, a bucket at a time, into buffers of the caller's.
 
     use std::os::fd::{AsFd as _, AsRawFd as _};
 

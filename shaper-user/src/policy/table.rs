@@ -252,38 +252,16 @@ enum Undo {
 }
 
 /// Whether the route `k` of `trie` is a subscriber's (`crate::subscriber` restores those).
-/// Every route of `trie` (the `family` prefix trie) with its value. In batches
-/// (`BPF_MAP_LOOKUP_BATCH`, prefix tries have it from Linux 5.13): a few system calls for a
-/// million routes, where the walk below takes two a route; that walk where the kernel has
-/// no batches for tries.
+/// Every route of `trie` (the `family` prefix trie) with its value, in batches
+/// (`BPF_MAP_LOOKUP_BATCH`, which prefix tries have from Linux 5.13; shaper needs 5.18): a
+/// few system calls for a million routes, where walking the keys takes two a route.
 fn entries_of<K: aya::Pod>(
     trie: &LpmTrie<MapData, K, u32>,
     family: &str,
 ) -> Result<Vec<(Key<K>, u32)>, PolicyError> {
     use aya::maps::IterableMap as _;
-    match crate::maps::read_batched::<Key<K>, u32>(trie.map()) {
-        Ok(entries) => return Ok(entries),
-        Err(MapError::SyscallError(e)) if no_batches(&e.io_error) => {}
-        Err(e) => return Err(map_err(format!("read the {family} prefix trie"))(e)),
-    }
-    let keys: Vec<Key<K>> = trie
-        .keys()
-        .collect::<Result<_, _>>()
-        .map_err(map_err(format!("read the {family} prefix trie")))?;
-    // A key gone between the walk and its read was removed meanwhile: not a route.
-    Ok(keys
-        .into_iter()
-        .filter_map(|k| trie.get(&k, 0).ok().map(|v| (k, v)))
-        .collect())
-}
-
-/// Whether a batch read failed because the kernel has no batches for the map's type
-/// (`ENOTSUPP`, 524, before Linux 5.13 for prefix tries).
-fn no_batches(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(524 | libc::EOPNOTSUPP | libc::EINVAL)
-    )
+    crate::maps::read_batched::<Key<K>, u32>(trie.map())
+        .map_err(map_err(format!("read the {family} prefix trie")))
 }
 
 /// Removes each route of `routes` (as [`entries_of`] read `trie`, the `family` prefix trie)
