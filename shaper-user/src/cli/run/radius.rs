@@ -1,6 +1,7 @@
 //! The daemon's RADIUS Dynamic Authorization listener ([`shaper_user::radius`]): one
 //! thread, one UDP socket, one request at a time (the kernel's socket buffer is the only
-//! queue, bounded), each answered or dropped and counted by reason on /metrics, and
+//! queue, bounded), each answered or dropped and counted by reason on /metrics (with how
+//! long each request acted on took, received to answered), and
 //! logged in one line (at most one line a second for each kind of drop, so a flood of
 //! bad packets cannot flood the journal; the counters count every one).
 
@@ -64,8 +65,11 @@ pub fn start(
     }
     let socket = UdpSocket::bind(config.listen)
         .with_context(|| format!("cannot listen on {} for RADIUS", config.listen))?;
-    daemon.lock().unwrap_or_else(PoisonError::into_inner).radius =
-        Reason::ALL.iter().map(|r| (r.name(), 0)).collect();
+    {
+        let mut state = daemon.lock().unwrap_or_else(PoisonError::into_inner);
+        state.radius = Reason::ALL.iter().map(|r| (r.name(), 0)).collect();
+        state.radius_seconds = Some(metrics::Latency::default());
+    }
     eprintln!(
         "shaper: RADIUS CoA and Disconnect on udp {} for {} ({} client{})",
         config.listen,
@@ -96,31 +100,36 @@ fn serve(socket: &UdpSocket, mut server: Server, daemon: &Mutex<metrics::Daemon>
         // An IPv4 client on a dual-stack socket as itself, not ::ffff:a.b.c.d.
         let shown = std::net::SocketAddr::new(from.ip().to_canonical(), from.port());
         let now = Instant::now();
-        let outcome = match server.check(from, &buf[..n], now, SystemTime::now()) {
+        let (outcome, acted) = match server.check(from, &buf[..n], now, SystemTime::now()) {
             Ok(checked) => {
                 let mut outcome = server.act(&checked);
                 outcome.detail += &format!(" ({:.1?})", now.elapsed());
                 if let Some(reply) = &outcome.reply {
                     server.remember(&checked, reply, now);
                 }
-                outcome
+                (outcome, true)
             }
-            Err(outcome) => outcome,
+            Err(outcome) => (outcome, false),
         };
         if let Some(reply) = &outcome.reply
             && let Err(e) = socket.send_to(reply, from)
         {
             eprintln!("shaper: radius: answering {from}: {e}");
         }
-        count(daemon, outcome.reason);
+        count(daemon, outcome.reason, acted.then(|| now.elapsed()));
         log(&mut quiet, shown, &outcome, now);
     }
 }
 
-fn count(daemon: &Mutex<metrics::Daemon>, reason: Reason) {
+/// Counts a request by `reason`, and how long it took (`took`: received to answered)
+/// if it was acted on.
+fn count(daemon: &Mutex<metrics::Daemon>, reason: Reason, took: Option<Duration>) {
     let mut state = daemon.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some((_, n)) = state.radius.iter_mut().find(|(r, _)| *r == reason.name()) {
         *n += 1;
+    }
+    if let (Some(took), Some(latency)) = (took, state.radius_seconds.as_mut()) {
+        latency.observe(took);
     }
 }
 
