@@ -114,6 +114,8 @@ pub fn begin_holding(
 pub struct Kept {
     generation: Option<u64>,
     held: Vec<Held>,
+    /// How many times an attachment's subscribers were read whole into an index.
+    reads: u64,
 }
 
 struct Held {
@@ -151,8 +153,15 @@ impl Kept {
             .ok_or_else(|| ChangeError::NotAttached(at.label()))?;
         if held.index.is_none() {
             held.index = Some(table.index()?);
+            self.reads += 1;
         }
         Ok(held.index.get_or_insert_default())
+    }
+
+    /// How many times the subscribers of an attachment were read whole (into an index):
+    /// at the first change, and after every change another command made.
+    pub fn reads(&self) -> u64 {
+        self.reads
     }
 
     /// The policy slots of `at` as its index has them, if it has one.
@@ -465,6 +474,13 @@ impl Edits<'_> {
         Ok(self.kept.index(at, &table)?.contains(id))
     }
 
+    /// How many subscribers `at` (which must be attached) has, by its index: read now
+    /// if it was not kept.
+    pub fn indexed(&mut self, at: &Attachment) -> Result<usize, ChangeError> {
+        let table = SubscriberTable::of(self.prepared.attached(at)?)?;
+        Ok(self.kept.index(at, &table)?.len())
+    }
+
     /// The id of the subscriber whose prefix holds `net` on `at` (which must be
     /// attached), if any: a lookup in the tries and one entry read.
     pub fn id_holding(&self, at: &Attachment, net: &IpNet) -> Result<Option<String>, ChangeError> {
@@ -508,7 +524,8 @@ fn apply_edits(
                 let (before, now) = match table.plan_before(index, id) {
                     Err(SubscriberError::Stale(_)) => {
                         *index = table.index()?;
-                        table.plan_before(index, id)
+                        kept.reads += 1;
+                        table.plan_before(kept.index(at, &table)?, id)
                     }
                     other => other,
                 }?;

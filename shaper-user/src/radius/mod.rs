@@ -376,9 +376,14 @@ impl Server {
             true => (COA_ACK, COA_NAK),
             false => (DISCONNECT_ACK, DISCONNECT_NAK),
         };
+        let reads = self.kept.reads();
         let (reason, cause, detail) = match self.change(p, coa) {
             Ok(detail) => (Reason::Ack, None, detail),
             Err((reason, cause, detail)) => (reason, Some(cause), detail),
+        };
+        let detail = match self.kept.reads() - reads {
+            0 => detail,
+            _ => detail + " (the subscribers read again: another change since the last request)",
         };
         let code = if cause.is_some() { nak } else { ack };
         Outcome {
@@ -390,6 +395,23 @@ impl Server {
 
     fn attachment(&self, direction: Direction) -> Attachment {
         Attachment::toward(&self.config.interface, self.netns.as_deref(), direction)
+    }
+
+    /// Reads the subscribers of the interface's attachments into the index now, rather
+    /// than at the first request: how many on each, or why not (the request reads them
+    /// then).
+    pub fn prepare(&mut self) -> Result<Vec<(String, usize)>, String> {
+        let ats: Vec<Attachment> = [Direction::Ingress, Direction::Egress]
+            .into_iter()
+            .map(|d| self.attachment(d))
+            .filter(Attachment::exists)
+            .collect();
+        let lock = lock_within(LOCK_PATIENCE)?;
+        let mut begun = change::begin_edits("radius start", &ats, lock, &mut self.kept)
+            .map_err(|e| e.to_string())?;
+        ats.iter()
+            .map(|at| Ok((at.label(), begun.indexed(at).map_err(|e| e.to_string())?)))
+            .collect()
     }
 
     /// The change itself; `Err` is the NAK's reason, Error-Cause and detail.
@@ -419,8 +441,10 @@ impl Server {
             .filter(|(_, at)| at.exists())
             .collect();
         let ats: Vec<Attachment> = attachments.iter().map(|(_, at)| at.clone()).collect();
+        let waited = Instant::now();
         let lock =
             lock_within(LOCK_PATIENCE).map_err(|e| (Reason::ResourcesUnavailable, 506, e))?;
+        let waited = waited.elapsed();
         let mut begun =
             change::begin_edits(what, &ats, lock, &mut self.kept).map_err(unavailable)?;
         let (id, found) = find(&mut begun, &attachments, &target)
@@ -462,8 +486,12 @@ impl Server {
                 "subscriber {id} is not on the direction of the rates given"
             )));
         }
+        let waited = match waited >= Duration::from_millis(1) {
+            true => format!(" (waited {waited:.1?} for the change lock)"),
+            false => String::new(),
+        };
         match begun.apply(&edits) {
-            Ok(_) => Ok(describe(&id, coa, asked.as_ref())),
+            Ok(_) => Ok(describe(&id, coa, asked.as_ref()) + &waited),
             Err(ChangeError::Subscriber(SubscriberError::NotFound(id))) => {
                 Err(not_found(format!("no subscriber {id}")))
             }

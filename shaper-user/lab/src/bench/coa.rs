@@ -231,12 +231,21 @@ impl Rig {
         fs::read_to_string(self.dir.join("log")).unwrap_or_default()
     }
 
-    /// Waits for the RADIUS listener (the daemon applies its file first).
+    /// Waits for the RADIUS listener (the daemon applies its file first) and its index of
+    /// both directions' subscribers (a build without one: 3 s).
     fn wait_ready(&mut self, within: Duration) -> Result<()> {
         let deadline = Instant::now() + within;
+        let mut listening = None;
         while Instant::now() < deadline {
-            if self.log().contains("RADIUS CoA and Disconnect on udp") {
-                return Ok(());
+            let log = self.log();
+            if log.contains("RADIUS CoA and Disconnect on udp") {
+                let since = *listening.get_or_insert_with(Instant::now);
+                if log.matches(" indexed in ").count() >= 2
+                    || log.contains("not indexed yet")
+                    || since.elapsed() > Duration::from_secs(3)
+                {
+                    return Ok(());
+                }
             }
             if let Some(child) = self.daemon.as_mut()
                 && let Some(status) = child.try_wait()?
@@ -442,6 +451,34 @@ fn quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> f64 {
     lower.0
 }
 
+/// The `n` requests the daemon took longest over, as its log says (each line ends with
+/// how long: `(412.3µs)`, `(2.2ms)`, `(1.3s)`), slowest first.
+fn slowest(log: &str, n: usize) -> Vec<String> {
+    let took = |l: &str| -> Option<f64> {
+        let t = l.strip_suffix(')')?.rsplit_once('(')?.1;
+        let (v, unit) = t.split_at(t.find(|c: char| c.is_alphabetic() || c == 'µ')?);
+        let scale = match unit {
+            "ns" => 1e-9,
+            "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            _ => return None,
+        };
+        Some(v.parse::<f64>().ok()? * scale)
+    };
+    let mut timed: Vec<(f64, &str)> = log
+        .lines()
+        .filter(|l| l.contains("radius:"))
+        .filter_map(|l| Some((took(l)?, l)))
+        .collect();
+    timed.sort_by(|a, b| b.0.total_cmp(&a.0));
+    timed
+        .into_iter()
+        .take(n)
+        .map(|(_, l)| format!("slow: {l}"))
+        .collect()
+}
+
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -505,16 +542,14 @@ pub fn run(shaper: &Path, opts: &Options) -> Result<CoaResults> {
         - series(&before, "shaper_radius_request_seconds_count").unwrap_or(0.0);
     let acked = answers.acked.load(Ordering::Relaxed);
     let nakked = answers.nakked.load(Ordering::Relaxed);
-    let log = match acked == sent {
-        true => Vec::new(),
-        false => rig
-            .log()
-            .lines()
-            .filter(|l| l.contains("radius") && !l.contains(": ack: "))
-            .take(10)
-            .map(str::to_owned)
-            .collect(),
-    };
+    let text = rig.log();
+    let mut log: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains("radius:") && !l.contains(": ack: "))
+        .take(10)
+        .map(str::to_owned)
+        .collect();
+    log.extend(slowest(&text, 5));
     Ok(CoaResults {
         options: Some(opts.clone()),
         sent,
@@ -565,6 +600,15 @@ mod tests {
         ];
         // Only what came after: 40 in (1, 2] ms, 10 in (2, 5] ms.
         assert!((quantile(&before, &after, 0.8) - 0.002).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_slowest_requests_are_read_from_the_log() {
+        let log = "shaper: radius: 127.0.0.1:1: ack: coa s1: up 5 bit/s, down unchanged (412.3µs)\n\
+                   shaper: radius: 127.0.0.1:1: ack: coa s2: up 5 bit/s, down unchanged (1.3s)\n\
+                   shaper: radius: 127.0.0.1:1: ack: coa s3: up 5 bit/s, down unchanged (2.2ms)\n";
+        let got = slowest(log, 2);
+        assert!(got[0].contains("s2") && got[1].contains("s3"), "{got:?}");
     }
 
     #[test]
