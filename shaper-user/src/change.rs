@@ -4,9 +4,12 @@
 //!
 //! 1. [`begin`]: take the host lock ([`system::lock`]), roll back a change killed half
 //!    way ([`journal::recover`]), finish an upgrade killed half way ([`upgrade::recover`]),
-//!    and open the pins of each attachment the change may touch, once ([`Pinned`]: their
-//!    layout checked once). What the change checks before it writes, it reads through
-//!    these ([`Prepared`]); an error here has written nothing.
+//!    move the host's change count on ([`system::Lock::bump`]), and open the pins of each
+//!    attachment the change may touch, once ([`Pinned`]: their layout checked once; the
+//!    daemon's RADIUS listener keeps them, and an index of the subscribers, from one of
+//!    its changes to the next while the count says no one else changed anything:
+//!    [`Kept`]). What the change checks before it writes, it reads through these
+//!    ([`Prepared`]); an error here has written nothing.
 //! 2. [`Prepared::journal`]: journal how to put each attachment back
 //!    ([`journal::Undo`], read through the same pins).
 //! 3. Write through the same pins ([`Change::pinned`], [`PolicyTable::of`]), then
@@ -434,7 +437,7 @@ pub fn del_subscriber_holding(
     Ok(changed)
 }
 
-/// What [`edit_subscribers`] does to the subscriber of one attachment.
+/// What [`Edits::apply`] does to the subscriber of one attachment.
 pub enum Edit<'a> {
     /// Gives subscriber `id` the plan `plan` makes of the one in force, its prefixes and
     /// name kept (a plan change: its bucket carried over, no refill).
