@@ -4,9 +4,12 @@
 //!
 //! 1. [`begin`]: take the host lock ([`system::lock`]), roll back a change killed half
 //!    way ([`journal::recover`]), finish an upgrade killed half way ([`upgrade::recover`]),
-//!    and open the pins of each attachment the change may touch, once ([`Pinned`]: their
-//!    layout checked once). What the change checks before it writes, it reads through
-//!    these ([`Prepared`]); an error here has written nothing.
+//!    move the host's change count on ([`system::Lock::bump`]), and open the pins of each
+//!    attachment the change may touch, once ([`Pinned`]: their layout checked once; the
+//!    daemon's RADIUS listener keeps them, and an index of the subscribers, from one of
+//!    its changes to the next while the count says no one else changed anything:
+//!    [`Kept`]). What the change checks before it writes, it reads through these
+//!    ([`Prepared`]); an error here has written nothing.
 //! 2. [`Prepared::journal`]: journal how to put each attachment back
 //!    ([`journal::Undo`], read through the same pins).
 //! 3. Write through the same pins ([`Change::pinned`], [`PolicyTable::of`]), then
@@ -17,8 +20,10 @@
 //! [`attach`], [`set_policy`], [`del_policy`] and [`detach`] are whole changes;
 //! [`crate::apply::apply`] is one over every interface of a file.
 
+use std::sync::Arc;
+
 use ipnet::IpNet;
-use shaper_common::config::PolicyLimits;
+use shaper_common::{config::PolicyLimits, maps::Policy};
 
 use crate::{
     attach::{self, AttachError, Attached},
@@ -29,7 +34,9 @@ use crate::{
     pins::Attachment,
     policy::{Changes, CheckedPolicy, PolicyError, PolicyTable},
     request::{self, AttachRequest, Hook, RequestError},
-    subscriber::{Changed, SubscriberError, SubscriberSpec, SubscriberTable, Summary},
+    subscriber::{
+        Before, Changed, Index, SubscriberError, SubscriberSpec, SubscriberTable, Summary,
+    },
     system::{self, SystemError},
     upgrade::{self, UpgradeError},
 };
@@ -66,9 +73,9 @@ struct Opened {
     at: Attachment,
     /// Its link held the program.
     live: bool,
-    /// Its pins, opened once: `None` where it is not live, or its pins are not this
-    /// shaper's layout (an upgrade is due).
-    pinned: Option<Pinned>,
+    /// Its pins, opened once (or kept from the daemon's last change: [`Kept`]): `None`
+    /// where it is not live, or its pins are not this shaper's layout (an upgrade is due).
+    pinned: Option<Arc<Pinned>>,
 }
 
 fn find<'a>(opened: &'a [Opened], at: &Attachment) -> Option<&'a Opened> {
@@ -97,11 +104,99 @@ pub fn begin_holding(
     attachments: &[Attachment],
     lock: system::Lock,
 ) -> Result<Prepared, ChangeError> {
+    begin_keeping(command, attachments, lock, &mut Kept::default())
+}
+
+/// What the daemon keeps of the attachments it changes from one of its changes to the
+/// next: each one's pins, opened once, and its subscribers' [`Index`], read once. Good
+/// while the host's change count ([`system::Lock::generation`]) is the one they were kept
+/// at: every change moves it on under the lock before it writes anything (at [`begin`]),
+/// so a change made by any other command or thread, or rolled back, makes the daemon
+/// open and read them again; its own changes keep them up to date as they write.
+#[derive(Default)]
+pub struct Kept {
+    generation: Option<u64>,
+    held: Vec<Held>,
+    /// How many times an attachment's subscribers were read whole into an index.
+    reads: u64,
+}
+
+struct Held {
+    at: Attachment,
+    pinned: Arc<Pinned>,
+    index: Option<Index>,
+}
+
+impl Kept {
+    /// The pins of `at`, kept or opened now (and kept).
+    fn pins(&mut self, at: &Attachment) -> Result<Arc<Pinned>, PinnedMapError> {
+        if let Some(h) = self.held.iter().find(|h| h.at == *at) {
+            return Ok(h.pinned.clone());
+        }
+        let pinned = Arc::new(Pinned::open(at)?);
+        self.held.push(Held {
+            at: at.clone(),
+            pinned: pinned.clone(),
+            index: None,
+        });
+        Ok(pinned)
+    }
+
+    /// The subscriber index of `at` (whose pins are kept), built from `table` if there is
+    /// none.
+    fn index(
+        &mut self,
+        at: &Attachment,
+        table: &SubscriberTable,
+    ) -> Result<&mut Index, ChangeError> {
+        let held = self
+            .held
+            .iter_mut()
+            .find(|h| h.at == *at)
+            .ok_or_else(|| ChangeError::NotAttached(at.label()))?;
+        if held.index.is_none() {
+            held.index = Some(table.index()?);
+            self.reads += 1;
+        }
+        Ok(held.index.get_or_insert_default())
+    }
+
+    /// How many times the subscribers of an attachment were read whole (into an index):
+    /// at the first change, and after every change another command made.
+    pub fn reads(&self) -> u64 {
+        self.reads
+    }
+
+    /// The policy slots of `at` as its index has them, if it has one.
+    fn slots(&self, at: &Attachment) -> Option<Vec<(u32, Policy)>> {
+        let held = self.held.iter().find(|h| h.at == *at)?;
+        held.index.as_ref().map(Index::slots)
+    }
+}
+
+/// [`begin_holding`], reusing what `kept` holds if the host's change count is the one it
+/// was kept at (and dropping it otherwise).
+fn begin_keeping(
+    command: &str,
+    attachments: &[Attachment],
+    lock: system::Lock,
+    kept: &mut Kept,
+) -> Result<Prepared, ChangeError> {
     // One left by a command killed after this one's entry point checked.
     journal::recover()?;
-    let mut opened = Vec::new();
     for at in attachments {
         upgrade::recover(at)?;
+    }
+    // What was kept is good only if nothing changed since, recoveries included (a killed
+    // change moved the count on before it wrote). This change moves it on before it
+    // writes anything; the daemon's own writes keep what it kept up to date.
+    let seen = lock.generation()?;
+    if kept.generation != Some(seen) {
+        kept.held.clear();
+    }
+    kept.generation = Some(lock.bump(seen)?);
+    let mut opened = Vec::new();
+    for at in attachments {
         // "Could not tell" is refused, never taken for gone: the journal would detach it.
         let live = match at.exists().then(|| link::liveness(at)) {
             None | Some(link::Liveness::Gone) => false,
@@ -114,7 +209,7 @@ pub fn begin_holding(
                 .into());
             }
         };
-        let pinned = match live.then(|| Pinned::open(at)) {
+        let pinned = match live.then(|| kept.pins(at)) {
             Some(Ok(pinned)) => Some(pinned),
             // Older pins: attach upgrades them; a policy change says so (`attached`).
             None | Some(Err(PinnedMapError::Layout(_))) => None,
@@ -136,7 +231,7 @@ pub fn begin_holding(
 impl Prepared {
     /// The pins of `at` as opened: `None` where it is not live or not this shaper's layout.
     pub fn pinned(&self, at: &Attachment) -> Option<&Pinned> {
-        find(&self.opened, at).and_then(|o| o.pinned.as_ref())
+        find(&self.opened, at).and_then(|o| o.pinned.as_deref())
     }
 
     /// The pins of `at`, which must be attached, with its link live (a policy written
@@ -163,9 +258,20 @@ impl Prepared {
     /// [`Prepared::journal`], with `extra` steps run first when rolling back (one
     /// subscriber's entry and routes: [`Undo::subscriber`]).
     pub fn journal_with(self, extra: Vec<Undo>) -> Result<Change, ChangeError> {
+        self.journal_knowing(extra, |_| None)
+    }
+
+    /// [`Prepared::journal_with`], each attachment's policy slots taken from `slots`
+    /// where it knows them (the daemon's index), read otherwise.
+    fn journal_knowing(
+        self,
+        extra: Vec<Undo>,
+        slots: impl Fn(&Attachment) -> Option<Vec<(u32, Policy)>>,
+    ) -> Result<Change, ChangeError> {
         let mut undo = Vec::new();
         for o in &self.opened {
-            undo.extend(Undo::of(&o.at, o.live, o.pinned.as_ref())?);
+            let known = o.pinned.as_ref().and_then(|_| slots(&o.at));
+            undo.extend(Undo::of(&o.at, o.live, o.pinned.as_deref(), known)?);
         }
         undo.extend(extra);
         let journal = journal::begin(&self.command, undo)?;
@@ -189,7 +295,7 @@ pub struct Change {
 impl Change {
     /// The pins of `at` as [`begin`] opened them (see [`Prepared::pinned`]).
     pub fn pinned(&self, at: &Attachment) -> Option<&Pinned> {
-        find(&self.opened, at).and_then(|o| o.pinned.as_ref())
+        find(&self.opened, at).and_then(|o| o.pinned.as_deref())
     }
 
     /// Whether `at`'s link held the program when the change began.
@@ -331,7 +437,7 @@ pub fn del_subscriber_holding(
     Ok(changed)
 }
 
-/// What [`edit_subscribers`] does to the subscriber of one attachment.
+/// What [`Edits::apply`] does to the subscriber of one attachment.
 pub enum Edit<'a> {
     /// Gives subscriber `id` the plan `plan` makes of the one in force, its prefixes and
     /// name kept (a plan change: its bucket carried over, no refill).
@@ -343,23 +449,89 @@ pub enum Edit<'a> {
     Del { id: String },
 }
 
-/// A RADIUS CoA or Disconnect: `edits` of the subscribers of one or more attachments,
-/// as one change under `lock` (taken already): each read, journaled and written, all or
-/// none. A subscriber gone meanwhile is [`SubscriberError::NotFound`], nothing written.
-pub fn edit_subscribers(
+/// A RADIUS CoA or Disconnect begun ([`begin_edits`]): under the lock, recovered, with
+/// the pins and subscriber indexes the daemon kept ([`Kept`]) where nothing changed since,
+/// opened and read again otherwise.
+pub struct Edits<'k> {
+    prepared: Prepared,
+    kept: &'k mut Kept,
+}
+
+/// Begins a RADIUS change of the subscribers of `attachments` under `lock` (taken
+/// already), through what `kept` holds.
+pub fn begin_edits<'k>(
     command: &str,
+    attachments: &[Attachment],
     lock: system::Lock,
+    kept: &'k mut Kept,
+) -> Result<Edits<'k>, ChangeError> {
+    let prepared = begin_keeping(command, attachments, lock, kept)?;
+    Ok(Edits { prepared, kept })
+}
+
+impl Edits<'_> {
+    /// Whether subscriber `id` is set on `at` (which must be attached): its index, read
+    /// once.
+    pub fn has(&mut self, at: &Attachment, id: &str) -> Result<bool, ChangeError> {
+        let table = SubscriberTable::of(self.prepared.attached(at)?)?;
+        Ok(self.kept.index(at, &table)?.contains(id))
+    }
+
+    /// How many subscribers `at` (which must be attached) has, by its index: read now
+    /// if it was not kept.
+    pub fn indexed(&mut self, at: &Attachment) -> Result<usize, ChangeError> {
+        let table = SubscriberTable::of(self.prepared.attached(at)?)?;
+        Ok(self.kept.index(at, &table)?.len())
+    }
+
+    /// The id of the subscriber whose prefix holds `net` on `at` (which must be
+    /// attached), if any: a lookup in the tries and one entry read.
+    pub fn id_holding(&self, at: &Attachment, net: &IpNet) -> Result<Option<String>, ChangeError> {
+        let table = SubscriberTable::of(self.prepared.attached(at)?)?;
+        Ok(table.id_holding(net)?)
+    }
+
+    /// Makes `edits` of the subscribers of the attachments begun, as one change: each
+    /// read, journaled and written, all or none. A subscriber gone is
+    /// [`SubscriberError::NotFound`], nothing written. Attachments not edited are not
+    /// journaled. After an error, what was kept is opened and read again next time.
+    pub fn apply(self, edits: &[(Attachment, Edit<'_>)]) -> Result<Vec<Changed>, ChangeError> {
+        let Self { mut prepared, kept } = self;
+        prepared
+            .opened
+            .retain(|o| edits.iter().any(|(at, _)| *at == o.at));
+        let result = apply_edits(prepared, kept, edits);
+        if result.is_err() {
+            kept.generation = None;
+        }
+        result
+    }
+}
+
+/// What an edit writes: the plan it gives, and the subscriber as it was.
+type Step = (SubscriberTable, Option<PolicyLimits>, Before);
+
+fn apply_edits(
+    prepared: Prepared,
+    kept: &mut Kept,
     edits: &[(Attachment, Edit<'_>)],
 ) -> Result<Vec<Changed>, ChangeError> {
-    let attachments: Vec<Attachment> = edits.iter().map(|(at, _)| at.clone()).collect();
-    let prepared = begin_holding(command, &attachments, lock)?;
-    let mut steps = Vec::new();
+    let mut steps: Vec<Step> = Vec::new();
     for (at, edit) in edits {
         let table = SubscriberTable::of(prepared.attached(at)?)?;
-        // A plan change reads and writes the entry alone, never the tries.
+        let index = kept.index(at, &table)?;
+        // A plan change reads and writes the entry alone, never the tries; an entry
+        // not as the index has it is read again, once.
         let (plan, before) = match edit {
             Edit::Plan { id, plan } => {
-                let (before, now) = table.plan_before(id)?;
+                let (before, now) = match table.plan_before(index, id) {
+                    Err(SubscriberError::Stale(_)) => {
+                        *index = table.index()?;
+                        kept.reads += 1;
+                        table.plan_before(kept.index(at, &table)?, id)
+                    }
+                    other => other,
+                }?;
                 (Some(plan(&now)), before)
             }
             Edit::Del { id } => (None, table.before(id, None)?),
@@ -371,12 +543,17 @@ pub fn edit_subscribers(
         .zip(&steps)
         .map(|((at, _), (_, _, before))| Undo::subscriber(at, before))
         .collect();
-    let change = prepared.journal_with(undo)?;
+    let change = prepared.journal_knowing(undo, |at| kept.slots(at))?;
     let mut changed = Vec::new();
-    for (mut table, plan, before) in steps {
+    for ((at, _), (mut table, plan, before)) in edits.iter().zip(steps) {
+        let index = kept.index(at, &table)?;
         changed.push(match plan {
-            Some(plan) => table.set_plan(&before, &plan)?,
-            None => table.del(&before)?,
+            Some(plan) => table.set_plan(index, &before, &plan)?,
+            None => {
+                let done = table.del(&before)?;
+                index.forget(&before);
+                done
+            }
         });
     }
     change.commit()?;

@@ -112,11 +112,14 @@ impl Undo {
     /// What puts `at` back as it is now, read through its pins as the change opened them
     /// (`live`: its link holds the program; `pinned`: its pins, `None` where they are not
     /// this shaper's layout: an upgrade is due, which keeps the settings and recovers
-    /// itself, so nothing is to be put back). The caller holds the lock.
+    /// itself, so nothing is to be put back; `known`: its policy slots as the caller
+    /// knows them under this lock, the daemon's index, otherwise read). The caller holds
+    /// the lock.
     pub fn of(
         at: &Attachment,
         live: bool,
         pinned: Option<&Pinned>,
+        known: Option<Vec<(u32, Policy)>>,
     ) -> Result<Option<Self>, JournalError> {
         let (iface, netns, direction) = (at.iface.clone(), at.netns.clone(), at.direction);
         if !at.exists() {
@@ -144,7 +147,7 @@ impl Undo {
                     direction,
                 }));
             };
-            let (config, slots) = snapshot(at, &pinned)?;
+            let (config, slots) = snapshot(at, &pinned, None)?;
             return Ok(Some(Self::Unlink {
                 iface,
                 netns,
@@ -157,7 +160,7 @@ impl Undo {
         let Some(pinned) = pinned else {
             return Ok(None);
         };
-        let (config, slots) = snapshot(at, pinned)?;
+        let (config, slots) = snapshot(at, pinned, known)?;
         Ok(Some(Self::Restore {
             iface,
             netns,
@@ -276,9 +279,17 @@ fn detach_any(at: &Attachment) -> Result<(), Box<dyn std::error::Error + Send + 
 /// Policy slots as journaled: each slot's number and its entry's bytes.
 type Slots = Vec<(u32, Vec<u8>)>;
 
-/// The settings and policy slots of `at`, as bytes, read through its pins.
-fn snapshot(at: &Attachment, pinned: &Pinned) -> Result<(Vec<u8>, Slots), JournalError> {
+/// The settings and policy slots of `at`, as bytes, read through its pins (the slots
+/// `known` taken as they are).
+fn snapshot(
+    at: &Attachment,
+    pinned: &Pinned,
+    known: Option<Vec<(u32, Policy)>>,
+) -> Result<(Vec<u8>, Slots), JournalError> {
     let read = || -> Result<_, PolicyError> {
+        if let Some(slots) = known {
+            return Ok((pinned.config()?, slots));
+        }
         let table = PolicyTable::of(pinned)?;
         Ok((table.config()?, table.slots()?))
     };

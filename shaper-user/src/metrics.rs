@@ -778,6 +778,48 @@ pub struct Daemon {
     pub radius: Vec<(&'static str, u64)>,
     /// RADIUS accounting's counters; `None` when it is off.
     pub accounting: Option<crate::radius::accounting::Stats>,
+    /// How long the RADIUS requests acted on took; `None` when its listener is off.
+    pub radius_seconds: Option<Latency>,
+}
+
+/// [`Latency`]'s upper bounds, seconds: fine below 10 ms (the CoA target), coarse above.
+pub const LATENCY_BOUNDS: [f64; 20] = [
+    0.000_1, 0.000_25, 0.000_5, 0.000_75, 0.001, 0.001_5, 0.002, 0.003, 0.005, 0.007_5, 0.01,
+    0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+/// A histogram of durations, counted as they are observed, in the buckets
+/// [`LATENCY_BOUNDS`].
+#[derive(Clone, Debug, Default)]
+pub struct Latency {
+    /// Observations in each bucket (not cumulative); the last is above every bound.
+    counts: [u64; LATENCY_BOUNDS.len() + 1],
+    sum_secs: f64,
+}
+
+impl Latency {
+    pub fn observe(&mut self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = LATENCY_BOUNDS
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(LATENCY_BOUNDS.len());
+        self.counts[i] += 1;
+        self.sum_secs += secs;
+    }
+
+    /// Its cumulative buckets, as a scrape gives them.
+    fn buckets(&self) -> Buckets {
+        let mut total = 0;
+        self.counts
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                total += n;
+                (LATENCY_BOUNDS.get(i).copied(), total)
+            })
+            .collect()
+    }
 }
 
 fn unix_seconds(t: SystemTime) -> f64 {
@@ -871,17 +913,23 @@ fn collect_accounting(f: &mut Families, a: &crate::radius::accounting::Stats) {
 /// because the encoder's histogram observes values one by one and chooses its own bounds,
 /// where these are the kernel's log2 buckets, counted already.
 fn delay_histogram(out: &mut String, delays: &[Delays]) {
-    const NAME: &str = "shaper_shape_delay_seconds";
-    if delays.is_empty() {
+    histogram(
+        out,
+        "shaper_shape_delay_seconds",
+        "Shape mode: how long frames were held back.",
+        delays,
+    );
+}
+
+/// Writes the histogram family `name` of `series` (nothing without a series).
+fn histogram(out: &mut String, name: &str, help: &str, series: &[Delays]) {
+    if series.is_empty() {
         return;
     }
-    let _ = writeln!(
-        out,
-        "# HELP {NAME} Shape mode: how long frames were held back."
-    );
-    let _ = writeln!(out, "# TYPE {NAME} histogram");
-    let _ = writeln!(out, "# UNIT {NAME} seconds");
-    for d in delays {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    let _ = writeln!(out, "# UNIT {name} seconds");
+    for d in series {
         let mut text: Vec<String> = d
             .labels
             .iter()
@@ -890,12 +938,16 @@ fn delay_histogram(out: &mut String, delays: &[Delays]) {
         for (le, count) in &d.buckets {
             let le = le.map_or_else(|| "+Inf".to_owned(), |s| format!("{s:?}"));
             text.push(format!("le=\"{le}\""));
-            let _ = writeln!(out, "{NAME}_bucket{{{}}} {count}", text.join(","));
+            let _ = writeln!(out, "{name}_bucket{{{}}} {count}", text.join(","));
             text.pop();
         }
         let count = d.buckets.last().map_or(0, |(_, n)| *n);
-        let _ = writeln!(out, "{NAME}_count{{{}}} {count}", text.join(","));
-        let _ = writeln!(out, "{NAME}_sum{{{}}} {:?}", text.join(","), d.sum_secs);
+        let labels = match text.is_empty() {
+            true => String::new(),
+            false => format!("{{{}}}", text.join(",")),
+        };
+        let _ = writeln!(out, "{name}_count{labels} {count}");
+        let _ = writeln!(out, "{name}_sum{labels} {:?}", d.sum_secs);
     }
 }
 
@@ -953,6 +1005,18 @@ pub fn render(
     let eof = text.rfind("# EOF").ok_or(MetricsError::Encode)?;
     text.truncate(eof);
     delay_histogram(&mut text, &delays);
+    if let Some(latency) = &daemon.radius_seconds {
+        histogram(
+            &mut text,
+            "shaper_radius_request_seconds",
+            "RADIUS CoA and Disconnect requests acted on (answered ACK or NAK): from the datagram received to the answer sent, the change written in between.",
+            &[Delays {
+                labels: Vec::new(),
+                buckets: latency.buckets(),
+                sum_secs: latency.sum_secs,
+            }],
+        );
+    }
     text.push_str("# EOF\n");
     Ok(Scrape { text, unreadable })
 }
@@ -988,5 +1052,37 @@ mod tests {
         let mut none = String::new();
         delay_histogram(&mut none, &[]);
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn a_latency_is_counted_in_its_bucket_and_the_buckets_are_cumulative() {
+        let mut l = Latency::default();
+        for ms in [0.05, 0.3, 0.3, 4.0, 10_000.0] {
+            l.observe(Duration::from_secs_f64(ms / 1e3));
+        }
+        let b = l.buckets();
+        assert_eq!(b.len(), LATENCY_BOUNDS.len() + 1);
+        let at = |le: Option<f64>| b.iter().find(|(x, _)| *x == le).unwrap().1;
+        assert_eq!(at(Some(0.000_1)), 1);
+        assert_eq!(at(Some(0.000_25)), 1);
+        assert_eq!(at(Some(0.000_5)), 3);
+        assert_eq!(at(Some(0.005)), 4);
+        assert_eq!(at(Some(5.0)), 4);
+        assert_eq!(at(None), 5);
+        let mut out = String::new();
+        histogram(
+            &mut out,
+            "x_seconds",
+            "X.",
+            &[Delays {
+                labels: Vec::new(),
+                buckets: b,
+                sum_secs: l.sum_secs,
+            }],
+        );
+        assert!(
+            out.contains("\nx_seconds_bucket{le=\"+Inf\"} 5\nx_seconds_count 5\n"),
+            "{out}"
+        );
     }
 }

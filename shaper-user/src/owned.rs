@@ -97,13 +97,14 @@ pub fn set_dir_mode(path: &Path, mode: u32) -> io::Result<()> {
     dir.set_permissions(fs::Permissions::from_mode(mode))
 }
 
-/// Opens the file at `path` for writing, made empty with mode 0600 if absent, never
+/// Opens the file at `path` to read and write, made empty with mode 0600 if absent, never
 /// through a symlink; one found with a looser mode is set to 0600, one owned by another
 /// user refused. For the lock files, which `flock` locks through any descriptor.
 pub fn open_private(path: &Path) -> io::Result<File> {
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)

@@ -17,6 +17,7 @@
 //! prefix inside another subscriber's. A subscriber's prefix inside a prefix policy is
 //! allowed: the longest prefix wins, and it is the subscriber's.
 
+mod index;
 pub mod plan;
 mod sync;
 
@@ -37,6 +38,7 @@ use crate::{
     policy::{PolicyError, PolicyTable, table::keyed_whole},
 };
 
+pub use index::Index;
 pub use sync::{Batch, Summary};
 
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +63,9 @@ pub enum SubscriberError {
     PlanRoom { room: usize },
     #[error("no subscriber {0}")]
     NotFound(String),
+    /// The daemon's [`Index`] named an entry that is not subscriber `0` as it has it.
+    #[error("subscriber {0}'s entry is not as the index has it")]
+    Stale(String),
     #[error(
         "no room for another subscriber ({room} in use, the --max-subscribers of the attachment); detach and attach again with a larger --max-subscribers"
     )]
@@ -450,57 +455,6 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// Whether subscriber `id` is set: one read of the entries.
     pub fn contains(&self, id: &str) -> Result<bool, SubscriberError> {
         Ok(check_id(id).is_ok() && self.find(id)?.is_some())
-    }
-
-    /// For a change of subscriber `id`'s plan alone ([`SubscriberTable::set_plan`]):
-    /// its entry as it is (to journal: its routes are not touched) and its plan in force.
-    /// The tries are not read.
-    pub fn plan_before(&self, id: &str) -> Result<(Before, PolicyLimits), SubscriberError> {
-        let (index, entry) = self
-            .find(id)?
-            .ok_or_else(|| SubscriberError::NotFound(id.to_owned()))?;
-        let plan = self
-            .p()
-            .plans()?
-            .iter()
-            .find(|(slot, _)| *slot == entry.plan)
-            .map(|(_, p)| plan_limits(p))
-            .unwrap_or_default();
-        let before = Before {
-            index,
-            entry,
-            routes: Vec::new(),
-        };
-        Ok((before, plan))
-    }
-
-    /// Gives the subscriber `before` read (by [`SubscriberTable::plan_before`]) the plan
-    /// `plan`, its prefixes and name untouched: one write of its entry, its cell carried
-    /// over (no refill), the old plan's slot freed if no one else has it.
-    pub fn set_plan(
-        &mut self,
-        before: &Before,
-        plan: &PolicyLimits,
-    ) -> Result<Changed, SubscriberError> {
-        let entry_plan = plan_entry(&unpadded(&before.entry.id), plan)?;
-        let plans = self.p().plans()?;
-        let slot = match plans.iter().find(|(_, p)| *p == entry_plan) {
-            Some((slot, _)) => *slot,
-            None => self.pm().add_plan(&entry_plan)?,
-        };
-        if slot == before.entry.plan {
-            return Ok(Changed::Unchanged);
-        }
-        let now = self
-            .subs
-            .get(&before.index, 0)
-            .map_err(map_err("read the subscribers"))?;
-        self.subs
-            .set(before.index, Subscriber { plan: slot, ..now }, 0)
-            .map_err(map_err("write a subscriber's plan"))?;
-        crate::crash::point("subscriber-step");
-        self.drop_plan_if_unused(before.entry.plan)?;
-        Ok(Changed::Changed)
     }
 
     /// What [`SubscriberTable::set`] of `spec` (or `del` with `None`) of subscriber `id`

@@ -53,10 +53,57 @@ pub fn check_burst_fits(iface: &str, burst: u64) -> Result<(), SystemError> {
 }
 
 /// Held while a command changes attachments, so two shaper commands never interleave
-/// their map writes. Released when dropped (the file stays; it is empty). The lock files
-/// are root's, mode 0600 ([`crate::owned::open_private`]): `flock` needs only a
-/// descriptor, so a user who could open one could hold it and stop every change.
-pub struct Lock(#[expect(dead_code, reason = "held for its flock until dropped")] std::fs::File);
+/// their map writes. Released when dropped (the file stays). The lock files are root's,
+/// mode 0600 ([`crate::owned::open_private`]): `flock` needs only a descriptor, so a user
+/// who could open one could hold it and stop every change.
+///
+/// The change lock's file holds the host's change count ([`Lock::generation`]): every
+/// change moves it on under the lock before it writes anything ([`crate::change`]), so
+/// what a process read of the attachments under one count is still so under the same
+/// count (the daemon's subscriber index keeps its reads this way).
+pub struct Lock(std::fs::File);
+
+/// The bytes of the change count in the lock's file: 20 decimal digits and a newline.
+const GENERATION_BYTES: usize = 21;
+
+impl Lock {
+    /// The host's change count as the lock's file holds it (0 for an empty file or one
+    /// it cannot read as a count).
+    pub fn generation(&self) -> Result<u64, SystemError> {
+        use std::os::unix::fs::FileExt as _;
+        let mut buf = [0u8; GENERATION_BYTES];
+        let n = self.0.read_at(&mut buf, 0).map_err(|e| self.err(e))?;
+        Ok(std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// Moves the change count on from `seen` (what [`Lock::generation`] read) and says
+    /// what it is now. A file without a count starts from the clock, so a lock file made
+    /// anew never repeats a count an earlier one held.
+    pub fn bump(&self, seen: u64) -> Result<u64, SystemError> {
+        use std::os::unix::fs::FileExt as _;
+        let next = match seen {
+            0 => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64 | 1),
+            n => n.wrapping_add(1).max(1),
+        };
+        let text = format!("{next:020}\n");
+        self.0
+            .write_all_at(text.as_bytes(), 0)
+            .map_err(|e| self.err(e))?;
+        Ok(next)
+    }
+
+    fn err(&self, source: io::Error) -> SystemError {
+        SystemError::Lock {
+            path: LOCK_PATH.to_owned(),
+            source,
+        }
+    }
+}
 
 /// Where [`lock`] locks: a file on tmpfs, which every mount namespace of the host shares.
 pub const LOCK_PATH: &str = "/run/shaper.lock";

@@ -43,7 +43,7 @@ enum Cmd {
     Lab(LabArgs),
     /// Benchmarks: per-packet cost against a no-op XDP program, memory and cost as sources
     /// grow, rate accuracy against tc; writes results.md, results.json and SVG plots.
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
     /// Run random and mutated frames of every encapsulation through the XDP program
     /// (BPF_PROG_TEST_RUN, no interface) and check every verdict and counter.
     Fuzz(FuzzArgs),
@@ -110,6 +110,15 @@ struct BenchArgs {
     /// With `--only sweep`: only these numbers of sources (repeatable)
     #[arg(long)]
     sources: Vec<usize>,
+    /// With `--only coa`: CoA-Requests a second [default: 1000]
+    #[arg(long)]
+    coa_rate: Option<u32>,
+    /// With `--only coa`: how long to send them, seconds [default: 60, 5 with --quick]
+    #[arg(long)]
+    coa_seconds: Option<u64>,
+    /// With `--only coa`: subscribers [default: 100000, 10000 with --quick]
+    #[arg(long)]
+    coa_subscribers: Option<u32>,
 }
 
 /// The benchmarks `--only` picks from.
@@ -137,6 +146,9 @@ enum LabPart {
     Duration,
     /// iperf3 TCP policed, shaped and shaped with ECN (shape needs sch_fq); writes results-tcp.md
     Tcp,
+    /// RADIUS CoA-Requests to `shaper run` at 1,000 a second for 60 s against 100,000
+    /// subscribers (10,000 for 5 s with --quick): latency, losses, scrapes meanwhile
+    Coa,
 }
 
 #[derive(Debug, Args)]
@@ -686,10 +698,30 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
     if args.only.contains(&LabPart::Tcp) {
         shaper_lab::bench::tcp::bench(&shaper, &args.out, args.emulated.as_deref())?;
     }
+    if args.only.contains(&LabPart::Coa) {
+        use shaper_lab::bench::coa;
+        let mut opts = coa::Options::new(args.quick);
+        opts.rate = args.coa_rate.unwrap_or(opts.rate);
+        opts.seconds = args.coa_seconds.unwrap_or(opts.seconds);
+        opts.subscribers = args.coa_subscribers.unwrap_or(opts.subscribers);
+        ensure!(
+            opts.rate > 0 && opts.seconds > 0 && opts.subscribers > 0,
+            "--coa-rate, --coa-seconds and --coa-subscribers must be at least 1"
+        );
+        let results = coa::run(&shaper, &opts)?;
+        for line in coa::summary_lines(&results) {
+            println!("{line}");
+        }
+    }
     if args.only.iter().all(|p| {
         matches!(
             p,
-            LabPart::Kernel | LabPart::PerPacket | LabPart::Lru | LabPart::Flood | LabPart::Tcp
+            LabPart::Kernel
+                | LabPart::PerPacket
+                | LabPart::Lru
+                | LabPart::Flood
+                | LabPart::Tcp
+                | LabPart::Coa
         )
     }) {
         return Ok(());

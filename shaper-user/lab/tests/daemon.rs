@@ -2092,6 +2092,103 @@ fn radius_coa_and_disconnect_set_plans_and_bad_requests_change_nothing() {
     assert!(log.contains("radius: 127.0.0.1:"), "{log}");
 }
 
+/// The daemon keeps an index of the subscribers between CoAs; a change by another command
+/// makes it read them again. After a CoA for c1, the CLI removes c1 and sets c3 (which
+/// takes c1's place in the map): CoAs naming c3 by its IPv4 address and by its IPv6
+/// prefix set c3's plans, c1 gets Session-Context-Not-Found, c2 is untouched; every
+/// request acted on is in `shaper_radius_request_seconds`.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn radius_coa_follows_subscribers_changed_by_other_commands() {
+    let lab = radius_lab("dm-coa-index");
+    let (name, file) = (lab.name.clone(), lab.file.clone());
+    let daemon = Daemon::start(&name, &file, &["--no-watch"]);
+    let (v4, v6) = ("127.0.0.1:3799", "[::1]:3799");
+    let plan = |d: &str, id: &str| sub_plan(&name, IFACE, d, id);
+    let now = unix_secs();
+    let coa = |server: &str, secret: &str, attrs: &str| {
+        radclient(
+            &name,
+            server,
+            "coa",
+            secret,
+            &format!("{attrs}\nEvent-Timestamp = {now}\n"),
+        )
+    };
+    let (acked, said) = coa(
+        v4,
+        "v4secret",
+        "User-Name = c1\nWISPr-Bandwidth-Max-Up = 30000000",
+    );
+    assert!(acked, "{said}\n{}", daemon.log());
+    assert_eq!(plan("ingress", "c1"), Some((30_000_000, 75_000)));
+    for d in ["ingress", "egress"] {
+        shaper_ok(&name, &["--direction", d, "subscriber", "del", IFACE, "c1"]);
+        shaper_ok(
+            &name,
+            &[
+                "--direction",
+                d,
+                "subscriber",
+                "set",
+                IFACE,
+                "c3",
+                "--prefix",
+                "100.64.0.3",
+                "--prefix",
+                "fdd7:b724:0:300::/56",
+                "--rate",
+                "10mbit",
+                "--burst",
+                "64k",
+            ],
+        );
+    }
+    let (acked, said) = coa(
+        v4,
+        "v4secret",
+        "Framed-IP-Address = 100.64.0.3\nWISPr-Bandwidth-Max-Up = 20000000",
+    );
+    assert!(acked, "c3 by its IPv4 address: {said}\n{}", daemon.log());
+    let (acked, said) = coa(
+        v6,
+        "v6secret",
+        "Framed-IPv6-Prefix = fdd7:b724:0:300::/64\nWISPr-Bandwidth-Max-Down = 6000000",
+    );
+    assert!(acked, "c3 by its IPv6 prefix: {said}\n{}", daemon.log());
+    assert_eq!(plan("ingress", "c3"), Some((20_000_000, 50_000)));
+    assert_eq!(plan("egress", "c3"), Some((6_000_000, 16_384)));
+    let (acked, said) = coa(
+        v4,
+        "v4secret",
+        "User-Name = c1\nWISPr-Bandwidth-Max-Up = 1000000",
+    );
+    assert!(
+        !acked && said.contains("Error-Cause = Session-Context-Not-Found"),
+        "{said}"
+    );
+    for d in ["ingress", "egress"] {
+        assert_eq!(plan(d, "c1"), None);
+        assert_eq!(plan(d, "c2"), Some((10_000_000, 64 << 10)), "c2 {d}");
+    }
+    let (code, body) = http_get(&name, "http://127.0.0.1:9753/metrics");
+    assert_eq!(code, 200, "{body}");
+    let series = |s: &str| {
+        body.lines()
+            .find_map(|l| l.strip_prefix(s))
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        series("shaper_radius_request_seconds_count ").as_deref(),
+        Some("4"),
+        "{body}"
+    );
+    assert_eq!(
+        series("shaper_radius_request_seconds_bucket{le=\"+Inf\"} ").as_deref(),
+        Some("4")
+    );
+}
+
 /// A CoA that changes both directions is one change: the daemon killed between its
 /// ingress and egress writes (a crash point), the next command rolls both back, and the
 /// journal names the RADIUS change.

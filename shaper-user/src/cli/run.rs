@@ -415,6 +415,7 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         last_reload: None,
         radius: Vec::new(),
         accounting: None,
+        radius_seconds: None,
     }));
     if let Some(config) = radius.clone() {
         radius::start(config, netns, Arc::clone(&daemon_state))?;

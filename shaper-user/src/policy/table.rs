@@ -651,6 +651,16 @@ impl PolicyTable {
     /// zeroed): its slot.
     pub fn add_plan(&mut self, entry: &Policy) -> Result<u32, PolicyError> {
         let used: BTreeSet<u32> = self.slots()?.into_iter().map(|(slot, _)| slot).collect();
+        self.add_plan_among(entry, &used)
+    }
+
+    /// [`PolicyTable::add_plan`] where the slots in use are known to be `used` (the
+    /// daemon's index: no read of every slot).
+    pub fn add_plan_among(
+        &mut self,
+        entry: &Policy,
+        used: &BTreeSet<u32>,
+    ) -> Result<u32, PolicyError> {
         let slot = (1..MAX_POLICIES)
             .find(|slot| !used.contains(slot))
             .ok_or(PolicyError::Full { asked: 1, room: 0 })?;

@@ -1,6 +1,8 @@
 //! RADIUS Dynamic Authorization (RFC 5176) for `shaper run`: a CoA-Request sets a
 //! subscriber's plan from the rates it carries, a Disconnect-Request removes the
-//! subscriber; each through the one change path ([`change::edit_subscribers`]).
+//! subscriber; each through the one change path ([`change::begin_edits`]), with the
+//! pins and subscriber index it kept from its last change while nothing else changed the
+//! attachments ([`change::Kept`]).
 //!
 //! A datagram goes through [`Server::check`], in this order, and is dropped unanswered
 //! (counted by [`Reason`]) at the first check it fails: well formed ([`packet`]), from a
@@ -17,7 +19,7 @@ pub mod packet;
 pub mod request;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     net::{IpAddr, SocketAddr},
     time::{Duration, Instant, SystemTime},
 };
@@ -26,9 +28,8 @@ use shaper_common::config::PolicyLimits;
 
 use crate::{
     change::{self, ChangeError, Edit},
-    maps::Pinned,
     pins::{Attachment, Direction},
-    subscriber::{SubscriberError, SubscriberTable, plan},
+    subscriber::{SubscriberError, plan},
     system,
 };
 use packet::{
@@ -198,6 +199,12 @@ pub struct Server {
     netns: Option<String>,
     buckets: Vec<Bucket>,
     seen: HashMap<Key, (Instant, Vec<u8>)>,
+    /// The keys of `seen` in the order remembered (oldest first), to forget them as they
+    /// leave the window without going through them all.
+    order: VecDeque<(Instant, Key)>,
+    /// The pins and subscriber indexes of the `[radius]` interface's attachments, kept
+    /// from one change to the next while nothing else changes them.
+    kept: change::Kept,
 }
 
 fn drop(reason: Reason, detail: impl Into<String>) -> Outcome {
@@ -224,6 +231,8 @@ impl Server {
             netns: netns.map(str::to_owned),
             buckets,
             seen: HashMap::new(),
+            order: VecDeque::new(),
+            kept: change::Kept::default(),
         }
     }
 
@@ -293,8 +302,7 @@ impl Server {
         }
         self.check_timestamp(&p, wall)?;
         let key = (addr, p.identifier, p.authenticator);
-        self.seen
-            .retain(|_, (at, _)| now.duration_since(*at) < self.config.window);
+        self.forget_before(now);
         if let Some((_, reply)) = self.seen.get(&key) {
             return Err(Outcome {
                 reason: Reason::Replay,
@@ -340,23 +348,42 @@ impl Server {
         Ok(())
     }
 
+    /// Forgets the requests seen a window or more before `now`.
+    fn forget_before(&mut self, now: Instant) {
+        while let Some((at, key)) = self.order.front().copied() {
+            if now.duration_since(at) < self.config.window {
+                break;
+            }
+            self.order.pop_front();
+            if self.seen.get(&key).is_some_and(|(was, _)| *was == at) {
+                self.seen.remove(&key);
+            }
+        }
+    }
+
     /// Remembers `checked`'s reply for its replays, from `now`.
     pub fn remember(&mut self, checked: &Checked<'_>, reply: &[u8], now: Instant) {
         self.seen.insert(checked.key, (now, reply.to_vec()));
+        self.order.push_back((now, checked.key));
     }
 
     /// Makes the change `checked` asks, and builds its reply: ACK, or NAK with its
     /// Error-Cause.
-    pub fn act(&self, checked: &Checked<'_>) -> Outcome {
+    pub fn act(&mut self, checked: &Checked<'_>) -> Outcome {
         let p = &checked.packet;
         let coa = p.code == COA_REQUEST;
         let (ack, nak) = match coa {
             true => (COA_ACK, COA_NAK),
             false => (DISCONNECT_ACK, DISCONNECT_NAK),
         };
+        let reads = self.kept.reads();
         let (reason, cause, detail) = match self.change(p, coa) {
             Ok(detail) => (Reason::Ack, None, detail),
             Err((reason, cause, detail)) => (reason, Some(cause), detail),
+        };
+        let detail = match self.kept.reads() - reads {
+            0 => detail,
+            _ => detail + " (the subscribers read again: another change since the last request)",
         };
         let code = if cause.is_some() { nak } else { ack };
         Outcome {
@@ -370,8 +397,25 @@ impl Server {
         Attachment::toward(&self.config.interface, self.netns.as_deref(), direction)
     }
 
+    /// Reads the subscribers of the interface's attachments into the index now, rather
+    /// than at the first request: how many on each, or why not (the request reads them
+    /// then).
+    pub fn prepare(&mut self) -> Result<Vec<(String, usize)>, String> {
+        let ats: Vec<Attachment> = [Direction::Ingress, Direction::Egress]
+            .into_iter()
+            .map(|d| self.attachment(d))
+            .filter(Attachment::exists)
+            .collect();
+        let lock = lock_within(LOCK_PATIENCE)?;
+        let mut begun = change::begin_edits("radius start", &ats, lock, &mut self.kept)
+            .map_err(|e| e.to_string())?;
+        ats.iter()
+            .map(|at| Ok((at.label(), begun.indexed(at).map_err(|e| e.to_string())?)))
+            .collect()
+    }
+
     /// The change itself; `Err` is the NAK's reason, Error-Cause and detail.
-    fn change(&self, p: &Packet<'_>, coa: bool) -> Result<String, (Reason, u32, String)> {
+    fn change(&mut self, p: &Packet<'_>, coa: bool) -> Result<String, (Reason, u32, String)> {
         let refused = |r: Refused| {
             let reason = match r {
                 Refused::Missing(_) => Reason::MissingAttribute,
@@ -385,9 +429,26 @@ impl Server {
             false => None,
         };
         let not_found = |what: String| (Reason::SessionNotFound, 503, what);
-        let (id, found) = self
-            .find(&target)
-            .map_err(|e| (Reason::ResourcesUnavailable, 506, e.to_string()))?
+        let unavailable = |e: ChangeError| (Reason::ResourcesUnavailable, 506, e.to_string());
+        let what = if coa {
+            "radius coa"
+        } else {
+            "radius disconnect"
+        };
+        let attachments: Vec<Placed> = [Direction::Ingress, Direction::Egress]
+            .into_iter()
+            .map(|d| (d, self.attachment(d)))
+            .filter(|(_, at)| at.exists())
+            .collect();
+        let ats: Vec<Attachment> = attachments.iter().map(|(_, at)| at.clone()).collect();
+        let waited = Instant::now();
+        let lock =
+            lock_within(LOCK_PATIENCE).map_err(|e| (Reason::ResourcesUnavailable, 506, e))?;
+        let waited = waited.elapsed();
+        let mut begun =
+            change::begin_edits(what, &ats, lock, &mut self.kept).map_err(unavailable)?;
+        let (id, found) = find(&mut begun, &attachments, &target)
+            .map_err(unavailable)?
             .ok_or_else(|| not_found(format!("no subscriber {target:?}")))?;
         type Plan = Box<dyn Fn(&PolicyLimits) -> PolicyLimits>;
         let burst_ns = self.config.burst_ns;
@@ -402,8 +463,7 @@ impl Server {
         };
         let edits: Vec<(Attachment, Edit<'_>)> = found
             .into_iter()
-            .filter_map(|d| {
-                let at = self.attachment(d);
+            .filter_map(|(d, at)| {
                 let plan = match d {
                     Direction::Ingress => up.as_ref(),
                     Direction::Egress => down.as_ref(),
@@ -426,19 +486,16 @@ impl Server {
                 "subscriber {id} is not on the direction of the rates given"
             )));
         }
-        let what = if coa {
-            "radius coa"
-        } else {
-            "radius disconnect"
+        let waited = match waited >= Duration::from_millis(1) {
+            true => format!(" (waited {waited:.1?} for the change lock)"),
+            false => String::new(),
         };
-        let lock =
-            lock_within(LOCK_PATIENCE).map_err(|e| (Reason::ResourcesUnavailable, 506, e))?;
-        match change::edit_subscribers(what, lock, &edits) {
-            Ok(_) => Ok(describe(&id, coa, asked.as_ref())),
+        match begun.apply(&edits) {
+            Ok(_) => Ok(describe(&id, coa, asked.as_ref()) + &waited),
             Err(ChangeError::Subscriber(SubscriberError::NotFound(id))) => {
                 Err(not_found(format!("no subscriber {id}")))
             }
-            Err(e) => Err((Reason::ResourcesUnavailable, 506, e.to_string())),
+            Err(e) => Err(unavailable(e)),
         }
     }
 
@@ -455,29 +512,32 @@ impl Server {
             ))),
         }
     }
+}
 
-    /// The id of the subscriber `target` names and the directions it is set on, reading
-    /// the ingress attachment first.
-    fn find(&self, target: &Target) -> Result<Option<(String, Vec<Direction>)>, SubscriberError> {
-        let mut id: Option<String> = None;
-        let mut found = Vec::new();
-        for d in [Direction::Ingress, Direction::Egress] {
-            let at = self.attachment(d);
-            if !at.exists() {
-                continue;
-            }
-            let table = SubscriberTable::of(&Pinned::open(&at)?)?;
-            let hit = match (&id, target) {
-                (Some(id), _) | (None, Target::Id(id)) => table.contains(id)?.then(|| id.clone()),
-                (None, Target::Prefix(net)) => table.id_holding(net)?,
-            };
-            if let Some(hit) = hit {
-                id.get_or_insert(hit);
-                found.push(d);
-            }
+/// An attachment of the `[radius]` interface, with its direction.
+type Placed = (Direction, Attachment);
+
+/// The id of the subscriber `target` names and the attachments (of `attachments`) it is
+/// set on, looking on the ingress attachment first: through the daemon's index, or one
+/// lookup in the tries for a prefix.
+fn find(
+    begun: &mut change::Edits<'_>,
+    attachments: &[Placed],
+    target: &Target,
+) -> Result<Option<(String, Vec<Placed>)>, ChangeError> {
+    let mut id: Option<String> = None;
+    let mut found = Vec::new();
+    for (d, at) in attachments {
+        let hit = match (&id, target) {
+            (Some(id), _) | (None, Target::Id(id)) => begun.has(at, id)?.then(|| id.clone()),
+            (None, Target::Prefix(net)) => begun.id_holding(at, net)?,
+        };
+        if let Some(hit) = hit {
+            id.get_or_insert(hit);
+            found.push((*d, at.clone()));
         }
-        Ok(id.map(|id| (id, found)))
     }
+    Ok(id.map(|id| (id, found)))
 }
 
 /// `coa c1042: up 10000000 bit/s, down 20000000 bit/s`.

@@ -1,0 +1,178 @@
+//! The daemon's index of one attachment's subscribers ([`Index`]), so that a RADIUS CoA
+//! at 100,000 subscribers reads one entry, not the whole table: built from one batched
+//! read of the entries and one of the policy slots, and kept up to date by the changes
+//! made through it. It is only as good as the host's change count it was read at
+//! (`crate::change::Kept` drops it when another change has moved the count on); the
+//! entry it names is read and checked against it before anything is written.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use shaper_common::{config::PolicyLimits, maps::Policy};
+
+use super::{Before, Changed, SubscriberError, SubscriberTable, map_err, plan_entry, unpadded};
+
+/// One attachment's subscribers as last read, and what changes made through it did.
+#[derive(Debug, Default)]
+pub struct Index {
+    /// Each subscriber's index in the map, by id.
+    ids: HashMap<String, u32>,
+    /// Each index's plan slot.
+    plan_of: HashMap<u32, u32>,
+    /// How many subscribers each plan slot has.
+    users: HashMap<u32, u32>,
+    /// Every policy slot in use with its entry (plans and prefix policies), as
+    /// [`crate::policy::PolicyTable::slots`] reads them: where a new plan goes, and what the journal
+    /// puts back.
+    slots: BTreeMap<u32, Policy>,
+}
+
+impl Index {
+    /// Whether subscriber `id` is set.
+    pub fn contains(&self, id: &str) -> bool {
+        self.ids.contains_key(id)
+    }
+
+    /// How many subscribers it holds.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Every policy slot in use with its entry, in slot order (as [`crate::policy::PolicyTable::slots`]).
+    pub fn slots(&self) -> Vec<(u32, Policy)> {
+        self.slots.iter().map(|(s, p)| (*s, *p)).collect()
+    }
+
+    /// The slot of the plan whose entry is `entry`, if one is in force.
+    fn plan_slot(&self, entry: &Policy) -> Option<u32> {
+        self.slots
+            .iter()
+            .find(|(_, p)| p.plan != 0 && *p == entry)
+            .map(|(slot, _)| *slot)
+    }
+
+    /// Subscriber `index` moved from plan slot `from` to `to`: whether `from` has no
+    /// subscriber left.
+    fn moved(&mut self, index: u32, from: u32, to: u32) -> bool {
+        self.plan_of.insert(index, to);
+        *self.users.entry(to).or_default() += 1;
+        self.left(from)
+    }
+
+    /// One subscriber left plan slot `slot`: whether it has none now.
+    fn left(&mut self, slot: u32) -> bool {
+        let n = self.users.entry(slot).or_default();
+        *n = n.saturating_sub(1);
+        if *n > 0 {
+            return false;
+        }
+        self.users.remove(&slot);
+        true
+    }
+
+    /// Subscriber `before` was removed (by [`SubscriberTable::del`], which freed its plan's
+    /// slot if it was the last on it).
+    pub fn forget(&mut self, before: &Before) {
+        self.ids.remove(&unpadded(&before.entry.id));
+        self.plan_of.remove(&before.index);
+        if self.left(before.entry.plan) {
+            self.slots.remove(&before.entry.plan);
+        }
+    }
+}
+
+impl SubscriberTable {
+    /// The index of its subscribers: the entries read in batches once, and the policy
+    /// slots.
+    pub fn index(&self) -> Result<Index, SubscriberError> {
+        let mut index = Index {
+            slots: self.p().slots()?.into_iter().collect(),
+            ..Index::default()
+        };
+        for (i, s) in self.entries()? {
+            index.ids.insert(unpadded(&s.id), i);
+            index.plan_of.insert(i, s.plan);
+            *index.users.entry(s.plan).or_default() += 1;
+        }
+        Ok(index)
+    }
+
+    /// For a change of subscriber `id`'s plan alone ([`SubscriberTable::set_plan`]), read
+    /// through `index`: its entry as it is (to journal: its routes are not touched) and
+    /// its plan in force; one lookup of the entry, no table or trie read.
+    /// [`SubscriberError::Stale`] if the entry is not what `index` says (build it again).
+    pub fn plan_before(
+        &self,
+        index: &Index,
+        id: &str,
+    ) -> Result<(Before, PolicyLimits), SubscriberError> {
+        let &i = index
+            .ids
+            .get(id)
+            .ok_or_else(|| SubscriberError::NotFound(id.to_owned()))?;
+        let entry = self
+            .subs
+            .get(&i, 0)
+            .map_err(map_err("read the subscribers"))?;
+        if entry.in_use == 0
+            || unpadded(&entry.id) != id
+            || index.plan_of.get(&i) != Some(&entry.plan)
+        {
+            return Err(SubscriberError::Stale(id.to_owned()));
+        }
+        let plan = index
+            .slots
+            .get(&entry.plan)
+            .filter(|p| p.plan != 0)
+            .map(super::plan_limits)
+            .unwrap_or_default();
+        let before = Before {
+            index: i,
+            entry,
+            routes: Vec::new(),
+        };
+        Ok((before, plan))
+    }
+
+    /// Gives the subscriber `before` read (by [`SubscriberTable::plan_before`]) the plan
+    /// `plan`, its prefixes and name untouched: one write of its entry, its cell carried
+    /// over (no refill), a new plan's slot written first, the old plan's slot freed if
+    /// `index` counts no one else on it. `index` follows every write.
+    pub fn set_plan(
+        &mut self,
+        index: &mut Index,
+        before: &Before,
+        plan: &PolicyLimits,
+    ) -> Result<Changed, SubscriberError> {
+        let entry_plan = plan_entry(&unpadded(&before.entry.id), plan)?;
+        let slot = match index.plan_slot(&entry_plan) {
+            Some(slot) => slot,
+            None => {
+                let used: BTreeSet<u32> = index.slots.keys().copied().collect();
+                let slot = self.pm().add_plan_among(&entry_plan, &used)?;
+                index.slots.insert(slot, entry_plan);
+                slot
+            }
+        };
+        let old = before.entry.plan;
+        if slot == old {
+            return Ok(Changed::Unchanged);
+        }
+        let now = self
+            .subs
+            .get(&before.index, 0)
+            .map_err(map_err("read the subscribers"))?;
+        self.subs
+            .set(before.index, super::Subscriber { plan: slot, ..now }, 0)
+            .map_err(map_err("write a subscriber's plan"))?;
+        crate::crash::point("subscriber-step");
+        if index.moved(before.index, old, slot) {
+            self.pm().drop_plan(old)?;
+            index.slots.remove(&old);
+        }
+        Ok(Changed::Changed)
+    }
+}
