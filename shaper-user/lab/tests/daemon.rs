@@ -187,8 +187,10 @@ fn series(body: &str, name: &str) -> Option<f64> {
 }
 
 /// The daemon's reload series in `ns`, `(successful, timestamp)`: both or neither (before
-/// its first reload); and its interface `iface`'s gauges, `(attached, missing)`.
-fn reload_series(ns: &str, iface: &str) -> (Option<(f64, f64)>, (f64, f64)) {
+/// its first reload); and the gauges `(attached, missing)` of each interface of `ifaces`
+/// that it lists.
+type Gauges = Option<(f64, f64)>;
+fn reload_series(ns: &str, ifaces: [&str; 2]) -> (Gauges, [Gauges; 2]) {
     let (code, body) = http_get(ns, "http://127.0.0.1:9753/metrics");
     assert_eq!(code, 200, "{body}");
     let reload = match (
@@ -199,29 +201,36 @@ fn reload_series(ns: &str, iface: &str) -> (Option<(f64, f64)>, (f64, f64)) {
         (Some(ok), Some(at)) => Some((ok, at)),
         other => panic!("one reload series without the other: {other:?}\n{body}"),
     };
-    let gauge = |name: &str| {
-        series(
-            &body,
-            &format!("{name}{{interface=\"{iface}\",direction=\"ingress\"}}"),
-        )
-        .unwrap_or_else(|| panic!("no {name} of {iface}: {body}"))
-    };
-    let interface = (
-        gauge("shaper_interface_attached"),
-        gauge("shaper_interface_missing"),
-    );
+    let interface = ifaces.map(|iface| {
+        let gauge = |name: &str| {
+            series(
+                &body,
+                &format!("{name}{{interface=\"{iface}\",direction=\"ingress\"}}"),
+            )
+        };
+        match (
+            gauge("shaper_interface_attached"),
+            gauge("shaper_interface_missing"),
+        ) {
+            (None, None) => None,
+            (Some(attached), Some(missing)) => Some((attached, missing)),
+            other => panic!("{iface}: one gauge without the other: {other:?}\n{body}"),
+        }
+    });
     (reload, interface)
 }
 
 /// The daemon's own series after each event that moves them: before any reload, no
 /// reload series; after a SIGHUP that applies a changed file, one with nothing changed,
-/// one whose file is refused and one that applies a good file again, `successful` is
-/// exactly 1, 1, 0 and 1, and the timestamp lies within that reload (from the signal to
-/// its READY=1), each later than the last; the interface stays attached through all of
-/// them (a refused file changes nothing).
+/// one whose file is refused, one whose file names a missing interface too and one that
+/// leaves it out again, `successful` is exactly 1, 1, 0, 1 and 1, and the timestamp lies
+/// within that reload (from the signal to its READY=1), each later than the last; the
+/// interface stays attached through all of them (a refused file changes nothing), and
+/// the missing one is listed, not attached and missing, while the file names it.
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn the_reload_series_say_how_each_reload_went() {
+    const MISSING: &str = "shmiss0";
     let lab = new_lab("dm-rls");
     let iface = lab.rx_iface().to_owned();
     let _guard = guard(lab.rx_ns(), &iface);
@@ -232,30 +241,40 @@ fn the_reload_series_say_how_each_reload_went() {
     let file = dir.join("shaper.toml");
     fs::write(&file, config(&iface, "8mbit")).unwrap();
     let mut daemon = Daemon::start(lab.rx_ns(), &file, &["--no-watch"]);
+    let ifaces = [iface.as_str(), MISSING];
+    let here = Some((1.0, 0.0));
     assert_eq!(
-        reload_series(lab.rx_ns(), &iface),
-        (None, (1.0, 0.0)),
+        reload_series(lab.rx_ns(), ifaces),
+        (None, [here, None]),
         "before any reload"
     );
     let good = config(&iface, "4mbit");
     let events = [
-        ("a changed file", good.clone(), 1.0, 4_000_000),
-        ("nothing changed", good.clone(), 1.0, 4_000_000),
+        ("a changed file", good.clone(), 1.0, None, 4_000_000),
+        ("nothing changed", good.clone(), 1.0, None, 4_000_000),
         (
             "a refused file",
             good.replace("64k", "lots"),
             0.0,
+            None,
             4_000_000,
         ),
-        ("a good file again", config(&iface, "2mbit"), 1.0, 2_000_000),
+        (
+            "a missing interface too",
+            config(&iface, "2mbit") + &config(MISSING, "2mbit"),
+            1.0,
+            Some((0.0, 1.0)),
+            2_000_000,
+        ),
+        ("the missing one left out", good, 1.0, None, 4_000_000),
     ];
     let mut last = 0.0;
-    for (event, text, successful, bps) in events {
+    for (event, text, successful, missing, bps) in events {
         fs::write(&file, text).unwrap();
         let from = unix_now();
         let said = daemon.reload();
         let to = unix_now();
-        let (reload, interface) = reload_series(lab.rx_ns(), &iface);
+        let (reload, interfaces) = reload_series(lab.rx_ns(), ifaces);
         println!("{event}: {reload:?}, reloaded within {from:.3}..{to:.3}: {said}");
         let (ok, at) = reload.unwrap_or_else(|| panic!("{event}: no reload series"));
         assert_eq!(ok, successful, "{event}: {said}");
@@ -263,7 +282,11 @@ fn the_reload_series_say_how_each_reload_went() {
             (from..=to).contains(&at) && at > last,
             "{event}: reloaded at {at:.3}, not within {from:.3}..{to:.3} or not after {last:.3}"
         );
-        assert_eq!(interface, (1.0, 0.0), "{event}: the interface's gauges");
+        assert_eq!(
+            interfaces,
+            [here, missing],
+            "{event}: the interfaces' gauges"
+        );
         assert_eq!(rate(&lab, &iface), bps, "{event}");
         last = at;
     }
