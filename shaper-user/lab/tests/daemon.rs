@@ -176,6 +176,125 @@ fn sighup_with_a_broken_file_keeps_the_running_configuration() {
     let _ = fs::remove_dir_all(&dir);
 }
 
+/// The value of the series `name` (with its labels, `{...}`; a series of none is written
+/// `name{}`) in a scrape.
+fn series(body: &str, name: &str) -> Option<f64> {
+    body.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        let rest = rest.strip_prefix("{}").unwrap_or(rest);
+        rest.strip_prefix(' ')?.parse().ok()
+    })
+}
+
+/// The daemon's reload series in `ns`, `(successful, timestamp)`: both or neither (before
+/// its first reload); and the gauges `(attached, missing)` of each interface of `ifaces`
+/// that it lists.
+type Gauges = Option<(f64, f64)>;
+fn reload_series(ns: &str, ifaces: [&str; 2]) -> (Gauges, [Gauges; 2]) {
+    let (code, body) = http_get(ns, "http://127.0.0.1:9753/metrics");
+    assert_eq!(code, 200, "{body}");
+    let reload = match (
+        series(&body, "shaper_config_last_reload_successful"),
+        series(&body, "shaper_config_last_reload_timestamp_seconds"),
+    ) {
+        (None, None) => None,
+        (Some(ok), Some(at)) => Some((ok, at)),
+        other => panic!("one reload series without the other: {other:?}\n{body}"),
+    };
+    let interface = ifaces.map(|iface| {
+        let gauge = |name: &str| {
+            series(
+                &body,
+                &format!("{name}{{interface=\"{iface}\",direction=\"ingress\"}}"),
+            )
+        };
+        match (
+            gauge("shaper_interface_attached"),
+            gauge("shaper_interface_missing"),
+        ) {
+            (None, None) => None,
+            (Some(attached), Some(missing)) => Some((attached, missing)),
+            other => panic!("{iface}: one gauge without the other: {other:?}\n{body}"),
+        }
+    });
+    (reload, interface)
+}
+
+/// The daemon's own series after each event that moves them: before any reload, no
+/// reload series; after a SIGHUP that applies a changed file, one with nothing changed,
+/// one whose file is refused, one whose file names a missing interface too and one that
+/// leaves it out again, `successful` is exactly 1, 1, 0, 1 and 1, and the timestamp lies
+/// within that reload (from the signal to its READY=1), each later than the last; the
+/// interface stays attached through all of them (a refused file changes nothing), and
+/// the missing one is listed, not attached and missing, while the file names it.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn the_reload_series_say_how_each_reload_went() {
+    const MISSING: &str = "shmiss0";
+    let lab = new_lab("dm-rls");
+    let iface = lab.rx_iface().to_owned();
+    let _guard = guard(lab.rx_ns(), &iface);
+    lab.rx_netns()
+        .ip(&["link", "set", "dev", "lo", "up"])
+        .unwrap();
+    let dir = scratch("dm-rls");
+    let file = dir.join("shaper.toml");
+    fs::write(&file, config(&iface, "8mbit")).unwrap();
+    let mut daemon = Daemon::start(lab.rx_ns(), &file, &["--no-watch"]);
+    let ifaces = [iface.as_str(), MISSING];
+    let here = Some((1.0, 0.0));
+    assert_eq!(
+        reload_series(lab.rx_ns(), ifaces),
+        (None, [here, None]),
+        "before any reload"
+    );
+    let good = config(&iface, "4mbit");
+    let events = [
+        ("a changed file", good.clone(), 1.0, None, 4_000_000),
+        ("nothing changed", good.clone(), 1.0, None, 4_000_000),
+        (
+            "a refused file",
+            good.replace("64k", "lots"),
+            0.0,
+            None,
+            4_000_000,
+        ),
+        (
+            "a missing interface too",
+            config(&iface, "2mbit") + &config(MISSING, "2mbit"),
+            1.0,
+            Some((0.0, 1.0)),
+            2_000_000,
+        ),
+        ("the missing one left out", good, 1.0, None, 4_000_000),
+    ];
+    let mut last = 0.0;
+    for (event, text, successful, missing, bps) in events {
+        fs::write(&file, text).unwrap();
+        let from = unix_now();
+        let said = daemon.reload();
+        let to = unix_now();
+        let (reload, interfaces) = reload_series(lab.rx_ns(), ifaces);
+        println!("{event}: {reload:?}, reloaded within {from:.3}..{to:.3}: {said}");
+        let (ok, at) = reload.unwrap_or_else(|| panic!("{event}: no reload series"));
+        assert_eq!(ok, successful, "{event}: {said}");
+        assert!(
+            (from..=to).contains(&at) && at > last,
+            "{event}: reloaded at {at:.3}, not within {from:.3}..{to:.3} or not after {last:.3}"
+        );
+        assert_eq!(
+            interfaces,
+            [here, missing],
+            "{event}: the interfaces' gauges"
+        );
+        assert_eq!(rate(&lab, &iface), bps, "{event}");
+        last = at;
+    }
+    let (exit, log) = daemon.stop();
+    assert!(exit.success(), "{exit}: {log}");
+    let _ = fs::remove_dir_all(&dir);
+}
+
 /// SIGTERM leaves the attachment enforcing (a source over the rate is still dropped);
 /// a second daemon is refused while one runs; with --detach-on-exit nothing is left.
 #[test]

@@ -87,41 +87,55 @@ struct OldAttachment<'a> {
     lab: &'a Lab,
     at: Attachment,
     layout: u32,
+    /// Settings of its own beyond [`settings`] ([`unusual`]), asked for again by the
+    /// upgrade.
+    more: Vec<&'static str>,
     _detach: AttachGuard,
 }
 
 impl<'a> OldAttachment<'a> {
     fn new(lab: &'a Lab, layout: u32) -> Self {
+        Self::with(lab, layout, Vec::new(), &[])
+    }
+
+    /// [`OldAttachment::new`] attached with `more` settings and its policy set with
+    /// `policy_more`.
+    fn with(
+        lab: &'a Lab,
+        layout: u32,
+        more: Vec<&'static str>,
+        policy_more: &[&'static str],
+    ) -> Self {
         let old = old_shaper(layout);
         let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
         let this = OldAttachment {
             lab,
             at: Attachment::new(iface, Some(ns)),
             layout,
+            more,
             _detach: AttachGuard::new(&new_shaper(), ns, iface),
         };
         let mut attach = vec!["attach", iface];
         attach.extend(settings(layout));
+        attach.extend(&this.more);
         run_ok(&old, ns, &attach);
         let prefix = format!("{}/32", lab.sources()[2]);
-        run_ok(
-            &old,
-            ns,
-            &[
-                "policy",
-                "set",
-                iface,
-                &prefix,
-                "--rate",
-                POLICY_RATE,
-                "--burst",
-                BURST,
-                "--aggregate-rate",
-                POLICY_RATE,
-                "--aggregate-burst",
-                BURST,
-            ],
-        );
+        let mut policy = vec![
+            "policy",
+            "set",
+            iface,
+            &prefix,
+            "--rate",
+            POLICY_RATE,
+            "--burst",
+            BURST,
+            "--aggregate-rate",
+            POLICY_RATE,
+            "--aggregate-burst",
+            BURST,
+        ];
+        policy.extend(policy_more);
+        run_ok(&old, ns, &policy);
         this
     }
 
@@ -133,6 +147,7 @@ impl<'a> OldAttachment<'a> {
     fn upgrade(&self) -> Output {
         let mut attach = vec!["attach", self.lab.rx_iface()];
         attach.extend(settings(self.layout));
+        attach.extend(&self.more);
         run(&new_shaper(), self.lab.rx_ns(), &attach)
     }
 }
@@ -145,6 +160,45 @@ fn settings(layout: u32) -> Vec<&'static str> {
         args.extend(["--new-sources", "100", "--new-sources-burst", "100"]);
     }
     args
+}
+
+/// Settings of layout `layout` that are none of the defaults and leave the test's traffic
+/// metered as it is (the attachment's and its policy's), so that a decoder that drops one
+/// is seen: a smaller source table, and from layout 5 on (shaping) an ECN threshold and a
+/// horizon, unused in enforce mode; the policy's own new-source admission, which its one
+/// source stays within, from layout 2 on.
+fn unusual(layout: u32) -> (Vec<&'static str>, Vec<&'static str>) {
+    let mut attach = vec!["--max-sources", "8192"];
+    if layout >= 5 {
+        attach.extend(["--ecn-threshold", "3ms", "--horizon", "40ms"]);
+    }
+    let policy = if layout >= 2 {
+        vec!["--new-sources", "50", "--new-sources-burst", "60"]
+    } else {
+        Vec::new()
+    };
+    (attach, policy)
+}
+
+/// Asserts that every field of `old`'s row (an old build's `-j` output) but those in `skip`
+/// has the same value in `new`'s, and that at least `at_least` were compared.
+fn same_fields(what: &str, old: &Value, new: &Value, skip: &[&str], at_least: usize) {
+    let mut compared = 0;
+    for (key, value) in old.as_object().unwrap() {
+        if skip.contains(&key.as_str()) {
+            continue;
+        }
+        assert_eq!(
+            Some(value),
+            new.get(key),
+            "{what}: {key} was {value}\nold: {old}\nnew: {new}"
+        );
+        compared += 1;
+    }
+    assert!(
+        compared >= at_least,
+        "{what}: only {compared} fields compared"
+    );
 }
 
 /// Every cell the program keeps, read from the pinned maps (the same types in every
@@ -273,7 +327,8 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
     };
     // The fifth source sends only after the swap.
     let lab = Lab::with("upgr", 5, options).unwrap();
-    let old = OldAttachment::new(&lab, layout);
+    let (more, policy_more) = unusual(layout);
+    let old = OldAttachment::with(&lab, layout, more, &policy_more);
     // Some traffic first, so cells are charged and counters count: IPv4, then IPv6.
     let report = run_udp_with(
         &lab,
@@ -303,6 +358,21 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
     let status = &json(&new_shaper(), lab.rx_ns(), &["status", lab.rx_iface()])[0];
     assert_eq!(status["layout_version"], layout, "{status}");
     assert_eq!(status["rate_bits_per_sec"], RATE_BPS);
+    // Every setting the old build shows of its attachment, as this build decodes it from
+    // the old pins (the key counts aside: the lab's own IPv6 may add `::` at any time).
+    const COUNTS: [&str; 3] = [
+        "sources_tracked",
+        "ipv4_sources_tracked",
+        "ipv6_sources_tracked",
+    ];
+    let old_status = json(&old.old(), lab.rx_ns(), &["status", lab.rx_iface()])[0].clone();
+    same_fields(
+        "status before the upgrade",
+        &old_status,
+        status,
+        &COUNTS,
+        11,
+    );
     let cells_before = cells(&old.at);
     let (old_totals, old_policies) = counters(&old.old(), &lab);
     let (link_id, old_prog) = link(&old.at);
@@ -359,6 +429,9 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
         (&status["rate_bits_per_sec"], &status["burst_bytes"]),
         (&RATE_BPS.into(), &BURST_BYTES.into())
     );
+    // And as this build reads them from its own pins after the upgrade.
+    let skip = [&COUNTS[..], &["layout_version"]].concat();
+    same_fields("status after the upgrade", &old_status, status, &skip, 10);
     let (new_totals, new_policies) = counters(&new_shaper(), &lab);
     same_numbers("stats totals", &old_totals, &new_totals, 16);
     assert_eq!(new_policies.as_array().unwrap().len(), 2);
@@ -368,8 +441,8 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
         .iter()
         .zip(new_policies.as_array().unwrap())
     {
-        assert_eq!(old_row["prefix"], new_row["prefix"]);
-        same_numbers("policy list", old_row, new_row, 12);
+        // Every field: the policy's settings (its mode, rates, admission) and its counts.
+        same_fields("policy list", old_row, new_row, &[], 14);
     }
     // Nothing of the old pins or of the staging is left.
     assert!(!old.at.staging().exists());

@@ -247,6 +247,29 @@ impl Lab {
     /// packets), an on-link route each way and permanent neighbours (no neighbour
     /// discovery while traffic runs).
     fn add_ipv6(&self) -> Result<()> {
+        // Each address joins its solicited-node group, and the sender reports it (MLD,
+        // from `::`, a key of its own) at once and again within the unsolicited report
+        // interval (1 s): a test attaching right after may meter one such report. With
+        // the interval at its least (1 ms) the reports are over before the lab is.
+        let iface = self.tx_iface.clone();
+        shaper_user::netns::run_in(self.tx.name(), move || -> std::io::Result<()> {
+            for version in ["mldv1", "mldv2"] {
+                std::fs::write(
+                    format!(
+                        "/proc/sys/net/ipv6/conf/{iface}/{version}_unsolicited_report_interval"
+                    ),
+                    "1",
+                )?;
+            }
+            Ok(())
+        })?
+        .context("cannot set the sender's MLD report interval")?;
+        self.add_ipv6_addresses()?;
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        Ok(())
+    }
+
+    fn add_ipv6_addresses(&self) -> Result<()> {
         let tx_mac = mac_of(&self.tx, &self.tx_iface)?;
         let rx_mac = mac_of(&self.rx, &self.rx_iface)?;
         let (tx, rx) = (&self.tx_iface, &self.rx_iface);
