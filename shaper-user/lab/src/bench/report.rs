@@ -325,7 +325,7 @@ fn markdown(inputs: &Inputs<'_>, plots: &[String]) -> String {
     );
     let _ = writeln!(
         w,
-        "Kernel programs' sources: sha256 `{}` (`bench/stale.toml` lists later changes to          them not measured here, and which figures they make stale).\n",
+        "Kernel programs' sources: sha256 `{}` (`bench/stale.toml` lists later changes to them not measured here, and which figures they make stale).\n",
         m.kernel_sources_sha256
     );
     if inputs.quick {
@@ -418,7 +418,9 @@ fn markdown(inputs: &Inputs<'_>, plots: &[String]) -> String {
             let r = &m.over_per_source;
             let _ = writeln!(
                 w,
-                "- a key of one of {} subscribers drawn at random against a per-source key                  drawn at random from as many on the same object (single shots, cold                  entries): **{:.2}×** ({:.2}–{:.2}× run by run; {:.1} ns against {:.1} ns); \
+                "- a key of one of {} subscribers drawn at random against a per-source key \
+                 drawn at random from as many on the same object (single shots, cold \
+                 entries): **{:.2}×** ({:.2}–{:.2}× run by run; {:.1} ns against {:.1} ns); \
                  a key's first frame after a change of routes (its route looked up in the \
                  trie again): {:.2}× ({:.1} ns against {:.1} ns)",
                 human_count(m.subscribers),
