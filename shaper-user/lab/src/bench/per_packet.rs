@@ -210,7 +210,7 @@ pub const EVICTION_MAP_ENTRIES: u32 = 1024;
 const FRAME_BYTES: usize = 64;
 
 /// Mean of the kernel-reported durations of `repeat = 1` runs over `frames`.
-fn single_shot(ebpf: &mut Ebpf, program: &str, frames: &[Vec<u8>]) -> Result<f64> {
+pub(super) fn single_shot(ebpf: &mut Ebpf, program: &str, frames: &[Vec<u8>]) -> Result<f64> {
     let mut total = 0.0;
     for f in frames {
         total += test_run(ebpf, program, f, 1, XDP_PASS)?;

@@ -282,12 +282,7 @@ impl Million {
 
     /// The kernel's mean time of one run of each of `frames`.
     fn shots(&mut self, frames: &[Vec<u8>]) -> Result<f64> {
-        let ebpf = self.harness.ebpf_mut();
-        let mut total = 0.0;
-        for f in frames {
-            total += crate::testrun::test_run(ebpf, PROG_XDP, f, 1, XDP_PASS)?;
-        }
-        Ok(total / frames.len() as f64)
+        super::per_packet::single_shot(self.harness.ebpf_mut(), PROG_XDP, frames)
     }
 
     /// One run: `frames` single shots of subscribers' keys and as many of per-source keys,
