@@ -33,7 +33,7 @@ use std::{
     time::Duration,
 };
 
-use common::{assert_near, attach, attach_with, limit_gives, shaper_ok, stats};
+use common::{attach, attach_with, replay, shaper_ok, stats};
 use shaper_common::maps::Admission;
 use shaper_lab::{
     cli::{Counts, Stats},
@@ -41,7 +41,7 @@ use shaper_lab::{
     lab::{
         Lab, LabOptions, Late,
         ping::ping6,
-        raw::{RawFlow, RawResult, Sources, TAG_BYTES, run_raw},
+        raw::{RawFlow, RawOptions, RawResult, Sources, TAG_BYTES, run_raw, run_raw_with},
     },
 };
 
@@ -385,7 +385,10 @@ fn spoofed_flood(family: Family) {
         FLAT_OUT_BPS,
         Sources::Spoofed,
     ));
-    let run = run_raw(&lab, &flows, Duration::from_secs(SECONDS)).unwrap();
+    // Every send's time kept: the over-limit source's share is its own sends replayed
+    // through one bucket, stalls of its sender on a busy machine included.
+    let record = RawOptions { record_sends: true };
+    let run = run_raw_with(&lab, &flows, Duration::from_secs(SECONDS), &record).unwrap();
     let after = stats(ns, iface);
     let (with_flood, flood) = (&run.flows[..3], &run.flows[3]);
     println!(
@@ -399,25 +402,14 @@ fn spoofed_flood(family: Family) {
     // (so a cell that passed more of it, by more than the half burst allowed, fails
     // below; a sender on a busy machine of this kind manages 1.9 to 40 times that: it
     // runs at normal priority and may stall, so what shaper should make of the flood
-    // follows what it sent, millisecond by millisecond), the receiver counted everything, and the over-limit source's sender was
-    // never held up for as long as the burst lasts at the rate (a bucket refills to its
-    // burst in that time: a longer gap would cost the source its share, for the
-    // generator's sake, not shaper's). The under-limit sources skip what a stall held up.
+    // follows what it sent, millisecond by millisecond), and the receiver counted
+    // everything. The under-limit sources skip what a stall held up.
     assert!(
         flood.sent_l2_bytes() as f64 >= 1.5 * (RATE_BYTES * flood.offered_secs + BURST as f64),
         "the flood was too weak to mean anything: {flood:?}"
     );
     assert_eq!(alone.receiver_drops, 0, "the receiver lost frames");
     assert_eq!(run.receiver_drops, 0, "the receiver lost frames");
-    let refill_secs = BURST as f64 / RATE_BYTES;
-    assert!(
-        with_flood[0].max_gap_secs < refill_secs,
-        "the over-limit source's sender stalled for {:.1} ms (the lab, not shaper: a busy \
-         machine?): {:?}",
-        with_flood[0].max_gap_secs * 1e3,
-        with_flood[0]
-    );
-
     // Real sources tracked before the flood keep their cells and lose nothing to it.
     for (i, &src) in s.iter().enumerate() {
         let (was, now) = (before.key(key_name(src)), after.key(key_name(src)));
@@ -434,14 +426,18 @@ fn spoofed_flood(family: Family) {
         );
         if i == 0 {
             // Over its limit: the flood changes nothing of its rate. From a full bucket
-            // (idle between the runs), shaper's own count of the second run.
+            // (idle between the runs), shaper's own count of the second run against one
+            // bucket's passes of the same sends. The kernel met each frame moments after
+            // its send, behind the flood's in the veth's queue, so within half the burst:
+            // a cell the flood had reset would have passed a whole burst more.
             let passed = now.passed_bytes - was.passed_bytes;
-            let expected = limit_gives(RATE_BPS, BURST, &[&with_flood[0]]);
-            assert_near(
-                &format!("{src}, over its limit, passed during the flood"),
-                passed as f64,
-                expected,
-                BURST as f64,
+            let replayed = replay(&[&with_flood[0]], Some((RATE_BPS, BURST)), None)[0];
+            let off = passed as f64 - replayed as f64;
+            println!("{src}: {passed} bytes passed during the flood, {off:+.0} from the replay");
+            assert!(
+                off.abs() <= BURST as f64 / 2.0,
+                "{src}, over its limit, passed {passed} bytes during the flood, {off:+.0} \
+                 from the {replayed} one bucket passes of the same sends"
             );
         } else {
             // Under its limit: nothing dropped.
