@@ -84,9 +84,10 @@ struct BenchArgs {
     /// Measurements per case; the median is reported [default: 7, 5 with --quick]
     #[arg(long)]
     runs: Option<usize>,
-    /// Investigate: run only these lab benchmarks, print them, write nothing (but `tcp`,
-    /// which writes results-tcp.md under --out, and `kernel`, which records this kernel
-    /// in results-kernels.json and .md and rewrites the docs' kernel table)
+    /// Investigate: run only these lab benchmarks, print them, write nothing (but `tcp`
+    /// and `provision`, which write results-tcp.md and results-provision.md under --out,
+    /// and `kernel`, which records this kernel in results-kernels.json and .md and
+    /// rewrites the docs' kernel table)
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<LabPart>,
     /// The baseline's release build (its `shaper` and kernel object), measured next to
@@ -149,6 +150,9 @@ enum LabPart {
     /// RADIUS CoA-Requests to `shaper run` at 1,000 a second for 60 s against 100,000
     /// subscribers (10,000 for 5 s with --quick): latency, losses, scrapes meanwhile
     Coa,
+    /// Whole commands at 16,383 prefix policies and at 1,000,000 subscribers (10,000 with
+    /// --quick): apply from nothing, one change; writes results-provision.md
+    Provision,
 }
 
 #[derive(Debug, Args)]
@@ -713,6 +717,14 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
             println!("{line}");
         }
     }
+    if args.only.contains(&LabPart::Provision) {
+        use shaper_lab::bench::provision;
+        let results = provision::run(&shaper, &provision::Options::new(args.quick))?;
+        print!("{}", provision::table(&results));
+        for path in provision::write(&args.out, &results)? {
+            println!("wrote {}", path.display());
+        }
+    }
     if args.only.iter().all(|p| {
         matches!(
             p,
@@ -722,6 +734,7 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
                 | LabPart::Flood
                 | LabPart::Tcp
                 | LabPart::Coa
+                | LabPart::Provision
         )
     }) {
         return Ok(());

@@ -248,3 +248,44 @@ fn quick_bench_writes_a_well_formed_report() {
     assert!(svgs >= 2, "only {svgs} plots");
     std::fs::remove_dir_all(&out).unwrap();
 }
+
+/// `--only provision --quick`: every command timed (a failed one fails the part), each row
+/// with its runs, the file naming where and when.
+#[test]
+#[ignore = "needs root: attaches programs in a namespace of its own (cargo xtask test)"]
+fn quick_provisioning_bench_times_every_command() {
+    let out = std::env::temp_dir().join(format!("shaper-bench-prov-{}", std::process::id()));
+    let status = Command::new(env!("CARGO_BIN_EXE_shaper-lab"))
+        .args(["bench", "--only", "provision", "--quick", "--out"])
+        .arg(&out)
+        .arg("--shaper")
+        .arg(shaper_lab::bins::shaper())
+        .status()
+        .expect("run shaper-lab");
+    assert!(
+        status.success(),
+        "shaper-lab bench --only provision: {status}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&read(&out, "results-provision.json")).unwrap();
+    finite_numbers(&json, "results-provision");
+    let rows = json["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 8, "{rows:?}");
+    for r in rows {
+        let runs = r["seconds"]["runs"].as_array().unwrap();
+        assert!(runs.len() >= 2, "{r}");
+        assert!(runs.iter().all(|t| t.as_f64().unwrap() > 0.0), "{r}");
+    }
+    let held: Vec<u64> = rows.iter().filter_map(|r| r["at"].as_u64()).collect();
+    assert_eq!(
+        held,
+        [1000, 1000, 1000, 10_000, 10_000, 10_000, 10_000, 10_000]
+    );
+    let md = read(&out, "results-provision.md");
+    assert!(
+        md.contains(json["machine"]["kernel"].as_str().unwrap()),
+        "{md}"
+    );
+    assert_eq!(md.matches("\n| subscribers: ").count(), 5, "{md}");
+    std::fs::remove_dir_all(&out).unwrap();
+}

@@ -22,6 +22,9 @@
 //! - `coa`: RADIUS CoA-Requests at a fixed rate to `shaper run` at 100,000 subscribers:
 //!   latency as the sender and the daemon's histogram see it, scrapes meanwhile
 //!   (`--only coa`, printed).
+//! - `provision`: whole commands at 16,383 prefix policies and at 1,000,000 subscribers
+//!   (apply from nothing, one change, one `set`; `--only provision`,
+//!   results-provision.md).
 //! - `tcp`: iperf3 TCP policed against shaped (sch_fq), with and without ECN
 //!   (`--only tcp`, results-tcp.md; in a guest with `cargo xtask bench --kernel 6.12`).
 //! - `report`: writes `bench/results.md`, `bench/results.json` and the plots; `current`:
@@ -48,6 +51,7 @@ pub mod peers;
 pub mod per_packet;
 pub mod population;
 pub mod programs;
+pub mod provision;
 pub mod report;
 pub mod scale;
 pub mod softirq;
