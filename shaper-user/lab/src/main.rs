@@ -111,6 +111,10 @@ struct BenchArgs {
     /// With `--only sweep`: only these numbers of sources (repeatable)
     #[arg(long)]
     sources: Vec<usize>,
+    /// With `--only provision`: another `shaper` (a release build of an earlier commit)
+    /// timed after today's in the same run, its rows labelled "before"
+    #[arg(long)]
+    provision_against: Option<PathBuf>,
     /// With `--only coa`: CoA-Requests a second [default: 1000]
     #[arg(long)]
     coa_rate: Option<u32>,
@@ -719,7 +723,11 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
     }
     if args.only.contains(&LabPart::Provision) {
         use shaper_lab::bench::provision;
-        let results = provision::run(&shaper, &provision::Options::new(args.quick))?;
+        let other = args
+            .provision_against
+            .as_deref()
+            .map(|path| ("before", path));
+        let results = provision::run(&shaper, other, &provision::Options::new(args.quick))?;
         print!("{}", provision::table(&results));
         for path in provision::write(&args.out, &results)? {
             println!("wrote {}", path.display());

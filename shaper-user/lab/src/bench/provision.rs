@@ -62,6 +62,8 @@ impl Options {
 /// One command's times, seconds.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
+    /// Which `shaper`: "today", or the label of the one it is compared with.
+    pub build: String,
     pub what: String,
     /// How many prefix policies or subscribers the attachment held.
     pub at: u32,
@@ -79,6 +81,7 @@ pub struct Results {
 
 /// The namespace, its dummy interface and the files; detached and removed when dropped.
 struct Rig {
+    build: String,
     shaper: PathBuf,
     dir: PathBuf,
     ns: Netns,
@@ -97,7 +100,7 @@ impl Drop for Rig {
 }
 
 impl Rig {
-    fn new(shaper: &Path) -> Result<Self> {
+    fn new(build: &str, shaper: &Path) -> Result<Self> {
         let name = format!("shaper-prov-{}", std::process::id());
         let ns = Netns::create(&name)?;
         ns.ip_output(&["link", "add", IFACE, "type", "dummy"])
@@ -106,6 +109,7 @@ impl Rig {
         let dir = std::env::temp_dir().join(&name);
         fs::create_dir_all(&dir)?;
         Ok(Rig {
+            build: build.to_owned(),
             shaper: shaper.to_owned(),
             dir,
             ns,
@@ -234,6 +238,7 @@ fn policies(rig: &Rig, opts: &Options) -> Result<Vec<Row>> {
         )?,
     ];
     let row = |what: &str, seconds, target_secs| Row {
+        build: rig.build.clone(),
         what: what.into(),
         at: opts.policies,
         seconds,
@@ -276,6 +281,7 @@ fn subscribers(rig: &Rig, opts: &Options) -> Result<Vec<Row>> {
         )?,
     ];
     let row = |what: &str, seconds, target_secs| Row {
+        build: rig.build.clone(),
         what: what.into(),
         at: n,
         seconds,
@@ -336,11 +342,16 @@ fn subscribers(rig: &Rig, opts: &Options) -> Result<Vec<Row>> {
     ])
 }
 
-pub fn run(shaper: &Path, opts: &Options) -> Result<Results> {
+/// Today's `shaper`, and then, if given, another (`(label, path)`), each in a rig of its
+/// own, policies and subscribers in turn.
+pub fn run(shaper: &Path, other: Option<(&str, &Path)>, opts: &Options) -> Result<Results> {
     let machine = Machine::this();
-    let rig = Rig::new(shaper)?;
-    let mut rows = policies(&rig, opts)?;
-    rows.extend(subscribers(&rig, opts)?);
+    let mut rows = Vec::new();
+    for (build, shaper) in std::iter::once(("today", shaper)).chain(other) {
+        let rig = Rig::new(build, shaper)?;
+        rows.extend(policies(&rig, opts)?);
+        rows.extend(subscribers(&rig, opts)?);
+    }
     Ok(Results {
         machine,
         options: opts.clone(),
@@ -357,12 +368,13 @@ fn ms(s: f64) -> String {
 
 pub fn table(r: &Results) -> String {
     let mut s = String::from(
-        "| command | held | median | min–max | runs | issue 31's target |\n|---|--:|--:|--:|--:|--:|\n",
+        "| build | command | held | median | min–max | runs | issue 31's target |\n|---|---|--:|--:|--:|--:|--:|\n",
     );
     for row in &r.rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {}–{} | {} | {} |",
+            "| {} | {} | {} | {} | {}–{} | {} | {} |",
+            row.build,
             row.what,
             row.at,
             ms(row.seconds.median),
