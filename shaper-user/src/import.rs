@@ -49,16 +49,16 @@ fn cut(s: &str, most: usize) -> String {
 }
 
 /// Circuit `c`'s subscriber under `plan`; an error names the circuit's first line.
-pub fn subscriber(c: &Circuit, plan: &Plan) -> Result<SubscriberSpec, ImportError> {
+pub fn subscriber(c: Circuit, plan: &Plan) -> Result<SubscriberSpec, ImportError> {
     let (rates, column) = match plan.direction {
         Direction::Egress => (c.download, "Download Max Mbps"),
         Direction::Ingress => (c.upload, "Upload Max Mbps"),
     };
     let plan = limits(rates, plan);
     let spec = SubscriberSpec {
-        id: c.id.clone(),
         name: cut(c.name.as_deref().unwrap_or(""), SUBSCRIBER_NAME_BYTES),
-        prefixes: c.prefixes.clone(),
+        id: c.id,
+        prefixes: c.prefixes,
         plan,
     };
     // The widest keys: a prefix too long for the attachment's is the change's to refuse.
@@ -78,8 +78,11 @@ pub fn subscriber(c: &Circuit, plan: &Plan) -> Result<SubscriberSpec, ImportErro
 }
 
 /// Every circuit's subscriber, in file order.
-pub fn subscribers(circuits: &[Circuit], plan: &Plan) -> Result<Vec<SubscriberSpec>, ImportError> {
-    circuits.iter().map(|c| subscriber(c, plan)).collect()
+pub fn subscribers(
+    circuits: Vec<Circuit>,
+    plan: &Plan,
+) -> Result<Vec<SubscriberSpec>, ImportError> {
+    circuits.into_iter().map(|c| subscriber(c, plan)).collect()
 }
 
 /// The plan of a direction's rates.
@@ -140,13 +143,13 @@ mod tests {
 
     #[test]
     fn max_is_the_rate_and_min_is_ignored_by_default() {
-        let s = subscriber(&circuit(1_000_000, 100_000_000), &PLAN).unwrap();
+        let s = subscriber(circuit(1_000_000, 100_000_000), &PLAN).unwrap();
         assert_eq!(s.plan.aggregate_rate_bps, 100_000_000);
         // 20 ms at 100 Mbit/s.
         assert_eq!(s.plan.aggregate_burst_bytes, 250_000);
         assert_eq!(s.plan.meter2, Meter2Limits::default());
         let up = subscriber(
-            &circuit(1_000_000, 100_000_000),
+            circuit(1_000_000, 100_000_000),
             &Plan {
                 direction: Direction::Ingress,
                 ..PLAN
@@ -162,19 +165,19 @@ mod tests {
             committed_from_min: true,
             ..PLAN
         };
-        let s = subscriber(&circuit(20_000_000, 100_000_000), &plan).unwrap();
+        let s = subscriber(circuit(20_000_000, 100_000_000), &plan).unwrap();
         assert_eq!(s.plan.aggregate_rate_bps, 20_000_000);
         assert_eq!(s.plan.meter2.excess_rate_bps, 80_000_000);
         assert_eq!(s.plan.meter2.excess_dscp, 1);
         assert_eq!(s.plan.rate_bps, 100_000_000);
         // Min equal to Max: no excess.
-        let s = subscriber(&circuit(50_000_000, 50_000_000), &plan).unwrap();
+        let s = subscriber(circuit(50_000_000, 50_000_000), &plan).unwrap();
         assert_eq!(s.plan.meter2, Meter2Limits::default());
     }
 
     #[test]
     fn a_small_rate_gets_the_floor_and_a_long_name_is_cut_at_a_character() {
-        let s = subscriber(&circuit(100_000, 200_000), &PLAN).unwrap();
+        let s = subscriber(circuit(100_000, 200_000), &PLAN).unwrap();
         assert_eq!(s.plan.aggregate_burst_bytes, MIN_BURST_BYTES);
         assert!(s.name.len() <= SUBSCRIBER_NAME_BYTES);
         assert!("Émilie Dupont-Lefèvre, 12 rue".starts_with(&s.name));
@@ -184,7 +187,7 @@ mod tests {
     fn an_id_a_subscriber_cannot_take_names_its_line_and_column() {
         let mut c = circuit(1_000_000, 2_000_000);
         c.id = "circuit 7".into();
-        let e = subscriber(&c, &PLAN).unwrap_err().to_string();
+        let e = subscriber(c, &PLAN).unwrap_err().to_string();
         assert!(
             e.starts_with("line 3, column \"Circuit ID\": invalid subscriber id 'circuit 7'"),
             "{e}"

@@ -100,12 +100,13 @@
 //! address '10.0.0.300'`. The column is the header as the file writes it.
 
 use std::{
-    collections::{HashMap, hash_map::Entry},
+    collections::hash_map::Entry,
     io::{self, Read},
     net::IpAddr,
 };
 
 use csv::{ByteRecord, ReaderBuilder};
+use foldhash::HashMap;
 use ipnet::IpNet;
 use shaper_common::gcra::{MAX_RATE_BPS, MIN_RATE_BPS};
 

@@ -886,7 +886,7 @@ fn import_plan(committed_from_min: bool) -> shaper_user::import::Plan {
 /// The subscribers of `csv` (the upload plans), or the one-line error.
 fn import_specs(csv: &str) -> Result<Vec<SubscriberSpec>, String> {
     let circuits = shaper_user::libreqos::read(csv.as_bytes()).map_err(|e| e.to_string())?;
-    shaper_user::import::subscribers(&circuits, &import_plan(false)).map_err(|e| e.to_string())
+    shaper_user::import::subscribers(circuits, &import_plan(false)).map_err(|e| e.to_string())
 }
 
 /// `import`'s batch of `specs` written into `h`: what it did.
@@ -908,7 +908,7 @@ fn import(
 fn a_libreqos_file_imports_one_subscriber_per_circuit() {
     let specs = import_specs(SHAPED_DEVICES).unwrap();
     let down = shaper_user::import::subscribers(
-        &shaper_user::libreqos::read(SHAPED_DEVICES.as_bytes()).unwrap(),
+        shaper_user::libreqos::read(SHAPED_DEVICES.as_bytes()).unwrap(),
         &shaper_user::import::Plan {
             direction: shaper_user::pins::Direction::Egress,
             ..import_plan(false)

@@ -305,7 +305,7 @@ fn read_file(args: &ImportArgs, scope: Scope<'_>) -> Result<Vec<SubscriberSpec>>
     if plan.burst_ns == 0 {
         bail!("invalid --burst-time 0: a burst must last");
     }
-    import::subscribers(&circuits, &plan).map_err(|e| anyhow!("{shown} {e}"))
+    import::subscribers(circuits, &plan).map_err(|e| anyhow!("{shown} {e}"))
 }
 
 fn import(args: &ImportArgs, scope: Scope<'_>, json: bool) -> Result<()> {

@@ -2,12 +2,9 @@
 //! every error pointing at its line and field. The settings are the library's own types
 //! (serde reads their names); what `attach` takes from flags, the file gives as fields.
 
-use std::{
-    collections::{BTreeMap, HashMap, HashSet},
-    ops::Range,
-    path::Path,
-};
+use std::{collections::BTreeMap, ops::Range, path::Path, rc::Rc};
 
+use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use ipnet::IpNet;
 use serde::Deserialize;
 use shaper_common::{
@@ -700,7 +697,7 @@ enum Loc {
     /// `[[interface.subscriber]]`: its table's `prefixes` and its field name.
     Toml(Range<usize>, String),
     /// A circuit of a LibreQoS file: the file and the circuit's first line.
-    Csv(String, usize),
+    Csv(Rc<str>, usize),
 }
 
 impl Loc {
@@ -708,7 +705,7 @@ impl Loc {
         match self {
             Self::Toml(span, field) => src.error(span.clone(), field.clone(), message),
             Self::Csv(file, line) => FileError {
-                file: file.clone(),
+                file: file.to_string(),
                 line: *line,
                 field: if prefix.addr().is_ipv4() {
                     "IPv4"
@@ -753,6 +750,9 @@ fn subscribers(
     if let Some(l) = &m.libreqos {
         let direction = m.direction.unwrap_or(direction);
         let (csv, circuits) = csv_subscribers(src, l, &format!("{here}.libreqos"), direction)?;
+        let csv: Rc<str> = csv.into();
+        specs.reserve(circuits.len());
+        locs.reserve(circuits.len());
         for (spec, line) in circuits {
             spec.check(keys).map_err(|e| {
                 Loc::Csv(csv.clone(), line).error(src, spec.prefixes[0], e.to_string())
@@ -761,7 +761,7 @@ fn subscribers(
             locs.push(Loc::Csv(csv.clone(), line));
         }
     }
-    let mut ids = HashSet::new();
+    let mut ids = HashSet::with_capacity(specs.len());
     for (spec, loc) in specs.iter().zip(&locs) {
         if !ids.insert(spec.id.as_str()) {
             let message = format!("subscriber {} is given twice", spec.id);
@@ -882,8 +882,11 @@ fn csv_subscribers(
     };
     let circuits = libreqos::read(std::io::BufReader::new(open.0)).map_err(csv_error)?;
     let specs = circuits
-        .iter()
-        .map(|c| import::subscriber(c, &plan).map(|s| (s, c.line)))
+        .into_iter()
+        .map(|c| {
+            let line = c.line;
+            import::subscriber(c, &plan).map(|s| (s, line))
+        })
         .collect::<Result<Vec<_>, _>>()
         .map_err(csv_error)?;
     Ok((shown, specs))
@@ -906,11 +909,13 @@ fn check_overlaps(
     locs: &[Loc],
     policies: &[(IpNet, Range<usize>, String)],
 ) -> Result<(), FileError> {
-    let mut end: HashMap<IpNet, Owner> = policies
-        .iter()
-        .enumerate()
-        .map(|(j, (p, _, _))| (*p, Owner::Policy(j)))
-        .collect();
+    let mut end = HashMap::with_capacity(policies.len() + 2 * specs.len());
+    end.extend(
+        policies
+            .iter()
+            .enumerate()
+            .map(|(j, (p, _, _))| (*p, Owner::Policy(j))),
+    );
     let name = |o: Owner, p: IpNet| match o {
         Owner::Policy(_) => format!("policy {p}"),
         Owner::Subscriber(k) => format!("subscriber {}'s prefix {p}", specs[k].id),

@@ -7,13 +7,11 @@
 //! The overlap rule is the one of [`SubscriberTable::set`], judged on the end state by
 //! lookup: for each route, its covering prefixes of the lengths subscribers use.
 
-use std::{
-    borrow::BorrowMut,
-    collections::{HashMap, HashSet},
-};
+use std::borrow::BorrowMut;
 
+use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use ipnet::IpNet;
-use shaper_common::maps::{MAX_POLICIES, Policy, SUBSCRIBER_BIT, Subscriber};
+use shaper_common::maps::{MAX_POLICIES, Policy, SUBSCRIBER_BIT, SUBSCRIBER_ID_BYTES, Subscriber};
 
 use super::{Before, SubscriberError, SubscriberSpec, SubscriberTable, map_err, padded, unpadded};
 use crate::policy::PolicyTable;
@@ -66,8 +64,37 @@ struct Read {
     entries: Vec<(u32, Subscriber)>,
     routes: HashMap<IpNet, u32>,
     /// Each subscriber's prefixes, by index.
-    prefixes: HashMap<u32, Vec<IpNet>>,
+    prefixes: Prefixes,
     plans: Vec<(u32, Policy)>,
+}
+
+/// The subscribers' routes sorted by index, in two lists: a million subscribers' prefixes
+/// without a list each.
+struct Prefixes {
+    index: Vec<u32>,
+    net: Vec<IpNet>,
+}
+
+impl Prefixes {
+    fn of(routes: &HashMap<IpNet, u32>) -> Self {
+        let mut all: Vec<(u32, IpNet)> = routes
+            .iter()
+            .filter(|(_, v)| *v & SUBSCRIBER_BIT != 0)
+            .map(|(net, v)| (v & !SUBSCRIBER_BIT, *net))
+            .collect();
+        all.sort_unstable_by_key(|(i, _)| *i);
+        Prefixes {
+            index: all.iter().map(|(i, _)| *i).collect(),
+            net: all.into_iter().map(|(_, net)| net).collect(),
+        }
+    }
+
+    /// Subscriber `index`'s prefixes, in no particular order.
+    fn of_index(&self, index: u32) -> &[IpNet] {
+        let start = self.index.partition_point(|i| *i < index);
+        let end = self.index.partition_point(|i| *i <= index);
+        &self.net[start..end]
+    }
 }
 
 fn same_set(a: &[IpNet], b: &[IpNet]) -> bool {
@@ -77,16 +104,10 @@ fn same_set(a: &[IpNet], b: &[IpNet]) -> bool {
 impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     fn read_all(&self) -> Result<Read, SubscriberError> {
         let routes: HashMap<IpNet, u32> = self.p().routes()?.into_iter().collect();
-        let mut prefixes: HashMap<u32, Vec<IpNet>> = HashMap::new();
-        for (net, v) in &routes {
-            if v & SUBSCRIBER_BIT != 0 {
-                prefixes.entry(v & !SUBSCRIBER_BIT).or_default().push(*net);
-            }
-        }
         Ok(Read {
             entries: self.entries()?,
+            prefixes: Prefixes::of(&routes),
             routes,
-            prefixes,
             plans: self.p().plans()?,
         })
     }
@@ -108,14 +129,18 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     ) -> Result<Batch, SubscriberError> {
         let config = self.p().config()?;
         let read = self.read_all()?;
-        let by_id: HashMap<String, (u32, Subscriber)> = read
-            .entries
-            .iter()
-            .map(|(i, s)| (unpadded(&s.id), (*i, *s)))
-            .collect();
-        let used: HashSet<u32> = read.entries.iter().map(|(i, _)| *i).collect();
-        let mut free = (1..=self.room()).filter(|i| !used.contains(i));
-        let mut seen = HashSet::new();
+        // By the id as the entry holds it, to the entry as read: no string made and no entry
+        // copied for each of a million.
+        let by_id: HashMap<&[u8; SUBSCRIBER_ID_BYTES], &(u32, Subscriber)> =
+            read.entries.iter().map(|e| (&e.1.id, e)).collect();
+        let mut used = vec![false; self.room() as usize + 1];
+        for (i, _) in &read.entries {
+            if let Some(u) = used.get_mut(*i as usize) {
+                *u = true;
+            }
+        }
+        let mut free = (1..=self.room()).filter(|i| !used[*i as usize]);
+        let mut seen = HashSet::with_capacity(specs.len());
         let mut batch = Batch {
             writes: Vec::new(),
             removes: Vec::new(),
@@ -130,14 +155,14 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                     spec.id
                 )));
             }
-            let (index, entry) = match by_id.get(&spec.id) {
-                Some(found) => *found,
+            let (index, entry) = match by_id.get(&padded(&spec.id)) {
+                Some(found) => **found,
                 None => match free.next() {
                     Some(i) => (i, Subscriber::default()),
                     None => return Err(SubscriberError::Full { room: self.room() }),
                 },
             };
-            let old = read.prefixes.get(&index).map_or(&[][..], Vec::as_slice);
+            let old = read.prefixes.of_index(index);
             if entry.in_use != 0 && unchanged(spec, &plan, &entry, old, &read.plans) {
                 batch.summary.unchanged += 1;
                 continue;
@@ -155,7 +180,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         if prune {
             for (index, entry) in &read.entries {
                 if !seen.contains(unpadded(&entry.id).as_str()) {
-                    let old = read.prefixes.get(index).map_or(&[][..], Vec::as_slice);
+                    let old = read.prefixes.of_index(*index);
                     batch
                         .removes
                         .push(before_of(*index, *entry, old, &[], &read.routes));
@@ -327,20 +352,17 @@ fn check_end_state(
         0 => policies.is_none(),
         _ => !rewritten.contains(&(v & !SUBSCRIBER_BIT)),
     };
-    let mut end: HashMap<IpNet, u32> = read
-        .routes
-        .iter()
-        .filter(|(_, v)| kept(**v))
-        .map(|(p, v)| (*p, *v))
-        .collect();
+    let mut end: HashMap<IpNet, u32> = HashMap::with_capacity(read.routes.len());
+    end.extend(
+        read.routes
+            .iter()
+            .filter(|(_, v)| kept(**v))
+            .map(|(p, v)| (*p, *v)),
+    );
     // The policies to be in force (their slots do not matter here: a route without
     // SUBSCRIBER_BIT is a policy's).
     end.extend(policies.unwrap_or_default().iter().map(|p| (p.trunc(), 0)));
-    let names: HashMap<u32, String> = read
-        .entries
-        .iter()
-        .map(|(i, s)| (*i, unpadded(&s.id)))
-        .collect();
+    // For the error only: searched, not indexed.
     let id_of = |v: u32| -> String {
         let i = v & !SUBSCRIBER_BIT;
         batch
@@ -348,7 +370,10 @@ fn check_end_state(
             .iter()
             .find(|w| w.before.index == i)
             .map(|w| w.spec.id.clone())
-            .or_else(|| names.get(&i).cloned())
+            .or_else(|| {
+                let (_, s) = read.entries.iter().find(|(at, _)| *at == i)?;
+                Some(unpadded(&s.id))
+            })
             .unwrap_or_else(|| "?".to_owned())
     };
     for w in &batch.writes {
