@@ -796,16 +796,39 @@ impl PolicyTable {
 
     /// Points `prefix` at `slot` in its family's trie.
     fn route(&mut self, prefix: IpNet, slot: u32) -> Result<(), PolicyError> {
-        let err = map_err(format!("add {prefix} to the prefix trie"));
+        // The message made only on an error: a million routes are written one by one.
+        let err = |source| PolicyError::Map {
+            what: format!("add {prefix} to the prefix trie"),
+            source,
+        };
         match trie_key(&prefix) {
             TrieKey::V4(key) => self.v4.insert(&key, slot, 0).map_err(err),
             TrieKey::V6(key) => self.v6.insert(&key, slot, 0).map_err(err),
         }
     }
 
+    /// Points each prefix of `routes` at its value, in batches per family, IPv4 first.
+    pub fn route_many(&mut self, routes: &[(IpNet, u32)]) -> Result<(), PolicyError> {
+        use aya::maps::IterableMap as _;
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for (prefix, value) in routes {
+            match trie_key(prefix) {
+                TrieKey::V4(key) => v4.push((key, *value)),
+                TrieKey::V6(key) => v6.push((key, *value)),
+            }
+        }
+        crate::maps::write_batched(self.v4.map(), &v4)
+            .map_err(map_err("add routes to the IPv4 prefix trie"))?;
+        crate::maps::write_batched(self.v6.map(), &v6)
+            .map_err(map_err("add routes to the IPv6 prefix trie"))
+    }
+
     /// Removes `prefix` from its family's trie.
     fn unroute(&mut self, prefix: IpNet) -> Result<(), PolicyError> {
-        let err = map_err(format!("remove {prefix} from the prefix trie"));
+        let err = |source| PolicyError::Map {
+            what: format!("remove {prefix} from the prefix trie"),
+            source,
+        };
         match trie_key(&prefix) {
             TrieKey::V4(key) => self.v4.remove(&key).map_err(err),
             TrieKey::V6(key) => self.v6.remove(&key).map_err(err),

@@ -222,9 +222,10 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     }
 
     /// Writes `batch` (as [`SubscriberTable::batch`] read the table, under the same lock):
-    /// routes that go first, then each subscriber's entry and its routes, then the
-    /// removed subscribers' entries and the plans no subscriber has any more. `progress`
-    /// is told how many of how many are written.
+    /// routes that go first, then the new subscribers (entries, then routes, in batches),
+    /// then each changed subscriber's entry and its routes, then the removed subscribers'
+    /// entries and the plans no subscriber has any more. `progress` is told how many of
+    /// how many are written.
     pub fn write_batch(
         &mut self,
         batch: &Batch,
@@ -250,13 +251,21 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         let mut plans = self.p().plans()?;
         let (mut v4, mut v6) = (false, false);
         let mut used = batch.kept_plans.clone();
-        for (done, w) in batch.writes.iter().enumerate() {
-            used.insert(self.write_one(w, &mut plans)?);
-            crate::crash::point("subscriber-step");
+        let (new, changed): (Vec<&Write>, Vec<&Write>) = batch
+            .writes
+            .iter()
+            .partition(|w| w.before.entry.in_use == 0);
+        for w in &batch.writes {
             v4 |= w.spec.prefixes.iter().any(|p| p.addr().is_ipv4());
             v6 |= w.spec.prefixes.iter().any(|p| p.addr().is_ipv6());
+        }
+        self.write_new(&new, &mut plans, &mut used)?;
+        progress(new.len(), total);
+        for (done, w) in changed.iter().enumerate() {
+            used.insert(self.write_one(w, &mut plans)?);
+            crate::crash::point("subscriber-step");
             if done % 1024 == 0 {
-                progress(done, total);
+                progress(new.len() + done, total);
             }
         }
         for b in &batch.removes {
@@ -273,6 +282,60 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         Ok(batch.summary)
     }
 
+    /// Writes new subscribers (no route points at their entries yet, so the kernel meters
+    /// nothing with them meanwhile): their plans' slots, then every entry, then every
+    /// route, in batches.
+    fn write_new(
+        &mut self,
+        new: &[&Write],
+        plans: &mut Vec<(u32, Policy)>,
+        used: &mut HashSet<u32>,
+    ) -> Result<(), SubscriberError> {
+        use aya::maps::IterableMap as _;
+        if new.is_empty() {
+            return Ok(());
+        }
+        let mut entries = Vec::with_capacity(new.len());
+        let mut routes = Vec::with_capacity(2 * new.len());
+        for w in new {
+            let slot = self.plan_slot(&w.plan, plans)?;
+            used.insert(slot);
+            let index = w.before.index;
+            entries.push((
+                index,
+                self.entry_for(&w.spec, index, &w.before.entry, slot)?,
+            ));
+            let value = index | SUBSCRIBER_BIT;
+            routes.extend(
+                w.before
+                    .routes
+                    .iter()
+                    .filter(|(p, v)| w.spec.prefixes.contains(p) && *v != Some(value))
+                    .map(|(p, _)| (*p, value)),
+            );
+        }
+        crate::maps::write_batched(self.subs.map(), &entries)
+            .map_err(map_err("write the new subscribers"))?;
+        crate::crash::point("subscriber-step");
+        self.pm().route_many(&routes)?;
+        crate::crash::point("subscriber-step");
+        Ok(())
+    }
+
+    /// The slot of `plan`: one already in `plans`, or a new one added to them.
+    fn plan_slot(
+        &mut self,
+        plan: &Policy,
+        plans: &mut Vec<(u32, Policy)>,
+    ) -> Result<u32, SubscriberError> {
+        if let Some((slot, _)) = plans.iter().find(|(_, p)| p == plan) {
+            return Ok(*slot);
+        }
+        let slot = self.pm().add_plan(plan)?;
+        plans.push((slot, *plan));
+        Ok(slot)
+    }
+
     /// Writes one subscriber's entry (its cell carried over), then its routes: its plan's
     /// slot.
     fn write_one(
@@ -280,19 +343,12 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         w: &Write,
         plans: &mut Vec<(u32, Policy)>,
     ) -> Result<u32, SubscriberError> {
-        let slot = match plans.iter().find(|(_, p)| *p == w.plan) {
-            Some((slot, _)) => *slot,
-            None => {
-                let slot = self.pm().add_plan(&w.plan)?;
-                plans.push((slot, w.plan));
-                slot
-            }
-        };
+        let slot = self.plan_slot(&w.plan, plans)?;
         let index = w.before.index;
         let entry = self.entry_for(&w.spec, index, &w.before.entry, slot)?;
         self.subs
             .set(index, entry, 0)
-            .map_err(map_err(format!("write subscriber {}", w.spec.id)))?;
+            .map_err(|e| map_err(format!("write subscriber {}", w.spec.id))(e))?;
         let value = index | SUBSCRIBER_BIT;
         for (p, v) in &w.before.routes {
             if w.spec.prefixes.contains(p) && *v != Some(value) {
