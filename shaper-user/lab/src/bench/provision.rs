@@ -46,8 +46,8 @@ impl Options {
             false => Self {
                 policies: MAX_POLICIES - 1,
                 subscribers: 1_000_000,
-                cold_runs: 3,
-                runs: 7,
+                cold_runs: 2,
+                runs: 5,
             },
             true => Self {
                 policies: 1000,
