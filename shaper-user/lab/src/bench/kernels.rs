@@ -352,19 +352,14 @@ pub fn markdown(all: &AllKernels) -> String {
         let _ = writeln!(w, "\n## Kernel {}\n", m.kernel);
         let _ = writeln!(
             w,
-            "Measured on {} ({} × {}) on {} (UTC), at git revision {}{}{}. Load average \
+            "Measured on {} ({} × {}) on {} (UTC), at git revision {}{}. Load average \
              (1, 5, 15 min) {} at the start, {} at the end. Baseline: commit {} (pin layout \
              {}); today's build writes pin layout {}.\n",
             m.host,
             m.cpus,
             m.cpu_model,
             m.date_utc,
-            m.git_revision,
-            if m.git_dirty {
-                " with uncommitted changes"
-            } else {
-                ""
-            },
+            m.revision(),
             if k.quick {
                 " (a `--quick` run: fewer attaches)"
             } else {

@@ -159,6 +159,26 @@ impl Rig {
         Ok(Summary::of(times))
     }
 
+    /// `files[0]` applied from nothing, then the two files in turn (odd runs the second,
+    /// which differs in one rate, even runs the first again): both summaries.
+    fn applies(&self, files: &[String; 2], opts: &Options) -> Result<(Summary, Summary)> {
+        let cold = self.cold_applies(&files[0], opts.cold_runs)?;
+        let changed = self.repeated(opts.runs, |run| {
+            vec!["apply".into(), "-f".into(), files[(run + 1) % 2].clone()]
+        })?;
+        Ok((cold, changed))
+    }
+
+    fn row(&self, what: &str, at: u32, seconds: Summary, target_secs: Option<f64>) -> Row {
+        Row {
+            build: self.build.clone(),
+            what: what.into(),
+            at,
+            seconds,
+            target_secs,
+        }
+    }
+
     /// `runs` of the commands `each(run)` gives, timed one by one.
     fn repeated(&self, runs: usize, each: impl Fn(usize) -> Vec<String>) -> Result<Summary> {
         let times = (0..runs)
@@ -237,18 +257,8 @@ fn policies(rig: &Rig, opts: &Options) -> Result<Vec<Row>> {
             &policies_file(opts.policies, "20mbit"),
         )?,
     ];
-    let row = |what: &str, seconds, target_secs| Row {
-        build: rig.build.clone(),
-        what: what.into(),
-        at: opts.policies,
-        seconds,
-        target_secs,
-    };
-    let cold = rig.cold_applies(&files[0], opts.cold_runs)?;
-    // From the first file: odd runs change policy 0's rate, even runs put it back.
-    let changed = rig.repeated(opts.runs, |run| {
-        vec!["apply".into(), "-f".into(), files[(run + 1) % 2].clone()]
-    })?;
+    let row = |what: &str, seconds| rig.row(what, opts.policies, seconds, None);
+    let (cold, changed) = rig.applies(&files, opts)?;
     let set = rig.repeated(opts.runs, |run| {
         let rate = ["30mbit", "40mbit"][run % 2];
         ["policy", "set", IFACE, &policy_prefix(1), "--rate", rate]
@@ -259,13 +269,12 @@ fn policies(rig: &Rig, opts: &Options) -> Result<Vec<Row>> {
     })?;
     rig.detach()?;
     Ok(vec![
-        row("prefix policies: apply from nothing", cold, None),
+        row("prefix policies: apply from nothing", cold),
         row(
             "prefix policies: the same file with one rate changed",
             changed,
-            None,
         ),
-        row("prefix policies: one `policy set`", set, None),
+        row("prefix policies: one `policy set`", set),
     ])
 }
 
@@ -280,17 +289,8 @@ fn subscribers(rig: &Rig, opts: &Options) -> Result<Vec<Row>> {
             &subscribers_file("subscribers-changed.csv", n),
         )?,
     ];
-    let row = |what: &str, seconds, target_secs| Row {
-        build: rig.build.clone(),
-        what: what.into(),
-        at: n,
-        seconds,
-        target_secs,
-    };
-    let cold = rig.cold_applies(&files[0], opts.cold_runs)?;
-    let changed = rig.repeated(opts.runs, |run| {
-        vec!["apply".into(), "-f".into(), files[(run + 1) % 2].clone()]
-    })?;
+    let row = |what: &str, seconds, target_secs| rig.row(what, n, seconds, target_secs);
+    let (cold, changed) = rig.applies(&files, opts)?;
     // Subscriber 1's plan, changed each run; then a subscriber of its own prefixes, made
     // and deleted.
     let [v4, v6] = subscriber_prefixes(1);
@@ -396,18 +396,13 @@ pub fn write(out: &Path, r: &Results) -> Result<Vec<PathBuf>> {
     let _ = writeln!(
         s,
         "Written by `shaper-lab bench --only provision` on {} (kernel {}, {} x {}), {} UTC, \
-         at git revision {}{}; load average {} at the start.\n",
+         at git revision {}; load average {} at the start.\n",
         m.host,
         m.kernel,
         m.cpus,
         m.cpu_model,
         m.date_utc,
-        m.git_revision,
-        if m.git_dirty {
-            " with uncommitted changes"
-        } else {
-            ""
-        },
+        m.revision(),
         m.loadavg_start
     );
     let _ = writeln!(

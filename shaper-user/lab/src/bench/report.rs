@@ -80,6 +80,14 @@ fn git_revision() -> (String, bool) {
 }
 
 impl Machine {
+    /// The revision as results name it: `abc123…`, `abc123… with uncommitted changes`.
+    pub fn revision(&self) -> String {
+        match self.git_dirty {
+            true => format!("{} with uncommitted changes", self.git_revision),
+            false => self.git_revision.clone(),
+        }
+    }
+
     /// Reads this machine's description from /proc and the clock.
     pub fn this() -> Self {
         let read = |path: &str| {
@@ -303,19 +311,14 @@ fn markdown(inputs: &Inputs<'_>, plots: &[String]) -> String {
     let _ = writeln!(
         w,
         "Measured by `cargo xtask bench{}` on **{}**: kernel **{}**, {} × {}, on {} (UTC), \
-         at git revision **{}**{}. Load average (1, 5, 15 min) {} at the start, {} at the end.\n",
+         at git revision **{}**. Load average (1, 5, 15 min) {} at the start, {} at the end.\n",
         if inputs.quick { " --quick" } else { "" },
         m.host,
         m.kernel,
         m.cpus,
         m.cpu_model,
         m.date_utc,
-        m.git_revision,
-        if m.git_dirty {
-            " with uncommitted changes"
-        } else {
-            ""
-        },
+        m.revision(),
         m.loadavg_start,
         if m.loadavg_end.is_empty() {
             "not read"

@@ -367,18 +367,13 @@ pub fn write(
     let _ = writeln!(
         s,
         "Written by `shaper-lab bench --only tcp` on {} (kernel {}, {} x {}), {} UTC, \
-         at git revision {}{}.{}\n",
+         at git revision {}.{}\n",
         machine.host,
         machine.kernel,
         machine.cpus,
         machine.cpu_model,
         machine.date_utc,
-        machine.git_revision,
-        if machine.git_dirty {
-            " with uncommitted changes"
-        } else {
-            ""
-        },
+        machine.revision(),
         match emulated {
             Some(how) => format!(" Ran under emulation: {how}."),
             None => String::new(),
