@@ -2215,7 +2215,8 @@ fn radius_coa_and_disconnect_set_plans_and_bad_requests_change_nothing() {
 /// makes it read them again. After a CoA for c1, the CLI removes c1 and sets c3 (which
 /// takes c1's place in the map): CoAs naming c3 by its IPv4 address and by its IPv6
 /// prefix set c3's plans, c1 gets Session-Context-Not-Found, c2 is untouched; every
-/// request acted on is in `shaper_radius_request_seconds`.
+/// request acted on is in `shaper_radius_request_seconds`. A Disconnect of c3 then
+/// removes its routes from both directions' tries, and c2's stay.
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn radius_coa_follows_subscribers_changed_by_other_commands() {
@@ -2306,6 +2307,56 @@ fn radius_coa_follows_subscribers_changed_by_other_commands() {
         series("shaper_radius_request_seconds_bucket{le=\"+Inf\"} ").as_deref(),
         Some("4")
     );
+    // A Disconnect of c3, through the index (its prefixes read from the tries once):
+    // its routes go from both directions' tries, c2's stay.
+    let before = ["ingress", "egress"].map(|d| routes(&name, d));
+    assert_eq!(
+        before.clone().map(|r| r.map(|t| t.len())),
+        [[2, 2]; 2],
+        "{before:?}"
+    );
+    let (acked, said) = radclient(
+        &name,
+        v4,
+        "disconnect",
+        "v4secret",
+        &format!("User-Name = c3\nEvent-Timestamp = {now}\n"),
+    );
+    assert!(acked, "{said}\n{}", daemon.log());
+    for d in ["ingress", "egress"] {
+        assert_eq!(plan(d, "c3"), None);
+        assert_eq!(plan(d, "c2"), Some((10_000_000, 64 << 10)), "c2 {d}");
+        let left = routes(&name, d);
+        assert_eq!(
+            left.clone().map(|t| t.len()),
+            [1, 1],
+            "{d}: {left:?}\n{}",
+            daemon.log()
+        );
+    }
+}
+
+/// The values of the routes of `direction`'s IPv4 and IPv6 prefix tries of [`IFACE`] in
+/// `ns`, as bpftool dumps them.
+fn routes(ns: &str, direction: &str) -> [Vec<String>; 2] {
+    let d = match direction {
+        "ingress" => Direction::Ingress,
+        _ => Direction::Egress,
+    };
+    let at = Attachment::toward(IFACE, Some(ns), d);
+    [at.prefixes_v4(), at.prefixes_v6()].map(|pin| {
+        let out = Command::new("bpftool")
+            .args(["-j", "map", "dump", "pinned"])
+            .arg(&pin)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "bpftool map dump {pin:?}: {out:?}");
+        serde_json::from_slice::<Vec<Value>>(&out.stdout)
+            .unwrap()
+            .iter()
+            .map(|e| e["value"].to_string())
+            .collect()
+    })
 }
 
 /// A CoA that changes both directions is one change: the daemon killed between its
