@@ -2566,7 +2566,9 @@ fn charge(ns: &str, dir: &std::path::Path, direction: Direction, frame: &[u8], r
 /// counts (egress is output, ingress input; delivered bytes, dropped ones not), past 2^32
 /// into Gigawords; Stop when a subscriber is removed and for every session when the
 /// daemon stops. The first server never answers: each request fails over to the second,
-/// and /metrics counts the timeouts.
+/// and /metrics counts the timeouts. A CoA naming a subscriber by the Acct-Session-Id of
+/// its Start (read from the detail file) changes it; one naming an ended or unknown
+/// session gets Session-Context-Not-Found.
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn radius_accounting_reports_stats_to_freeradius_with_failover() {
@@ -2664,6 +2666,40 @@ fn radius_accounting_reports_stats_to_freeradius_with_failover() {
         (c2_in, 0)
     );
 
+    // A CoA naming the subscriber by the Acct-Session-Id of its Start: c2's over IPv4,
+    // c1's over IPv6; a session the daemon never started: Session-Context-Not-Found.
+    let by_session = |server: &str, secret: &str, session: &str, down: u32| {
+        radclient(
+            &name,
+            server,
+            "coa",
+            secret,
+            &format!(
+                "Acct-Session-Id = \"{session}\"\nEvent-Timestamp = {}\nWISPr-Bandwidth-Max-Down = {down}\n",
+                unix_secs()
+            ),
+        )
+    };
+    let (v4, v6) = ("127.0.0.1:3799", "[::1]:3799");
+    let (acked, said) = by_session(v4, "v4secret", &c2_session, 3_000_000);
+    assert!(acked, "{said}");
+    assert_eq!(
+        sub_plan(&name, IFACE, "egress", "c2"),
+        Some((3_000_000, 16_384))
+    );
+    let (acked, said) = by_session(v6, "v6secret", &session, 4_000_000);
+    assert!(acked, "{said}");
+    assert_eq!(
+        sub_plan(&name, IFACE, "egress", "c1"),
+        Some((4_000_000, 16_384))
+    );
+    let unknown = format!("{}-00000099", session.split('-').next().unwrap());
+    let (acked, said) = by_session(v4, "v4secret", &unknown, 1_000_000);
+    assert!(
+        !acked && said.contains("Error-Cause = Session-Context-Not-Found"),
+        "{said}"
+    );
+
     // Removed: its Stop, with its counts.
     for d in ["ingress", "egress"] {
         shaper_ok(&name, &["--direction", d, "subscriber", "del", IFACE, "c1"]);
@@ -2674,6 +2710,35 @@ fn radius_accounting_reports_stats_to_freeradius_with_failover() {
         (stop["Acct-Session-Id"].as_str(), octets(&stop, "Output")),
         (session.as_str(), c1_out)
     );
+    // Set again, c1 has a new session: its old one names nothing.
+    shaper_ok(
+        &name,
+        &[
+            "--direction",
+            "egress",
+            "subscriber",
+            "set",
+            IFACE,
+            "c1",
+            "--prefix",
+            "100.64.0.1",
+            "--rate",
+            "10mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    let again = radius.wait_for("c1", "Start", |r| r["Acct-Session-Id"] != session);
+    let (acked, said) = by_session(v4, "v4secret", &session, 1_000_000);
+    assert!(
+        !acked && said.contains("Error-Cause = Session-Context-Not-Found"),
+        "{said}"
+    );
+    assert_eq!(
+        sub_plan(&name, IFACE, "egress", "c1"),
+        Some((10_000_000, 64 << 10))
+    );
+    eprintln!("c1's second Start: {again:?}");
     // The counters, once the Stop's answer is counted (the detail file has the record
     // before the daemon has the answer): the dead server's timeouts, the live one's
     // answers (2 Starts, 2 Interims and the Stop at least), nothing lost.

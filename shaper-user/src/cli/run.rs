@@ -36,6 +36,7 @@ use shaper_user::{
     detach, link,
     metrics::{self, SourceCounter},
     pins::Attachment,
+    radius::accounting::SessionIndex,
     request::AttachRequest,
     system,
 };
@@ -417,17 +418,24 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         accounting: None,
         radius_seconds: None,
     }));
+    // The accounting's sessions, which a CoA or Disconnect may name by Acct-Session-Id.
+    let sessions = radius
+        .as_ref()
+        .and_then(|r| r.accounting.as_ref())
+        .map(|_| SessionIndex::default());
     if let Some(config) = radius.clone() {
-        radius::start(config, netns, Arc::clone(&daemon_state))?;
+        radius::start(config, netns, sessions.clone(), Arc::clone(&daemon_state))?;
     }
     let accounting = match radius
         .as_ref()
         .and_then(|r| Some((r.accounting.clone()?, r)))
+        .zip(sessions)
     {
-        Some((a, r)) => Some(accounting::start(
+        Some(((a, r), sessions)) => Some(accounting::start(
             a,
             &r.interface,
             netns,
+            sessions,
             Arc::clone(&daemon_state),
         )?),
         None => None,

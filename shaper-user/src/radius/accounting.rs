@@ -4,8 +4,10 @@
 //! configured servers in order, with retransmissions and failover, every queue bounded.
 //!
 //! - A session is a subscriber id present on the ingress or egress attachment (or both).
-//!   Its Acct-Session-Id is `{daemon start, hex}-{n, hex}` (n counts the sessions this
-//!   daemon started): stable for the session, never reused (a restart has another start).
+//!   Its Acct-Session-Id is `{daemon start, Unix milliseconds, hex}-{n, 8 hex}` (n counts
+//!   the sessions this daemon started): stable for the session, never reused (a restart
+//!   has another start). The sessions in progress are shared with the CoA listener
+//!   ([`SessionIndex`]): a request naming one finds its subscriber.
 //! - Input is the ingress attachment's counts (what the subscriber sends: its upload, as a
 //!   NAS reports it), output the egress one's. Octets and packets are those delivered:
 //!   passed (green, and yellow: passed marked) plus would-drop (monitor mode passes them);
@@ -23,6 +25,7 @@ use std::{
     collections::{HashMap, VecDeque},
     net::{Ipv4Addr, SocketAddr, UdpSocket},
     os::fd::AsRawFd as _,
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -267,6 +270,31 @@ pub struct Seen {
     pub output: Option<Usage>,
 }
 
+/// The sessions in progress, by Acct-Session-Id: each one's subscriber id. The accounting
+/// thread keeps it as it starts and stops sessions; the CoA listener reads it (a request
+/// naming a session: [`crate::radius::request::Target::Session`]). Cloned, it is shared.
+#[derive(Clone, Debug, Default)]
+pub struct SessionIndex(Arc<Mutex<HashMap<String, String>>>);
+
+impl SessionIndex {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The subscriber id of session `session_id`, if it is in progress.
+    pub fn subscriber(&self, session_id: &str) -> Option<String> {
+        self.map().get(session_id).cloned()
+    }
+
+    fn insert(&self, session_id: &str, id: &str) {
+        self.map().insert(session_id.to_owned(), id.to_owned());
+    }
+
+    fn remove(&self, session_id: &str) {
+        self.map().remove(session_id);
+    }
+}
+
 struct Session {
     session_id: String,
     started: Instant,
@@ -279,8 +307,10 @@ struct Session {
 
 /// The sessions of one daemon.
 pub struct Sessions {
+    /// When the daemon started, Unix milliseconds: the first part of every session id.
     daemon_start: u64,
     started: u64,
+    index: SessionIndex,
     interim: Duration,
     live: HashMap<String, Session>,
     /// Whether a scan was made: the sessions of the first are spread over the interval.
@@ -305,12 +335,14 @@ fn framed(prefixes: &[IpNet]) -> (Option<Ipv4Addr>, Option<Ipv6Net>) {
 }
 
 impl Sessions {
-    pub fn new(interim: Duration, daemon_start: SystemTime) -> Self {
+    /// The sessions of a daemon started at `daemon_start`, kept in `index` too.
+    pub fn new(interim: Duration, daemon_start: SystemTime, index: SessionIndex) -> Self {
         Self {
             daemon_start: daemon_start
                 .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             started: 0,
+            index,
             interim,
             live: HashMap::new(),
             scanned: false,
@@ -379,6 +411,7 @@ impl Sessions {
             .collect();
         for id in gone {
             if let Some(s) = self.live.remove(&id) {
+                self.index.remove(&s.session_id);
                 let mut r = self.record(&id, &s, Status::Stop, now, wall);
                 r.cause = Some(CAUSE_ADMIN_RESET);
                 out.push(r);
@@ -401,7 +434,7 @@ impl Sessions {
             let (framed_v4, framed_v6) = framed(prefixes.get(id).map_or(&[][..], Vec::as_slice));
             self.started += 1;
             let s = Session {
-                session_id: format!("{:08X}-{:08X}", self.daemon_start, self.started),
+                session_id: self.session_id(self.started),
                 started: now,
                 base,
                 last: base,
@@ -410,6 +443,7 @@ impl Sessions {
                 framed_v6,
             };
             out.push(self.record(id, &s, Status::Start, now, wall));
+            self.index.insert(&s.session_id, id);
             self.live.insert(id.clone(), s);
         }
         self.scanned = true;
@@ -431,11 +465,17 @@ impl Sessions {
         out
     }
 
+    /// Session `n`'s Acct-Session-Id: the daemon's start and `n`, in hex.
+    fn session_id(&self, n: u64) -> String {
+        format!("{:X}-{n:08X}", self.daemon_start)
+    }
+
     /// A Stop for every session (the daemon stops), Admin-Reboot.
     pub fn stop_all(&mut self, now: Instant, wall: SystemTime) -> Vec<Record> {
         let live = std::mem::take(&mut self.live);
         live.iter()
             .map(|(id, s)| {
+                self.index.remove(&s.session_id);
                 let mut r = self.record(id, s, Status::Stop, now, wall);
                 r.cause = Some(CAUSE_ADMIN_REBOOT);
                 r

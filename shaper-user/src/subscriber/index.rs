@@ -1,5 +1,6 @@
 //! The daemon's index of one attachment's subscribers ([`Index`]), so that a RADIUS CoA
-//! at 100,000 subscribers reads one entry, not the whole table: built from one batched
+//! at 100,000 subscribers reads one entry, not the whole table, and a Disconnect that
+//! entry and a lookup of each of its prefixes, not the tries: built from one batched
 //! read of the entries and one of the policy slots, and kept up to date by the changes
 //! made through it. It is only as good as the host's change count it was read at
 //! (`crate::change::Kept` drops it when another change has moved the count on); the

@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use shaper_user::{
     metrics,
-    radius::accounting::{self, Config, Nas, Sender, Sessions},
+    radius::accounting::{self, Config, Nas, Sender, SessionIndex, Sessions},
 };
 
 /// How long the daemon's exit waits for the Stops to be answered.
@@ -47,6 +47,7 @@ pub fn start(
     config: Config,
     iface: &str,
     netns: Option<&str>,
+    sessions: SessionIndex,
     daemon: Arc<Mutex<metrics::Daemon>>,
 ) -> Result<Accounting> {
     let nas = Nas {
@@ -74,7 +75,7 @@ pub fn start(
     let thread = std::thread::Builder::new()
         .name("radius-acct".to_owned())
         .spawn(move || {
-            let sessions = Sessions::new(interim, SystemTime::now());
+            let sessions = Sessions::new(interim, SystemTime::now(), sessions);
             let at = (iface.as_str(), ns.as_deref());
             run(at, scan_every(interim), sessions, sender, &flag, &daemon);
         })

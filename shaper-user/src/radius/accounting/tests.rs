@@ -111,9 +111,11 @@ fn seen(pairs: &[(&str, u64, u64)]) -> HashMap<String, Seen> {
 #[test]
 fn sessions_start_spread_their_interims_and_stop() {
     let interim = Duration::from_secs(300);
+    let index = SessionIndex::default();
     let mut s = Sessions::new(
         interim,
-        SystemTime::UNIX_EPOCH + Duration::from_secs(0x5F00_0000),
+        SystemTime::UNIX_EPOCH + Duration::from_millis(0x05F0_0000_0123),
+        index.clone(),
     );
     let t0 = Instant::now();
     let wall = SystemTime::now();
@@ -123,7 +125,18 @@ fn sessions_start_spread_their_interims_and_stop() {
     let out = s.update(&seen(&all), &none, t0, wall);
     assert_eq!(out.len(), 100);
     assert!(out.iter().all(|r| r.status == Status::Start));
-    assert_eq!(out[0].session_id, "5F000000-00000001");
+    assert_eq!(out[0].session_id, "5F000000123-00000001");
+    assert_eq!(out[0].user, "c000");
+    // The CoA listener finds each session's subscriber.
+    assert_eq!(
+        index.subscriber("5F000000123-00000001").as_deref(),
+        Some("c000")
+    );
+    assert_eq!(
+        index.subscriber("5F000000123-00000064").as_deref(),
+        Some("c099")
+    );
+    assert_eq!(index.subscriber("5F000000123-00000065"), None);
     // Over the first interval, the first scan's sessions come due evenly: 10 a 30 s.
     let grown: Vec<(&str, u64, u64)> = all.iter().map(|(a, _, _)| (*a, 1500, 2100)).collect();
     for k in 1..=10u32 {
@@ -153,8 +166,16 @@ fn sessions_start_spread_their_interims_and_stop() {
         ]
     );
     assert_eq!(s.len(), 99);
+    // c000's session ended; c001's is a new one.
+    assert_eq!(index.subscriber("5F000000123-00000001"), None);
+    assert_eq!(index.subscriber("5F000000123-00000002"), None);
+    assert_eq!(
+        index.subscriber("5F000000123-00000065").as_deref(),
+        Some("c001")
+    );
     let stops = s.stop_all(t0 + interim * 2, wall);
     assert_eq!(stops.len(), 99);
     assert!(stops.iter().all(|r| r.cause == Some(CAUSE_ADMIN_REBOOT)));
     assert!(s.is_empty());
+    assert_eq!(index.subscriber("5F000000123-00000065"), None);
 }
