@@ -2568,7 +2568,8 @@ fn charge(ns: &str, dir: &std::path::Path, direction: Direction, frame: &[u8], r
 /// daemon stops. The first server never answers: each request fails over to the second,
 /// and /metrics counts the timeouts. A CoA naming a subscriber by the Acct-Session-Id of
 /// its Start (read from the detail file) changes it; one naming an ended or unknown
-/// session gets Session-Context-Not-Found.
+/// session gets Session-Context-Not-Found. The daemon's Accounting-On comes before
+/// every Start, its Accounting-Off after every Stop.
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn radius_accounting_reports_stats_to_freeradius_with_failover() {
@@ -2615,6 +2616,17 @@ fn radius_accounting_reports_stats_to_freeradius_with_failover() {
     let session = start["Acct-Session-Id"].clone();
     let c2_session = radius.wait_for("c2", "Start", any)["Acct-Session-Id"].clone();
     assert_ne!(session, c2_session);
+    // Before any Start, the daemon's Accounting-On: no user, the daemon's session 0.
+    let daemon_session = format!("{}-00000000", session.split('-').next().unwrap());
+    let status = |r: &BTreeMap<String, String>| r["Acct-Status-Type"].clone();
+    let first = radius.records()[0].clone();
+    assert_eq!(
+        (status(&first).as_str(), first["Acct-Session-Id"].as_str()),
+        ("Accounting-On", daemon_session.as_str()),
+        "{first:?}"
+    );
+    assert_eq!(first["NAS-Identifier"], "lab-nas", "{first:?}");
+    assert!(!first.contains_key("User-Name"), "{first:?}");
 
     // Over 4 GiB to c1 (IPv4, 3000-byte frames), some IPv6 too; c2 sends at 10 Mbit/s
     // burst 64k on both families: most of it dropped.
@@ -2775,6 +2787,25 @@ fn radius_accounting_reports_stats_to_freeradius_with_failover() {
     let stop = radius.wait_for("c2", "Stop", any);
     assert_eq!(stop["Acct-Terminate-Cause"], "Admin-Reboot", "{stop:?}");
     assert_eq!(octets(&stop, "Input"), c2_in);
+    // Then, after every Stop, its Accounting-Off: the last record, and the only other
+    // one without a user.
+    let records = radius.records();
+    let last = records.last().unwrap();
+    assert_eq!(
+        (status(last).as_str(), last["Acct-Session-Id"].as_str()),
+        ("Accounting-Off", daemon_session.as_str()),
+        "{records:#?}"
+    );
+    let userless: Vec<String> = records
+        .iter()
+        .filter(|r| !r.contains_key("User-Name"))
+        .map(status)
+        .collect();
+    assert_eq!(
+        userless,
+        ["Accounting-On", "Accounting-Off"],
+        "{records:#?}"
+    );
 }
 
 /// When FreeRADIUS received a detail record, Unix seconds.

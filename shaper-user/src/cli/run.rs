@@ -73,8 +73,10 @@ use tokio::{
 /// Event-Timestamp window, replay, rate) changes nothing, and every outcome is counted
 /// by reason on /metrics (shaper_radius_requests_total). With [radius.accounting], it
 /// reports each subscriber of that interface to the accounting servers listed (RFC
-/// 2866: Start, Interim-Update every interim, Stop when removed and on exit; octets
-/// delivered, upload as input), failing over in order. The table is read at start
+/// 2866: Accounting-On first, Start, Interim-Update every interim, Stop when removed and
+/// on exit, then Accounting-Off; octets delivered, upload as input), failing over in
+/// order; a CoA or Disconnect may name a subscriber by the Acct-Session-Id of its
+/// Start. The table is read at start
 /// (restart to change it). See docs/operating/radius.md.
 ///
 /// It serves a local API on --api-socket (a Unix socket only root may connect to): JSON

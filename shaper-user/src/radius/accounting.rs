@@ -15,6 +15,9 @@
 //!   kernel's counts at Start are its base.
 //! - Interims are due every `interim` from Start; the sessions found at daemon start are
 //!   spread evenly over the first interval.
+//! - The daemon's accounting begins with an Accounting-On and ends with an
+//!   Accounting-Off (its Acct-Session-Id the daemon's, session number 0), each sent alone:
+//!   every Start after the On is answered, the Off after every Stop is.
 //! - Each request is retransmitted, as it was (same Identifier and Request
 //!   Authenticator), every `timeout` until `retries` are spent, then built again (a new
 //!   Identifier, Acct-Delay-Time updated, as RFC 2866 §5.2 asks) for the next server;
@@ -116,6 +119,18 @@ pub enum Status {
     Start = 1,
     Stop = 2,
     Interim = 3,
+    /// The daemon's accounting starts: no session of its earlier runs is in progress.
+    AccountingOn = 7,
+    /// The daemon's accounting stops, every session's Stop sent before.
+    AccountingOff = 8,
+}
+
+impl Status {
+    /// Accounting-On and -Off are sent alone: everything queued before is answered (or
+    /// given up) before one is sent, and nothing after it until it is.
+    fn alone(self) -> bool {
+        matches!(self, Self::AccountingOn | Self::AccountingOff)
+    }
 }
 
 /// Packets and octets delivered.
@@ -199,7 +214,9 @@ pub fn encode(r: &Record, nas: &Nas, identifier: u8, delay_secs: u32, secret: &[
     out.extend_from_slice(&[0; 16]);
     int(&mut out, ACCT_STATUS_TYPE, r.status as u32);
     attr(&mut out, ACCT_SESSION_ID, r.session_id.as_bytes());
-    attr(&mut out, USER_NAME, r.user.as_bytes());
+    if !r.user.is_empty() {
+        attr(&mut out, USER_NAME, r.user.as_bytes());
+    }
     if !nas.identifier.is_empty() {
         attr(&mut out, NAS_IDENTIFIER, nas.identifier.as_bytes());
     }
@@ -223,7 +240,7 @@ pub fn encode(r: &Record, nas: &Nas, identifier: u8, delay_secs: u32, secret: &[
         .map_or(0, |d| d.as_secs());
     int(&mut out, EVENT_TIMESTAMP, low(stamp));
     int(&mut out, ACCT_DELAY_TIME, delay_secs);
-    if r.status != Status::Start {
+    if matches!(r.status, Status::Interim | Status::Stop) {
         int(&mut out, ACCT_SESSION_TIME, r.session_secs);
         int(&mut out, ACCT_INPUT_OCTETS, low(r.input.octets));
         int(&mut out, ACCT_INPUT_GIGAWORDS, high(r.input.octets));
@@ -468,6 +485,25 @@ impl Sessions {
     /// Session `n`'s Acct-Session-Id: the daemon's start and `n`, in hex.
     fn session_id(&self, n: u64) -> String {
         format!("{:X}-{n:08X}", self.daemon_start)
+    }
+
+    /// The daemon's Accounting-On or Accounting-Off (`status`): no user, no counts; its
+    /// Acct-Session-Id the daemon's, session number 0.
+    pub fn accounting(&self, status: Status, now: Instant, wall: SystemTime) -> Record {
+        Record {
+            status,
+            user: String::new(),
+            session_id: self.session_id(0),
+            framed_v4: None,
+            framed_v6: None,
+            input: Usage::default(),
+            output: Usage::default(),
+            session_secs: 0,
+            cause: None,
+            wall,
+            made: now,
+            server: None,
+        }
     }
 
     /// A Stop for every session (the daemon stops), Admin-Reboot.
@@ -719,8 +755,27 @@ impl Sender {
         }
     }
 
+    /// Whether an Accounting-On or -Off awaits its answer.
+    fn alone_in_flight(&self) -> bool {
+        self.slots
+            .iter()
+            .flatten()
+            .flatten()
+            .any(|x| x.record.status.alone())
+    }
+
     fn send_queued(&mut self, now: Instant) {
+        if self.alone_in_flight() {
+            return;
+        }
         while self.in_flight < MAX_IN_FLIGHT {
+            let Some(front) = self.queue.front() else {
+                return;
+            };
+            let alone = front.status.alone();
+            if alone && self.in_flight > 0 {
+                return;
+            }
             let Some(r) = self.queue.pop_front() else {
                 return;
             };
@@ -751,6 +806,9 @@ impl Sender {
                 tries: 1,
             });
             self.in_flight += 1;
+            if alone {
+                return;
+            }
         }
     }
 
