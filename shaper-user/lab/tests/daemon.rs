@@ -2359,48 +2359,73 @@ fn routes(ns: &str, direction: &str) -> [Vec<String>; 2] {
     })
 }
 
-/// A CoA that changes both directions is one change: the daemon killed between its
-/// ingress and egress writes (a crash point), the next command rolls both back, and the
-/// journal names the RADIUS change.
+/// A CoA or a Disconnect that changes both directions is one change: the daemon killed
+/// between its ingress and egress writes (a crash point), the next command rolls both
+/// back (plans and routes), and the journal names the RADIUS change.
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn a_coa_killed_half_way_is_rolled_back_whole() {
     let lab = radius_lab("dm-radius-kill");
     let name = &lab.name;
     let plans = || ["ingress", "egress"].map(|d| sub_plan(name, IFACE, d, "c1"));
-    let before = plans();
-    assert_eq!(before, [Some((10_000_000, 64 << 10)); 2]);
-    // The second subscriber write: the egress one, after the ingress one.
-    let crash = [(shaper_user::crash::CRASH_AT_VAR, "subscriber-step#2")];
-    let mut daemon = Daemon::start_with_env(name, &lab.file, &["--no-watch"], &crash);
-    let (acked, said) = radclient_within(
-        name,
-        "0.25",
-        "127.0.0.1:3799",
-        "coa",
-        "v4secret",
-        &format!(
-            "User-Name = c1\nEvent-Timestamp = {}\nWISPr-Bandwidth-Max-Up = 30000000\nWISPr-Bandwidth-Max-Down = 40000000\n",
-            unix_secs()
+    let both_routes = || ["ingress", "egress"].map(|d| routes(name, d));
+    let before = (plans(), both_routes());
+    assert_eq!(before.0, [Some((10_000_000, 64 << 10)); 2]);
+    for (code, rates, journaled) in [
+        (
+            "coa",
+            "WISPr-Bandwidth-Max-Up = 30000000\nWISPr-Bandwidth-Max-Down = 40000000\n",
+            "radius coa",
         ),
-    );
-    assert!(!acked, "{said}");
-    let status = daemon.child.wait().unwrap();
-    assert!(
-        !status.success(),
-        "the daemon did not die at the crash point: {}",
-        daemon.log()
-    );
-    let out = shaper(name, &["status", IFACE]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    // The journal is the host's: another shaper command running beside the test (the
-    // lab's other suites) may have rolled it back first, saying nothing here.
-    assert!(
-        stderr.is_empty() || (stderr.contains("interrupted") && stderr.contains("radius coa")),
-        "{stderr}"
-    );
-    assert_eq!(plans(), before, "half a CoA stayed; status said: {stderr}");
+        ("disconnect", "", "radius disconnect"),
+    ] {
+        // The second subscriber write: the egress one, after the ingress one.
+        let crash = [(shaper_user::crash::CRASH_AT_VAR, "subscriber-step#2")];
+        let mut daemon = Daemon::start_with_env(name, &lab.file, &["--no-watch"], &crash);
+        // A request that found the change lock held by another command (the lab's other
+        // suites) for over 2 s changed nothing (NAK 506): sent again.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            let (acked, said) = radclient_within(
+                name,
+                "0.25",
+                "127.0.0.1:3799",
+                code,
+                "v4secret",
+                &format!("User-Name = c1\nEvent-Timestamp = {}\n{rates}", unix_secs()),
+            );
+            assert!(!acked, "{said}");
+            let waited = Instant::now();
+            while waited.elapsed() < Duration::from_secs(3)
+                && daemon.child.try_wait().unwrap().is_none()
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if let Some(status) = daemon.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not die at the crash point: {}",
+                daemon.log()
+            );
+        };
+        assert!(!status.success(), "{}", daemon.log());
+        let out = shaper(name, &["status", IFACE]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        // The journal is the host's: another shaper command running beside the test (the
+        // lab's other suites) may have rolled it back first, saying nothing here.
+        assert!(
+            stderr.is_empty() || (stderr.contains("interrupted") && stderr.contains(journaled)),
+            "{stderr}"
+        );
+        assert_eq!(
+            (plans(), both_routes()),
+            before,
+            "half a {code} stayed; status said: {stderr}"
+        );
+    }
 }
 
 /// FreeRADIUS as an accounting server in `ns`: on 127.0.0.1:1813 and [::1]:1813, secret
