@@ -477,11 +477,13 @@ impl Edits<'_> {
         Ok(self.kept.index(at, &table)?.contains(id))
     }
 
-    /// How many subscribers `at` (which must be attached) has, by its index: read now
-    /// if it was not kept.
+    /// How many subscribers `at` (which must be attached) has, by its index, with their
+    /// prefixes: read now if it was not kept.
     pub fn indexed(&mut self, at: &Attachment) -> Result<usize, ChangeError> {
         let table = SubscriberTable::of(self.prepared.attached(at)?)?;
-        Ok(self.kept.index(at, &table)?.len())
+        let index = self.kept.index(at, &table)?;
+        table.index_routes(index)?;
+        Ok(index.len())
     }
 
     /// The id of the subscriber whose prefix holds `net` on `at` (which must be
@@ -520,8 +522,10 @@ fn apply_edits(
     for (at, edit) in edits {
         let table = SubscriberTable::of(prepared.attached(at)?)?;
         let index = kept.index(at, &table)?;
-        // A plan change reads and writes the entry alone, never the tries; an entry
-        // not as the index has it is read again, once.
+        // A plan change reads and writes the entry alone, never the tries; a removal,
+        // the entry and its routes, by one lookup each (the prefixes from the index,
+        // the tries read for them once). An entry not as the index has it is read
+        // again, once.
         let (plan, before) = match edit {
             Edit::Plan { id, plan } => {
                 let (before, now) = match table.plan_before(index, id) {
@@ -534,7 +538,20 @@ fn apply_edits(
                 }?;
                 (Some(plan(&now)), before)
             }
-            Edit::Del { id } => (None, table.before(id, None)?),
+            Edit::Del { id } => {
+                table.index_routes(index)?;
+                let before = match table.del_before(index, id) {
+                    Err(SubscriberError::Stale(_)) => {
+                        *index = table.index()?;
+                        kept.reads += 1;
+                        let index = kept.index(at, &table)?;
+                        table.index_routes(index)?;
+                        table.del_before(index, id)
+                    }
+                    other => other,
+                }?;
+                (None, before)
+            }
         };
         steps.push((table, plan, before));
     }
@@ -549,11 +566,7 @@ fn apply_edits(
         let index = kept.index(at, &table)?;
         changed.push(match plan {
             Some(plan) => table.set_plan(index, &before, &plan)?,
-            None => {
-                let done = table.del(&before)?;
-                index.forget(&before);
-                done
-            }
+            None => table.del_indexed(index, &before)?,
         });
     }
     change.commit()?;

@@ -629,6 +629,13 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// Removes subscriber `id` (as `before` read it): its routes, then its entry, then its
     /// plan if no other subscriber has it.
     pub fn del(&mut self, before: &Before) -> Result<Changed, SubscriberError> {
+        self.unroute_and_clear(before)?;
+        self.drop_plan_if_unused(before.entry.plan)?;
+        Ok(Changed::Removed)
+    }
+
+    /// Removes the routes of subscriber `before`, then clears its entry.
+    fn unroute_and_clear(&mut self, before: &Before) -> Result<(), SubscriberError> {
         for (p, v) in &before.routes {
             if *v == Some(before.index | SUBSCRIBER_BIT) {
                 self.pm().unroute_if_there(*p)?;
@@ -639,8 +646,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         self.subs
             .set(before.index, Subscriber::default(), 0)
             .map_err(map_err("clear a subscriber"))?;
-        self.drop_plan_if_unused(before.entry.plan)?;
-        Ok(Changed::Removed)
+        Ok(())
     }
 
     fn drop_plan_if_unused(&mut self, slot: u32) -> Result<(), SubscriberError> {

@@ -124,6 +124,10 @@ struct BenchArgs {
     /// With `--only coa`: subscribers [default: 100000, 10000 with --quick]
     #[arg(long)]
     coa_subscribers: Option<u32>,
+    /// With `--only coa`: Disconnect-Requests sent one at a time after the CoAs, each
+    /// timed [default: 20]
+    #[arg(long)]
+    coa_disconnects: Option<u32>,
 }
 
 /// The benchmarks `--only` picks from.
@@ -712,6 +716,7 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
         opts.rate = args.coa_rate.unwrap_or(opts.rate);
         opts.seconds = args.coa_seconds.unwrap_or(opts.seconds);
         opts.subscribers = args.coa_subscribers.unwrap_or(opts.subscribers);
+        opts.disconnects = args.coa_disconnects.unwrap_or(opts.disconnects);
         ensure!(
             opts.rate > 0 && opts.seconds > 0 && opts.subscribers > 0,
             "--coa-rate, --coa-seconds and --coa-subscribers must be at least 1"

@@ -2215,7 +2215,8 @@ fn radius_coa_and_disconnect_set_plans_and_bad_requests_change_nothing() {
 /// makes it read them again. After a CoA for c1, the CLI removes c1 and sets c3 (which
 /// takes c1's place in the map): CoAs naming c3 by its IPv4 address and by its IPv6
 /// prefix set c3's plans, c1 gets Session-Context-Not-Found, c2 is untouched; every
-/// request acted on is in `shaper_radius_request_seconds`.
+/// request acted on is in `shaper_radius_request_seconds`. A Disconnect of c3 then
+/// removes its routes from both directions' tries, and c2's stay.
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn radius_coa_follows_subscribers_changed_by_other_commands() {
@@ -2306,50 +2307,125 @@ fn radius_coa_follows_subscribers_changed_by_other_commands() {
         series("shaper_radius_request_seconds_bucket{le=\"+Inf\"} ").as_deref(),
         Some("4")
     );
+    // A Disconnect of c3, through the index (its prefixes read from the tries once):
+    // its routes go from both directions' tries, c2's stay.
+    let before = ["ingress", "egress"].map(|d| routes(&name, d));
+    assert_eq!(
+        before.clone().map(|r| r.map(|t| t.len())),
+        [[2, 2]; 2],
+        "{before:?}"
+    );
+    let (acked, said) = radclient(
+        &name,
+        v4,
+        "disconnect",
+        "v4secret",
+        &format!("User-Name = c3\nEvent-Timestamp = {now}\n"),
+    );
+    assert!(acked, "{said}\n{}", daemon.log());
+    for d in ["ingress", "egress"] {
+        assert_eq!(plan(d, "c3"), None);
+        assert_eq!(plan(d, "c2"), Some((10_000_000, 64 << 10)), "c2 {d}");
+        let left = routes(&name, d);
+        assert_eq!(
+            left.clone().map(|t| t.len()),
+            [1, 1],
+            "{d}: {left:?}\n{}",
+            daemon.log()
+        );
+    }
 }
 
-/// A CoA that changes both directions is one change: the daemon killed between its
-/// ingress and egress writes (a crash point), the next command rolls both back, and the
-/// journal names the RADIUS change.
+/// The values of the routes of `direction`'s IPv4 and IPv6 prefix tries of [`IFACE`] in
+/// `ns`, as bpftool dumps them.
+fn routes(ns: &str, direction: &str) -> [Vec<String>; 2] {
+    let d = match direction {
+        "ingress" => Direction::Ingress,
+        _ => Direction::Egress,
+    };
+    let at = Attachment::toward(IFACE, Some(ns), d);
+    [at.prefixes_v4(), at.prefixes_v6()].map(|pin| {
+        let out = Command::new("bpftool")
+            .args(["-j", "map", "dump", "pinned"])
+            .arg(&pin)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "bpftool map dump {pin:?}: {out:?}");
+        serde_json::from_slice::<Vec<Value>>(&out.stdout)
+            .unwrap()
+            .iter()
+            .map(|e| e["value"].to_string())
+            .collect()
+    })
+}
+
+/// A CoA or a Disconnect that changes both directions is one change: the daemon killed
+/// between its ingress and egress writes (a crash point), the next command rolls both
+/// back (plans and routes), and the journal names the RADIUS change.
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn a_coa_killed_half_way_is_rolled_back_whole() {
     let lab = radius_lab("dm-radius-kill");
     let name = &lab.name;
     let plans = || ["ingress", "egress"].map(|d| sub_plan(name, IFACE, d, "c1"));
-    let before = plans();
-    assert_eq!(before, [Some((10_000_000, 64 << 10)); 2]);
-    // The second subscriber write: the egress one, after the ingress one.
-    let crash = [(shaper_user::crash::CRASH_AT_VAR, "subscriber-step#2")];
-    let mut daemon = Daemon::start_with_env(name, &lab.file, &["--no-watch"], &crash);
-    let (acked, said) = radclient_within(
-        name,
-        "0.25",
-        "127.0.0.1:3799",
-        "coa",
-        "v4secret",
-        &format!(
-            "User-Name = c1\nEvent-Timestamp = {}\nWISPr-Bandwidth-Max-Up = 30000000\nWISPr-Bandwidth-Max-Down = 40000000\n",
-            unix_secs()
+    let both_routes = || ["ingress", "egress"].map(|d| routes(name, d));
+    let before = (plans(), both_routes());
+    assert_eq!(before.0, [Some((10_000_000, 64 << 10)); 2]);
+    for (code, rates, journaled) in [
+        (
+            "coa",
+            "WISPr-Bandwidth-Max-Up = 30000000\nWISPr-Bandwidth-Max-Down = 40000000\n",
+            "radius coa",
         ),
-    );
-    assert!(!acked, "{said}");
-    let status = daemon.child.wait().unwrap();
-    assert!(
-        !status.success(),
-        "the daemon did not die at the crash point: {}",
-        daemon.log()
-    );
-    let out = shaper(name, &["status", IFACE]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    // The journal is the host's: another shaper command running beside the test (the
-    // lab's other suites) may have rolled it back first, saying nothing here.
-    assert!(
-        stderr.is_empty() || (stderr.contains("interrupted") && stderr.contains("radius coa")),
-        "{stderr}"
-    );
-    assert_eq!(plans(), before, "half a CoA stayed; status said: {stderr}");
+        ("disconnect", "", "radius disconnect"),
+    ] {
+        // The second subscriber write: the egress one, after the ingress one.
+        let crash = [(shaper_user::crash::CRASH_AT_VAR, "subscriber-step#2")];
+        let mut daemon = Daemon::start_with_env(name, &lab.file, &["--no-watch"], &crash);
+        // A request that found the change lock held by another command (the lab's other
+        // suites) for over 2 s changed nothing (NAK 506): sent again.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            let (acked, said) = radclient_within(
+                name,
+                "0.25",
+                "127.0.0.1:3799",
+                code,
+                "v4secret",
+                &format!("User-Name = c1\nEvent-Timestamp = {}\n{rates}", unix_secs()),
+            );
+            assert!(!acked, "{said}");
+            let waited = Instant::now();
+            while waited.elapsed() < Duration::from_secs(3)
+                && daemon.child.try_wait().unwrap().is_none()
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if let Some(status) = daemon.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not die at the crash point: {}",
+                daemon.log()
+            );
+        };
+        assert!(!status.success(), "{}", daemon.log());
+        let out = shaper(name, &["status", IFACE]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        // The journal is the host's: another shaper command running beside the test (the
+        // lab's other suites) may have rolled it back first, saying nothing here.
+        assert!(
+            stderr.is_empty() || (stderr.contains("interrupted") && stderr.contains(journaled)),
+            "{stderr}"
+        );
+        assert_eq!(
+            (plans(), both_routes()),
+            before,
+            "half a {code} stayed; status said: {stderr}"
+        );
+    }
 }
 
 /// FreeRADIUS as an accounting server in `ns`: on 127.0.0.1:1813 and [::1]:1813, secret
@@ -2515,7 +2591,10 @@ fn charge(ns: &str, dir: &std::path::Path, direction: Direction, frame: &[u8], r
 /// counts (egress is output, ingress input; delivered bytes, dropped ones not), past 2^32
 /// into Gigawords; Stop when a subscriber is removed and for every session when the
 /// daemon stops. The first server never answers: each request fails over to the second,
-/// and /metrics counts the timeouts.
+/// and /metrics counts the timeouts. A CoA naming a subscriber by the Acct-Session-Id of
+/// its Start (read from the detail file) changes it; one naming an ended or unknown
+/// session gets Session-Context-Not-Found. The daemon's Accounting-On comes before
+/// every Start, its Accounting-Off after every Stop.
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn radius_accounting_reports_stats_to_freeradius_with_failover() {
@@ -2562,6 +2641,17 @@ fn radius_accounting_reports_stats_to_freeradius_with_failover() {
     let session = start["Acct-Session-Id"].clone();
     let c2_session = radius.wait_for("c2", "Start", any)["Acct-Session-Id"].clone();
     assert_ne!(session, c2_session);
+    // Before any Start, the daemon's Accounting-On: no user, the daemon's session 0.
+    let daemon_session = format!("{}-00000000", session.split('-').next().unwrap());
+    let status = |r: &BTreeMap<String, String>| r["Acct-Status-Type"].clone();
+    let first = radius.records()[0].clone();
+    assert_eq!(
+        (status(&first).as_str(), first["Acct-Session-Id"].as_str()),
+        ("Accounting-On", daemon_session.as_str()),
+        "{first:?}"
+    );
+    assert_eq!(first["NAS-Identifier"], "lab-nas", "{first:?}");
+    assert!(!first.contains_key("User-Name"), "{first:?}");
 
     // Over 4 GiB to c1 (IPv4, 3000-byte frames), some IPv6 too; c2 sends at 10 Mbit/s
     // burst 64k on both families: most of it dropped.
@@ -2613,6 +2703,40 @@ fn radius_accounting_reports_stats_to_freeradius_with_failover() {
         (c2_in, 0)
     );
 
+    // A CoA naming the subscriber by the Acct-Session-Id of its Start: c2's over IPv4,
+    // c1's over IPv6; a session the daemon never started: Session-Context-Not-Found.
+    let by_session = |server: &str, secret: &str, session: &str, down: u32| {
+        radclient(
+            &name,
+            server,
+            "coa",
+            secret,
+            &format!(
+                "Acct-Session-Id = \"{session}\"\nEvent-Timestamp = {}\nWISPr-Bandwidth-Max-Down = {down}\n",
+                unix_secs()
+            ),
+        )
+    };
+    let (v4, v6) = ("127.0.0.1:3799", "[::1]:3799");
+    let (acked, said) = by_session(v4, "v4secret", &c2_session, 3_000_000);
+    assert!(acked, "{said}");
+    assert_eq!(
+        sub_plan(&name, IFACE, "egress", "c2"),
+        Some((3_000_000, 16_384))
+    );
+    let (acked, said) = by_session(v6, "v6secret", &session, 4_000_000);
+    assert!(acked, "{said}");
+    assert_eq!(
+        sub_plan(&name, IFACE, "egress", "c1"),
+        Some((4_000_000, 16_384))
+    );
+    let unknown = format!("{}-00000099", session.split('-').next().unwrap());
+    let (acked, said) = by_session(v4, "v4secret", &unknown, 1_000_000);
+    assert!(
+        !acked && said.contains("Error-Cause = Session-Context-Not-Found"),
+        "{said}"
+    );
+
     // Removed: its Stop, with its counts.
     for d in ["ingress", "egress"] {
         shaper_ok(&name, &["--direction", d, "subscriber", "del", IFACE, "c1"]);
@@ -2623,6 +2747,35 @@ fn radius_accounting_reports_stats_to_freeradius_with_failover() {
         (stop["Acct-Session-Id"].as_str(), octets(&stop, "Output")),
         (session.as_str(), c1_out)
     );
+    // Set again, c1 has a new session: its old one names nothing.
+    shaper_ok(
+        &name,
+        &[
+            "--direction",
+            "egress",
+            "subscriber",
+            "set",
+            IFACE,
+            "c1",
+            "--prefix",
+            "100.64.0.1",
+            "--rate",
+            "10mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    let again = radius.wait_for("c1", "Start", |r| r["Acct-Session-Id"] != session);
+    let (acked, said) = by_session(v4, "v4secret", &session, 1_000_000);
+    assert!(
+        !acked && said.contains("Error-Cause = Session-Context-Not-Found"),
+        "{said}"
+    );
+    assert_eq!(
+        sub_plan(&name, IFACE, "egress", "c1"),
+        Some((10_000_000, 64 << 10))
+    );
+    eprintln!("c1's second Start: {again:?}");
     // The counters, once the Stop's answer is counted (the detail file has the record
     // before the daemon has the answer): the dead server's timeouts, the live one's
     // answers (2 Starts, 2 Interims and the Stop at least), nothing lost.
@@ -2659,6 +2812,25 @@ fn radius_accounting_reports_stats_to_freeradius_with_failover() {
     let stop = radius.wait_for("c2", "Stop", any);
     assert_eq!(stop["Acct-Terminate-Cause"], "Admin-Reboot", "{stop:?}");
     assert_eq!(octets(&stop, "Input"), c2_in);
+    // Then, after every Stop, its Accounting-Off: the last record, and the only other
+    // one without a user.
+    let records = radius.records();
+    let last = records.last().unwrap();
+    assert_eq!(
+        (status(last).as_str(), last["Acct-Session-Id"].as_str()),
+        ("Accounting-Off", daemon_session.as_str()),
+        "{records:#?}"
+    );
+    let userless: Vec<String> = records
+        .iter()
+        .filter(|r| !r.contains_key("User-Name"))
+        .map(status)
+        .collect();
+    assert_eq!(
+        userless,
+        ["Accounting-On", "Accounting-Off"],
+        "{records:#?}"
+    );
 }
 
 /// When FreeRADIUS received a detail record, Unix seconds.

@@ -36,6 +36,7 @@ use shaper_user::{
     detach, link,
     metrics::{self, SourceCounter},
     pins::Attachment,
+    radius::accounting::SessionIndex,
     request::AttachRequest,
     system,
 };
@@ -72,8 +73,10 @@ use tokio::{
 /// Event-Timestamp window, replay, rate) changes nothing, and every outcome is counted
 /// by reason on /metrics (shaper_radius_requests_total). With [radius.accounting], it
 /// reports each subscriber of that interface to the accounting servers listed (RFC
-/// 2866: Start, Interim-Update every interim, Stop when removed and on exit; octets
-/// delivered, upload as input), failing over in order. The table is read at start
+/// 2866: Accounting-On first, Start, Interim-Update every interim, Stop when removed and
+/// on exit, then Accounting-Off; octets delivered, upload as input), failing over in
+/// order; a CoA or Disconnect may name a subscriber by the Acct-Session-Id of its
+/// Start. The table is read at start
 /// (restart to change it). See docs/operating/radius.md.
 ///
 /// It serves a local API on --api-socket (a Unix socket only root may connect to): JSON
@@ -417,17 +420,24 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         accounting: None,
         radius_seconds: None,
     }));
+    // The accounting's sessions, which a CoA or Disconnect may name by Acct-Session-Id.
+    let sessions = radius
+        .as_ref()
+        .and_then(|r| r.accounting.as_ref())
+        .map(|_| SessionIndex::default());
     if let Some(config) = radius.clone() {
-        radius::start(config, netns, Arc::clone(&daemon_state))?;
+        radius::start(config, netns, sessions.clone(), Arc::clone(&daemon_state))?;
     }
     let accounting = match radius
         .as_ref()
         .and_then(|r| Some((r.accounting.clone()?, r)))
+        .zip(sessions)
     {
-        Some((a, r)) => Some(accounting::start(
+        Some(((a, r), sessions)) => Some(accounting::start(
             a,
             &r.interface,
             netns,
+            sessions,
             Arc::clone(&daemon_state),
         )?),
         None => None,

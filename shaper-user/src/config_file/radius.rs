@@ -5,7 +5,7 @@
 //! [radius]
 //! interface = "eth1"              # whose subscribers: upload rates on its ingress, download on its egress
 //! listen = "0.0.0.0:3799"         # optional, this default
-//! identify = ["user-name", "framed-ip-address", "framed-ipv6-prefix", "delegated-ipv6-prefix"]
+//! identify = ["user-name", "framed-ip-address", "framed-ipv6-prefix", "delegated-ipv6-prefix", "acct-session-id"]
 //! require_message_authenticator = false
 //! require_event_timestamp = true
 //! event_timestamp_window = "300s"

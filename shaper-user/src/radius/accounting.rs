@@ -4,8 +4,10 @@
 //! configured servers in order, with retransmissions and failover, every queue bounded.
 //!
 //! - A session is a subscriber id present on the ingress or egress attachment (or both).
-//!   Its Acct-Session-Id is `{daemon start, hex}-{n, hex}` (n counts the sessions this
-//!   daemon started): stable for the session, never reused (a restart has another start).
+//!   Its Acct-Session-Id is `{daemon start, Unix milliseconds, hex}-{n, 8 hex}` (n counts
+//!   the sessions this daemon started): stable for the session, never reused (a restart
+//!   has another start). The sessions in progress are shared with the CoA listener
+//!   ([`SessionIndex`]): a request naming one finds its subscriber.
 //! - Input is the ingress attachment's counts (what the subscriber sends: its upload, as a
 //!   NAS reports it), output the egress one's. Octets and packets are those delivered:
 //!   passed (green, and yellow: passed marked) plus would-drop (monitor mode passes them);
@@ -13,6 +15,9 @@
 //!   kernel's counts at Start are its base.
 //! - Interims are due every `interim` from Start; the sessions found at daemon start are
 //!   spread evenly over the first interval.
+//! - The daemon's accounting begins with an Accounting-On and ends with an
+//!   Accounting-Off (its Acct-Session-Id the daemon's, session number 0), each sent alone:
+//!   every Start after the On is answered, the Off after every Stop is.
 //! - Each request is retransmitted, as it was (same Identifier and Request
 //!   Authenticator), every `timeout` until `retries` are spent, then built again (a new
 //!   Identifier, Acct-Delay-Time updated, as RFC 2866 §5.2 asks) for the next server;
@@ -23,6 +28,7 @@ use std::{
     collections::{HashMap, VecDeque},
     net::{Ipv4Addr, SocketAddr, UdpSocket},
     os::fd::AsRawFd as _,
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -113,6 +119,18 @@ pub enum Status {
     Start = 1,
     Stop = 2,
     Interim = 3,
+    /// The daemon's accounting starts: no session of its earlier runs is in progress.
+    AccountingOn = 7,
+    /// The daemon's accounting stops, every session's Stop sent before.
+    AccountingOff = 8,
+}
+
+impl Status {
+    /// Accounting-On and -Off are sent alone: everything queued before is answered (or
+    /// given up) before one is sent, and nothing after it until it is.
+    fn alone(self) -> bool {
+        matches!(self, Self::AccountingOn | Self::AccountingOff)
+    }
 }
 
 /// Packets and octets delivered.
@@ -196,7 +214,9 @@ pub fn encode(r: &Record, nas: &Nas, identifier: u8, delay_secs: u32, secret: &[
     out.extend_from_slice(&[0; 16]);
     int(&mut out, ACCT_STATUS_TYPE, r.status as u32);
     attr(&mut out, ACCT_SESSION_ID, r.session_id.as_bytes());
-    attr(&mut out, USER_NAME, r.user.as_bytes());
+    if !r.user.is_empty() {
+        attr(&mut out, USER_NAME, r.user.as_bytes());
+    }
     if !nas.identifier.is_empty() {
         attr(&mut out, NAS_IDENTIFIER, nas.identifier.as_bytes());
     }
@@ -220,7 +240,7 @@ pub fn encode(r: &Record, nas: &Nas, identifier: u8, delay_secs: u32, secret: &[
         .map_or(0, |d| d.as_secs());
     int(&mut out, EVENT_TIMESTAMP, low(stamp));
     int(&mut out, ACCT_DELAY_TIME, delay_secs);
-    if r.status != Status::Start {
+    if matches!(r.status, Status::Interim | Status::Stop) {
         int(&mut out, ACCT_SESSION_TIME, r.session_secs);
         int(&mut out, ACCT_INPUT_OCTETS, low(r.input.octets));
         int(&mut out, ACCT_INPUT_GIGAWORDS, high(r.input.octets));
@@ -267,6 +287,31 @@ pub struct Seen {
     pub output: Option<Usage>,
 }
 
+/// The sessions in progress, by Acct-Session-Id: each one's subscriber id. The accounting
+/// thread keeps it as it starts and stops sessions; the CoA listener reads it (a request
+/// naming a session: [`crate::radius::request::Target::Session`]). Cloned, it is shared.
+#[derive(Clone, Debug, Default)]
+pub struct SessionIndex(Arc<Mutex<HashMap<String, String>>>);
+
+impl SessionIndex {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The subscriber id of session `session_id`, if it is in progress.
+    pub fn subscriber(&self, session_id: &str) -> Option<String> {
+        self.map().get(session_id).cloned()
+    }
+
+    fn insert(&self, session_id: &str, id: &str) {
+        self.map().insert(session_id.to_owned(), id.to_owned());
+    }
+
+    fn remove(&self, session_id: &str) {
+        self.map().remove(session_id);
+    }
+}
+
 struct Session {
     session_id: String,
     started: Instant,
@@ -279,8 +324,10 @@ struct Session {
 
 /// The sessions of one daemon.
 pub struct Sessions {
+    /// When the daemon started, Unix milliseconds: the first part of every session id.
     daemon_start: u64,
     started: u64,
+    index: SessionIndex,
     interim: Duration,
     live: HashMap<String, Session>,
     /// Whether a scan was made: the sessions of the first are spread over the interval.
@@ -305,12 +352,14 @@ fn framed(prefixes: &[IpNet]) -> (Option<Ipv4Addr>, Option<Ipv6Net>) {
 }
 
 impl Sessions {
-    pub fn new(interim: Duration, daemon_start: SystemTime) -> Self {
+    /// The sessions of a daemon started at `daemon_start`, kept in `index` too.
+    pub fn new(interim: Duration, daemon_start: SystemTime, index: SessionIndex) -> Self {
         Self {
             daemon_start: daemon_start
                 .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             started: 0,
+            index,
             interim,
             live: HashMap::new(),
             scanned: false,
@@ -379,6 +428,7 @@ impl Sessions {
             .collect();
         for id in gone {
             if let Some(s) = self.live.remove(&id) {
+                self.index.remove(&s.session_id);
                 let mut r = self.record(&id, &s, Status::Stop, now, wall);
                 r.cause = Some(CAUSE_ADMIN_RESET);
                 out.push(r);
@@ -401,7 +451,7 @@ impl Sessions {
             let (framed_v4, framed_v6) = framed(prefixes.get(id).map_or(&[][..], Vec::as_slice));
             self.started += 1;
             let s = Session {
-                session_id: format!("{:08X}-{:08X}", self.daemon_start, self.started),
+                session_id: self.session_id(self.started),
                 started: now,
                 base,
                 last: base,
@@ -410,6 +460,7 @@ impl Sessions {
                 framed_v6,
             };
             out.push(self.record(id, &s, Status::Start, now, wall));
+            self.index.insert(&s.session_id, id);
             self.live.insert(id.clone(), s);
         }
         self.scanned = true;
@@ -431,11 +482,36 @@ impl Sessions {
         out
     }
 
+    /// Session `n`'s Acct-Session-Id: the daemon's start and `n`, in hex.
+    fn session_id(&self, n: u64) -> String {
+        format!("{:X}-{n:08X}", self.daemon_start)
+    }
+
+    /// The daemon's Accounting-On or Accounting-Off (`status`): no user, no counts; its
+    /// Acct-Session-Id the daemon's, session number 0.
+    pub fn accounting(&self, status: Status, now: Instant, wall: SystemTime) -> Record {
+        Record {
+            status,
+            user: String::new(),
+            session_id: self.session_id(0),
+            framed_v4: None,
+            framed_v6: None,
+            input: Usage::default(),
+            output: Usage::default(),
+            session_secs: 0,
+            cause: None,
+            wall,
+            made: now,
+            server: None,
+        }
+    }
+
     /// A Stop for every session (the daemon stops), Admin-Reboot.
     pub fn stop_all(&mut self, now: Instant, wall: SystemTime) -> Vec<Record> {
         let live = std::mem::take(&mut self.live);
         live.iter()
             .map(|(id, s)| {
+                self.index.remove(&s.session_id);
                 let mut r = self.record(id, s, Status::Stop, now, wall);
                 r.cause = Some(CAUSE_ADMIN_REBOOT);
                 r
@@ -679,8 +755,27 @@ impl Sender {
         }
     }
 
+    /// Whether an Accounting-On or -Off awaits its answer.
+    fn alone_in_flight(&self) -> bool {
+        self.slots
+            .iter()
+            .flatten()
+            .flatten()
+            .any(|x| x.record.status.alone())
+    }
+
     fn send_queued(&mut self, now: Instant) {
+        if self.alone_in_flight() {
+            return;
+        }
         while self.in_flight < MAX_IN_FLIGHT {
+            let Some(front) = self.queue.front() else {
+                return;
+            };
+            let alone = front.status.alone();
+            if alone && self.in_flight > 0 {
+                return;
+            }
             let Some(r) = self.queue.pop_front() else {
                 return;
             };
@@ -711,6 +806,9 @@ impl Sender {
                 tries: 1,
             });
             self.in_flight += 1;
+            if alone {
+                return;
+            }
         }
     }
 

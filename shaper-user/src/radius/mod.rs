@@ -205,6 +205,9 @@ pub struct Server {
     /// The pins and subscriber indexes of the `[radius]` interface's attachments, kept
     /// from one change to the next while nothing else changes them.
     kept: change::Kept,
+    /// The accounting's sessions in progress, for a request naming one by
+    /// Acct-Session-Id (none without `[radius.accounting]`).
+    sessions: Option<accounting::SessionIndex>,
 }
 
 fn drop(reason: Reason, detail: impl Into<String>) -> Outcome {
@@ -233,6 +236,16 @@ impl Server {
             seen: HashMap::new(),
             order: VecDeque::new(),
             kept: change::Kept::default(),
+            sessions: None,
+        }
+    }
+
+    /// Finds the subscriber of an Acct-Session-Id among the sessions `index` holds (the
+    /// accounting's).
+    pub fn with_sessions(self, index: accounting::SessionIndex) -> Self {
+        Self {
+            sessions: Some(index),
+            ..self
         }
     }
 
@@ -423,12 +436,20 @@ impl Server {
             };
             (reason, r.error_cause(), r.to_string())
         };
-        let target = request::target(p, &self.config.identify).map_err(refused)?;
+        let not_found = |what: String| (Reason::SessionNotFound, 503, what);
+        let target = match request::target(p, &self.config.identify).map_err(refused)? {
+            Target::Session(session) => Target::Id(
+                self.sessions
+                    .as_ref()
+                    .and_then(|s| s.subscriber(&session))
+                    .ok_or_else(|| not_found(format!("no accounting session {session:?}")))?,
+            ),
+            target => target,
+        };
         let asked = match coa {
             true => Some(self.asked(p).map_err(refused)?),
             false => None,
         };
-        let not_found = |what: String| (Reason::SessionNotFound, 503, what);
         let unavailable = |e: ChangeError| (Reason::ResourcesUnavailable, 506, e.to_string());
         let what = if coa {
             "radius coa"
@@ -531,6 +552,8 @@ fn find(
         let hit = match (&id, target) {
             (Some(id), _) | (None, Target::Id(id)) => begun.has(at, id)?.then(|| id.clone()),
             (None, Target::Prefix(net)) => begun.id_holding(at, net)?,
+            // Found among the accounting's sessions before.
+            (None, Target::Session(_)) => None,
         };
         if let Some(hit) = hit {
             id.get_or_insert(hit);

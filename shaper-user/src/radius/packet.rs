@@ -25,6 +25,7 @@ pub const DISCONNECT_NAK: u8 = 42;
 pub const USER_NAME: u8 = 1;
 pub const FRAMED_IP_ADDRESS: u8 = 8;
 pub const FILTER_ID: u8 = 11;
+pub const ACCT_SESSION_ID: u8 = 44;
 pub const VENDOR_SPECIFIC: u8 = 26;
 pub const EVENT_TIMESTAMP: u8 = 55;
 pub const MESSAGE_AUTHENTICATOR: u8 = 80;

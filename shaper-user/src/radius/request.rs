@@ -19,7 +19,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::{IpNet, Ipv6Net};
 
 use super::packet::{
-    DELEGATED_IPV6_PREFIX, FILTER_ID, FRAMED_IP_ADDRESS, FRAMED_IPV6_PREFIX, Packet, USER_NAME,
+    ACCT_SESSION_ID, DELEGATED_IPV6_PREFIX, FILTER_ID, FRAMED_IP_ADDRESS, FRAMED_IPV6_PREFIX,
+    Packet, USER_NAME,
 };
 
 pub const VENDOR_WISPR: u32 = 14122;
@@ -40,14 +41,18 @@ pub enum Identify {
     FramedIpv6Prefix,
     /// Delegated-IPv6-Prefix (RFC 4818): as Framed-IPv6-Prefix.
     DelegatedIpv6Prefix,
+    /// Acct-Session-Id: the session the daemon's accounting started for the subscriber
+    /// (`super::accounting::SessionIndex`).
+    AcctSessionId,
 }
 
 impl Identify {
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 5] = [
         Self::UserName,
         Self::FramedIpAddress,
         Self::FramedIpv6Prefix,
         Self::DelegatedIpv6Prefix,
+        Self::AcctSessionId,
     ];
 
     fn attribute(self) -> u8 {
@@ -56,6 +61,7 @@ impl Identify {
             Self::FramedIpAddress => FRAMED_IP_ADDRESS,
             Self::FramedIpv6Prefix => FRAMED_IPV6_PREFIX,
             Self::DelegatedIpv6Prefix => DELEGATED_IPV6_PREFIX,
+            Self::AcctSessionId => ACCT_SESSION_ID,
         }
     }
 }
@@ -66,6 +72,8 @@ pub enum Target {
     Id(String),
     /// A subscriber with a prefix holding this one (an address is a /32).
     Prefix(IpNet),
+    /// The subscriber of an accounting session, by its Acct-Session-Id.
+    Session(String),
 }
 
 /// A request's attribute is missing or not what its definition says: the NAK's
@@ -110,6 +118,9 @@ pub fn target(p: &Packet<'_>, identify: &[Identify]) -> Result<Target, Refused> 
         Identify::FramedIpv6Prefix | Identify::DelegatedIpv6Prefix => {
             ipv6_prefix(value).ok_or_else(|| invalid("IPv6 prefix (RFC 3162 §2.3)"))
         }
+        Identify::AcctSessionId => std::str::from_utf8(value)
+            .map(|s| Target::Session(s.to_owned()))
+            .map_err(|_| invalid("Acct-Session-Id (not UTF-8)")),
     }
 }
 
@@ -309,6 +320,21 @@ mod tests {
                 .unwrap_err()
                 .error_cause(),
             402
+        );
+        let bytes = request(
+            COA_REQUEST,
+            1,
+            &[
+                (USER_NAME, b"c1".to_vec()),
+                (ACCT_SESSION_ID, b"19A3F0C2B1D-00000002".to_vec()),
+            ],
+            b"k",
+            false,
+        );
+        let p = Packet::parse(&bytes).unwrap();
+        assert_eq!(
+            target(&p, &[Identify::AcctSessionId, Identify::UserName]),
+            Ok(Target::Session("19A3F0C2B1D-00000002".into()))
         );
     }
 }

@@ -1,5 +1,6 @@
 //! The daemon's index of one attachment's subscribers ([`Index`]), so that a RADIUS CoA
-//! at 100,000 subscribers reads one entry, not the whole table: built from one batched
+//! at 100,000 subscribers reads one entry, not the whole table, and a Disconnect that
+//! entry and a lookup of each of its prefixes, not the tries: built from one batched
 //! read of the entries and one of the policy slots, and kept up to date by the changes
 //! made through it. It is only as good as the host's change count it was read at
 //! (`crate::change::Kept` drops it when another change has moved the count on); the
@@ -7,7 +8,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use shaper_common::{config::PolicyLimits, maps::Policy};
+use ipnet::IpNet;
+use shaper_common::{
+    config::PolicyLimits,
+    maps::{Policy, SUBSCRIBER_BIT},
+};
 
 use super::{Before, Changed, SubscriberError, SubscriberTable, map_err, plan_entry, unpadded};
 
@@ -24,6 +29,10 @@ pub struct Index {
     /// [`crate::policy::PolicyTable::slots`] reads them: where a new plan goes, and what the journal
     /// puts back.
     slots: BTreeMap<u32, Policy>,
+    /// Each index's prefixes (its routes in the tries), once read: the tries are read
+    /// whole for them, at the listener's start ([`SubscriberTable::index_routes`]) or at
+    /// the first Disconnect after the index was read again, not for a CoA.
+    routes: Option<HashMap<u32, Vec<IpNet>>>,
 }
 
 impl Index {
@@ -73,14 +82,24 @@ impl Index {
         true
     }
 
-    /// Subscriber `before` was removed (by [`SubscriberTable::del`], which freed its plan's
-    /// slot if it was the last on it).
-    pub fn forget(&mut self, before: &Before) {
+    /// Whether it holds each subscriber's prefixes.
+    pub fn has_routes(&self) -> bool {
+        self.routes.is_some()
+    }
+
+    /// Subscriber `before` was removed: whether its plan's slot has no subscriber left
+    /// (then no longer among its slots: the caller frees it).
+    fn forget(&mut self, before: &Before) -> bool {
         self.ids.remove(&unpadded(&before.entry.id));
         self.plan_of.remove(&before.index);
-        if self.left(before.entry.plan) {
+        if let Some(routes) = self.routes.as_mut() {
+            routes.remove(&before.index);
+        }
+        let free = self.left(before.entry.plan);
+        if free {
             self.slots.remove(&before.entry.plan);
         }
+        free
     }
 }
 
@@ -135,6 +154,64 @@ impl SubscriberTable {
             routes: Vec::new(),
         };
         Ok((before, plan))
+    }
+
+    /// Reads every subscriber's prefixes into `index` (the tries read whole, in
+    /// batches), if it has none yet.
+    pub fn index_routes(&self, index: &mut Index) -> Result<(), SubscriberError> {
+        if index.routes.is_some() {
+            return Ok(());
+        }
+        let mut routes: HashMap<u32, Vec<IpNet>> = HashMap::new();
+        for (net, i) in self.p().subscriber_routes()? {
+            routes.entry(i).or_default().push(net);
+        }
+        index.routes = Some(routes);
+        Ok(())
+    }
+
+    /// For the removal of subscriber `id` ([`SubscriberTable::del_indexed`]), read
+    /// through `index` (which must hold the prefixes: [`SubscriberTable::index_routes`]):
+    /// its entry and routes as they are, to journal; one lookup of the entry and one of
+    /// each of its prefixes, no table or trie read. [`SubscriberError::Stale`] if the
+    /// entry or a route is not what `index` says (build it again).
+    pub fn del_before(&self, index: &Index, id: &str) -> Result<Before, SubscriberError> {
+        let (before, _) = self.plan_before(index, id)?;
+        let stale = || SubscriberError::Stale(id.to_owned());
+        let nets = index
+            .routes
+            .as_ref()
+            .ok_or_else(stale)?
+            .get(&before.index)
+            .map_or(&[][..], Vec::as_slice);
+        let value = before.index | SUBSCRIBER_BIT;
+        // A subscriber's prefix is inside no other's, and no other's or a policy's is
+        // inside it: the lookup of the prefix itself is its own route, or it has none.
+        if nets
+            .iter()
+            .any(|net| self.p().longest_route(*net) != Some(value))
+        {
+            return Err(stale());
+        }
+        Ok(Before {
+            routes: nets.iter().map(|net| (*net, Some(value))).collect(),
+            ..before
+        })
+    }
+
+    /// Removes the subscriber `before` read (by [`SubscriberTable::del_before`]), as
+    /// [`SubscriberTable::del`] does: its routes, then its entry, then its plan's slot if
+    /// `index` counts no one else on it (no table read). `index` follows.
+    pub fn del_indexed(
+        &mut self,
+        index: &mut Index,
+        before: &Before,
+    ) -> Result<Changed, SubscriberError> {
+        self.unroute_and_clear(before)?;
+        if index.forget(before) {
+            self.pm().drop_plan(before.entry.plan)?;
+        }
+        Ok(Changed::Removed)
     }
 
     /// Gives the subscriber `before` read (by [`SubscriberTable::plan_before`]) the plan

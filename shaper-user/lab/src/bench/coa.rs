@@ -11,6 +11,10 @@
 //! its buckets as Prometheus's `histogram_quantile` does), a `/metrics` scrape timed every
 //! second meanwhile (p99 and max), and the daemon's CPU over the run (/proc).
 //!
+//! Then Disconnect-Requests by User-Name, one at a time (each waits for its answer),
+//! each to a subscriber no CoA named last: their send-to-answer times and the daemon's
+//! own (its log line's), min, median and max.
+//!
 //! The sender keeps a schedule (request k at k / rate): late sends go at once, so a
 //! daemon that falls behind shows as latency, not as a lower rate. Requests spread over
 //! 16 source ports, so a RADIUS identifier is not reused while its request is out.
@@ -30,7 +34,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail, ensure};
 use shaper_user::radius::packet::{
-    COA_ACK, COA_REQUEST, EVENT_TIMESTAMP, USER_NAME, VENDOR_SPECIFIC, sign_request,
+    COA_ACK, COA_REQUEST, DISCONNECT_ACK, DISCONNECT_REQUEST, EVENT_TIMESTAMP, USER_NAME,
+    VENDOR_SPECIFIC, sign_request,
 };
 
 use crate::lab::Netns;
@@ -49,6 +54,8 @@ pub struct Options {
     /// CoA-Requests a second.
     pub rate: u32,
     pub seconds: u64,
+    /// Disconnect-Requests after the CoAs, one at a time.
+    pub disconnects: u32,
 }
 
 impl Options {
@@ -59,11 +66,13 @@ impl Options {
                 subscribers: 100_000,
                 rate: 1000,
                 seconds: 60,
+                disconnects: 20,
             },
             true => Self {
                 subscribers: 10_000,
                 rate: 1000,
                 seconds: 5,
+                disconnects: 20,
             },
         }
     }
@@ -89,6 +98,11 @@ pub struct CoaResults {
     pub start_secs: f64,
     /// Requests the sender sent more than 1 ms after their time.
     pub late_sends: u64,
+    /// The Disconnects: how many ACKed of how many sent; send-to-answer and the daemon's
+    /// own times (its log), seconds: min, median, max.
+    pub disconnects: (u32, u32),
+    pub disconnect_sender: (f64, f64, f64),
+    pub disconnect_daemon: (f64, f64, f64),
     /// When a request was lost or refused: the daemon's first lines about requests.
     pub log: Vec<String>,
 }
@@ -126,6 +140,17 @@ pub fn summary_lines(r: &CoaResults) -> Vec<String> {
         format!(
             "  daemon CPU over the run: {:.1}% of one CPU",
             r.cpu * 100.0
+        ),
+        format!(
+            "  disconnects, one at a time: {} ACK of {}; send to answer min {:.2} ms, median {:.2} ms, max {:.2} ms; daemon (received to answered) min {:.2} ms, median {:.2} ms, max {:.2} ms",
+            r.disconnects.0,
+            r.disconnects.1,
+            ms(r.disconnect_sender.0),
+            ms(r.disconnect_sender.1),
+            ms(r.disconnect_sender.2),
+            ms(r.disconnect_daemon.0),
+            ms(r.disconnect_daemon.1),
+            ms(r.disconnect_daemon.2)
         ),
     ]
     .into_iter()
@@ -270,9 +295,14 @@ impl Rig {
     }
 }
 
-/// A CoA-Request: `User-Name = s{i}`, Event-Timestamp now, WISPr-Bandwidth-Max-Up `up`.
+/// A CoA-Request: `User-Name = s{i}`, Event-Timestamp now, WISPr-Bandwidth-Max-Up `up`;
+/// `up` 0: a Disconnect-Request, no rate.
 fn request(id: u8, subscriber: u32, up: u32) -> Vec<u8> {
-    let mut out = vec![COA_REQUEST, id, 0, 0];
+    let code = match up {
+        0 => DISCONNECT_REQUEST,
+        _ => COA_REQUEST,
+    };
+    let mut out = vec![code, id, 0, 0];
     out.extend_from_slice(&[0; 16]);
     let mut attr = |kind: u8, value: &[u8]| {
         out.push(kind);
@@ -284,10 +314,12 @@ fn request(id: u8, subscriber: u32, up: u32) -> Vec<u8> {
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()) as u32;
     attr(EVENT_TIMESTAMP, &now.to_be_bytes());
-    let mut vsa = 14122u32.to_be_bytes().to_vec();
-    vsa.extend_from_slice(&[7, 6]);
-    vsa.extend_from_slice(&up.to_be_bytes());
-    attr(VENDOR_SPECIFIC, &vsa);
+    if up != 0 {
+        let mut vsa = 14122u32.to_be_bytes().to_vec();
+        vsa.extend_from_slice(&[7, 6]);
+        vsa.extend_from_slice(&up.to_be_bytes());
+        attr(VENDOR_SPECIFIC, &vsa);
+    }
     let len = out.len() as u16;
     out[2..4].copy_from_slice(&len.to_be_bytes());
     sign_request(&mut out, SECRET.as_bytes());
@@ -384,6 +416,51 @@ fn send(ns: &str, opts: &Options) -> Result<(u64, u64, Arc<Answers>)> {
     Ok((sent, late, answers))
 }
 
+/// Sends `opts.disconnects` Disconnect-Requests from the namespace, one at a time, to
+/// the last subscribers (a CoA named them longest ago): how many were ACKed, and each
+/// one's send-to-answer time, seconds.
+fn disconnect(ns: &str, opts: &Options) -> Result<(u32, Vec<f64>)> {
+    shaper_user::netns::enter(ns)?;
+    let s = UdpSocket::bind("127.0.0.1:0")?;
+    s.connect("127.0.0.1:3799")?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let (mut acked, mut times) = (0, Vec::new());
+    let mut buf = [0u8; 4096];
+    for k in 0..opts.disconnects.min(opts.subscribers) {
+        let id = k as u8;
+        let bytes = request(id, opts.subscribers - 1 - k, 0);
+        let t = Instant::now();
+        s.send(&bytes)?;
+        loop {
+            let n = s.recv(&mut buf).context("a Disconnect unanswered in 5 s")?;
+            if n >= 20 && buf[1] == id {
+                acked += u32::from(buf[0] == DISCONNECT_ACK);
+                break;
+            }
+        }
+        times.push(t.elapsed().as_secs_f64());
+    }
+    Ok((acked, times))
+}
+
+/// The seconds each `disconnect` line of the daemon's log says it took.
+fn disconnect_times(log: &str) -> Vec<f64> {
+    log.lines()
+        .filter(|l| l.contains(": disconnect s"))
+        .filter_map(took)
+        .collect()
+}
+
+/// Min, median and max of `v`.
+fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (
+        v.first().copied().unwrap_or(0.0),
+        percentile(&v, 0.5),
+        v.last().copied().unwrap_or(0.0),
+    )
+}
+
 /// One GET of /metrics over plain HTTP/1.1 in the current namespace: its time and body.
 fn scrape() -> Result<(f64, String)> {
     let t = Instant::now();
@@ -454,18 +531,6 @@ fn quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> f64 {
 /// The `n` requests the daemon took longest over, as its log says (each line ends with
 /// how long: `(412.3µs)`, `(2.2ms)`, `(1.3s)`), slowest first.
 fn slowest(log: &str, n: usize) -> Vec<String> {
-    let took = |l: &str| -> Option<f64> {
-        let t = l.strip_suffix(')')?.rsplit_once('(')?.1;
-        let (v, unit) = t.split_at(t.find(|c: char| c.is_alphabetic() || c == 'µ')?);
-        let scale = match unit {
-            "ns" => 1e-9,
-            "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            _ => return None,
-        };
-        Some(v.parse::<f64>().ok()? * scale)
-    };
     let mut timed: Vec<(f64, &str)> = log
         .lines()
         .filter(|l| l.contains("radius:"))
@@ -477,6 +542,20 @@ fn slowest(log: &str, n: usize) -> Vec<String> {
         .take(n)
         .map(|(_, l)| format!("slow: {l}"))
         .collect()
+}
+
+/// How long a request took, as its log line ends: `(412.3µs)`, `(2.2ms)`, `(1.3s)`.
+fn took(l: &str) -> Option<f64> {
+    let t = l.strip_suffix(')')?.rsplit_once('(')?.1;
+    let (v, unit) = t.split_at(t.find(|c: char| c.is_alphabetic() || c == 'µ')?);
+    let scale = match unit {
+        "ns" => 1e-9,
+        "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        _ => return None,
+    };
+    Some(v.parse::<f64>().ok()? * scale)
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -534,6 +613,12 @@ pub fn run(shaper: &Path, opts: &Options) -> Result<CoaResults> {
         .join()
         .map_err(|_| anyhow::anyhow!("scraper panicked"))??;
     let (_, after) = in_ns(scrape)?;
+    let (disconnected, disconnect_times_sent) = {
+        let (ns, opts) = (ns.clone(), opts.clone());
+        std::thread::spawn(move || disconnect(&ns, &opts))
+            .join()
+            .map_err(|_| anyhow::anyhow!("disconnect sender panicked"))??
+    };
     let mut times = answers.times.lock().unwrap().clone();
     times.sort_by(f64::total_cmp);
     scrapes.sort_by(f64::total_cmp);
@@ -574,6 +659,12 @@ pub fn run(shaper: &Path, opts: &Options) -> Result<CoaResults> {
         cpu,
         start_secs,
         late_sends,
+        disconnects: (
+            disconnected,
+            u32::try_from(disconnect_times_sent.len()).unwrap_or(u32::MAX),
+        ),
+        disconnect_sender: spread(disconnect_times_sent),
+        disconnect_daemon: spread(disconnect_times(&text)),
         log,
     })
 }

@@ -20,8 +20,8 @@
 //!   with per-source time series, softirq CPU cost, how a late traffic generator's clumps
 //!   meet a policer, and the peers' excess as the measuring time grows.
 //! - `coa`: RADIUS CoA-Requests at a fixed rate to `shaper run` at 100,000 subscribers:
-//!   latency as the sender and the daemon's histogram see it, scrapes meanwhile
-//!   (`--only coa`, printed).
+//!   latency as the sender and the daemon's histogram see it, scrapes meanwhile; then
+//!   Disconnect-Requests one at a time (`--only coa`, printed).
 //! - `provision`: whole commands at 16,383 prefix policies and at 1,000,000 subscribers
 //!   (apply from nothing, one change, one `set`; `--only provision`,
 //!   results-provision.md).

@@ -1,7 +1,8 @@
 //! The daemon's RADIUS accounting ([`shaper_user::radius::accounting`]): one thread scans
 //! the `[radius]` interface's subscribers every [`scan_every`] (Start, Stop, the interims
 //! due), sends the records and takes the answers in between, and copies its counters to
-//! /metrics. On exit every session gets its Stop, sent within [`STOP_PATIENCE`].
+//! /metrics. It begins with an Accounting-On; on exit every session gets its Stop, then
+//! the daemon's Accounting-Off, sent within [`STOP_PATIENCE`].
 
 use std::{
     sync::{
@@ -15,7 +16,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use shaper_user::{
     metrics,
-    radius::accounting::{self, Config, Nas, Sender, Sessions},
+    radius::accounting::{self, Config, Nas, Sender, SessionIndex, Sessions, Status},
 };
 
 /// How long the daemon's exit waits for the Stops to be answered.
@@ -47,6 +48,7 @@ pub fn start(
     config: Config,
     iface: &str,
     netns: Option<&str>,
+    sessions: SessionIndex,
     daemon: Arc<Mutex<metrics::Daemon>>,
 ) -> Result<Accounting> {
     let nas = Nas {
@@ -74,7 +76,7 @@ pub fn start(
     let thread = std::thread::Builder::new()
         .name("radius-acct".to_owned())
         .spawn(move || {
-            let sessions = Sessions::new(interim, SystemTime::now());
+            let sessions = Sessions::new(interim, SystemTime::now(), sessions);
             let at = (iface.as_str(), ns.as_deref());
             run(at, scan_every(interim), sessions, sender, &flag, &daemon);
         })
@@ -90,6 +92,12 @@ fn run(
     stop: &AtomicBool,
     daemon: &Mutex<metrics::Daemon>,
 ) {
+    // Before any Start: no session of an earlier run is in progress.
+    sender.queue(vec![sessions.accounting(
+        Status::AccountingOn,
+        Instant::now(),
+        SystemTime::now(),
+    )]);
     let mut next_scan = Instant::now();
     let mut failing = false;
     while !stop.load(Ordering::Relaxed) {
@@ -115,6 +123,12 @@ fn run(
     }
     let n = sessions.len();
     sender.queue(sessions.stop_all(Instant::now(), SystemTime::now()));
+    // After every Stop is answered.
+    sender.queue(vec![sessions.accounting(
+        Status::AccountingOff,
+        Instant::now(),
+        SystemTime::now(),
+    )]);
     sender.set_sessions(0);
     let deadline = Instant::now() + STOP_PATIENCE;
     while !sender.idle() && Instant::now() < deadline {
@@ -126,7 +140,7 @@ fn run(
     } else {
         " (not all answered)"
     };
-    eprintln!("shaper: radius accounting: {n} sessions stopped{unsent}");
+    eprintln!("shaper: radius accounting: {n} sessions stopped, Accounting-Off sent{unsent}");
 }
 
 fn scan(

@@ -17,7 +17,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use shaper_user::{
     config_file, metrics,
-    radius::{Config, Reason, Server, packet::MAX_PACKET},
+    radius::{Config, Reason, Server, accounting::SessionIndex, packet::MAX_PACKET},
 };
 
 /// The `[radius]` table of `file`, if any; a secret inline in a file others can read is
@@ -57,6 +57,7 @@ pub fn reloaded(file: &Path, running: Option<&Config>) -> Result<String> {
 pub fn start(
     config: Config,
     netns: Option<&str>,
+    sessions: Option<SessionIndex>,
     daemon: Arc<Mutex<metrics::Daemon>>,
 ) -> Result<()> {
     // Accounting alone: no CoA listener.
@@ -78,7 +79,10 @@ pub fn start(
         if config.clients.len() == 1 { "" } else { "s" }
     );
     grow_buffer(&socket);
-    let server = Server::new(config, netns);
+    let server = match sessions {
+        Some(index) => Server::new(config, netns).with_sessions(index),
+        None => Server::new(config, netns),
+    };
     std::thread::Builder::new()
         .name("radius".to_owned())
         .spawn(move || serve(&socket, server, &daemon))

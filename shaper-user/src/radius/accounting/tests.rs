@@ -111,9 +111,11 @@ fn seen(pairs: &[(&str, u64, u64)]) -> HashMap<String, Seen> {
 #[test]
 fn sessions_start_spread_their_interims_and_stop() {
     let interim = Duration::from_secs(300);
+    let index = SessionIndex::default();
     let mut s = Sessions::new(
         interim,
-        SystemTime::UNIX_EPOCH + Duration::from_secs(0x5F00_0000),
+        SystemTime::UNIX_EPOCH + Duration::from_millis(0x05F0_0000_0123),
+        index.clone(),
     );
     let t0 = Instant::now();
     let wall = SystemTime::now();
@@ -123,7 +125,18 @@ fn sessions_start_spread_their_interims_and_stop() {
     let out = s.update(&seen(&all), &none, t0, wall);
     assert_eq!(out.len(), 100);
     assert!(out.iter().all(|r| r.status == Status::Start));
-    assert_eq!(out[0].session_id, "5F000000-00000001");
+    assert_eq!(out[0].session_id, "5F000000123-00000001");
+    assert_eq!(out[0].user, "c000");
+    // The CoA listener finds each session's subscriber.
+    assert_eq!(
+        index.subscriber("5F000000123-00000001").as_deref(),
+        Some("c000")
+    );
+    assert_eq!(
+        index.subscriber("5F000000123-00000064").as_deref(),
+        Some("c099")
+    );
+    assert_eq!(index.subscriber("5F000000123-00000065"), None);
     // Over the first interval, the first scan's sessions come due evenly: 10 a 30 s.
     let grown: Vec<(&str, u64, u64)> = all.iter().map(|(a, _, _)| (*a, 1500, 2100)).collect();
     for k in 1..=10u32 {
@@ -153,8 +166,109 @@ fn sessions_start_spread_their_interims_and_stop() {
         ]
     );
     assert_eq!(s.len(), 99);
+    // c000's session ended; c001's is a new one.
+    assert_eq!(index.subscriber("5F000000123-00000001"), None);
+    assert_eq!(index.subscriber("5F000000123-00000002"), None);
+    assert_eq!(
+        index.subscriber("5F000000123-00000065").as_deref(),
+        Some("c001")
+    );
     let stops = s.stop_all(t0 + interim * 2, wall);
     assert_eq!(stops.len(), 99);
     assert!(stops.iter().all(|r| r.cause == Some(CAUSE_ADMIN_REBOOT)));
     assert!(s.is_empty());
+    assert_eq!(index.subscriber("5F000000123-00000065"), None);
+}
+
+/// Receives a request on `server` and answers it, signed for `secret`: the request.
+fn answer(server: &UdpSocket, secret: &[u8]) -> Vec<u8> {
+    let mut buf = [0u8; 4096];
+    let (n, from) = server.recv_from(&mut buf).expect("a request");
+    let request = buf[..n].to_vec();
+    let mut response = vec![ACCOUNTING_RESPONSE, request[1], 0, 20];
+    let mut md5 = Md5::new();
+    md5.update(&response[..4]);
+    md5.update(&request[4..20]);
+    md5.update(secret);
+    response.extend_from_slice(&md5.finalize());
+    server.send_to(&response, from).unwrap();
+    request
+}
+
+/// Whether `server` receives nothing within its read timeout.
+fn quiet(server: &UdpSocket) -> bool {
+    server.recv_from(&mut [0u8; 4096]).is_err()
+}
+
+#[test]
+fn accounting_on_and_off_are_sent_alone_in_their_place() {
+    let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+    server
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let config = Config {
+        servers: vec![Server {
+            address: server.local_addr().unwrap(),
+            secret: b"s".to_vec(),
+        }],
+        interim: DEFAULT_INTERIM,
+        timeout: Duration::from_secs(5),
+        retries: 0,
+        nas_identifier: "bng1".to_owned(),
+        nas_ip_address: None,
+    };
+    let mut sender = Sender::new(config, nas()).unwrap();
+    let start = SystemTime::UNIX_EPOCH + Duration::from_millis(0x0123_4567_89AB);
+    let sessions = Sessions::new(DEFAULT_INTERIM, start, SessionIndex::default());
+    let steps = |sender: &mut Sender| {
+        for _ in 0..3 {
+            sender.step(Instant::now() + Duration::from_millis(20));
+        }
+    };
+    let (now, wall) = (Instant::now(), SystemTime::now());
+    sender.queue(vec![
+        sessions.accounting(Status::AccountingOn, now, wall),
+        record(Status::Start),
+        record(Status::Start),
+    ]);
+    steps(&mut sender);
+    let on = answer(&server, b"s");
+    assert_eq!(int_of(&on, ACCT_STATUS_TYPE), 7);
+    assert_eq!(
+        value(&on, ACCT_SESSION_ID).unwrap(),
+        b"123456789AB-00000000"
+    );
+    assert_eq!(value(&on, NAS_IDENTIFIER).unwrap(), b"bng1");
+    for absent in [
+        USER_NAME,
+        ACCT_INPUT_OCTETS,
+        ACCT_SESSION_TIME,
+        FRAMED_IP_ADDRESS,
+    ] {
+        assert_eq!(value(&on, absent), None, "attribute {absent}");
+    }
+    // No Start before the On's answer; both after it.
+    assert!(
+        quiet(&server),
+        "a Start went before Accounting-On was answered"
+    );
+    steps(&mut sender);
+    for _ in 0..2 {
+        assert_eq!(int_of(&answer(&server, b"s"), ACCT_STATUS_TYPE), 1);
+    }
+    // The Off waits for the Stop's answer.
+    sender.queue(vec![
+        record(Status::Stop),
+        sessions.accounting(Status::AccountingOff, now, wall),
+    ]);
+    steps(&mut sender);
+    assert_eq!(int_of(&answer(&server, b"s"), ACCT_STATUS_TYPE), 2);
+    assert!(
+        quiet(&server),
+        "Accounting-Off went before the Stop was answered"
+    );
+    steps(&mut sender);
+    assert_eq!(int_of(&answer(&server, b"s"), ACCT_STATUS_TYPE), 8);
+    steps(&mut sender);
+    assert!(sender.idle());
 }
