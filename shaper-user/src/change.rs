@@ -518,7 +518,7 @@ fn apply_edits(
 ) -> Result<Vec<Changed>, ChangeError> {
     let mut steps: Vec<Step> = Vec::new();
     for (at, edit) in edits {
-        let table = SubscriberTable::of(prepared.attached(at)?)?;
+        let mut table = SubscriberTable::of(prepared.attached(at)?)?;
         let index = kept.index(at, &table)?;
         // A plan change reads and writes the entry alone, never the tries; an entry
         // not as the index has it is read again, once.
@@ -551,7 +551,7 @@ fn apply_edits(
             Some(plan) => table.set_plan(index, &before, &plan)?,
             None => {
                 let done = table.del(&before)?;
-                index.forget(&before);
+                index.forget(&before, Some(table.plan_now(before.entry.plan)?));
                 done
             }
         });

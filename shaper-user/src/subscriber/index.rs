@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use shaper_common::{config::PolicyLimits, maps::Policy};
 
-use super::{Before, Changed, SubscriberError, SubscriberTable, map_err, plan_entry, unpadded};
+use super::{
+    Before, Changed, SubscriberError, SubscriberTable, map_err, plan_entry, same_plan, unpadded,
+};
 
 /// One attachment's subscribers as last read, and what changes made through it did.
 #[derive(Debug, Default)]
@@ -50,7 +52,7 @@ impl Index {
     fn plan_slot(&self, entry: &Policy) -> Option<u32> {
         self.slots
             .iter()
-            .find(|(_, p)| p.plan != 0 && *p == entry)
+            .find(|(_, p)| p.plan != 0 && same_plan(p, entry))
             .map(|(slot, _)| *slot)
     }
 
@@ -74,12 +76,16 @@ impl Index {
     }
 
     /// Subscriber `before` was removed (by [`SubscriberTable::del`], which freed its plan's
-    /// slot if it was the last on it).
-    pub fn forget(&mut self, before: &Before) {
+    /// slot if it was the last on it, and counted it off otherwise: `plan`, the plan's
+    /// entry as it is now, its count of subscribers with it).
+    pub fn forget(&mut self, before: &Before, plan: Option<Policy>) {
         self.ids.remove(&unpadded(&before.entry.id));
         self.plan_of.remove(&before.index);
-        if self.left(before.entry.plan) {
-            self.slots.remove(&before.entry.plan);
+        let slot = before.entry.plan;
+        if self.left(slot) {
+            self.slots.remove(&slot);
+        } else if let Some(p) = plan.filter(|p| p.in_use != 0) {
+            self.slots.insert(slot, p);
         }
     }
 }
@@ -133,6 +139,7 @@ impl SubscriberTable {
             index: i,
             entry,
             routes: Vec::new(),
+            by_lookup: true,
         };
         Ok((before, plan))
     }
@@ -169,10 +176,28 @@ impl SubscriberTable {
             .set(before.index, super::Subscriber { plan: slot, ..now }, 0)
             .map_err(map_err("write a subscriber's plan"))?;
         crate::crash::point("subscriber-step");
-        if index.moved(before.index, old, slot) {
+        let last = index.moved(before.index, old, slot);
+        if self.hashed()? {
+            // The counts in the plans' entries, and the index's copies of them (what the
+            // journal of the next change keeps).
+            self.plan_joined(slot)?;
+            self.plan_left(old)?;
+            for s in [slot, old] {
+                match self.p().slot(s)? {
+                    p if p.in_use != 0 => index.slots.insert(s, p),
+                    _ => index.slots.remove(&s),
+                };
+            }
+        } else if last {
             self.pm().drop_plan(old)?;
             index.slots.remove(&old);
         }
         Ok(Changed::Changed)
+    }
+
+    /// The entry of plan slot `slot` as it is now (after a removal: what
+    /// [`Index::forget`] keeps).
+    pub fn plan_now(&self, slot: u32) -> Result<Policy, SubscriberError> {
+        Ok(self.p().slot(slot)?)
     }
 }

@@ -15,7 +15,10 @@ use std::{
 use ipnet::IpNet;
 use shaper_common::maps::{MAX_POLICIES, Policy, SUBSCRIBER_BIT, Subscriber};
 
-use super::{Before, SubscriberError, SubscriberSpec, SubscriberTable, map_err, padded, unpadded};
+use super::{
+    Before, SubscriberError, SubscriberSpec, SubscriberTable, map_err, padded, place, same_plan,
+    unpadded,
+};
 use crate::policy::PolicyTable;
 
 /// What a batch does, by subscriber.
@@ -42,8 +45,12 @@ pub struct Batch {
     writes: Vec<Write>,
     removes: Vec<Before>,
     summary: Summary,
-    /// The plans of the subscribers it leaves alone.
-    kept_plans: HashSet<u32>,
+    /// The plans of the subscribers it leaves alone, with how many each.
+    kept_plans: HashMap<u32, u32>,
+    /// The table places by hash ([`place`]), and is to be marked so first (it has no
+    /// subscriber yet).
+    hashed: bool,
+    mark: bool,
 }
 
 impl Batch {
@@ -63,6 +70,8 @@ impl Batch {
 
 /// The table as a batch reads it once.
 struct Read {
+    /// Every entry, free ones too, by index.
+    all: Vec<Subscriber>,
     entries: Vec<(u32, Subscriber)>,
     routes: HashMap<IpNet, u32>,
     /// Each subscriber's prefixes, by index.
@@ -83,8 +92,25 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 prefixes.entry(v & !SUBSCRIBER_BIT).or_default().push(*net);
             }
         }
+        use aya::maps::IterableMap as _;
+        let mut all = vec![Subscriber::default(); self.subs.len() as usize];
+        for (i, s) in crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
+            .map_err(map_err("read the subscribers"))?
+        {
+            if let Some(e) = all.get_mut(i as usize) {
+                *e = s;
+            }
+        }
+        let entries = all
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, s)| s.in_use != 0)
+            .map(|(i, s)| (i as u32, *s))
+            .collect();
         Ok(Read {
-            entries: self.entries()?,
+            all,
+            entries,
             routes,
             prefixes,
             plans: self.p().plans()?,
@@ -114,13 +140,19 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             .map(|(i, s)| (unpadded(&s.id), (*i, *s)))
             .collect();
         let used: HashSet<u32> = read.entries.iter().map(|(i, _)| *i).collect();
-        let mut free = (1..=self.room()).filter(|i| !used.contains(i));
+        let mut first_free = (1..=self.room()).filter(|i| !used.contains(i));
+        let marked = read.all.first().is_some_and(|e| e.id == place::MARKER);
+        let empty = self.room() > 0 && read.entries.is_empty();
+        // Where the new subscribers go, in a table placed by hash.
+        let mut free = Free::of(&read.all);
         let mut seen = HashSet::new();
         let mut batch = Batch {
             writes: Vec::new(),
             removes: Vec::new(),
             summary: Summary::default(),
-            kept_plans: HashSet::new(),
+            kept_plans: HashMap::new(),
+            hashed: marked || empty,
+            mark: !marked && empty,
         };
         for spec in specs {
             let plan = spec.check((config.prefix_v4, config.prefix_v6))?;
@@ -132,7 +164,13 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             }
             let (index, entry) = match by_id.get(&spec.id) {
                 Some(found) => *found,
-                None => match free.next() {
+                None if batch.hashed => {
+                    let i = free
+                        .take(place::home(spec.id.as_bytes(), self.room()))
+                        .ok_or(SubscriberError::Full { room: self.room() })?;
+                    (i, read.all[i as usize])
+                }
+                None => match first_free.next() {
                     Some(i) => (i, Subscriber::default()),
                     None => return Err(SubscriberError::Full { room: self.room() }),
                 },
@@ -166,12 +204,9 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         check_end_state(&batch, &read, policies)?;
         self.check_plan_room(&batch, &read)?;
         let touched: HashSet<u32> = batch.befores().map(|b| b.index).collect();
-        batch.kept_plans = read
-            .entries
-            .iter()
-            .filter(|(i, _)| !touched.contains(i))
-            .map(|(_, s)| s.plan)
-            .collect();
+        for (_, s) in read.entries.iter().filter(|(i, _)| !touched.contains(i)) {
+            *batch.kept_plans.entry(s.plan).or_default() += 1;
+        }
         Ok(batch)
     }
 
@@ -183,7 +218,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         // Plans are few (tens): a list, counted no further than one over the room.
         let mut new: Vec<&Policy> = Vec::new();
         for w in &batch.writes {
-            if !read.plans.iter().any(|(_, p)| *p == w.plan) && !new.contains(&&w.plan) {
+            if !read.plans.iter().any(|(_, p)| same_plan(p, &w.plan)) && !new.contains(&&w.plan) {
                 new.push(&w.plan);
                 if new.len() > room {
                     break;
@@ -206,6 +241,9 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Summary, SubscriberError> {
         let total = batch.writes.len() + batch.removes.len();
+        if batch.mark {
+            self.mark_hashed()?;
+        }
         // Every route that goes, first: a prefix moved to another subscriber is routed to
         // it below, never removed after.
         for w in &batch.writes {
@@ -226,7 +264,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         let (mut v4, mut v6) = (false, false);
         let mut used = batch.kept_plans.clone();
         for (done, w) in batch.writes.iter().enumerate() {
-            used.insert(self.write_one(w, &mut plans)?);
+            *used.entry(self.write_one(w, &mut plans)?).or_default() += 1;
             crate::crash::point("subscriber-step");
             v4 |= w.spec.prefixes.iter().any(|p| p.addr().is_ipv4());
             v6 |= w.spec.prefixes.iter().any(|p| p.addr().is_ipv6());
@@ -235,14 +273,26 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             }
         }
         for b in &batch.removes {
+            let free = self.freed(&b.entry)?;
             self.subs
-                .set(b.index, Subscriber::default(), 0)
+                .set(b.index, free, 0)
                 .map_err(map_err("clear a subscriber"))?;
         }
         self.pm().subscribers_routed(v4, v6)?;
-        // The plans no subscriber has any more, known without reading the table again.
-        for (slot, _) in plans.iter().filter(|(slot, _)| !used.contains(slot)) {
-            self.pm().drop_plan(*slot)?;
+        // The plans no subscriber has any more, known without reading the table again;
+        // in a table placed by hash, each plan's count of subscribers.
+        for (slot, p) in &plans {
+            match used.get(slot).copied().unwrap_or(0) {
+                0 => self.pm().drop_plan(*slot)?,
+                n if batch.hashed && super::plan_users(p) != n => {
+                    let counted = Policy {
+                        prefix_len: n,
+                        ..*p
+                    };
+                    self.pm().rewrite_plan(*slot, &counted)?;
+                }
+                _ => {}
+            }
         }
         progress(total, total);
         Ok(batch.summary)
@@ -255,7 +305,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         w: &Write,
         plans: &mut Vec<(u32, Policy)>,
     ) -> Result<u32, SubscriberError> {
-        let slot = match plans.iter().find(|(_, p)| *p == w.plan) {
+        let slot = match plans.iter().find(|(_, p)| same_plan(p, &w.plan)) {
             Some((slot, _)) => *slot,
             None => {
                 let slot = self.pm().add_plan(&w.plan)?;
@@ -278,6 +328,47 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     }
 }
 
+/// The entries not in use of a table placed by hash, as a batch gives them to new
+/// subscribers: each the first from the subscriber's home not in use nor given already,
+/// as a probe finds it, in near constant time however full the table (each entry points
+/// at the first one free from it, paths halved as they are followed), where probing
+/// entry by entry takes a million subscribers into a table of a million in minutes.
+struct Free {
+    next: Vec<u32>,
+    left: usize,
+    room: u32,
+}
+
+impl Free {
+    fn of(all: &[Subscriber]) -> Self {
+        let room = (all.len() as u32).saturating_sub(1);
+        let next = (0..all.len() as u32)
+            .map(|i| match all[i as usize].in_use {
+                0 => i,
+                _ => place::after(i, room),
+            })
+            .collect();
+        let left = all.iter().skip(1).filter(|e| e.in_use == 0).count();
+        Self { next, left, room }
+    }
+
+    /// The first entry from `home` not in use nor given, now given.
+    fn take(&mut self, home: u32) -> Option<u32> {
+        if self.left == 0 {
+            return None;
+        }
+        let mut i = home as usize;
+        while self.next[i] as usize != i {
+            let n = self.next[i] as usize;
+            self.next[i] = self.next[n];
+            i = n;
+        }
+        self.next[i] = place::after(i as u32, self.room);
+        self.left -= 1;
+        Some(i as u32)
+    }
+}
+
 /// Whether subscriber `entry` (with prefixes `old`) is `spec` already.
 fn unchanged(
     spec: &SubscriberSpec,
@@ -286,10 +377,10 @@ fn unchanged(
     old: &[IpNet],
     plans: &[(u32, Policy)],
 ) -> bool {
-    let same_plan = plans
+    let plan_kept = plans
         .iter()
-        .any(|(slot, p)| *slot == entry.plan && p == plan);
-    same_plan
+        .any(|(slot, p)| *slot == entry.plan && same_plan(p, plan));
+    plan_kept
         && entry.id == padded(&spec.id)
         && entry.name == padded(&spec.name)
         && same_set(old, &spec.prefixes)
@@ -306,6 +397,7 @@ fn before_of(
     let mut touched: Vec<IpNet> = old.to_vec();
     touched.extend(new.iter().filter(|p| !old.contains(p)));
     Before {
+        by_lookup: false,
         index,
         entry,
         routes: touched
@@ -413,5 +505,44 @@ trait Supernet {
 impl Supernet for IpNet {
     fn supernet_of_len(&self, len: u8) -> Result<IpNet, ipnet::PrefixLenError> {
         IpNet::new(self.addr(), len).map(|n| n.trunc())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`Free::take`] gives what probing entry by entry would: the first from the home
+    /// not in use nor given, wrapping; none once all are given.
+    #[test]
+    fn free_entries_are_given_as_a_probe_finds_them() {
+        let room = 64u32;
+        let mut all = vec![Subscriber::default(); room as usize + 1];
+        for i in (1..=room).filter(|i| i % 3 == 0 || i % 7 == 0) {
+            all[i as usize].in_use = 1;
+        }
+        let mut given = all.iter().map(|e| e.in_use != 0).collect::<Vec<_>>();
+        let mut free = Free::of(&all);
+        let mut seed = 12345u64;
+        loop {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let home = (seed >> 33) as u32 % room + 1;
+            let mut want = None;
+            let mut i = home;
+            for _ in 0..room {
+                if !given[i as usize] {
+                    want = Some(i);
+                    break;
+                }
+                i = place::after(i, room);
+            }
+            let got = free.take(home);
+            assert_eq!(got, want, "from {home}");
+            match got {
+                Some(i) => given[i as usize] = true,
+                None => break,
+            }
+        }
+        assert!(given.iter().skip(1).all(|g| *g));
     }
 }
