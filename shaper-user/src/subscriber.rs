@@ -795,6 +795,24 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         spec: &SubscriberSpec,
         before: &Before,
     ) -> Result<Changed, SubscriberError> {
+        let slots = self.p().slots()?;
+        self.set_among(spec, before, &slots)
+    }
+
+    /// Every policy slot in use with its entry ([`PolicyTable::slots`]: one read of the
+    /// array, which a change journals too).
+    pub fn slots(&self) -> Result<Vec<(u32, Policy)>, SubscriberError> {
+        Ok(self.p().slots()?)
+    }
+
+    /// [`Self::set`] where the policy slots in use are known to be `slots` (as the change
+    /// journaled them: the array is not read again).
+    pub fn set_among(
+        &mut self,
+        spec: &SubscriberSpec,
+        before: &Before,
+        slots: &[(u32, Policy)],
+    ) -> Result<Changed, SubscriberError> {
         let config = self.p().config()?;
         let entry_plan = spec.check((config.prefix_v4, config.prefix_v6))?;
         let index = before.index;
@@ -811,10 +829,15 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             .filter(|(_, v)| *v == Some(index | SUBSCRIBER_BIT))
             .map(|(net, _)| *net)
             .collect();
-        let plans = self.p().plans()?;
-        let plan = match plans.iter().find(|(_, p)| same_plan(p, &entry_plan)) {
+        let plan = match slots
+            .iter()
+            .find(|(_, p)| p.plan != 0 && same_plan(p, &entry_plan))
+        {
             Some((slot, _)) => *slot,
-            None => self.pm().add_plan(&entry_plan)?,
+            None => {
+                let used = slots.iter().map(|(slot, _)| *slot).collect();
+                self.pm().add_plan_among(&entry_plan, &used)?
+            }
         };
         let same_prefixes = old_prefixes.len() == spec.prefixes.len()
             && spec.prefixes.iter().all(|p| old_prefixes.contains(p));
