@@ -1265,6 +1265,23 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
             .get(id)
             .map(|s| s.index)
     };
+    // Each plan's count of subscribers (in its entry's prefix_len) is the number of
+    // entries in use on it.
+    let counts_hold = |when: &str| {
+        let pinned = maps::Pinned::open(&at).unwrap();
+        let subs: Array<MapData, Subscriber> = pinned.map(PIN_SUBSCRIBERS).unwrap();
+        let on = |slot: u32| {
+            (1..=ROOM)
+                .filter(|i| {
+                    let e = subs.get(i, 0).unwrap();
+                    e.in_use != 0 && e.plan == slot
+                })
+                .count() as u32
+        };
+        for (slot, p) in PolicyTable::of(&pinned).unwrap().plans().unwrap() {
+            assert_eq!(p.prefix_len, on(slot), "plan slot {slot}'s count {when}");
+        }
+    };
     // Three ids of one home, and a fourth for the tombstone.
     let mut same: Vec<String> = Vec::new();
     let want = place::home(b"h0", ROOM);
@@ -1323,6 +1340,7 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
     assert!(set(b, 2, "20mbit").contains("changed"));
     assert_eq!(index(b).unwrap(), h1);
     // A new one of the same home takes the tombstone; `a` is not found.
+    counts_hold("after a plan change");
     assert!(set(d, 4, "10mbit").contains("added"));
     assert_eq!(index(d).unwrap(), want);
     assert!(index(a).is_err());
@@ -1355,6 +1373,7 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
     assert_eq!(subscribers(&ns, &iface), list_before);
     assert_eq!(index(c).unwrap(), h2);
     shaper_ok(&ns, &["subscriber", "del", &iface, c]);
+    counts_hold("after a rollback");
 
     // Full: 8 in use, the 9th refused in one line, nothing changed.
     let mut n = 10;
@@ -1386,6 +1405,41 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
         &["no room for another subscriber"],
     );
     assert_eq!(subscribers(&ns, &iface), full);
+    counts_hold("when full");
+    // The daemon's way (a RADIUS CoA and Disconnect, through its kept index): the counts
+    // follow too.
+    {
+        use shaper_user::{change::Edit, system};
+        let mut kept = change::Kept::default();
+        let faster = |p: &PolicyLimits| PolicyLimits {
+            aggregate_rate_bps: p.aggregate_rate_bps * 2,
+            ..*p
+        };
+        for edit in [
+            Edit::Plan {
+                id: d.clone(),
+                plan: &faster,
+            },
+            Edit::Plan {
+                id: "f10".to_owned(),
+                plan: &faster,
+            },
+            Edit::Del {
+                id: "f11".to_owned(),
+            },
+        ] {
+            let edits = change::begin_edits(
+                "test",
+                std::slice::from_ref(&at),
+                system::lock().unwrap(),
+                &mut kept,
+            )
+            .unwrap();
+            edits.apply(&[(at.clone(), edit)]).unwrap();
+            counts_hold("after a CoA");
+        }
+        set("f11", 11, "10mbit");
+    }
     // Every one still found by its probe, the last one's chain the longest.
     for s in full.as_array().unwrap() {
         let id = s["id"].as_str().unwrap();
