@@ -388,8 +388,11 @@ pub fn set_subscriber_holding(
     let prepared = begin_holding("subscriber set", std::slice::from_ref(at), lock)?;
     let mut table = SubscriberTable::of(prepared.attached(at)?)?;
     let before = table.before(&spec.id, Some(spec))?;
-    let change = prepared.journal_with(vec![Undo::subscriber(at, &before)])?;
-    let changed = table.set(spec, &before)?;
+    // The policy slots read once: journaled, and where the plan is found or goes.
+    let slots = table.slots()?;
+    let undo = vec![Undo::subscriber(at, &before)];
+    let change = prepared.journal_knowing(undo, |_| Some(slots.clone()))?;
+    let changed = table.set_among(spec, &before, &slots)?;
     change.commit()?;
     Ok(changed)
 }

@@ -226,6 +226,7 @@ impl Undo {
                 ..
             } => {
                 let before = Before {
+                    by_lookup: false,
                     index: *index,
                     entry: match entry.len() {
                         0 => SubscriberEntry::default(),
@@ -254,10 +255,11 @@ impl Undo {
             netns: at.netns.clone(),
             direction: at.direction,
             index: before.index,
-            // A free entry (a subscriber added) as none: a million added journal small.
-            entry: match before.entry.in_use {
-                0 => Vec::new(),
-                _ => bytes(&before.entry),
+            // A never-used entry (a subscriber added) as none: a million added journal
+            // small. A removed subscriber's tombstone is kept as it is (`place`).
+            entry: match before.entry == SubscriberEntry::default() {
+                true => Vec::new(),
+                false => bytes(&before.entry),
             },
             routes: before
                 .routes

@@ -351,6 +351,34 @@ pub fn read_batched_summed<K: aya::Pod, V: aya::Pod + PerCpuSum>(
     Ok(entries)
 }
 
+/// Entries `start..start + count` of an array map of `V` (`start` at least 1: the
+/// kernel's cursor is the key before it), in one `BPF_MAP_LOOKUP_BATCH` call: fewer where
+/// the array ends first.
+pub fn read_run<V: aya::Pod>(map: &MapData, start: u32, count: u32) -> Result<Vec<V>, MapError> {
+    let vs = size_of::<V>();
+    let mut values = Vec::with_capacity(count as usize);
+    batch::run(map, start - 1, count, vs, |n, bytes| {
+        for i in 0..n {
+            // SAFETY: the kernel wrote `n` values of `vs` bytes; V is plain data of that
+            // size (`Pod`), read unaligned.
+            values.push(unsafe { bytes.as_ptr().add(i * vs).cast::<V>().read_unaligned() });
+        }
+    })
+    .map_err(batch_err)?;
+    Ok(values)
+}
+
+/// The key after `key` in `map`'s order (`BPF_MAP_GET_NEXT_KEY`; `None`: its first),
+/// written into `next`: `false` if there is none.
+pub fn next_key(map: &MapData, key: Option<&[u8]>, next: &mut [u8]) -> Result<bool, MapError> {
+    batch::next_key(map, key, next).map_err(|io_error| {
+        MapError::SyscallError(aya::sys::SyscallError {
+            call: "BPF_MAP_GET_NEXT_KEY",
+            io_error,
+        })
+    })
+}
+
 fn batch_err(io_error: std::io::Error) -> MapError {
     MapError::SyscallError(aya::sys::SyscallError {
         call: "BPF_MAP_LOOKUP_BATCH",
@@ -386,6 +414,24 @@ mod batch {
 
     const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
     const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+    const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+
+    fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<()> {
+        // SAFETY: `attr` is the `union bpf_attr` member of `cmd`, whose pointers name
+        // buffers the caller keeps alive and sized as the map's keys and values.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                std::ptr::from_mut(attr),
+                size_of::<T>() as libc::c_uint,
+            )
+        };
+        if ret < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
 
     /// Writes the `n` entries whose keys and values lie end to end in `keys` and
     /// `values` (any existing entry replaced).
@@ -397,23 +443,70 @@ mod batch {
             map_fd: map.fd().as_fd().as_raw_fd() as u32,
             ..BatchAttr::default()
         };
-        // SAFETY: the attribute names `n` keys and values of the map's sizes, alive
-        // across the call; the kernel only reads them (and writes `count`).
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_UPDATE_BATCH,
-                &raw mut attr,
-                size_of::<BatchAttr>() as libc::c_uint,
-            )
-        };
-        match ret {
-            0 if attr.count as usize == n => Ok(()),
-            0 => Err(std::io::Error::other(format!(
+        // The kernel only reads the buffers, and writes how many it wrote into `count`.
+        bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
+        match attr.count as usize == n {
+            true => Ok(()),
+            false => Err(std::io::Error::other(format!(
                 "{} of {n} entries written",
                 attr.count
             ))),
-            _ => Err(std::io::Error::last_os_error()),
+        }
+    }
+
+    /// `count` values of an array map (of `value_size` bytes) after key `after`, in one
+    /// call: `f(n, values)`, fewer where the array ends.
+    pub fn run(
+        map: &MapData,
+        after: u32,
+        count: u32,
+        value_size: usize,
+        f: impl FnOnce(usize, &[u8]),
+    ) -> std::io::Result<()> {
+        let n = count as usize;
+        let mut keys = vec![0u8; n * 4];
+        let mut values = vec![0u8; n * value_size];
+        let cursor = after.to_ne_bytes();
+        let mut next = [0u8; 8];
+        let mut attr = BatchAttr {
+            in_batch: cursor.as_ptr() as u64,
+            out_batch: next.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count,
+            map_fd: map.fd().as_fd().as_raw_fd() as u32,
+            ..BatchAttr::default()
+        };
+        let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
+        let got = (attr.count as usize).min(n);
+        f(got, &values[..got * value_size]);
+        match result {
+            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// The `BPF_MAP_GET_NEXT_KEY` member of `union bpf_attr`.
+    #[repr(C)]
+    struct NextKeyAttr {
+        map_fd: u32,
+        pad: u32,
+        key: u64,
+        next_key: u64,
+    }
+
+    /// The key after `key` (`None`: the first) into `next`: `false` where there is none.
+    pub fn next_key(map: &MapData, key: Option<&[u8]>, next: &mut [u8]) -> std::io::Result<bool> {
+        let mut attr = NextKeyAttr {
+            map_fd: map.fd().as_fd().as_raw_fd() as u32,
+            pad: 0,
+            key: key.map_or(0, |k| k.as_ptr() as u64),
+            next_key: next.as_mut_ptr() as u64,
+        };
+        match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 

@@ -18,6 +18,7 @@
 //! allowed: the longest prefix wins, and it is the subscriber's.
 
 mod index;
+pub mod place;
 pub mod plan;
 mod sync;
 
@@ -267,12 +268,42 @@ fn installed(
 
 /// A subscriber's entry and routes as they were before a change, to put back
 /// (`crate::journal`).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Before {
     pub index: u32,
+    /// Its entry: a free one (never used, or a removed subscriber's tombstone) if the
+    /// subscriber is new.
     pub entry: Subscriber,
     /// Each prefix the change may touch, with the value it routed to (`None`: no route).
     pub routes: Vec<(IpNet, Option<u32>)>,
+    /// Read by lookups, the tries not read whole: the subscriber is new (its overlaps are
+    /// checked by lookups too), or its prefixes are those in force (nothing to check).
+    pub by_lookup: bool,
+}
+
+/// The count of subscribers on a plan, kept in its entry's `prefix_len` (a plan has no
+/// prefix; the kernel reads neither) in a table placed by hash ([`place`]).
+fn plan_users(p: &Policy) -> u32 {
+    p.prefix_len
+}
+
+/// Whether two plan entries are the same plan, whatever their counts of subscribers.
+fn same_plan(a: &Policy, b: &Policy) -> bool {
+    Policy {
+        prefix_len: 0,
+        ..*a
+    } == Policy {
+        prefix_len: 0,
+        ..*b
+    }
+}
+
+/// The host route at the lowest address of `p`: where the walk of the routes inside `p`
+/// starts (`PolicyTable::route_after`); `None` if `p` is a host route itself.
+fn lowest_host(p: &IpNet) -> Option<IpNet> {
+    (p.prefix_len() < p.max_prefix_len())
+        .then(|| IpNet::new(p.network(), p.max_prefix_len()).ok())
+        .flatten()
 }
 
 /// An attachment's subscribers: their map, and the policy maps their plans and routes live
@@ -284,6 +315,8 @@ pub struct SubscriberTable<P = PolicyTable> {
     /// [`Self::pm`]: a change reads them once (they are read key by key, the slow part
     /// of a change at a million subscribers).
     routes: std::cell::OnceCell<Vec<(IpNet, u32)>>,
+    /// Whether entry 0 says subscribers are placed by hash ([`place`]), once read.
+    hashed: std::cell::Cell<Option<bool>>,
 }
 
 impl SubscriberTable {
@@ -304,7 +337,59 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             subs,
             policies,
             routes: std::cell::OnceCell::new(),
+            hashed: std::cell::Cell::new(None),
         }
+    }
+
+    /// Whether its subscribers are placed by hash ([`place::MARKER`] in entry 0).
+    fn hashed(&self) -> Result<bool, SubscriberError> {
+        if let Some(h) = self.hashed.get() {
+            return Ok(h);
+        }
+        let h = self.room() > 0
+            && self
+                .subs
+                .get(&0, 0)
+                .map_err(map_err("read the subscribers"))?
+                .id
+                == place::MARKER;
+        self.hashed.set(Some(h));
+        Ok(h)
+    }
+
+    /// Marks the table as placing by hash (it has no subscriber: none is misplaced).
+    fn mark_hashed(&mut self) -> Result<(), SubscriberError> {
+        let marker = Subscriber {
+            id: place::MARKER,
+            ..Subscriber::default()
+        };
+        self.subs
+            .set(0, marker, 0)
+            .map_err(map_err("mark the subscribers' table"))?;
+        self.hashed.set(Some(true));
+        Ok(())
+    }
+
+    /// Whether the table places by hash, marking it so first if it has no subscriber
+    /// (an attachment an older shaper made stays on the whole-table search until then).
+    fn hashed_or_mark(&mut self) -> Result<bool, SubscriberError> {
+        if self.hashed()? {
+            return Ok(true);
+        }
+        if self.room() == 0 || !self.entries()?.is_empty() {
+            return Ok(false);
+        }
+        self.mark_hashed()?;
+        Ok(true)
+    }
+
+    /// Looks subscriber `id` up by its hash ([`place::probe`]): a few runs of entries.
+    fn probe(&self, id: &str) -> Result<place::Probe, SubscriberError> {
+        use aya::maps::IterableMap as _;
+        place::probe(&padded(id), self.room(), |start, n| {
+            crate::maps::read_run::<Subscriber>(self.subs.map(), start, n)
+        })
+        .map_err(map_err("read the subscribers"))
     }
 
     fn p(&self) -> &PolicyTable {
@@ -343,6 +428,12 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     }
 
     fn find(&self, id: &str) -> Result<Option<(u32, Subscriber)>, SubscriberError> {
+        if self.hashed()? {
+            return Ok(match self.probe(id)? {
+                place::Probe::Found(i, s) => Some((i, s)),
+                place::Probe::Absent(_) => None,
+            });
+        }
         Ok(self
             .entries()?
             .into_iter()
@@ -459,16 +550,90 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
 
     /// What [`SubscriberTable::set`] of `spec` (or `del` with `None`) of subscriber `id`
     /// may touch, as it is: to journal before writing. Checks `spec` as `set` would.
+    ///
+    /// In a table placed by hash ([`place`]), a new subscriber's place and what it may
+    /// touch, and a subscriber whose prefixes are those in force, are found by lookups;
+    /// otherwise (a change of prefixes, a removal: a subscriber's routes are known only
+    /// from the tries) every route is read. A table with no subscriber is marked as placed
+    /// by hash first.
     pub fn before(
-        &self,
+        &mut self,
         id: &str,
         spec: Option<&SubscriberSpec>,
     ) -> Result<Before, SubscriberError> {
+        if spec.is_some() && self.hashed_or_mark()? {
+            let (index, entry) = match self.probe(id)? {
+                place::Probe::Found(i, s) => (i, s),
+                place::Probe::Absent(Some(i)) => (
+                    i,
+                    self.subs
+                        .get(&i, 0)
+                        .map_err(map_err("read the subscribers"))?,
+                ),
+                place::Probe::Absent(None) => {
+                    return Err(SubscriberError::Full { room: self.room() });
+                }
+            };
+            if let Some(before) =
+                self.before_by_lookup(index, entry, spec.iter().flat_map(|s| &s.prefixes))?
+            {
+                return Ok(before);
+            }
+            return self.before_reading(index, entry, spec);
+        }
         let (index, entry) = match self.find(id)? {
             Some(found) => found,
             None if spec.is_none() => return Err(SubscriberError::NotFound(id.to_owned())),
             None => (self.free_index()?, Subscriber::default()),
         };
+        self.before_reading(index, entry, spec)
+    }
+
+    /// [`Self::before`] by lookups, if it can be: subscriber `index` (`entry`) new, or with
+    /// `prefixes` (as given) exactly: each a route of its own, as many as its entry counts
+    /// (`in_use`). A new one's routes to be are each prefix, and the lowest host route
+    /// inside each (the overlap check's walk starts there: [`Self::check_new`]).
+    fn before_by_lookup<'a>(
+        &self,
+        index: u32,
+        entry: Subscriber,
+        prefixes: impl Iterator<Item = &'a IpNet> + Clone,
+    ) -> Result<Option<Before>, SubscriberError> {
+        let value = index | SUBSCRIBER_BIT;
+        let mut routes = Vec::new();
+        if entry.in_use == 0 {
+            for p in prefixes {
+                routes.push((*p, self.p().exact_route(*p)?));
+                if let Some(low) = lowest_host(p).filter(|l| !routes.iter().any(|(r, _)| r == l)) {
+                    routes.push((low, self.p().exact_route(low)?));
+                }
+            }
+        } else {
+            if prefixes.clone().count() != entry.in_use as usize {
+                return Ok(None);
+            }
+            for p in prefixes {
+                if self.p().exact_route(*p)? != Some(value) {
+                    return Ok(None);
+                }
+                routes.push((*p, Some(value)));
+            }
+        }
+        Ok(Some(Before {
+            index,
+            entry,
+            routes,
+            by_lookup: true,
+        }))
+    }
+
+    /// [`Self::before`] of subscriber `index` (`entry`) from every route of the tries.
+    fn before_reading(
+        &self,
+        index: u32,
+        entry: Subscriber,
+        spec: Option<&SubscriberSpec>,
+    ) -> Result<Before, SubscriberError> {
         let routes = self.routes()?;
         let mut touched: Vec<IpNet> = routes
             .iter()
@@ -491,6 +656,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             index,
             entry,
             routes,
+            by_lookup: false,
         })
     }
 
@@ -502,22 +668,41 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             .ok_or(SubscriberError::Full { room: self.room() })
     }
 
+    /// A route as an overlap error names it: `policy P` or `subscriber ID's prefix P`
+    /// (its subscriber's entry read alone).
+    fn what(&self, route: IpNet, value: u32) -> String {
+        if value & SUBSCRIBER_BIT == 0 {
+            return format!("policy {route}");
+        }
+        let i = value & !SUBSCRIBER_BIT;
+        let id = self
+            .subs
+            .get(&i, 0)
+            .map_or_else(|_| "?".to_owned(), |s| unpadded(&s.id));
+        format!("subscriber {id}'s prefix {route}")
+    }
+
+    /// The refusal of `route` (routing to `value`) inside subscriber `spec`'s prefix `p`.
+    fn inside(&self, spec: &SubscriberSpec, p: IpNet, route: IpNet, value: u32) -> SubscriberError {
+        SubscriberError::Overlap(format!(
+            "{} is inside subscriber {}'s prefix {p}: its traffic would escape the subscriber's bucket",
+            self.what(route, value),
+            spec.id
+        ))
+    }
+
+    /// The refusal of subscriber `spec`'s prefix `p` inside another's `route`.
+    fn within(&self, spec: &SubscriberSpec, p: IpNet, route: IpNet, value: u32) -> SubscriberError {
+        SubscriberError::Overlap(format!(
+            "subscriber {}'s prefix {p} is inside {}: its traffic would escape that subscriber's bucket",
+            spec.id,
+            self.what(route, value)
+        ))
+    }
+
     /// Refuses a prefix of `spec` (subscriber `index`) that would let traffic escape a
     /// subscriber's bucket (see the module docs).
     fn check_overlaps(&self, spec: &SubscriberSpec, index: u32) -> Result<(), SubscriberError> {
-        // Named only for the error: looking every route's subscriber up would read the
-        // whole table once a route.
-        let what = |route: IpNet, value: u32| {
-            if value & SUBSCRIBER_BIT == 0 {
-                return format!("policy {route}");
-            }
-            let i = value & !SUBSCRIBER_BIT;
-            let id = self
-                .subs
-                .get(&i, 0)
-                .map_or_else(|_| "?".to_owned(), |s| unpadded(&s.id));
-            format!("subscriber {id}'s prefix {route}")
-        };
         for &(route, value) in self.routes()? {
             if value == index | SUBSCRIBER_BIT {
                 continue;
@@ -525,22 +710,82 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             let theirs = value & SUBSCRIBER_BIT != 0;
             for p in &spec.prefixes {
                 if p.contains(&route) {
-                    return Err(SubscriberError::Overlap(format!(
-                        "{} is inside subscriber {}'s prefix {p}: its traffic would escape the subscriber's bucket",
-                        what(route, value),
-                        spec.id
-                    )));
+                    return Err(self.inside(spec, *p, route, value));
                 }
                 if theirs && route.contains(p) {
-                    return Err(SubscriberError::Overlap(format!(
-                        "subscriber {}'s prefix {p} is inside {}: its traffic would escape that subscriber's bucket",
-                        spec.id,
-                        what(route, value)
-                    )));
+                    return Err(self.within(spec, *p, route, value));
                 }
             }
         }
         Ok(())
+    }
+
+    /// [`Self::check_overlaps`] of a new subscriber `spec` by lookups, no trie read (as
+    /// [`Self::before`] read it: `before`). For each prefix: the longest route covering
+    /// it (one lookup: a shorter one of another subscriber's would hold it, which the
+    /// rule refuses), and the routes inside it, walked from the lowest host route inside
+    /// it (routed for the walk if it is not, to the new subscriber's index, whose entry is
+    /// not in use yet: the kernel gives such a key the default; taken out after, and put
+    /// back by the journal if killed), until the walk leaves it.
+    fn check_new(&mut self, spec: &SubscriberSpec, before: &Before) -> Result<(), SubscriberError> {
+        let value = before.index | SUBSCRIBER_BIT;
+        for p in &spec.prefixes {
+            if let Some(v) = self.p().longest_route(*p) {
+                let exact = self.p().exact_route(*p)?.is_some();
+                if exact {
+                    return Err(self.inside(spec, *p, *p, v));
+                }
+                if v & SUBSCRIBER_BIT != 0 {
+                    let route = self.covering_route(*p, v)?;
+                    return Err(self.within(spec, *p, route, v));
+                }
+            }
+            let Some(low) = lowest_host(p) else {
+                continue;
+            };
+            let was = before
+                .routes
+                .iter()
+                .find(|(r, _)| *r == low)
+                .and_then(|(_, v)| *v);
+            if let Some(v) = was {
+                return Err(self.inside(spec, *p, low, v));
+            }
+            self.pm().route_value(low, value)?;
+            let found = self.first_inside(*p, low);
+            self.pm().unroute_if_there(low)?;
+            if let Some((route, v)) = found? {
+                return Err(self.inside(spec, *p, route, v));
+            }
+        }
+        Ok(())
+    }
+
+    /// The first route inside `p` after `low` (a route, the first of those inside `p` in
+    /// the trie's walk), with its value.
+    fn first_inside(&self, p: IpNet, low: IpNet) -> Result<Option<(IpNet, u32)>, SubscriberError> {
+        let Some(next) = self.p().route_after(low)? else {
+            return Ok(None);
+        };
+        if !p.contains(&next) {
+            return Ok(None);
+        }
+        let v = self.p().exact_route(next)?.unwrap_or_default();
+        Ok(Some((next, v)))
+    }
+
+    /// The route of `v` covering `p` (which the lookup of `p` answered `v`): for the
+    /// error's words, its length found by lookups.
+    fn covering_route(&self, p: IpNet, v: u32) -> Result<IpNet, SubscriberError> {
+        for len in (0..p.prefix_len()).rev() {
+            let Ok(net) = IpNet::new(p.addr(), len).map(|n| n.trunc()) else {
+                continue;
+            };
+            if self.p().exact_route(net)? == Some(v) {
+                return Ok(net);
+            }
+        }
+        Ok(p)
     }
 
     /// Adds subscriber `spec`, or replaces the subscriber of its id: its entry, its routes
@@ -550,10 +795,33 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         spec: &SubscriberSpec,
         before: &Before,
     ) -> Result<Changed, SubscriberError> {
+        let slots = self.p().slots()?;
+        self.set_among(spec, before, &slots)
+    }
+
+    /// Every policy slot in use with its entry ([`PolicyTable::slots`]: one read of the
+    /// array, which a change journals too).
+    pub fn slots(&self) -> Result<Vec<(u32, Policy)>, SubscriberError> {
+        Ok(self.p().slots()?)
+    }
+
+    /// [`Self::set`] where the policy slots in use are known to be `slots` (as the change
+    /// journaled them: the array is not read again).
+    pub fn set_among(
+        &mut self,
+        spec: &SubscriberSpec,
+        before: &Before,
+        slots: &[(u32, Policy)],
+    ) -> Result<Changed, SubscriberError> {
         let config = self.p().config()?;
         let entry_plan = spec.check((config.prefix_v4, config.prefix_v6))?;
         let index = before.index;
-        self.check_overlaps(spec, index)?;
+        match (before.by_lookup, before.entry.in_use) {
+            // Its prefixes are those in force: nothing new to check.
+            (true, n) if n != 0 => {}
+            (true, _) => self.check_new(spec, before)?,
+            (false, _) => self.check_overlaps(spec, index)?,
+        }
         let old = before.entry;
         let old_prefixes: Vec<IpNet> = before
             .routes
@@ -561,10 +829,15 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             .filter(|(_, v)| *v == Some(index | SUBSCRIBER_BIT))
             .map(|(net, _)| *net)
             .collect();
-        let plans = self.p().plans()?;
-        let plan = match plans.iter().find(|(_, p)| *p == entry_plan) {
+        let plan = match slots
+            .iter()
+            .find(|(_, p)| p.plan != 0 && same_plan(p, &entry_plan))
+        {
             Some((slot, _)) => *slot,
-            None => self.pm().add_plan(&entry_plan)?,
+            None => {
+                let used = slots.iter().map(|(slot, _)| *slot).collect();
+                self.pm().add_plan_among(&entry_plan, &used)?
+            }
         };
         let same_prefixes = old_prefixes.len() == spec.prefixes.len()
             && spec.prefixes.iter().all(|p| old_prefixes.contains(p));
@@ -590,8 +863,11 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             let family = |v4: bool| spec.prefixes.iter().any(|p| p.addr().is_ipv4() == v4);
             self.pm().subscribers_routed(family(true), family(false))?;
         }
+        if old.in_use == 0 || old.plan != plan {
+            self.plan_joined(plan)?;
+        }
         if old.in_use != 0 && old.plan != plan {
-            self.drop_plan_if_unused(old.plan)?;
+            self.plan_left(old.plan)?;
         }
         Ok(if old.in_use == 0 {
             Changed::Added
@@ -619,7 +895,9 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         };
         Ok(Subscriber {
             plan: slot,
-            in_use: 1,
+            // Its count of prefixes (at least one): a set of the same prefixes is known
+            // by lookups ([`Self::before`]); the kernel tests it against zero alone.
+            in_use: spec.prefixes.len() as u32,
             id: padded(&spec.id),
             name: padded(&spec.name),
             ..now
@@ -630,11 +908,11 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// plan if no other subscriber has it.
     pub fn del(&mut self, before: &Before) -> Result<Changed, SubscriberError> {
         self.unroute_and_clear(before)?;
-        self.drop_plan_if_unused(before.entry.plan)?;
+        self.plan_left(before.entry.plan)?;
         Ok(Changed::Removed)
     }
 
-    /// Removes the routes of subscriber `before`, then clears its entry.
+    /// Removes the routes of subscriber `before`, then frees its entry ([`Self::freed`]).
     fn unroute_and_clear(&mut self, before: &Before) -> Result<(), SubscriberError> {
         for (p, v) in &before.routes {
             if *v == Some(before.index | SUBSCRIBER_BIT) {
@@ -643,13 +921,48 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         }
         self.pm().subscribers_routed(false, false)?;
         crate::crash::point("subscriber-step");
+        let free = self.freed(&before.entry)?;
         self.subs
-            .set(before.index, Subscriber::default(), 0)
+            .set(before.index, free, 0)
             .map_err(map_err("clear a subscriber"))?;
         Ok(())
     }
 
-    fn drop_plan_if_unused(&mut self, slot: u32) -> Result<(), SubscriberError> {
+    /// The entry a removed subscriber `was` leaves: in a table placed by hash a tombstone
+    /// (not in use, its id kept, so the probes past it go on), otherwise a free entry.
+    fn freed(&self, was: &Subscriber) -> Result<Subscriber, SubscriberError> {
+        Ok(match self.hashed()? {
+            true => Subscriber {
+                id: was.id,
+                ..Subscriber::default()
+            },
+            false => Subscriber::default(),
+        })
+    }
+
+    /// One more subscriber is on plan `slot`: its count in a table placed by hash (one
+    /// read and one write of its entry; journaled with the policy slots).
+    fn plan_joined(&mut self, slot: u32) -> Result<(), SubscriberError> {
+        if self.hashed()? {
+            let mut p = self.p().slot(slot)?;
+            p.prefix_len = plan_users(&p) + 1;
+            self.pm().rewrite_plan(slot, &p)?;
+        }
+        Ok(())
+    }
+
+    /// One subscriber left plan `slot`: freed if no subscriber has it any more, known
+    /// from its count in a table placed by hash, from every entry otherwise.
+    fn plan_left(&mut self, slot: u32) -> Result<(), SubscriberError> {
+        if self.hashed()? {
+            let mut p = self.p().slot(slot)?;
+            p.prefix_len = plan_users(&p).saturating_sub(1);
+            match p.prefix_len {
+                0 => self.pm().drop_plan(slot)?,
+                _ => self.pm().rewrite_plan(slot, &p)?,
+            }
+            return Ok(());
+        }
         if self.entries()?.iter().all(|(_, s)| s.plan != slot) {
             self.pm().drop_plan(slot)?;
         }

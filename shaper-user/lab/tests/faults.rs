@@ -1232,3 +1232,284 @@ fn killed_at_random_times_old_or_new_whole() {
     }
     println!("kills (command, state after, said, finished before the kill): {outcomes:?}");
 }
+
+/// Subscribers are placed by their id's hash (`shaper_user::subscriber::place`), on an
+/// attachment of 8 so that ids collide: three ids of one home go to it and the two
+/// entries after it; the first removed leaves a tombstone (not in use, its id kept) and the
+/// later two are still found, set and removed; a new id of the same home takes the
+/// tombstone, and killed half way is rolled back to it exactly (the third still found);
+/// a full table refuses one more in one line; and a table without the marker (as an older
+/// shaper placed it, first free) is searched whole and still served. IPv4 and IPv6
+/// prefixes each.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
+    use aya::maps::{Array, MapData};
+    use shaper_common::maps::{PIN_SUBSCRIBERS, Subscriber};
+    use shaper_user::subscriber::{SubscriberTable, place};
+
+    const ROOM: u32 = 8;
+    let lab = Lab::new("fz-hash", 1).unwrap();
+    let (ns, iface) = (lab.rx_ns().to_owned(), lab.rx_iface().to_owned());
+    let _guard = attach_with(&ns, &iface, "8mbit", "64k", &["--max-subscribers", "8"]);
+    let at = Attachment::new(&iface, Some(&ns));
+    let entry = |i: u32| -> Subscriber {
+        let pinned = maps::Pinned::open(&at).unwrap();
+        let subs: Array<MapData, Subscriber> = pinned.map(PIN_SUBSCRIBERS).unwrap();
+        subs.get(&i, 0).unwrap()
+    };
+    let index = |id: &str| {
+        let pinned = maps::Pinned::open(&at).unwrap();
+        SubscriberTable::of(&pinned)
+            .unwrap()
+            .get(id)
+            .map(|s| s.index)
+    };
+    // Each plan's count of subscribers (in its entry's prefix_len) is the number of
+    // entries in use on it.
+    let counts_hold = |when: &str| {
+        let pinned = maps::Pinned::open(&at).unwrap();
+        let subs: Array<MapData, Subscriber> = pinned.map(PIN_SUBSCRIBERS).unwrap();
+        let on = |slot: u32| {
+            (1..=ROOM)
+                .filter(|i| {
+                    let e = subs.get(i, 0).unwrap();
+                    e.in_use != 0 && e.plan == slot
+                })
+                .count() as u32
+        };
+        for (slot, p) in PolicyTable::of(&pinned).unwrap().plans().unwrap() {
+            assert_eq!(p.prefix_len, on(slot), "plan slot {slot}'s count {when}");
+        }
+    };
+    // Three ids of one home, and a fourth for the tombstone.
+    let mut same: Vec<String> = Vec::new();
+    let want = place::home(b"h0", ROOM);
+    for n in 0.. {
+        let id = format!("h{n}");
+        if place::home(id.as_bytes(), ROOM) == want {
+            same.push(id);
+        }
+        if same.len() == 4 {
+            break;
+        }
+    }
+    let set = |id: &str, n: u32, rate: &str| {
+        let (v4, v6) = (format!("100.64.0.{n}/32"), format!("fdd7:{n}::/56"));
+        shaper_ok(
+            &ns,
+            &[
+                "subscriber",
+                "set",
+                &iface,
+                id,
+                "--prefix",
+                &v4,
+                "--prefix",
+                &v6,
+                "--rate",
+                rate,
+                "--burst",
+                "64k",
+            ],
+        )
+    };
+    let (a, b, c, d) = (&same[0], &same[1], &same[2], &same[3]);
+    for (n, id) in [a, b, c].into_iter().enumerate() {
+        assert!(set(id, n as u32 + 1, "10mbit").contains("added"));
+    }
+    let h1 = place::after(want, ROOM);
+    let h2 = place::after(h1, ROOM);
+    assert_eq!(
+        (index(a).unwrap(), index(b).unwrap(), index(c).unwrap()),
+        (want, h1, h2),
+        "a chain from their home"
+    );
+    assert_eq!(entry(0).id, place::MARKER, "the table is marked");
+    // Each entry counts its routes (the kernel tests it against zero alone).
+    assert_eq!(entry(want).in_use, 2);
+
+    // The first removed: a tombstone; the later ones found, changed, removed.
+    shaper_ok(&ns, &["subscriber", "del", &iface, a]);
+    let tomb = entry(want);
+    assert_eq!(
+        (tomb.in_use, &tomb.id[..a.len()]),
+        (0, a.as_bytes()),
+        "a tombstone"
+    );
+    assert!(set(b, 2, "20mbit").contains("changed"));
+    assert_eq!(index(b).unwrap(), h1);
+    // A new one of the same home takes the tombstone; `a` is not found.
+    counts_hold("after a plan change");
+    assert!(set(d, 4, "10mbit").contains("added"));
+    assert_eq!(index(d).unwrap(), want);
+    assert!(index(a).is_err());
+
+    // `b` removed, then a new id of the home placed in its tombstone, killed after its
+    // entry was written: rolled back to the tombstone exactly, `c` past it still found.
+    shaper_ok(&ns, &["subscriber", "del", &iface, b]);
+    let b_tomb = entry(h1);
+    let list_before = subscribers(&ns, &iface);
+    killed_at(
+        &ns,
+        "subscriber-step#1",
+        &[
+            "subscriber",
+            "set",
+            &iface,
+            a,
+            "--prefix",
+            "100.64.0.9/32",
+            "--prefix",
+            "fdd7:9::/56",
+            "--rate",
+            "10mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    rolled_back_by_status(&ns, &iface, "subscriber set", &[&iface]);
+    assert_eq!(entry(h1), b_tomb, "the tombstone put back");
+    assert_eq!(subscribers(&ns, &iface), list_before);
+    assert_eq!(index(c).unwrap(), h2);
+    shaper_ok(&ns, &["subscriber", "del", &iface, c]);
+    counts_hold("after a rollback");
+
+    // Full: 8 in use, the 9th refused in one line, nothing changed.
+    let mut n = 10;
+    while subscribers(&ns, &iface).as_array().unwrap().len() < ROOM as usize {
+        set(&format!("f{n}"), n, "10mbit");
+        n += 1;
+    }
+    let full = subscribers(&ns, &iface);
+    let out = shaper(
+        &ns,
+        &[
+            "subscriber",
+            "set",
+            &iface,
+            "one-more",
+            "--prefix",
+            "100.64.1.1/32",
+            "--prefix",
+            "fdd7:100::/56",
+            "--rate",
+            "10mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    assert_refused(
+        &out,
+        "a 9th subscriber",
+        &["no room for another subscriber"],
+    );
+    assert_eq!(subscribers(&ns, &iface), full);
+    counts_hold("when full");
+    // The daemon's way (a RADIUS CoA and Disconnect, through its kept index): the counts
+    // follow too.
+    {
+        use shaper_user::{change::Edit, system};
+        let mut kept = change::Kept::default();
+        let faster = |p: &PolicyLimits| PolicyLimits {
+            aggregate_rate_bps: p.aggregate_rate_bps * 2,
+            ..*p
+        };
+        for edit in [
+            Edit::Plan {
+                id: d.clone(),
+                plan: &faster,
+            },
+            Edit::Plan {
+                id: "f10".to_owned(),
+                plan: &faster,
+            },
+            Edit::Del {
+                id: "f11".to_owned(),
+            },
+        ] {
+            let edits = change::begin_edits(
+                "test",
+                std::slice::from_ref(&at),
+                system::lock().unwrap(),
+                &mut kept,
+            )
+            .unwrap();
+            edits.apply(&[(at.clone(), edit)]).unwrap();
+            counts_hold("after a CoA");
+        }
+        set("f11", 11, "10mbit");
+    }
+    // Every one still found by its probe, the last one's chain the longest.
+    for s in full.as_array().unwrap() {
+        let id = s["id"].as_str().unwrap();
+        assert!(index(id).is_ok(), "{id}");
+    }
+
+    // Without the marker (an older shaper's table, placed first free): searched whole.
+    {
+        let pinned = maps::Pinned::open(&at).unwrap();
+        let mut subs: Array<MapData, Subscriber> = pinned.map(PIN_SUBSCRIBERS).unwrap();
+        subs.set(0, Subscriber::default(), 0).unwrap();
+    }
+    shaper_ok(&ns, &["subscriber", "del", &iface, d]);
+    assert_eq!(
+        entry(want),
+        Subscriber::default(),
+        "no tombstone without the marker"
+    );
+    // A new one goes to the first free entry, whatever its home.
+    assert!(set("late", 40, "30mbit").contains("added"));
+    assert_eq!(index("late").unwrap(), want);
+    assert!(set("late", 40, "40mbit").contains("changed"));
+    for s in subscribers(&ns, &iface).as_array().unwrap() {
+        let id = s["id"].as_str().unwrap().to_owned();
+        shaper_ok(&ns, &["subscriber", "del", &iface, &id]);
+    }
+    assert_ne!(entry(0).id, place::MARKER);
+    // Empty: the next change marks it.
+    assert!(set(a, 1, "10mbit").contains("added"));
+    assert_eq!(entry(0).id, place::MARKER);
+    assert_eq!(index(a).unwrap(), want);
+
+    // A set of the same prefixes is known by lookups (each one a route of its own, as
+    // many as the entry counts); fewer prefixes, or one inside a route of its own, is a
+    // change of prefixes.
+    let prefixes_of = |id: &str| -> Vec<String> {
+        let all = subscribers(&ns, &iface);
+        let s = all
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .unwrap();
+        let mut p: Vec<String> = serde_json::from_value(s["prefixes"].clone()).unwrap();
+        p.sort();
+        p
+    };
+    let set_prefixes = |prefixes: &[&str]| {
+        let mut args = vec![
+            "subscriber",
+            "set",
+            &iface,
+            a,
+            "--rate",
+            "10mbit",
+            "--burst",
+            "64k",
+        ];
+        for p in prefixes {
+            args.extend(["--prefix", p]);
+        }
+        shaper_ok(&ns, &args)
+    };
+    for prefixes in [
+        &["100.64.0.1/32"][..],
+        &["100.64.0.0/24", "fdd7:1::/56"],
+        &["100.64.0.0/25", "fdd7:1::/56"],
+        &["100.64.0.0/25", "fdd7:1::/64"],
+    ] {
+        set_prefixes(prefixes);
+        assert_eq!(prefixes_of(a), prefixes, "set to {prefixes:?}");
+    }
+}

@@ -264,6 +264,51 @@ fn entries_of<K: aya::Pod>(
         .map_err(map_err(format!("read the {family} prefix trie")))
 }
 
+fn net_v4(k: &Key<Ipv4Key>) -> Option<IpNet> {
+    Ipv4Net::new(k.data().to_ne_bytes().into(), k.prefix_len() as u8)
+        .ok()
+        .map(IpNet::V4)
+}
+
+fn net_v6(k: &Key<Ipv6Key>) -> Option<IpNet> {
+    Ipv6Net::new(k.data().into(), k.prefix_len() as u8)
+        .ok()
+        .map(IpNet::V6)
+}
+
+fn key_bytes<K: aya::Pod>(key: &Key<K>) -> Vec<u8> {
+    // SAFETY: a trie key is plain bytes (`repr(C, packed)` of a length and a Pod).
+    unsafe { std::slice::from_raw_parts((key as *const Key<K>).cast::<u8>(), size_of::<Key<K>>()) }
+        .to_vec()
+}
+
+/// The key after `key` (`None`: the first) in `trie`'s walk (`BPF_MAP_GET_NEXT_KEY`).
+fn next_of<K: aya::Pod>(
+    trie: &LpmTrie<MapData, K, u32>,
+    key: Option<&Key<K>>,
+) -> Result<Option<Key<K>>, PolicyError> {
+    use aya::maps::IterableMap as _;
+    let mut next = vec![0u8; size_of::<Key<K>>()];
+    let key = key.map(key_bytes);
+    let found = crate::maps::next_key(trie.map(), key.as_deref(), &mut next)
+        .map_err(map_err("walk a prefix trie"))?;
+    // SAFETY: the kernel wrote a key of the trie's key size, plain bytes.
+    Ok(found.then(|| unsafe { next.as_ptr().cast::<Key<K>>().read_unaligned() }))
+}
+
+/// Whether `key` is a route of `trie`: the kernel walks on from a key that is not one as
+/// from the start (to the trie's first route), from one that is to the route after it,
+/// never the first.
+fn is_key<K: aya::Pod>(trie: &LpmTrie<MapData, K, u32>, key: &Key<K>) -> Result<bool, PolicyError> {
+    let Some(after) = next_of(trie, Some(key))? else {
+        // Nothing after it: it is the last route (a trie with routes walks from a
+        // key that is not one to its first).
+        return Ok(true);
+    };
+    let first = next_of(trie, None)?;
+    Ok(first.is_none_or(|first| key_bytes(&first) != key_bytes(&after)))
+}
+
 /// Removes each route of `routes` (as [`entries_of`] read `trie`, the `family` prefix trie)
 /// that `keep` refuses.
 fn prune<K: aya::Pod>(
@@ -578,16 +623,42 @@ impl PolicyTable {
     pub fn routes(&self) -> Result<Vec<(IpNet, u32)>, PolicyError> {
         let mut found = Vec::new();
         for (k, v) in entries_of(&self.v4, "IPv4")? {
-            if let Ok(net) = Ipv4Net::new(k.data().to_ne_bytes().into(), k.prefix_len() as u8) {
-                found.push((IpNet::V4(net), v));
+            if let Some(net) = net_v4(&k) {
+                found.push((net, v));
             }
         }
         for (k, v) in entries_of(&self.v6, "IPv6")? {
-            if let Ok(net) = Ipv6Net::new(k.data().into(), k.prefix_len() as u8) {
-                found.push((IpNet::V6(net), v));
+            if let Some(net) = net_v6(&k) {
+                found.push((net, v));
             }
         }
         Ok(found)
+    }
+
+    /// The value `prefix` routes to if it is a route itself (not only covered by a
+    /// shorter one): a lookup, and two steps of the trie's walk (a key that is not a
+    /// route walks on from the trie's first; one that is, from itself). No trie read.
+    pub fn exact_route(&self, prefix: IpNet) -> Result<Option<u32>, PolicyError> {
+        let Some(value) = self.longest_route(prefix) else {
+            return Ok(None);
+        };
+        let is_route = match trie_key(&prefix.trunc()) {
+            TrieKey::V4(key) => is_key(&self.v4, &key)?,
+            TrieKey::V6(key) => is_key(&self.v6, &key)?,
+        };
+        Ok(is_route.then_some(value))
+    }
+
+    /// The route after `prefix` (a route) in its trie's walk, if any. The walk gives a
+    /// node's more specific routes before it, and the routes inside a prefix one after
+    /// another, starting from the lowest of the longest length (its network address as
+    /// a host route): from there, the routes inside `prefix` are found without reading
+    /// the trie.
+    pub fn route_after(&self, prefix: IpNet) -> Result<Option<IpNet>, PolicyError> {
+        Ok(match trie_key(&prefix.trunc()) {
+            TrieKey::V4(key) => next_of(&self.v4, Some(&key))?.and_then(|k| net_v4(&k)),
+            TrieKey::V6(key) => next_of(&self.v6, Some(&key))?.and_then(|k| net_v6(&k)),
+        })
     }
 
     /// The subscribers' routes: each prefix with its subscriber's index.
@@ -669,6 +740,18 @@ impl PolicyTable {
         self.reset_slot(slot)?;
         self.write_slot(slot, entry)?;
         Ok(slot)
+    }
+
+    /// The entry of policy slot `slot` (one lookup).
+    pub fn slot(&self, slot: u32) -> Result<Policy, PolicyError> {
+        self.policies
+            .get(&slot, 0)
+            .map_err(map_err("read the policies"))
+    }
+
+    /// Rewrites a plan's entry in place (its count of subscribers: `crate::subscriber`).
+    pub fn rewrite_plan(&mut self, slot: u32, entry: &Policy) -> Result<(), PolicyError> {
+        self.write_slot(slot, entry)
     }
 
     /// Frees a plan's slot (no subscriber points at it any more).

@@ -14,7 +14,9 @@ use shaper_common::{
     maps::{Policy, SUBSCRIBER_BIT},
 };
 
-use super::{Before, Changed, SubscriberError, SubscriberTable, map_err, plan_entry, unpadded};
+use super::{
+    Before, Changed, SubscriberError, SubscriberTable, map_err, plan_entry, same_plan, unpadded,
+};
 
 /// One attachment's subscribers as last read, and what changes made through it did.
 #[derive(Debug, Default)]
@@ -59,7 +61,7 @@ impl Index {
     fn plan_slot(&self, entry: &Policy) -> Option<u32> {
         self.slots
             .iter()
-            .find(|(_, p)| p.plan != 0 && *p == entry)
+            .find(|(_, p)| p.plan != 0 && same_plan(p, entry))
             .map(|(slot, _)| *slot)
     }
 
@@ -87,19 +89,21 @@ impl Index {
         self.routes.is_some()
     }
 
-    /// Subscriber `before` was removed: whether its plan's slot has no subscriber left
-    /// (then no longer among its slots: the caller frees it).
-    fn forget(&mut self, before: &Before) -> bool {
+    /// Subscriber `before` was removed (by [`SubscriberTable::del`], which freed its plan's
+    /// slot if it was the last on it, and counted it off otherwise: `plan`, the plan's
+    /// entry as it is now, its count of subscribers with it).
+    pub fn forget(&mut self, before: &Before, plan: Option<Policy>) {
         self.ids.remove(&unpadded(&before.entry.id));
         self.plan_of.remove(&before.index);
         if let Some(routes) = self.routes.as_mut() {
             routes.remove(&before.index);
         }
-        let free = self.left(before.entry.plan);
-        if free {
-            self.slots.remove(&before.entry.plan);
+        let slot = before.entry.plan;
+        if self.left(slot) {
+            self.slots.remove(&slot);
+        } else if let Some(p) = plan.filter(|p| p.in_use != 0) {
+            self.slots.insert(slot, p);
         }
-        free
     }
 }
 
@@ -152,6 +156,7 @@ impl SubscriberTable {
             index: i,
             entry,
             routes: Vec::new(),
+            by_lookup: true,
         };
         Ok((before, plan))
     }
@@ -199,19 +204,18 @@ impl SubscriberTable {
         })
     }
 
-    /// Removes the subscriber `before` read (by [`SubscriberTable::del_before`]), as
-    /// [`SubscriberTable::del`] does: its routes, then its entry, then its plan's slot if
-    /// `index` counts no one else on it (no table read). `index` follows.
+    /// Removes the subscriber `before` read (by [`SubscriberTable::del_before`]) with
+    /// [`SubscriberTable::del`]: its routes, then its entry, then its plan's slot if it
+    /// was the last on it (its count, in a table placed by hash: no table read). `index`
+    /// follows, with the plan's entry as it is now.
     pub fn del_indexed(
         &mut self,
         index: &mut Index,
         before: &Before,
     ) -> Result<Changed, SubscriberError> {
-        self.unroute_and_clear(before)?;
-        if index.forget(before) {
-            self.pm().drop_plan(before.entry.plan)?;
-        }
-        Ok(Changed::Removed)
+        let done = self.del(before)?;
+        index.forget(before, Some(self.plan_now(before.entry.plan)?));
+        Ok(done)
     }
 
     /// Gives the subscriber `before` read (by [`SubscriberTable::plan_before`]) the plan
@@ -246,10 +250,28 @@ impl SubscriberTable {
             .set(before.index, super::Subscriber { plan: slot, ..now }, 0)
             .map_err(map_err("write a subscriber's plan"))?;
         crate::crash::point("subscriber-step");
-        if index.moved(before.index, old, slot) {
+        let last = index.moved(before.index, old, slot);
+        if self.hashed()? {
+            // The counts in the plans' entries, and the index's copies of them (what the
+            // journal of the next change keeps).
+            self.plan_joined(slot)?;
+            self.plan_left(old)?;
+            for s in [slot, old] {
+                match self.p().slot(s)? {
+                    p if p.in_use != 0 => index.slots.insert(s, p),
+                    _ => index.slots.remove(&s),
+                };
+            }
+        } else if last {
             self.pm().drop_plan(old)?;
             index.slots.remove(&old);
         }
         Ok(Changed::Changed)
+    }
+
+    /// The entry of plan slot `slot` as it is now (after a removal: what
+    /// [`Index::forget`] keeps).
+    pub fn plan_now(&self, slot: u32) -> Result<Policy, SubscriberError> {
+        Ok(self.p().slot(slot)?)
     }
 }

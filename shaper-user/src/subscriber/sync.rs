@@ -13,7 +13,10 @@ use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use ipnet::IpNet;
 use shaper_common::maps::{MAX_POLICIES, Policy, SUBSCRIBER_BIT, SUBSCRIBER_ID_BYTES, Subscriber};
 
-use super::{Before, SubscriberError, SubscriberSpec, SubscriberTable, map_err, padded, unpadded};
+use super::{
+    Before, SubscriberError, SubscriberSpec, SubscriberTable, map_err, padded, place, same_plan,
+    unpadded,
+};
 use crate::policy::PolicyTable;
 
 /// What a batch does, by subscriber.
@@ -40,8 +43,12 @@ pub struct Batch {
     writes: Vec<Write>,
     removes: Vec<Before>,
     summary: Summary,
-    /// The plans of the subscribers it leaves alone.
-    kept_plans: HashSet<u32>,
+    /// The plans of the subscribers it leaves alone, with how many each.
+    kept_plans: HashMap<u32, u32>,
+    /// The table places by hash ([`place`]), and is to be marked so first (it has no
+    /// subscriber yet).
+    hashed: bool,
+    mark: bool,
 }
 
 impl Batch {
@@ -61,6 +68,8 @@ impl Batch {
 
 /// The table as a batch reads it once.
 struct Read {
+    /// Every entry, free ones too, by index.
+    all: Vec<Subscriber>,
     entries: Vec<(u32, Subscriber)>,
     routes: HashMap<IpNet, u32>,
     /// Each subscriber's prefixes, by index.
@@ -104,8 +113,25 @@ fn same_set(a: &[IpNet], b: &[IpNet]) -> bool {
 impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     fn read_all(&self) -> Result<Read, SubscriberError> {
         let routes: HashMap<IpNet, u32> = self.p().routes()?.into_iter().collect();
+        use aya::maps::IterableMap as _;
+        let mut all = vec![Subscriber::default(); self.subs.len() as usize];
+        for (i, s) in crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
+            .map_err(map_err("read the subscribers"))?
+        {
+            if let Some(e) = all.get_mut(i as usize) {
+                *e = s;
+            }
+        }
+        let entries = all
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, s)| s.in_use != 0)
+            .map(|(i, s)| (i as u32, *s))
+            .collect();
         Ok(Read {
-            entries: self.entries()?,
+            all,
+            entries,
             prefixes: Prefixes::of(&routes),
             routes,
             plans: self.p().plans()?,
@@ -139,13 +165,19 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 *u = true;
             }
         }
-        let mut free = (1..=self.room()).filter(|i| !used[*i as usize]);
+        let mut first_free = (1..=self.room()).filter(|i| !used[*i as usize]);
+        let marked = read.all.first().is_some_and(|e| e.id == place::MARKER);
+        let empty = self.room() > 0 && read.entries.is_empty();
+        // Where the new subscribers go, in a table placed by hash.
+        let mut free = Free::of(&read.all);
         let mut seen = HashSet::with_capacity(specs.len());
         let mut batch = Batch {
             writes: Vec::new(),
             removes: Vec::new(),
             summary: Summary::default(),
-            kept_plans: HashSet::new(),
+            kept_plans: HashMap::new(),
+            hashed: marked || empty,
+            mark: !marked && empty,
         };
         for spec in specs {
             let plan = spec.check((config.prefix_v4, config.prefix_v6))?;
@@ -157,7 +189,13 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             }
             let (index, entry) = match by_id.get(&padded(&spec.id)) {
                 Some(found) => **found,
-                None => match free.next() {
+                None if batch.hashed => {
+                    let i = free
+                        .take(place::home(spec.id.as_bytes(), self.room()))
+                        .ok_or(SubscriberError::Full { room: self.room() })?;
+                    (i, read.all[i as usize])
+                }
+                None => match first_free.next() {
                     Some(i) => (i, Subscriber::default()),
                     None => return Err(SubscriberError::Full { room: self.room() }),
                 },
@@ -191,12 +229,9 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         check_end_state(&batch, &read, policies)?;
         self.check_plan_room(&batch, &read)?;
         let touched: HashSet<u32> = batch.befores().map(|b| b.index).collect();
-        batch.kept_plans = read
-            .entries
-            .iter()
-            .filter(|(i, _)| !touched.contains(i))
-            .map(|(_, s)| s.plan)
-            .collect();
+        for (_, s) in read.entries.iter().filter(|(i, _)| !touched.contains(i)) {
+            *batch.kept_plans.entry(s.plan).or_default() += 1;
+        }
         Ok(batch)
     }
 
@@ -208,7 +243,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         // Plans are few (tens): a list, counted no further than one over the room.
         let mut new: Vec<&Policy> = Vec::new();
         for w in &batch.writes {
-            if !read.plans.iter().any(|(_, p)| *p == w.plan) && !new.contains(&&w.plan) {
+            if !read.plans.iter().any(|(_, p)| same_plan(p, &w.plan)) && !new.contains(&&w.plan) {
                 new.push(&w.plan);
                 if new.len() > room {
                     break;
@@ -232,6 +267,9 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Summary, SubscriberError> {
         let total = batch.writes.len() + batch.removes.len();
+        if batch.mark {
+            self.mark_hashed()?;
+        }
         // Every route that goes, first: a prefix moved to another subscriber is routed to
         // it below, never removed after.
         for w in &batch.writes {
@@ -262,21 +300,33 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         self.write_new(&new, &mut plans, &mut used)?;
         progress(new.len(), total);
         for (done, w) in changed.iter().enumerate() {
-            used.insert(self.write_one(w, &mut plans)?);
+            *used.entry(self.write_one(w, &mut plans)?).or_default() += 1;
             crate::crash::point("subscriber-step");
             if done % 1024 == 0 {
                 progress(new.len() + done, total);
             }
         }
         for b in &batch.removes {
+            let free = self.freed(&b.entry)?;
             self.subs
-                .set(b.index, Subscriber::default(), 0)
+                .set(b.index, free, 0)
                 .map_err(map_err("clear a subscriber"))?;
         }
         self.pm().subscribers_routed(v4, v6)?;
-        // The plans no subscriber has any more, known without reading the table again.
-        for (slot, _) in plans.iter().filter(|(slot, _)| !used.contains(slot)) {
-            self.pm().drop_plan(*slot)?;
+        // The plans no subscriber has any more, known without reading the table again;
+        // in a table placed by hash, each plan's count of subscribers.
+        for (slot, p) in &plans {
+            match used.get(slot).copied().unwrap_or(0) {
+                0 => self.pm().drop_plan(*slot)?,
+                n if batch.hashed && super::plan_users(p) != n => {
+                    let counted = Policy {
+                        prefix_len: n,
+                        ..*p
+                    };
+                    self.pm().rewrite_plan(*slot, &counted)?;
+                }
+                _ => {}
+            }
         }
         progress(total, total);
         Ok(batch.summary)
@@ -284,12 +334,12 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
 
     /// Writes new subscribers (no route points at their entries yet, so the kernel meters
     /// nothing with them meanwhile): their plans' slots, then every entry, then every
-    /// route, in batches.
+    /// route, in batches; `used` counts each plan's subscribers.
     fn write_new(
         &mut self,
         new: &[&Write],
         plans: &mut Vec<(u32, Policy)>,
-        used: &mut HashSet<u32>,
+        used: &mut HashMap<u32, u32>,
     ) -> Result<(), SubscriberError> {
         use aya::maps::IterableMap as _;
         if new.is_empty() {
@@ -299,7 +349,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         let mut routes = Vec::with_capacity(2 * new.len());
         for w in new {
             let slot = self.plan_slot(&w.plan, plans)?;
-            used.insert(slot);
+            *used.entry(slot).or_default() += 1;
             let index = w.before.index;
             entries.push((
                 index,
@@ -328,7 +378,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         plan: &Policy,
         plans: &mut Vec<(u32, Policy)>,
     ) -> Result<u32, SubscriberError> {
-        if let Some((slot, _)) = plans.iter().find(|(_, p)| p == plan) {
+        if let Some((slot, _)) = plans.iter().find(|(_, p)| same_plan(p, plan)) {
             return Ok(*slot);
         }
         let slot = self.pm().add_plan(plan)?;
@@ -359,6 +409,47 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     }
 }
 
+/// The entries not in use of a table placed by hash, as a batch gives them to new
+/// subscribers: each the first from the subscriber's home not in use nor given already,
+/// as a probe finds it, in near constant time however full the table (each entry points
+/// at the first one free from it, paths halved as they are followed), where probing
+/// entry by entry takes a million subscribers into a table of a million in minutes.
+struct Free {
+    next: Vec<u32>,
+    left: usize,
+    room: u32,
+}
+
+impl Free {
+    fn of(all: &[Subscriber]) -> Self {
+        let room = (all.len() as u32).saturating_sub(1);
+        let next = (0..all.len() as u32)
+            .map(|i| match all[i as usize].in_use {
+                0 => i,
+                _ => place::after(i, room),
+            })
+            .collect();
+        let left = all.iter().skip(1).filter(|e| e.in_use == 0).count();
+        Self { next, left, room }
+    }
+
+    /// The first entry from `home` not in use nor given, now given.
+    fn take(&mut self, home: u32) -> Option<u32> {
+        if self.left == 0 {
+            return None;
+        }
+        let mut i = home as usize;
+        while self.next[i] as usize != i {
+            let n = self.next[i] as usize;
+            self.next[i] = self.next[n];
+            i = n;
+        }
+        self.next[i] = place::after(i as u32, self.room);
+        self.left -= 1;
+        Some(i as u32)
+    }
+}
+
 /// Whether subscriber `entry` (with prefixes `old`) is `spec` already.
 fn unchanged(
     spec: &SubscriberSpec,
@@ -367,10 +458,10 @@ fn unchanged(
     old: &[IpNet],
     plans: &[(u32, Policy)],
 ) -> bool {
-    let same_plan = plans
+    let plan_kept = plans
         .iter()
-        .any(|(slot, p)| *slot == entry.plan && p == plan);
-    same_plan
+        .any(|(slot, p)| *slot == entry.plan && same_plan(p, plan));
+    plan_kept
         && entry.id == padded(&spec.id)
         && entry.name == padded(&spec.name)
         && same_set(old, &spec.prefixes)
@@ -387,6 +478,7 @@ fn before_of(
     let mut touched: Vec<IpNet> = old.to_vec();
     touched.extend(new.iter().filter(|p| !old.contains(p)));
     Before {
+        by_lookup: false,
         index,
         entry,
         routes: touched
@@ -494,5 +586,44 @@ trait Supernet {
 impl Supernet for IpNet {
     fn supernet_of_len(&self, len: u8) -> Result<IpNet, ipnet::PrefixLenError> {
         IpNet::new(self.addr(), len).map(|n| n.trunc())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`Free::take`] gives what probing entry by entry would: the first from the home
+    /// not in use nor given, wrapping; none once all are given.
+    #[test]
+    fn free_entries_are_given_as_a_probe_finds_them() {
+        let room = 64u32;
+        let mut all = vec![Subscriber::default(); room as usize + 1];
+        for i in (1..=room).filter(|i| i % 3 == 0 || i % 7 == 0) {
+            all[i as usize].in_use = 1;
+        }
+        let mut given = all.iter().map(|e| e.in_use != 0).collect::<Vec<_>>();
+        let mut free = Free::of(&all);
+        let mut seed = 12345u64;
+        loop {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let home = (seed >> 33) as u32 % room + 1;
+            let mut want = None;
+            let mut i = home;
+            for _ in 0..room {
+                if !given[i as usize] {
+                    want = Some(i);
+                    break;
+                }
+                i = place::after(i, room);
+            }
+            let got = free.take(home);
+            assert_eq!(got, want, "from {home}");
+            match got {
+                Some(i) => given[i as usize] = true,
+                None => break,
+            }
+        }
+        assert!(given.iter().skip(1).all(|g| *g));
     }
 }

@@ -243,13 +243,18 @@ impl Million {
         let mut table = harness.subscribers()?;
         let before = table.before(&spec.id, Some(&spec))?;
         table.set(&spec, &before)?;
+        // Placed by its id's hash: every other entry i is written as subscriber i's (its
+        // own keeps m1's entry, the routes of both going to it).
+        let index = table.get(&spec.id)?.index;
         let mut entries = harness.subscriber_entries()?;
-        let template = entries.get(&1, 0)?;
-        for i in 2..=n {
+        let template = entries.get(&index, 0)?;
+        for i in 1..=n {
             let mut id = [0u8; SUBSCRIBER_ID_BYTES];
             let name = format!("m{i}");
             id[..name.len()].copy_from_slice(name.as_bytes());
-            entries.set(i, Subscriber { id, ..template }, 0)?;
+            if i != index {
+                entries.set(i, Subscriber { id, ..template }, 0)?;
+            }
             let prefix = parse_prefix(&format!("{}/32", address(i)))?;
             harness.policies().route_value(prefix, i | SUBSCRIBER_BIT)?;
         }
