@@ -112,7 +112,7 @@ struct BenchArgs {
     #[arg(long)]
     sources: Vec<usize>,
     /// With `--only provision`: another `shaper` (a release build of an earlier commit)
-    /// timed after today's in the same run, its rows labelled "before"
+    /// timed after today's in the same run, its rows labelled with its file's name
     #[arg(long)]
     provision_against: Option<PathBuf>,
     /// With `--only coa`: CoA-Requests a second [default: 1000]
@@ -728,10 +728,13 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
     }
     if args.only.contains(&LabPart::Provision) {
         use shaper_lab::bench::provision;
-        let other = args
+        // Labelled by its file's name (`shaper-079fa56`), the build the rows compare with.
+        let label = args
             .provision_against
             .as_deref()
-            .map(|path| ("before", path));
+            .and_then(Path::file_name)
+            .map(|name| name.to_string_lossy().into_owned());
+        let other = label.as_deref().zip(args.provision_against.as_deref());
         let results = provision::run(&shaper, other, &provision::Options::new(args.quick))?;
         print!("{}", provision::table(&results));
         for path in provision::write(&args.out, &results)? {
