@@ -23,12 +23,12 @@
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use shaper_common::{config::PolicyLimits, maps::Policy};
+use shaper_common::config::PolicyLimits;
 
 use crate::{
     attach::{self, AttachError, Attached},
     detach::{self, DetachError},
-    journal::{self, JournalError, Undo},
+    journal::{self, JournalError, Known, Undo},
     link,
     maps::{Pinned, PinnedMapError},
     pins::Attachment,
@@ -168,9 +168,9 @@ impl Kept {
     }
 
     /// The policy slots of `at` as its index has them, if it has one.
-    fn slots(&self, at: &Attachment) -> Option<Vec<(u32, Policy)>> {
+    fn slots(&self, at: &Attachment) -> Option<Known> {
         let held = self.held.iter().find(|h| h.at == *at)?;
-        held.index.as_ref().map(Index::slots)
+        held.index.as_ref().map(|index| Known::Every(index.slots()))
     }
 }
 
@@ -266,7 +266,7 @@ impl Prepared {
     fn journal_knowing(
         self,
         extra: Vec<Undo>,
-        slots: impl Fn(&Attachment) -> Option<Vec<(u32, Policy)>>,
+        mut slots: impl FnMut(&Attachment) -> Option<Known>,
     ) -> Result<Change, ChangeError> {
         let mut undo = Vec::new();
         for o in &self.opened {
@@ -388,10 +388,14 @@ pub fn set_subscriber_holding(
     let prepared = begin_holding("subscriber set", std::slice::from_ref(at), lock)?;
     let mut table = SubscriberTable::of(prepared.attached(at)?)?;
     let before = table.before(&spec.id, Some(spec))?;
-    // The policy slots read once: journaled, and where the plan is found or goes.
-    let slots = table.slots()?;
+    // The policy slots the plan may take, read once: journaled, and where the plan is
+    // found or goes (its window's, or where that is full, every slot).
+    let (slots, known): (_, fn(_) -> _) = match table.plan_slots(spec, &before)? {
+        Some(window) => (window, Known::Only),
+        None => (table.slots()?, Known::Every),
+    };
     let undo = vec![Undo::subscriber(at, &before)];
-    let change = prepared.journal_knowing(undo, |_| Some(slots.clone()))?;
+    let change = prepared.journal_knowing(undo, |_| Some(known(slots.clone())))?;
     let changed = table.set_among(spec, &before, &slots)?;
     change.commit()?;
     Ok(changed)

@@ -3,7 +3,8 @@
 //!
 //! Before `attach`, `policy set|del` or `apply` writes anything, it records under the host
 //! lock, in [`JOURNAL_PATH`], how to put back every attachment it may touch: the settings
-//! and every policy slot as they are ([`Undo::Restore`]); where a deleted interface left
+//! and every policy slot as they are ([`Undo::Restore`]), or only the slots it may write
+//! where it knows them (one subscriber's plans: [`Undo::Slots`]); where a deleted interface left
 //! this build's pins, the same and that whatever links the program is to be taken off,
 //! the maps kept ([`Undo::Unlink`]); where nothing is attached, that it is to be detached
 //! ([`Undo::Detach`]). The file is replaced whole (written
@@ -84,6 +85,16 @@ pub enum Undo {
         config: Vec<u8>,
         slots: Vec<(u32, Vec<u8>)>,
     },
+    /// Attached, and the change writes only these policy slots and no policy's route (one
+    /// subscriber's plans): the settings and these slots' entries, every other slot and
+    /// route left as it is.
+    Slots {
+        iface: String,
+        netns: Option<String>,
+        direction: Direction,
+        config: Vec<u8>,
+        slots: Slots,
+    },
     /// One subscriber's entry and the routes a subscriber change touches, as they were
     /// (`crate::subscriber::Before`): run before the attachment's `Restore`.
     Subscriber {
@@ -103,6 +114,14 @@ fn bytes<T: aya::Pod>(v: &T) -> Vec<u8> {
     unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
 }
 
+/// The policy slots of an attachment a change knows under the lock, with their entries.
+pub enum Known {
+    /// Every slot in use (the daemon's index; a read of the array): the others are free.
+    Every(Vec<(u32, Policy)>),
+    /// Only those it may write, in use or not ([`Undo::Slots`]).
+    Only(Vec<(u32, Policy)>),
+}
+
 fn value<T: aya::Pod>(b: &[u8]) -> Option<T> {
     // SAFETY: any bytes of the right length are a Pod value.
     (b.len() == size_of::<T>()).then(|| unsafe { b.as_ptr().cast::<T>().read_unaligned() })
@@ -113,13 +132,12 @@ impl Undo {
     /// (`live`: its link holds the program; `pinned`: its pins, `None` where they are not
     /// this shaper's layout: an upgrade is due, which keeps the settings and recovers
     /// itself, so nothing is to be put back; `known`: its policy slots as the caller
-    /// knows them under this lock, the daemon's index, otherwise read). The caller holds
-    /// the lock.
+    /// knows them under this lock, otherwise read). The caller holds the lock.
     pub fn of(
         at: &Attachment,
         live: bool,
         pinned: Option<&Pinned>,
-        known: Option<Vec<(u32, Policy)>>,
+        known: Option<Known>,
     ) -> Result<Option<Self>, JournalError> {
         let (iface, netns, direction) = (at.iface.clone(), at.netns.clone(), at.direction);
         if !at.exists() {
@@ -147,7 +165,7 @@ impl Undo {
                     direction,
                 }));
             };
-            let (config, slots) = snapshot(at, &pinned, None)?;
+            let (config, slots) = snapshot(at, &pinned, None)?.1;
             return Ok(Some(Self::Unlink {
                 iface,
                 netns,
@@ -160,13 +178,22 @@ impl Undo {
         let Some(pinned) = pinned else {
             return Ok(None);
         };
-        let (config, slots) = snapshot(at, pinned, known)?;
-        Ok(Some(Self::Restore {
-            iface,
-            netns,
-            direction,
-            config,
-            slots,
+        let (only, (config, slots)) = snapshot(at, pinned, known)?;
+        Ok(Some(match only {
+            true => Self::Slots {
+                iface,
+                netns,
+                direction,
+                config,
+                slots,
+            },
+            false => Self::Restore {
+                iface,
+                netns,
+                direction,
+                config,
+                slots,
+            },
         }))
     }
 
@@ -184,6 +211,12 @@ impl Undo {
                 ..
             }
             | Self::Restore {
+                iface,
+                netns,
+                direction,
+                ..
+            }
+            | Self::Slots {
                 iface,
                 netns,
                 direction,
@@ -216,9 +249,10 @@ impl Undo {
                     return detach_any(&at);
                 }
                 detach::unlink(&at)?;
-                restore(&at, config, slots)
+                restore(&at, config, slots, false)
             }
-            Self::Restore { config, slots, .. } => restore(&at, config, slots),
+            Self::Restore { config, slots, .. } => restore(&at, config, slots, false),
+            Self::Slots { config, slots, .. } => restore(&at, config, slots, true),
             Self::Subscriber {
                 index,
                 entry,
@@ -282,32 +316,38 @@ fn detach_any(at: &Attachment) -> Result<(), Box<dyn std::error::Error + Send + 
 type Slots = Vec<(u32, Vec<u8>)>;
 
 /// The settings and policy slots of `at`, as bytes, read through its pins (the slots
-/// `known` taken as they are).
+/// `known` taken as they are), and whether they are only some of the slots
+/// ([`Known::Only`]).
 fn snapshot(
     at: &Attachment,
     pinned: &Pinned,
-    known: Option<Vec<(u32, Policy)>>,
-) -> Result<(Vec<u8>, Slots), JournalError> {
+    known: Option<Known>,
+) -> Result<(bool, (Vec<u8>, Slots)), JournalError> {
     let read = || -> Result<_, PolicyError> {
-        if let Some(slots) = known {
-            return Ok((pinned.config()?, slots));
+        match known {
+            Some(Known::Every(slots)) => Ok((false, pinned.config()?, slots)),
+            Some(Known::Only(slots)) => Ok((true, pinned.config()?, slots)),
+            None => {
+                let table = PolicyTable::of(pinned)?;
+                Ok((false, table.config()?, table.slots()?))
+            }
         }
-        let table = PolicyTable::of(pinned)?;
-        Ok((table.config()?, table.slots()?))
     };
-    let (config, slots) = read().map_err(|error| JournalError::Snapshot {
+    let (only, config, slots) = read().map_err(|error| JournalError::Snapshot {
         label: at.label(),
         error: Box::new(error),
     })?;
     let slots = slots.iter().map(|(s, p)| (*s, bytes(p))).collect();
-    Ok((bytes(&config), slots))
+    Ok((only, (bytes(&config), slots)))
 }
 
-/// Writes the settings and policy slots [`snapshot`] read back into `at`'s pins.
+/// Writes the settings and policy slots [`snapshot`] read back into `at`'s pins: `only`
+/// those slots, or exactly those (the others freed, the routes made theirs).
 fn restore(
     at: &Attachment,
     config: &[u8],
     slots: &[(u32, Vec<u8>)],
+    only: bool,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let config: Config = value(config).ok_or("a settings entry of another size")?;
     let slots = slots
@@ -315,7 +355,11 @@ fn restore(
         .map(|(s, b)| value::<Policy>(b).map(|p| (*s, p)))
         .collect::<Option<Vec<_>>>()
         .ok_or("a policy entry of another size")?;
-    PolicyTable::open(at)?.restore(&config, &slots)?;
+    let mut table = PolicyTable::open(at)?;
+    match only {
+        true => table.restore_slots(&config, &slots)?,
+        false => table.restore(&config, &slots)?,
+    }
     Ok(())
 }
 

@@ -805,8 +805,32 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         Ok(self.p().slots()?)
     }
 
-    /// [`Self::set`] where the policy slots in use are known to be `slots` (as the change
-    /// journaled them: the array is not read again).
+    /// The policy slots [`Self::set_among`] may write to give `spec` its plan, with their
+    /// entries as they are: those of its plan's window (`policy::plan_window`: where an
+    /// identical plan is, or a new one goes), in use or not, and the plan `before` has.
+    /// `None` where the window has no free slot: the new plan may go anywhere, so every
+    /// slot is to be read ([`Self::slots`]).
+    pub fn plan_slots(
+        &self,
+        spec: &SubscriberSpec,
+        before: &Before,
+    ) -> Result<Option<Vec<(u32, Policy)>>, SubscriberError> {
+        let config = self.p().config()?;
+        let plan = spec.check((config.prefix_v4, config.prefix_v6))?;
+        let mut slots = self.p().window_of(&plan)?;
+        if slots.iter().all(|(_, p)| p.in_use != 0) {
+            return Ok(None);
+        }
+        let now = before.entry.plan;
+        if before.entry.in_use != 0 && slots.iter().all(|(slot, _)| *slot != now) {
+            slots.push((now, self.p().slot(now)?));
+        }
+        Ok(Some(slots))
+    }
+
+    /// [`Self::set`] where the policy slots it may write are known to be `slots`, every
+    /// one in use among them or free ([`Self::slots`], or [`Self::plan_slots`]; as the
+    /// change journaled them: the array is not read again).
     pub fn set_among(
         &mut self,
         spec: &SubscriberSpec,
@@ -835,7 +859,11 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         {
             Some((slot, _)) => *slot,
             None => {
-                let used = slots.iter().map(|(slot, _)| *slot).collect();
+                let used = slots
+                    .iter()
+                    .filter(|(_, p)| p.in_use != 0)
+                    .map(|(slot, _)| *slot)
+                    .collect();
                 self.pm().add_plan_among(&entry_plan, &used)?
             }
         };

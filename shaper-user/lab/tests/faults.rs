@@ -1345,11 +1345,18 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
     assert_eq!(index(d).unwrap(), want);
     assert!(index(a).is_err());
 
-    // `b` removed, then a new id of the home placed in its tombstone, killed after its
-    // entry was written: rolled back to the tombstone exactly, `c` past it still found.
+    // `b` removed, then a new id of the home placed in its tombstone on a new plan,
+    // killed after its plan's slot and its entry were written: rolled back to the
+    // tombstone exactly, the plan's slot freed (the journal held that slot alone, of the
+    // plan's window), `c` past it still found.
     shaper_ok(&ns, &["subscriber", "del", &iface, b]);
     let b_tomb = entry(h1);
     let list_before = subscribers(&ns, &iface);
+    let plans = || {
+        let pinned = maps::Pinned::open(&at).unwrap();
+        PolicyTable::of(&pinned).unwrap().plans().unwrap()
+    };
+    let plans_before = plans();
     killed_at(
         &ns,
         "subscriber-step#1",
@@ -1363,7 +1370,7 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
             "--prefix",
             "fdd7:9::/56",
             "--rate",
-            "10mbit",
+            "30mbit",
             "--burst",
             "64k",
         ],
@@ -1371,6 +1378,7 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
     rolled_back_by_status(&ns, &iface, "subscriber set", &[&iface]);
     assert_eq!(entry(h1), b_tomb, "the tombstone put back");
     assert_eq!(subscribers(&ns, &iface), list_before);
+    assert_eq!(plans(), plans_before, "the new plan's slot freed");
     assert_eq!(index(c).unwrap(), h2);
     shaper_ok(&ns, &["subscriber", "del", &iface, c]);
     counts_hold("after a rollback");

@@ -16,7 +16,7 @@ use shaper_lab::{
     frame,
     testrun::{Harness, XDP_DROP, XDP_PASS},
 };
-use shaper_user::policy::{CheckedPolicy, PolicySpec, parse_prefix};
+use shaper_user::policy::{CheckedPolicy, PLAN_WINDOW, PolicySpec, parse_prefix};
 
 // 10 B/s: a frame refills every 100 s, so no bucket drains a frame while a test runs,
 // even in an emulated guest where one test takes seconds.
@@ -1077,6 +1077,18 @@ fn a_bad_file_is_refused_by_line_and_column_with_nothing_applied() {
 #[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
 fn new_plans_beyond_the_free_slots_are_refused_before_writing() {
     let mut h = subscriber_harness();
+    // `subscriber set` reads its plan's window alone: a new plan goes to its first slot.
+    let w = subscriber("w", &["100.64.0.9/32", "fdd7:9::/56"], 2);
+    let mut t = h.subscribers().unwrap();
+    let before = t.before("w", Some(&w)).unwrap();
+    let window = t.plan_slots(&w, &before).unwrap().expect("a free window");
+    assert_eq!(window.len(), PLAN_WINDOW as usize);
+    t.set_among(&w, &before, &window).unwrap();
+    let installed = t.get("w").unwrap();
+    assert_eq!(installed.plan_slot, window[0].0, "the window's first slot");
+    let before = t.before("w", None).unwrap();
+    t.del(&before).unwrap();
+    drop(t);
     let policies: Vec<PolicySpec> = (0..16_382u32)
         .map(|i| {
             let [_, _, a, b] = i.to_be_bytes();
@@ -1100,4 +1112,18 @@ fn new_plans_beyond_the_free_slots_are_refused_before_writing() {
     ];
     import(&mut h, &one_plan, false).unwrap();
     assert_eq!(send(&mut h, "fdd7:2::1", 5), 2);
+    // Every window full: a set reads every slot, and a third subscriber of that plan
+    // shares its slot, wherever the import put it.
+    let c = subscriber("c", &["100.64.0.3/32", "fdd7:3::/56"], 2);
+    let mut t = h.subscribers().unwrap();
+    let before = t.before("c", Some(&c)).unwrap();
+    assert!(
+        t.plan_slots(&c, &before).unwrap().is_none(),
+        "a full window"
+    );
+    drop(t);
+    set_subscriber(&mut h, &c).unwrap();
+    let plans = h.policies().plans().unwrap();
+    assert_eq!(plans.len(), 1, "one plan for a, b and c");
+    assert_eq!(plans[0].1.prefix_len, 3, "its count of subscribers");
 }

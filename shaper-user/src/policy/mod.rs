@@ -5,4 +5,6 @@ pub mod spec;
 pub mod table;
 
 pub use spec::{Action, Mode, PolicySpec, PrefixError, parse_prefix};
-pub use table::{Changes, CheckedPolicy, Installed, PolicyError, PolicySet, PolicyTable};
+pub use table::{
+    Changes, CheckedPolicy, Installed, PLAN_WINDOW, PolicyError, PolicySet, PolicyTable,
+};

@@ -728,18 +728,56 @@ impl PolicyTable {
     }
 
     /// [`PolicyTable::add_plan`] where the slots in use are known to be `used` (the
-    /// daemon's index: no read of every slot).
+    /// daemon's index, or every slot of the plan's window: no read of every slot). The
+    /// plan goes to the first free slot of its window ([`plan_window`]), or the first free
+    /// slot anywhere if its window is full.
     pub fn add_plan_among(
         &mut self,
         entry: &Policy,
         used: &BTreeSet<u32>,
     ) -> Result<u32, PolicyError> {
-        let slot = (1..MAX_POLICIES)
+        let slot = plan_window(entry)
+            .chain(1..MAX_POLICIES)
             .find(|slot| !used.contains(slot))
             .ok_or(PolicyError::Full { asked: 1, room: 0 })?;
         self.reset_slot(slot)?;
         self.write_slot(slot, entry)?;
         Ok(slot)
+    }
+
+    /// The slots of `plan`'s window ([`plan_window`]) with their entries, in use or not:
+    /// one lookup each.
+    pub fn window_of(&self, plan: &Policy) -> Result<Vec<(u32, Policy)>, PolicyError> {
+        plan_window(plan)
+            .map(|slot| self.slot(slot).map(|p| (slot, p)))
+            .collect()
+    }
+
+    /// Puts back the settings `config` and the entries of `slots` (as read before a change
+    /// that writes no other slot and no policy's route: one subscriber's), leaving every
+    /// other slot as it is; the generation moves on so every key resolves again.
+    pub fn restore_slots(
+        &mut self,
+        config: &Config,
+        slots: &[(u32, Policy)],
+    ) -> Result<(), PolicyError> {
+        for (slot, p) in slots {
+            self.write_slot(*slot, p)?;
+        }
+        let policy_gen = match self.config()?.policy_gen.wrapping_add(1) {
+            0 => 1,
+            g => g,
+        };
+        self.config
+            .set(
+                0,
+                Config {
+                    policy_gen,
+                    ..*config
+                },
+                0,
+            )
+            .map_err(map_err("write the config"))
     }
 
     /// The entry of policy slot `slot` (one lookup).
@@ -941,10 +979,66 @@ impl PolicyTable {
     }
 }
 
+/// How many slots from its home a subscribers' plan may be placed in ([`plan_window`]).
+pub const PLAN_WINDOW: u32 = 32;
+
+/// The slots a subscribers' plan is placed in, in the order it takes them: [`PLAN_WINDOW`]
+/// slots from its home, an FNV-1a hash of its settings (its entry without its count of
+/// subscribers, as plans are compared), the same in every build. A change finds an
+/// identical plan, or the slot a new one takes, by reading these 32 entries, not the
+/// array's 16,384; a plan whose window is full goes to the first free slot anywhere (and a
+/// change then reads every slot to find it).
+pub fn plan_window(plan: &Policy) -> impl Iterator<Item = u32> + use<> {
+    let settings = Policy {
+        prefix_len: 0,
+        ..*plan
+    };
+    // SAFETY: a Pod value is plain bytes.
+    let bytes = unsafe {
+        std::slice::from_raw_parts((&raw const settings).cast::<u8>(), size_of::<Policy>())
+    };
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let room = u64::from(MAX_POLICIES - 1);
+    let home = (hash % room) as u32;
+    (0..PLAN_WINDOW).map(move |i| (home + i) % (MAX_POLICIES - 1) + 1)
+}
+
 /// The prefix of `routes` equal to or holding `prefix`, if any: one look-up a prefix length
 /// (a policy checked against a million subscribers' routes in microseconds, not seconds).
 fn covering(routes: &HashSet<IpNet>, prefix: IpNet) -> Option<IpNet> {
     (0..=prefix.prefix_len())
         .filter_map(|len| IpNet::new(prefix.addr(), len).ok().map(|n| n.trunc()))
         .find(|net| routes.contains(net))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plans_window_is_stable_in_range_and_its_settings_alone() {
+        let plan = |rate_bps: u64, users: u32| Policy {
+            rate_bps,
+            prefix_len: users,
+            in_use: 1,
+            plan: 1,
+            ..Policy::default()
+        };
+        let window: Vec<u32> = plan_window(&plan(10_000_000, 0)).collect();
+        // FNV-1a of the entry's bytes: the placement must not change across builds.
+        assert_eq!(window[0], 14_176);
+        assert_eq!(window.len(), PLAN_WINDOW as usize);
+        // Consecutive, wrapping from the last slot to 1, never the default's.
+        for pair in window.windows(2) {
+            assert_eq!(pair[1], pair[0] % (MAX_POLICIES - 1) + 1);
+        }
+        for rate in 1..2000 {
+            assert!(plan_window(&plan(rate, 0)).all(|s| (1..MAX_POLICIES).contains(&s)));
+        }
+        // Its count of subscribers is not part of it.
+        assert!(plan_window(&plan(10_000_000, 7)).eq(window.iter().copied()));
+        assert_ne!(plan_window(&plan(20_000_000, 0)).next(), Some(window[0]));
+    }
 }
