@@ -109,10 +109,13 @@ pub fn begin_holding(
 
 /// What the daemon keeps of the attachments it changes from one of its changes to the
 /// next: each one's pins, opened once, and its subscribers' [`Index`], read once. Good
-/// while the host's change count ([`system::Lock::generation`]) is the one they were kept
-/// at: every change moves it on under the lock before it writes anything (at [`begin`]),
-/// so a change made by any other command or thread, or rolled back, makes the daemon
-/// open and read them again; its own changes keep them up to date as they write.
+/// while no change since may have touched that attachment: every change moves the host's
+/// change count ([`system::Lock::generation`]) on under the lock before it writes
+/// anything (at [`begin`]), and logs the attachments it may touch
+/// ([`system::Lock::bump_logging`]), so a change of that attachment made by any other
+/// command or thread, or rolled back, makes the daemon open and read it again (and any
+/// change it cannot account for, every attachment); its own changes keep what it kept up
+/// to date as they write.
 #[derive(Default)]
 pub struct Kept {
     generation: Option<u64>,
@@ -182,19 +185,35 @@ fn begin_keeping(
     lock: system::Lock,
     kept: &mut Kept,
 ) -> Result<Prepared, ChangeError> {
-    // One left by a command killed after this one's entry point checked.
-    journal::recover()?;
+    // One left by a command killed after this one's entry point checked: it may have
+    // touched any attachment, and so may this change.
+    let recovered = journal::recover()?.is_some();
     for at in attachments {
         upgrade::recover(at)?;
     }
-    // What was kept is good only if nothing changed since, recoveries included (a killed
-    // change moved the count on before it wrote). This change moves it on before it
-    // writes anything; the daemon's own writes keep what it kept up to date.
+    // What was kept of an attachment is good only if no change since may have touched it,
+    // recoveries included (a killed change moved the count on, and logged what it may
+    // touch, before it wrote). This change does the same before it writes anything; the
+    // daemon's own writes keep what it kept up to date.
     let seen = lock.generation()?;
-    if kept.generation != Some(seen) {
-        kept.held.clear();
+    let touched_since = match kept.generation {
+        Some(since) if since <= seen => lock.touched_since(since)?,
+        _ => None,
+    };
+    match touched_since {
+        Some(touched) => kept
+            .held
+            .retain(|h| !touched.contains(&system::digest(&h.at.label()))),
+        None => kept.held.clear(),
     }
-    kept.generation = Some(lock.bump(seen)?);
+    let touched: Vec<u64> = match recovered {
+        true => Vec::new(),
+        false => attachments
+            .iter()
+            .map(|at| system::digest(&at.label()))
+            .collect(),
+    };
+    kept.generation = Some(lock.bump_logging(seen, &touched)?);
     let mut opened = Vec::new();
     for at in attachments {
         // "Could not tell" is refused, never taken for gone: the journal would detach it.

@@ -12,6 +12,7 @@ pub mod config_file;
 pub mod crash;
 pub mod detach;
 pub mod explain;
+pub mod fnv;
 pub mod import;
 pub mod journal;
 pub mod kernel;

@@ -66,6 +66,31 @@ pub struct Lock(std::fs::File);
 /// The bytes of the change count in the lock's file: 20 decimal digits and a newline.
 const GENERATION_BYTES: usize = 21;
 
+/// After the count, the change log: what each of the last [`LOG_RECORDS`] changes may
+/// have touched, a record of [`RECORD_BYTES`] each at [`record_at`] its count (so the
+/// daemon keeps what it read of an attachment while the changes since name others only).
+/// A record: the change's count, then up to [`RECORD_DIGESTS`] attachments' digests
+/// ([`digest`]; 0 for none), or [`EVERY`] alone. All little-endian `u64`s.
+const LOG_OFFSET: u64 = 64;
+const LOG_RECORDS: u64 = 256;
+const RECORD_DIGESTS: usize = 7;
+const RECORD_BYTES: usize = 8 * (1 + RECORD_DIGESTS);
+/// A change that may have touched every attachment.
+const EVERY: u64 = u64::MAX;
+
+fn record_at(count: u64) -> u64 {
+    LOG_OFFSET + (count % LOG_RECORDS) * RECORD_BYTES as u64
+}
+
+/// An attachment's name in the change log: FNV-1a of `label`, never 0 or [`EVERY`] (a
+/// collision makes a change of one count as a change of the other: read again, no more).
+pub fn digest(label: &str) -> u64 {
+    match crate::fnv::fnv1a(label.bytes()) {
+        0 | EVERY => 1,
+        h => h,
+    }
+}
+
 impl Lock {
     /// The host's change count as the lock's file holds it (0 for an empty file or one
     /// it cannot read as a count).
@@ -95,6 +120,62 @@ impl Lock {
             .write_all_at(text.as_bytes(), 0)
             .map_err(|e| self.err(e))?;
         Ok(next)
+    }
+
+    /// [`Lock::bump`], logging what the change of the new count may touch: the
+    /// attachments of `touched` ([`digest`]), or every attachment if it is empty.
+    pub fn bump_logging(&self, seen: u64, touched: &[u64]) -> Result<u64, SystemError> {
+        use std::os::unix::fs::FileExt as _;
+        let next = self.bump(seen)?;
+        let mut record = [0u8; RECORD_BYTES];
+        record[..8].copy_from_slice(&next.to_le_bytes());
+        match touched.len() {
+            1..=RECORD_DIGESTS => {
+                for (i, d) in touched.iter().enumerate() {
+                    record[8 + 8 * i..16 + 8 * i].copy_from_slice(&d.to_le_bytes());
+                }
+            }
+            _ => record[8..16].copy_from_slice(&EVERY.to_le_bytes()),
+        }
+        self.0
+            .write_all_at(&record, record_at(next))
+            .map_err(|e| self.err(e))?;
+        Ok(next)
+    }
+
+    /// The attachments ([`digest`]s) the changes since count `since` may have touched,
+    /// `since` being at most the count now; `None` if that could be any: a change that
+    /// may touch every attachment, one of a shaper that does not log (an older one), or
+    /// more than [`LOG_RECORDS`] changes since.
+    pub fn touched_since(&self, since: u64) -> Result<Option<Vec<u64>>, SystemError> {
+        use std::os::unix::fs::FileExt as _;
+        let now = self.generation()?;
+        if now < since || now - since > LOG_RECORDS {
+            return Ok(None);
+        }
+        let mut log = vec![0u8; LOG_OFFSET as usize + LOG_RECORDS as usize * RECORD_BYTES];
+        let n = self.0.read_at(&mut log, 0).map_err(|e| self.err(e))?;
+        log.truncate(n);
+        let mut touched = Vec::new();
+        for count in since + 1..=now {
+            let at = record_at(count) as usize;
+            let Some(record) = log.get(at..at + RECORD_BYTES) else {
+                return Ok(None);
+            };
+            let mut words = record
+                .chunks_exact(8)
+                .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")));
+            if words.next() != Some(count) {
+                return Ok(None);
+            }
+            for word in words.filter(|w| *w != 0) {
+                if word == EVERY {
+                    return Ok(None);
+                }
+                touched.push(word);
+            }
+        }
+        Ok(Some(touched))
     }
 
     fn err(&self, source: io::Error) -> SystemError {
@@ -272,6 +353,49 @@ pub fn random_seed() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_change_log_says_what_changes_since_a_count_touched() {
+        let path = std::env::temp_dir().join(format!("shaper-log-test-{}", std::process::id()));
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let lock = Lock(file);
+        let bump = |touched: &[u64]| lock.bump_logging(lock.generation().unwrap(), touched);
+        let since = bump(&[1, 2]).unwrap();
+        assert_eq!(lock.touched_since(since).unwrap(), Some(vec![]));
+        bump(&[5]).unwrap();
+        bump(&[6, 7]).unwrap();
+        assert_eq!(lock.touched_since(since).unwrap(), Some(vec![5, 6, 7]));
+        // Every attachment: none named, or more than a record holds.
+        let mark = lock.generation().unwrap();
+        bump(&[]).unwrap();
+        assert_eq!(lock.touched_since(mark).unwrap(), None);
+        let mark = lock.generation().unwrap();
+        bump(&[11, 12, 13, 14, 15, 16, 17]).unwrap();
+        assert_eq!(lock.touched_since(mark).unwrap().unwrap().len(), 7);
+        bump(&[11, 12, 13, 14, 15, 16, 17, 18]).unwrap();
+        assert_eq!(lock.touched_since(mark).unwrap(), None);
+        // The log holds the last LOG_RECORDS changes.
+        let mark = lock.generation().unwrap();
+        for _ in 0..LOG_RECORDS {
+            bump(&[9]).unwrap();
+        }
+        assert_eq!(lock.touched_since(mark).unwrap().unwrap().len(), 256);
+        bump(&[9]).unwrap();
+        assert_eq!(lock.touched_since(mark).unwrap(), None);
+        // A change that logs nothing (an older shaper's): the record where its would be
+        // is an earlier change's.
+        let mark = lock.generation().unwrap();
+        lock.bump(mark).unwrap();
+        assert_eq!(lock.touched_since(mark).unwrap(), None);
+        // The count itself is where older shapers read it.
+        assert!(lock.generation().unwrap() > mark);
+    }
 
     #[test]
     fn privileges_are_named_when_missing() {

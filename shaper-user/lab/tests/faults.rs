@@ -1447,6 +1447,43 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
             counts_hold("after a CoA");
         }
         set("f11", 11, "10mbit");
+        // The index is read again only after a change that may have touched its
+        // attachment: not after one of another attachment (each change logs the
+        // attachments it may touch in the lock's file); after one of it, one that logs
+        // nothing (an older shaper's), or a detach (of any attachment).
+        let mut coa = || {
+            let edits = change::begin_edits(
+                "test",
+                std::slice::from_ref(&at),
+                system::lock().unwrap(),
+                &mut kept,
+            )
+            .unwrap();
+            let edit = Edit::Plan {
+                id: "f10".to_owned(),
+                plan: &faster,
+            };
+            edits.apply(&[(at.clone(), edit)]).unwrap();
+            kept.reads()
+        };
+        let read = coa();
+        assert_eq!(coa(), read, "nothing changed");
+        let egress = ["--direction", "egress"];
+        let attach = ["attach", &iface, "--rate", "8mbit", "--burst", "64k"];
+        shaper_ok(&ns, &[&egress[..], &attach[..]].concat());
+        let _egress = AttachGuard::toward(shaper_bin(), &ns, &iface, "egress");
+        let policy = ["policy", "set", &iface, "10.9.0.0/16", "--action", "pass"];
+        shaper_ok(&ns, &[&egress[..], &policy[..]].concat());
+        assert_eq!(coa(), read, "another attachment's changes");
+        {
+            let lock = system::lock().unwrap();
+            lock.bump(lock.generation().unwrap()).unwrap();
+        }
+        assert_eq!(coa(), read + 1, "a change that logs nothing");
+        shaper_ok(&ns, &[&egress[..], &["detach", &iface][..]].concat());
+        assert_eq!(coa(), read + 2, "a detach");
+        set("f11", 11, "20mbit");
+        assert_eq!(coa(), read + 3, "its own attachment's change");
     }
     // Every one still found by its probe, the last one's chain the longest.
     for s in full.as_array().unwrap() {

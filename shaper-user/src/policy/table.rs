@@ -997,9 +997,7 @@ pub fn plan_window(plan: &Policy) -> impl Iterator<Item = u32> + use<> {
     let bytes = unsafe {
         std::slice::from_raw_parts((&raw const settings).cast::<u8>(), size_of::<Policy>())
     };
-    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
+    let hash = crate::fnv::fnv1a(bytes.iter().copied());
     let room = u64::from(MAX_POLICIES - 1);
     let home = (hash % room) as u32;
     (0..PLAN_WINDOW).map(move |i| (home + i) % (MAX_POLICIES - 1) + 1)

@@ -2,8 +2,8 @@
 //! at 100,000 subscribers reads one entry, not the whole table, and a Disconnect that
 //! entry and a lookup of each of its prefixes, not the tries: built from one batched
 //! read of the entries and one of the policy slots, and kept up to date by the changes
-//! made through it. It is only as good as the host's change count it was read at
-//! (`crate::change::Kept` drops it when another change has moved the count on); the
+//! made through it. It is only as good as the host's change log says (`crate::change::Kept`
+//! drops it when another change may have touched its attachment); the
 //! entry it names is read and checked against it before anything is written.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
