@@ -23,7 +23,10 @@
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use shaper_common::{config::PolicyLimits, maps::Policy};
+use shaper_common::{
+    config::PolicyLimits,
+    maps::{MODE_SHAPE, Policy},
+};
 
 use crate::{
     attach::{self, AttachError, Attached},
@@ -387,6 +390,7 @@ pub fn set_subscriber_holding(
 ) -> Result<Changed, ChangeError> {
     let prepared = begin_holding("subscriber set", std::slice::from_ref(at), lock)?;
     let mut table = SubscriberTable::of(prepared.attached(at)?)?;
+    check_subscribers_shape(at, &table, std::slice::from_ref(spec))?;
     let before = table.before(&spec.id, Some(spec))?;
     // The policy slots read once: journaled, and where the plan is found or goes.
     let slots = table.slots()?;
@@ -409,6 +413,7 @@ pub fn set_subscribers(
 ) -> Result<Summary, ChangeError> {
     let prepared = begin("subscriber import", std::slice::from_ref(at))?;
     let mut table = SubscriberTable::of(prepared.attached(at)?)?;
+    check_subscribers_shape(at, &table, specs)?;
     let batch = table.batch(specs, prune)?;
     if batch.befores().next().is_none() {
         return Ok(batch.summary());
@@ -418,6 +423,20 @@ pub fn set_subscribers(
     let summary = table.write_batch(&batch, progress)?;
     change.commit()?;
     Ok(summary)
+}
+
+/// Refuses subscribers whose plan shapes where `at` (whose subscribers `table` holds)
+/// cannot shape (`request::check_shape`).
+fn check_subscribers_shape(
+    at: &Attachment,
+    table: &SubscriberTable,
+    specs: &[SubscriberSpec],
+) -> Result<(), ChangeError> {
+    if specs.iter().any(|s| s.plan.mode == MODE_SHAPE) {
+        let hook = Hook::of_mode(table.config()?.xdp_mode);
+        request::check_subscribers_shape(at, hook, specs.iter())?;
+    }
+    Ok(())
 }
 
 /// `shaper subscriber del`: removes the subscriber `id` from `at`.
