@@ -22,7 +22,7 @@ use core::{mem::MaybeUninit, ptr};
 
 use shaper_common::{
     gcra,
-    maps::{CAS_TRIES, Cell, Config, Counters, Ipv4Key, SourceState},
+    maps::{CAS_TRIES, Cell, Config, Counters, Ipv4Key, METER2_PACKETS, Meter2, SourceState},
 };
 
 use shaper_ebpf::atomic;
@@ -200,10 +200,9 @@ pub extern "C" fn shaper_subscriber(
         };
     }
     let len = frame as u32;
-    // Called whether or not the plan has a packet rate (a null cell: nothing charged),
-    // so the rest is one path for the verifier, not one for each.
-    let packets = if packets { second } else { ptr::null_mut() };
-    let packet = match shaper_subscriber_packet(packets, &rule.meter2.packets, now) {
+    // Called whether or not the plan has a packet rate (nothing charged without), so the
+    // rest is one path for the verifier, not one for each.
+    let packet = match shaper_subscriber_packet(second, rule.meter2, now) {
         0 => None,
         charged => Some(charged - 1),
     };
@@ -235,27 +234,29 @@ pub extern "C" fn shaper_subscriber(
     metered.0
 }
 
-/// Charges one packet to a subscriber's packet bucket `cell` (a live map value; null: the
-/// plan has no packet rate, nothing charged) under `limit` (its plan's packet rate) at
-/// `now`, if it conforms: 1 + what it was charged (ticks, to give back if the frame is
-/// refused after all), or 0 if it does not conform or every try of the compare-and-swap
-/// lost. A global function, verified once: inlined, its compare-and-swap's outcomes
-/// would each walk the rest of [`shaper_subscriber`] again for the verifier; and its
-/// retries are its own (`cell::shaper_retry` would be a third frame of calls).
+/// Charges one packet to a subscriber's packet bucket `cell` (its second cell, a live map
+/// value, or null: gone) under its plan's second meter `meter2` at `now`, if the plan has
+/// a packet rate (nothing is charged without one) and the packet conforms: 1 + what it was
+/// charged (ticks, to give back if the frame is refused after all; 1 when nothing was), or
+/// 0 if it does not conform or every try of the compare-and-swap lost. A global
+/// function, verified once: inlined, its compare-and-swap's outcomes would each walk the
+/// rest of [`shaper_subscriber`] again for the verifier; and its retries are its own
+/// (`cell::shaper_retry` would be a third frame of calls).
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_subscriber_packet(
     cell: *mut Cell,
-    limit: *const gcra::Limit,
+    meter2: *const Meter2,
     now: u64,
 ) -> u64 {
     // SAFETY: a global function's pointer arguments are null or point to whole values.
-    let (Some(limit), Some(counters)) = (unsafe { limit.as_ref() }, COUNTERS.get_ptr_mut(0)) else {
+    let (Some(m), Some(counters)) = (unsafe { meter2.as_ref() }, COUNTERS.get_ptr_mut(0)) else {
         return 1;
     };
-    if cell.is_null() {
+    if cell.is_null() || m.meters & METER2_PACKETS == 0 {
         return 1;
     }
+    let limit = &m.packets;
     // SAFETY: this CPU's entry (see `entry`); a live map value, checked above.
     let (counters, tat) = unsafe { (&mut *counters, &raw mut (*cell).tat) };
     // SAFETY: as above.
