@@ -182,7 +182,9 @@ pub unsafe fn resolve(
 /// fork every path through the cell code into a policing and a shaping copy for the
 /// verifier (whose budget the programs nearly fill), where arithmetic on a value read
 /// from a map forks nothing. Userspace refuses shape mode without `ACTION_LIMIT` (and with
-/// an aggregate), so the mode alone says whether a rule shapes.
+/// an aggregate, but for a subscribers' plan: its aggregate, the subscriber's bucket, is
+/// what shapes, in `meter::shaper_subscriber`), so the mode alone says whether a rule
+/// shapes.
 #[inline(always)]
 fn shapes(mode: u32) -> u64 {
     const _: () = assert!(MODE_SHAPE == 2 && MODE_MONITOR == 1);

@@ -426,16 +426,26 @@ pub fn set_subscribers(
 }
 
 /// Refuses subscribers whose plan shapes where `at` (whose subscribers `table` holds)
-/// cannot shape (`request::check_shape`).
+/// cannot shape (`request::check_shape`), each such subscriber checked first (a plan that
+/// could not shape anywhere is refused as such).
 fn check_subscribers_shape(
     at: &Attachment,
     table: &SubscriberTable,
     specs: &[SubscriberSpec],
 ) -> Result<(), ChangeError> {
-    if specs.iter().any(|s| s.plan.mode == MODE_SHAPE) {
-        let hook = Hook::of_mode(table.config()?.xdp_mode);
-        request::check_subscribers_shape(at, hook, specs.iter())?;
+    let mut shaping = specs
+        .iter()
+        .filter(|s| s.plan.mode == MODE_SHAPE)
+        .peekable();
+    if shaping.peek().is_none() {
+        return Ok(());
     }
+    let config = table.config()?;
+    for s in shaping {
+        s.check((config.prefix_v4, config.prefix_v6))?;
+    }
+    let hook = Hook::of_mode(config.xdp_mode);
+    request::check_subscribers_shape(at, hook, specs.iter())?;
     Ok(())
 }
 
@@ -558,7 +568,12 @@ fn apply_edits(
                     }
                     other => other,
                 }?;
-                (Some(plan(&now)), before)
+                let plan = plan(&now);
+                if plan.mode == MODE_SHAPE {
+                    let hook = Hook::of_mode(table.config()?.xdp_mode);
+                    request::check_shaping(at, hook, true)?;
+                }
+                (Some(plan), before)
             }
             Edit::Del { id } => {
                 table.index_routes(index)?;

@@ -383,7 +383,7 @@ pub fn check_subscribers_shape<'a>(
 }
 
 /// [`check_shape`] of something that shapes (`shaping`), or nothing.
-fn check_shaping(at: &Attachment, hook: Hook, shaping: bool) -> Result<(), RequestError> {
+pub fn check_shaping(at: &Attachment, hook: Hook, shaping: bool) -> Result<(), RequestError> {
     if !shaping {
         return Ok(());
     }

@@ -61,7 +61,11 @@ Examples:
 ///
 /// Writes that subscriber alone. A new plan keeps its bucket (the backlog is carried over
 /// to the new rate, never refilled); prefixes added or removed take effect on each key's
-/// next frame.
+/// next frame. --packet-rate is the subscriber's, all its prefixes together, in the bucket
+/// an excess rate would use (a plan has one or the other). --mode shape holds the
+/// subscriber's frames back in its one bucket's schedule instead of dropping them (ECN
+/// marked past the attachment's threshold, dropped past its horizon): on an egress tc
+/// attachment with sch_fq, without a per-address limit, excess rate or packet rate.
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = "\
 Examples:
@@ -73,6 +77,11 @@ Examples:
       Its downloads: 100 Mbit/s in all, 50 Mbit/s to any one address.
   shaper subscriber set eth0 b2077 --prefix 198.51.100.0/29 --prefix 2001:db8:2077::/48 --rate 50mbit --burst 512k --excess-rate 50mbit --excess-burst 512k --excess-dscp af11
       A business circuit: 50 Mbit/s committed, up to 100 Mbit/s with the excess marked AF11.
+  shaper subscriber set eth0 c1042 --prefix 100.64.0.14 --prefix fdd7:b724:0:100::/56 --rate 20mbit --burst 256k --packet-rate 20k --packet-burst 2000
+      At most 20,000 frames a second too, over both prefixes together (not with --excess-rate).
+  shaper --direction egress subscriber set eth0 c1042 --prefix 100.64.0.14 --prefix fdd7:b724:0:100::/56 --rate 100mbit --burst 1m --mode shape
+      Its downloads held back to 100 Mbit/s in one schedule, not dropped (tc egress, sch_fq on
+      eth0; no --per-address-rate, --excess-rate or --packet-rate).
 ")]
 pub struct SetArgs {
     pub iface: String,
