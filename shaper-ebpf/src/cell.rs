@@ -154,8 +154,9 @@ unsafe fn charge<const CARRY: bool>(
         let aggregate_tat = &raw mut (*aggregate).tat;
         let aggregate_old = atomic::load(aggregate_tat);
         let aggregate_new = limit.admit(aggregate_old, now, len).ok_or(AGGREGATE)?;
-        // With an aggregate a rule never shapes (userspace refuses shape mode with an
-        // aggregate rate): both cells are policed.
+        // With an aggregate a rule never shapes here (userspace refuses shape mode with
+        // an aggregate rate; a subscriber's shaping plan is metered by
+        // `meter::shaper_subscriber`, its bucket alone): both cells are policed.
         let (_, cost) = publish(
             aggregate_tat,
             aggregate_old,

@@ -10,7 +10,9 @@
 //! a global function of its own, verified once: new-source admission ([`shaper_admit`]),
 //! a key created by two CPUs at once ([`shaper_meter_raced`]), a lost compare-and-swap
 //! (`cell::shaper_retry`), a rate change (`cell::shaper_carry_over`), a sample
-//! (`watch::shaper_sample`). A subscriber's frame is one call ([`shaper_subscriber`]), and
+//! (`watch::shaper_sample`). A subscriber's frame is two calls ([`shaper_subscriber`], and
+//! from it [`shaper_subscriber_packet`], its packet rate's, made whether or not the plan
+//! has one: the verifier then walks the rest of the first once, not once for each), and
 //! after its plan changed two more ([`shaper_subscriber_prepare`], then the first again),
 //! so that no chain of calls is three frames deep below the entry point's (6.1 allows
 //! 512 bytes of stack to a chain, each frame rounded up to 32 bytes). A global function
@@ -18,17 +20,20 @@
 
 use core::{mem::MaybeUninit, ptr};
 
-use shaper_common::maps::{Cell, Config, Counters, Ipv4Key, SourceState};
+use shaper_common::{
+    gcra,
+    maps::{CAS_TRIES, Cell, Config, Counters, Ipv4Key, METER2_PACKETS, Meter2, SourceState},
+};
 
 use shaper_ebpf::atomic;
 
 use crate::{
     cell::{Count, carried, carry_over, carry_over_rule, count_policy, decide, scaled, take},
     key::join,
-    maps::{ADMISSION, AGGREGATES, CONFIG, FIRSTS, POLICY_STATS, SOURCES, SOURCES6},
+    maps::{ADMISSION, AGGREGATES, CONFIG, COUNTERS, FIRSTS, POLICY_STATS, SOURCES, SOURCES6},
     meter2::{self, AGAIN, shaper_meter2, shaper_meter2_prepare},
-    outcome::{Metered, Outcome, outcome_counters},
-    policy,
+    outcome::{AGGREGATE, Metered, Outcome, PACKET_RATE, Reason, SOURCE, outcome_counters},
+    policy::{self, Rule},
     trace::{self, Sighting},
     watch,
 };
@@ -143,13 +148,18 @@ pub fn meter(
 
 /// Meters a frame of a subscriber (`value`, with `SUBSCRIBER_BIT`) in `cell` (a live map
 /// value or the caller's own) under its plan's rule, its cell in the aggregate's place
-/// (`policy::subscriber_rule`): `cell::decide` in a global function, verified once, so a
-/// policy's frame pays one branch for subscribers. `frame` is the length in bits 0–31 and
-/// the [`Count`] in 32–33. Returns a [`Metered`], which it also counts in the subscriber's
-/// counters (atomically: every CPU shares them); or, charging nothing, [`AGAIN`] if a
-/// cell is still in a former plan's scale ([`shaper_subscriber_prepare`]). The frame of
-/// a key two CPUs created at once is metered again in the other CPU's entry
-/// (`shaper_meter_raced`) and counted here as the first metering decided.
+/// (`policy::subscriber_rule`): in a global function, verified once, so a policy's frame
+/// pays one branch for subscribers. In order: the plan's packet rate, if any, in the
+/// subscriber's packet bucket (refused: red, reason packet rate; given back if a later
+/// step refuses the frame); then a plan in shape mode gives the frame the departure time
+/// the subscriber's bucket alone sets ([`shaped`]), a plan that polices decides it by
+/// `cell::decide`, its excess rate if any in the committed one's place ([`policed`]).
+/// `frame` is the length in bits 0–31 and the [`Count`] in 32–33. Returns a [`Metered`],
+/// which it also counts in the subscriber's counters (atomically: every CPU shares them);
+/// or, charging nothing, [`AGAIN`] if a cell is still in a former plan's scale
+/// ([`shaper_subscriber_prepare`]). The frame of a key two CPUs created at once is metered
+/// again in the other CPU's entry (`shaper_meter_raced`) and counted here as the first
+/// metering decided.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_subscriber(
@@ -174,10 +184,15 @@ pub extern "C" fn shaper_subscriber(
         COUNT_UNADMITTED => Count::Unadmitted,
         _ => Count::Later,
     };
-    let (rule, slot, excess, entry) = policy::subscriber_rule(config, value);
-    let peak = policy::has_excess(&rule, excess);
-    // SAFETY: checked above; the excess cell is null or a live map value.
-    if unsafe { !carried(cell, &rule) || peak && !scaled(excess, &rule.meter2.excess) } {
+    let (rule, slot, second, entry) = policy::subscriber_rule(config, value);
+    let peak = policy::has_excess(&rule, second);
+    let packets = policy::has_packets(&rule, second);
+    // SAFETY: checked above; the second cell is null or a live map value.
+    if unsafe {
+        !carried(cell, &rule)
+            || peak && !scaled(second, &rule.meter2.excess)
+            || packets && !scaled(second, &rule.meter2.packets)
+    } {
         return if frame & PREPARED == 0 {
             AGAIN
         } else {
@@ -185,23 +200,29 @@ pub extern "C" fn shaper_subscriber(
         };
     }
     let len = frame as u32;
-    // Over the committed rate with an excess one: the excess bucket in the committed
-    // one's place, the frame yellow if it passes. (Another CPU may fill the committed
-    // bucket after this look and before the charge: the frame is then red.)
-    let mut yellow = false;
-    let mut chosen = rule;
-    // SAFETY: a live map value (`peak`: the subscriber's, as the aggregate cell is).
-    if peak && unsafe { !fits(rule.aggregate_cell, rule.aggregate_limit, len, now) } {
-        chosen.aggregate_cell = excess;
-        chosen.aggregate_limit = &rule.meter2.excess;
-        yellow = true;
-    }
-    // SAFETY: checked above.
-    let mut metered =
-        unsafe { decide::<false>(cell, &chosen, slot, Count::Later, len, now, counters) };
-    yellow = yellow && metered.outcome() == Outcome::Passed;
-    if yellow && !rule.monitor {
-        metered = metered.remark();
+    // Called whether or not the plan has a packet rate (nothing charged without), so the
+    // rest is one path for the verifier, not one for each.
+    let packet = match shaper_subscriber_packet(second, rule.meter2, now) {
+        0 => None,
+        charged => Some(charged - 1),
+    };
+    let (mut metered, yellow) = match packet {
+        None => (refused(rule.monitor, PACKET_RATE), false),
+        // Shape mode (the plan's, unless the interface monitors): the subscriber's bucket.
+        // SAFETY: a live map value (the subscriber's cell).
+        Some(_) if rule.slack != 0 && !rule.aggregate_cell.is_null() => {
+            (unsafe { shaped(&rule, len, now, counters) }, false)
+        }
+        // SAFETY: checked above; the second cell is null or a live map value.
+        Some(_) => unsafe { policed(cell, &rule, (slot, second, peak), len, now, counters) },
+    };
+    match packet {
+        None => count_packet_refused(slot, len, counters),
+        // SAFETY: a live map value, or nothing charged.
+        Some(cost) if metered.outcome() != Outcome::Passed => unsafe {
+            meter2::give_back(second, cost)
+        },
+        Some(_) => {}
     }
     if count == Count::Unadmitted {
         metered = metered.unadmitted();
@@ -213,12 +234,149 @@ pub extern "C" fn shaper_subscriber(
     metered.0
 }
 
+/// Charges one packet to a subscriber's packet bucket `cell` (its second cell, a live map
+/// value, or null: gone) under its plan's second meter `meter2` at `now`, if the plan has
+/// a packet rate (nothing is charged without one) and the packet conforms: 1 + what it was
+/// charged (ticks, to give back if the frame is refused after all; 1 when nothing was), or
+/// 0 if it does not conform or every try of the compare-and-swap lost. A global
+/// function, verified once: inlined, its compare-and-swap's outcomes would each walk the
+/// rest of [`shaper_subscriber`] again for the verifier; and its retries are its own
+/// (`cell::shaper_retry` would be a third frame of calls).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_subscriber_packet(
+    cell: *mut Cell,
+    meter2: *const Meter2,
+    now: u64,
+) -> u64 {
+    // SAFETY: a global function's pointer arguments are null or point to whole values.
+    let (Some(m), Some(counters)) = (unsafe { meter2.as_ref() }, COUNTERS.get_ptr_mut(0)) else {
+        return 1;
+    };
+    if cell.is_null() || m.meters & METER2_PACKETS == 0 {
+        return 1;
+    }
+    let limit = &m.packets;
+    // SAFETY: this CPU's entry (see `entry`); a live map value, checked above.
+    let (counters, tat) = unsafe { (&mut *counters, &raw mut (*cell).tat) };
+    // SAFETY: as above.
+    let mut old = unsafe { atomic::load(tat) };
+    for try_ in 0..CAS_TRIES {
+        let Some(new) = limit.admit(old, now, 1) else {
+            return 0;
+        };
+        // SAFETY: as above.
+        match unsafe { atomic::compare_exchange(tat, old, new) } {
+            Ok(()) => {
+                if let Some(won) = counters.cas_won.get_mut(try_) {
+                    *won += 1;
+                }
+                return 1 + new.wrapping_sub(gcra::base(old, now));
+            }
+            Err(found) => old = found,
+        }
+    }
+    counters.cas_exhausted += 1;
+    0
+}
+
+/// A frame refused (red) for `reason`: dropped, or passed as would-drop if `monitor`.
+#[inline(always)]
+fn refused(monitor: bool, reason: Reason) -> Metered {
+    let outcome = if monitor {
+        Outcome::WouldDrop
+    } else {
+        Outcome::Dropped
+    };
+    Metered::new(outcome, reason, 0)
+}
+
+/// A subscriber's frame under a plan in shape mode: its bucket alone (the rule's aggregate
+/// cell) decides, its burst stretched by the horizon (`rule.slack`), and the frame is held
+/// back as long as it says, or dropped past the horizon (reason aggregate, as a policed
+/// subscriber's bucket refuses). Its key's own cell is not charged: userspace requires the
+/// per-address limit of a shaping plan to be the whole plan (which would never bind
+/// before the subscriber's bucket, and would only make two departure times of one).
+///
+/// # Safety
+/// The rule's aggregate cell points to a live map value.
+#[inline(always)]
+unsafe fn shaped(rule: &Rule, len: u32, now: u64, counters: &mut Counters) -> Metered {
+    // SAFETY: the caller's.
+    let delay = unsafe {
+        take::<false>(
+            rule.aggregate_cell,
+            rule.aggregate_limit,
+            len,
+            now,
+            rule.slack,
+            counters,
+        )
+    };
+    match delay {
+        Some(delay) => Metered::new(Outcome::Passed, SOURCE, delay),
+        None => Metered::new(Outcome::Dropped, AGGREGATE, 0),
+    }
+}
+
+/// A subscriber's frame under a plan that polices: over the committed rate with an excess
+/// one (`peak`), the excess bucket (`second`) in the committed one's place, the frame
+/// yellow if it passes (another CPU may fill the committed bucket after this look and
+/// before the charge: the frame is then red); then `cell::decide`. Whether it is yellow
+/// (and passed) too.
+///
+/// # Safety
+/// `cell` points to a live map value, or to a value of the caller's own; the rule's
+/// aggregate cell and `second` are null or live map values.
+#[inline(always)]
+unsafe fn policed(
+    cell: *mut Cell,
+    rule: &Rule,
+    (slot, second, peak): (u32, *mut Cell, bool),
+    len: u32,
+    now: u64,
+    counters: &mut Counters,
+) -> (Metered, bool) {
+    let mut yellow = false;
+    let mut chosen = *rule;
+    // SAFETY: a live map value (`peak`: the subscriber's, as the aggregate cell is).
+    if peak && unsafe { !fits(rule.aggregate_cell, rule.aggregate_limit, len, now) } {
+        chosen.aggregate_cell = second;
+        chosen.aggregate_limit = &rule.meter2.excess;
+        yellow = true;
+    }
+    // SAFETY: the caller's.
+    let mut metered =
+        unsafe { decide::<false>(cell, &chosen, slot, Count::Later, len, now, counters) };
+    yellow = yellow && metered.outcome() == Outcome::Passed;
+    if yellow && !rule.monitor {
+        metered = metered.remark();
+    }
+    (metered, yellow)
+}
+
+/// Counts a frame the packet rate refused, in this CPU's counters and its plan `slot`'s
+/// (as `meter2` counts a policy's).
+#[inline(always)]
+fn count_packet_refused(slot: u32, len: u32, counters: &mut Counters) {
+    let bytes = u64::from(len);
+    counters.meter2.packet_rate_refused_packets += 1;
+    counters.meter2.packet_rate_refused_bytes += bytes;
+    if let Some(s) = POLICY_STATS.get_ptr_mut(slot) {
+        // SAFETY: this CPU's entry (see `cell::count_policy`).
+        unsafe {
+            (*s).meter2.packet_rate_refused_packets += 1;
+            (*s).meter2.packet_rate_refused_bytes += bytes;
+        }
+    }
+}
+
 /// Whether `len` bytes fit `cell` under `limit` at `now`, nothing charged.
 ///
 /// # Safety
 /// `cell` points to a live map value.
 #[inline(always)]
-unsafe fn fits(cell: *mut Cell, limit: &shaper_common::gcra::Limit, len: u32, now: u64) -> bool {
+unsafe fn fits(cell: *mut Cell, limit: &gcra::Limit, len: u32, now: u64) -> bool {
     // SAFETY: the caller's.
     let tat = unsafe { atomic::load(&raw const (*cell).tat) };
     limit.admit(tat, now, len).is_some()
@@ -267,13 +425,16 @@ pub extern "C" fn shaper_subscriber_prepare(cell: *mut Cell, value: u32, now: u6
     if cell.is_null() {
         return 0;
     }
-    let (rule, _, excess, _) = policy::subscriber_rule(config, value);
+    let (rule, _, second, _) = policy::subscriber_rule(config, value);
     // SAFETY: a global function's pointer argument is null or points to a whole value
-    // (checked above); the excess cell is null or a live map value.
+    // (checked above); the second cell is null or a live map value.
     unsafe {
         carry_over_rule(cell, &rule, now);
-        if policy::has_excess(&rule, excess) {
-            carry_over(excess, &rule.meter2.excess, now);
+        if policy::has_excess(&rule, second) {
+            carry_over(second, &rule.meter2.excess, now);
+        }
+        if policy::has_packets(&rule, second) {
+            carry_over(second, &rule.meter2.packets, now);
         }
     }
     1

@@ -362,7 +362,7 @@ unsafe fn charge(
 /// # Safety
 /// `cell` is null or points to a live map value, or to a value of a caller's own.
 #[inline(always)]
-unsafe fn give_back(cell: *mut Cell, cost: u64) {
+pub unsafe fn give_back(cell: *mut Cell, cost: u64) {
     if cost != 0 && !cell.is_null() {
         // SAFETY: the caller's.
         unsafe { atomic::add(&raw mut (*cell).tat, cost.wrapping_neg()) };

@@ -10,7 +10,7 @@ use shaper_common::{
     gcra::{Limit, ticks_from_ns},
     maps::{
         ACTION_LIMIT, Admission, Cell, Config, DEFAULT_SLOT, Ipv4Key, Ipv6Key, METER2_EXCESS,
-        MODE_MONITOR, MODE_SHAPE, Meter2, SUBSCRIBER_BIT, SourceState,
+        METER2_PACKETS, MODE_MONITOR, MODE_SHAPE, Meter2, SUBSCRIBER_BIT, SourceState,
     },
 };
 
@@ -102,11 +102,11 @@ pub fn subscriber(value: u32) -> *mut shaper_common::maps::Subscriber {
 }
 
 /// The rule of a subscriber's frame (`value` has `SUBSCRIBER_BIT`), its plan's slot, the
-/// subscriber's excess cell and its entry: its plan's rule with the subscriber's cell in
+/// subscriber's second cell and its entry: its plan's rule with the subscriber's cell in
 /// the aggregate's place, so every prefix of the subscriber draws from one bucket; the
-/// default's if it is gone (the entry null). The excess cell is null when the rule has no
-/// aggregate cell; whether it is used, [`has_excess`] says. The entry is what its frames
-/// are counted in, looked up once.
+/// default's if it is gone (the entry null). The second cell (`Subscriber::excess`) is
+/// null when the rule has no aggregate cell; whether it is used, and as what, [`has_excess`]
+/// and [`has_packets`] say. The entry is what its frames are counted in, looked up once.
 #[inline(always)]
 pub fn subscriber_rule(
     config: &Config,
@@ -146,6 +146,15 @@ pub fn has_excess(rule: &Rule, excess: *mut Cell) -> bool {
     !excess.is_null() && rule.meter2.meters & METER2_EXCESS != 0
 }
 
+/// Whether a subscriber's frame has a packet rate: [`subscriber_rule`]'s second cell is
+/// then its packet bucket (one per subscriber, all its prefixes and both families), in the
+/// excess rate's place: userspace refuses a plan with both, the subscriber's entry having
+/// room for one second bucket.
+#[inline(always)]
+pub fn has_packets(rule: &Rule, second: *mut Cell) -> bool {
+    !second.is_null() && rule.meter2.meters & METER2_PACKETS != 0
+}
+
 /// The source's policy slot: the cached one while the generation holds, otherwise looked
 /// up again (with `lookup`) and cached.
 ///
@@ -173,7 +182,9 @@ pub unsafe fn resolve(
 /// fork every path through the cell code into a policing and a shaping copy for the
 /// verifier (whose budget the programs nearly fill), where arithmetic on a value read
 /// from a map forks nothing. Userspace refuses shape mode without `ACTION_LIMIT` (and with
-/// an aggregate), so the mode alone says whether a rule shapes.
+/// an aggregate, but for a subscribers' plan: its aggregate, the subscriber's bucket, is
+/// what shapes, in `meter::shaper_subscriber`), so the mode alone says whether a rule
+/// shapes.
 #[inline(always)]
 fn shapes(mode: u32) -> u64 {
     const _: () = assert!(MODE_SHAPE == 2 && MODE_MONITOR == 1);

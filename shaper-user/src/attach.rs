@@ -197,13 +197,16 @@ fn wants_meter2(req: &AttachRequest, config: &Config) -> bool {
 }
 
 /// Refuses the request's policies where they could never match (longer than the keys of
-/// `config`), and shaping (of `config` or of a policy) where it cannot work.
+/// `config`), and shaping (of `config`, a policy or a subscriber's plan) where it cannot
+/// work.
 fn check_policies(req: &AttachRequest, config: &Config, hook: Hook) -> Result<(), AttachError> {
     if let Some(policies) = &req.policies {
         policies.fits((config.prefix_v4, config.prefix_v6))?;
     }
     let specs = req.policies.iter().flat_map(PolicySet::specs);
     request::check_shape(&req.at, hook, config, specs)?;
+    let subscribers = req.subscribers.iter().flat_map(|s| &s.specs);
+    request::check_subscribers_shape(&req.at, hook, subscribers)?;
     Ok(())
 }
 

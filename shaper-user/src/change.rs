@@ -23,7 +23,7 @@
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use shaper_common::config::PolicyLimits;
+use shaper_common::{config::PolicyLimits, maps::MODE_SHAPE};
 
 use crate::{
     attach::{self, AttachError, Attached},
@@ -406,6 +406,7 @@ pub fn set_subscriber_holding(
 ) -> Result<Changed, ChangeError> {
     let prepared = begin_holding("subscriber set", std::slice::from_ref(at), lock)?;
     let mut table = SubscriberTable::of(prepared.attached(at)?)?;
+    check_subscribers_shape(at, &table, std::slice::from_ref(spec))?;
     let before = table.before(&spec.id, Some(spec))?;
     // The policy slots the plan may take, read once: journaled, and where the plan is
     // found or goes (its window's, or where that is full, every slot).
@@ -432,6 +433,7 @@ pub fn set_subscribers(
 ) -> Result<Summary, ChangeError> {
     let prepared = begin("subscriber import", std::slice::from_ref(at))?;
     let mut table = SubscriberTable::of(prepared.attached(at)?)?;
+    check_subscribers_shape(at, &table, specs)?;
     let batch = table.batch(specs, prune)?;
     if batch.befores().next().is_none() {
         return Ok(batch.summary());
@@ -441,6 +443,30 @@ pub fn set_subscribers(
     let summary = table.write_batch(&batch, progress)?;
     change.commit()?;
     Ok(summary)
+}
+
+/// Refuses subscribers whose plan shapes where `at` (whose subscribers `table` holds)
+/// cannot shape (`request::check_shape`), each such subscriber checked first (a plan that
+/// could not shape anywhere is refused as such).
+fn check_subscribers_shape(
+    at: &Attachment,
+    table: &SubscriberTable,
+    specs: &[SubscriberSpec],
+) -> Result<(), ChangeError> {
+    let mut shaping = specs
+        .iter()
+        .filter(|s| s.plan.mode == MODE_SHAPE)
+        .peekable();
+    if shaping.peek().is_none() {
+        return Ok(());
+    }
+    let config = table.config()?;
+    for s in shaping {
+        s.check((config.prefix_v4, config.prefix_v6))?;
+    }
+    let hook = Hook::of_mode(config.xdp_mode);
+    request::check_subscribers_shape(at, hook, specs.iter())?;
+    Ok(())
 }
 
 /// `shaper subscriber del`: removes the subscriber `id` from `at`.
@@ -562,7 +588,12 @@ fn apply_edits(
                     }
                     other => other,
                 }?;
-                (Some(plan(&now)), before)
+                let plan = plan(&now);
+                if plan.mode == MODE_SHAPE {
+                    let hook = Hook::of_mode(table.config()?.xdp_mode);
+                    request::check_shaping(at, hook, true)?;
+                }
+                (Some(plan), before)
             }
             Edit::Del { id } => {
                 table.index_routes(index)?;

@@ -574,6 +574,12 @@ fn collect_policies(
         }
         ranked.push((i.spec.prefix.to_string(), s));
     }
+    // Subscribers' plans in shape mode drop only beyond the horizon too.
+    for (slot, p) in table.plans().map_err(policy_err)? {
+        if config.mode != MODE_MONITOR && p.mode == MODE_SHAPE {
+            add_horizon(&take(slot));
+        }
+    }
     let refused = |s: &PolicyStats| {
         let (o, u) = (&s.outcomes, &s.unadmitted);
         o.dropped_bytes + o.would_drop_bytes + u.dropped_bytes + u.would_drop_bytes
@@ -593,7 +599,7 @@ fn collect_policies(
     }
     f.counter(
         "shaper_horizon_dropped_packets",
-        "Shape mode: frames dropped rather than held back beyond the horizon (the drops of policies in shape mode)",
+        "Shape mode: frames dropped rather than held back beyond the horizon (the drops of policies and subscribers' plans in shape mode)",
         base.clone(),
         horizon.0,
     );

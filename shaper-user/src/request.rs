@@ -369,6 +369,21 @@ pub fn check_shape<'a>(
     mut policies: impl Iterator<Item = &'a PolicySpec>,
 ) -> Result<(), RequestError> {
     let shaping = config.mode == MODE_SHAPE || policies.any(|p| p.mode() == Mode::Shape);
+    check_shaping(at, hook, shaping)
+}
+
+/// Refuses the plans of `subscribers` where one shapes and shaping cannot work on `at`
+/// (as [`check_shape`]).
+pub fn check_subscribers_shape<'a>(
+    at: &Attachment,
+    hook: Hook,
+    mut subscribers: impl Iterator<Item = &'a crate::subscriber::SubscriberSpec>,
+) -> Result<(), RequestError> {
+    check_shaping(at, hook, subscribers.any(|s| s.plan.mode == MODE_SHAPE))
+}
+
+/// [`check_shape`] of something that shapes (`shaping`), or nothing.
+pub fn check_shaping(at: &Attachment, hook: Hook, shaping: bool) -> Result<(), RequestError> {
     if !shaping {
         return Ok(());
     }

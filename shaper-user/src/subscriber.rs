@@ -29,7 +29,7 @@ use ipnet::IpNet;
 use shaper_common::{
     config::PolicyLimits,
     maps::{
-        ACTION_LIMIT, MODE_SHAPE, Outcomes, PIN_SUBSCRIBERS, Policy, SUBSCRIBER_BIT,
+        ACTION_LIMIT, MODE_ENFORCE, MODE_SHAPE, Outcomes, PIN_SUBSCRIBERS, Policy, SUBSCRIBER_BIT,
         SUBSCRIBER_ID_BYTES, SUBSCRIBER_NAME_BYTES, Subscriber,
     },
 };
@@ -208,9 +208,11 @@ pub fn check_plan(plan: &PolicyLimits) -> Result<(), String> {
     }
 }
 
-/// The plan's policy entry: a limit with a subscriber's rate (the aggregate), enforced or
-/// monitored; its excess rate, if any, is the subscriber's (a committed and a peak rate),
-/// not each address's.
+/// The plan's policy entry: a limit with a subscriber's rate (the aggregate), enforced,
+/// monitored or shaped; its excess rate and its packet rate, if any, are the subscriber's
+/// (its entry's second bucket: one or the other), not each address's. A shaping plan's
+/// frames are held back by the subscriber's bucket alone, so it has no excess rate, no
+/// packet rate (they police) and no per-address limit of its own.
 fn plan_entry(id: &str, plan: &PolicyLimits) -> Result<Policy, SubscriberError> {
     let refuse = |reason: &str| SubscriberError::Plan {
         id: id.to_owned(),
@@ -219,15 +221,31 @@ fn plan_entry(id: &str, plan: &PolicyLimits) -> Result<Policy, SubscriberError> 
     if plan.action != ACTION_LIMIT || plan.aggregate_rate_bps == 0 {
         return Err(refuse("a plan limits: it needs a rate"));
     }
-    if plan.mode == MODE_SHAPE {
+    let m = plan.meter2;
+    if m.packet_rate != 0 && m.excess_rate_bps != 0 {
+        return Err(refuse(&format!(
+            "packet rate {} with an excess rate is not supported for subscribers (a subscriber has one second bucket: an excess rate or a packet rate)",
+            m.packet_rate
+        )));
+    }
+    let shape = plan.mode == MODE_SHAPE;
+    if shape && m.any() {
         return Err(refuse(
-            "shape mode is not for subscribers yet (their bucket is policed)",
+            "mode shape with an excess rate or a packet rate is not supported (they police: mark or drop)",
         ));
     }
-    if plan.meter2.packet_rate != 0 {
-        return Err(refuse("a packet rate is not for subscribers yet"));
+    if shape && !plan::per_address_is_whole(plan) {
+        return Err(refuse(
+            "mode shape takes no per-address limit (the subscriber's bucket alone holds its frames back)",
+        ));
     }
-    let mut entry = Policy::new(4, [0; 16], 0, plan).map_err(|e| refuse(&e.to_string()))?;
+    // A prefix policy may not shape with an aggregate; a plan's aggregate is what shapes.
+    let checked = PolicyLimits {
+        mode: if shape { MODE_ENFORCE } else { plan.mode },
+        ..*plan
+    };
+    let mut entry = Policy::new(4, [0; 16], 0, &checked).map_err(|e| refuse(&e.to_string()))?;
+    entry.mode = plan.mode;
     entry.family = 0;
     entry.plan = 1;
     Ok(entry)
@@ -438,6 +456,11 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             .entries()?
             .into_iter()
             .find(|(_, s)| unpadded(&s.id) == id))
+    }
+
+    /// The attachment's settings.
+    pub fn config(&self) -> Result<shaper_common::maps::Config, SubscriberError> {
+        Ok(self.p().config()?)
     }
 
     /// Every subscriber in force, by id: each one's routes grouped once (not searched

@@ -413,4 +413,105 @@ fn attach_refuses_shape_without_fq_in_one_line() {
         ]);
         assert!(e.contains("--direction egress"), "{e}");
     }
+
+    // A subscriber's plan in shape mode, likewise: on ingress (XDP), and on egress without
+    // fq; and a shaping plan with a limit of each address's, a packet rate with an excess
+    // rate. Each in one line naming the value, nothing set.
+    for direction in [INGRESS, EGRESS] {
+        let out = shaper(
+            ns,
+            &[
+                "--direction",
+                direction,
+                "attach",
+                iface,
+                "--rate",
+                "4mbit",
+                "--burst",
+                "32k",
+                "--max-subscribers",
+                "4",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let set = |direction: &str, plan: &[&str]| {
+        let mut args = vec![
+            "--direction",
+            direction,
+            "subscriber",
+            "set",
+            iface,
+            "c1",
+            "--prefix",
+            "10.0.0.1",
+            "--prefix",
+            "fd00:1::/56",
+            "--rate",
+            "4mbit",
+            "--burst",
+            "32k",
+        ];
+        args.extend_from_slice(plan);
+        let out = shaper(ns, &args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{args:?} was not refused");
+        assert_eq!(
+            stderr.trim_end().lines().count(),
+            1,
+            "not one line: {stderr}"
+        );
+        let listed = shaper(ns, &["--direction", direction, "subscriber", "list", iface]);
+        assert_eq!(
+            String::from_utf8_lossy(&listed.stdout),
+            "",
+            "{args:?}: set after all"
+        );
+        stderr
+    };
+    let e = set(INGRESS, &["--mode", "shape"]);
+    assert!(e.contains("--direction egress"), "{e}");
+    let e = set(EGRESS, &["--mode", "shape"]);
+    assert!(
+        e.contains(&format!("qdisc replace dev {iface} root fq")),
+        "{e}"
+    );
+    let e = set(
+        EGRESS,
+        &[
+            "--mode",
+            "shape",
+            "--per-address-rate",
+            "1mbit",
+            "--per-address-burst",
+            "16k",
+        ],
+    );
+    assert!(e.contains("mode shape takes no per-address limit"), "{e}");
+    let e = set(
+        INGRESS,
+        &[
+            "--packet-rate",
+            "2000",
+            "--packet-burst",
+            "200",
+            "--excess-rate",
+            "1mbit",
+            "--excess-burst",
+            "16k",
+        ],
+    );
+    assert!(e.contains("packet rate 2000 with an excess rate"), "{e}");
+    for direction in [INGRESS, EGRESS] {
+        let out = shaper(ns, &["--direction", direction, "detach", iface]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

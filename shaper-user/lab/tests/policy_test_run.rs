@@ -625,6 +625,99 @@ fn a_subscribers_peak_rate_passes_its_excess_burst_marked() {
     }
 }
 
+/// A subscriber's packet rate (`subscriber set --packet-rate`): one packet bucket for all
+/// of its prefixes, an IPv4 address and an IPv6 /56 (frames from two /64s in it), whatever
+/// the frames' sizes. Its bytes' bucket holds 2,500 bytes, its packet bucket 6 frames, at
+/// rates that refill nothing while the test runs (10 bytes and 1 frame a second; the
+/// bound allows a frame a second it took). Frames from its three keys in turn: two of
+/// 1000 bytes pass, a third is refused by the bytes' bucket (its packet given back), four
+/// of 64 bytes pass (the packet bucket's last), the rest are refused by the packet rate
+/// though the bytes' bucket has room. The subscriber's counters, the plan's and the
+/// interface's count each refusal exactly. A change of the packet rate carries the bucket
+/// over: no refill.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_subscribers_packet_rate_is_one_bucket_over_its_prefixes() {
+    let mut h = subscriber_harness();
+    let keys = ["100.64.0.7", "fdd7:b724:0:700::1", "fdd7:b724:0:7ff::1"];
+    let mut s = subscriber("p7", &["100.64.0.7/32", "fdd7:b724:0:700::/56"], 0);
+    s.plan.burst_bytes = 2500;
+    s.plan.aggregate_burst_bytes = 2500;
+    s.plan.meter2 = Meter2Limits {
+        packet_rate: 1,
+        packet_burst: 6,
+        ..Meter2Limits::default()
+    };
+    assert_eq!(set_subscriber(&mut h, &s), Ok(Changed::Added));
+    let sized = |src: &str, len: usize| match src.parse::<IpAddr>().unwrap() {
+        IpAddr::V4(a) => frame::ipv4_udp(a, len),
+        IpAddr::V6(a) => {
+            let payload = len - frame::ETH_HLEN - frame::IPV6_HLEN - frame::UDP_HLEN;
+            frame::ipv6_udp(a, frame::DEFAULT_DST_V6, payload)
+        }
+    };
+    let sizes = [1000, 1000, 1000, 64, 64, 64, 64, 64, 64, 64];
+    let start = std::time::Instant::now();
+    let verdicts: String = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| match h.run(&sized(keys[i % 3], len)).unwrap() {
+            XDP_PASS => 'p',
+            XDP_DROP => 'r',
+            v => panic!("verdict {v}"),
+        })
+        .collect();
+    let took = start.elapsed().as_secs();
+    let passed = verdicts.matches('p').count() as u64;
+    if took == 0 {
+        assert_eq!(verdicts, "pprpppprrr");
+    } else {
+        // A frame a second refilled: at most that many more.
+        assert!(
+            verdicts.starts_with("pprpppp") && passed <= 6 + took,
+            "{verdicts} in {took} s"
+        );
+    }
+    let refused = sizes.len() as u64 - passed;
+    let by_packets = refused - 1;
+    let got = h.subscribers().unwrap().get("p7").unwrap();
+    assert_eq!(
+        (got.outcomes.passed_packets, got.outcomes.dropped_packets),
+        (passed, refused)
+    );
+    assert_eq!(got.outcomes.passed_bytes, 2000 + 64 * (passed - 2));
+    assert_eq!(got.spec.plan.meter2.packet_rate, 1);
+    let plan = h.policies().stats(got.plan_slot).unwrap();
+    assert_eq!(plan.meter2.packet_rate_refused_packets, by_packets);
+    assert_eq!(plan.meter2.packet_rate_refused_bytes, 64 * by_packets);
+    assert_eq!(
+        plan.aggregate_refused_packets, 1,
+        "the bytes' bucket's refusal"
+    );
+    let counters = h.counters().unwrap();
+    assert_eq!(counters.meter2.packet_rate_refused_packets, by_packets);
+    // Twice the packet rate, the same burst: a refill would pass 6 frames more.
+    let mut faster = s.clone();
+    faster.plan.meter2.packet_rate = 2;
+    assert_eq!(set_subscriber(&mut h, &faster), Ok(Changed::Changed));
+    let start = std::time::Instant::now();
+    let passed = keys
+        .iter()
+        .map(|key| send_sized(&mut h, &sized(key, 64), 2))
+        .sum::<usize>() as u64;
+    assert!(
+        passed <= 2 * start.elapsed().as_secs(),
+        "{passed} frames after the change"
+    );
+}
+
+/// Sends `frame` `n` times; returns how many passed.
+fn send_sized(h: &mut Harness, frame: &[u8], n: usize) -> usize {
+    (0..n)
+        .filter(|_| h.run(frame).expect("test_run") == XDP_PASS)
+        .count()
+}
+
 /// A million subscribers on one attachment, each an IPv4 address (in 10.0.0.0/8) and an
 /// IPv6 /56, with a bucket of one frame: 2,000 of them drawn at random each pass one
 /// frame from their IPv4 address and none from a /64 of their /56, so each resolves to

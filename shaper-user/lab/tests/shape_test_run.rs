@@ -478,3 +478,198 @@ fn a_shaping_prefix_policy_holds_its_keys_while_the_default_polices() {
         assert_eq!(send(key), (0, 0), "{key} under a monitoring interface");
     }
 }
+
+/// A frame of `len` bytes (its wire length) from `src`, either family.
+fn frame_from(src: &str, len: usize) -> Vec<u8> {
+    match src.parse::<std::net::IpAddr>().unwrap() {
+        std::net::IpAddr::V4(a) => frame::ipv4_udp(a, len),
+        std::net::IpAddr::V6(a) => {
+            let payload = len - frame::ETH_HLEN - frame::IPV6_HLEN - frame::UDP_HLEN;
+            frame::ipv6_udp(a, frame::DEFAULT_DST_V6, payload)
+        }
+    }
+}
+
+/// A subscriber in shape mode (`subscriber set --mode shape`): its IPv4 /32 and its IPv6
+/// /56, with frames from two /64s in it, keep one departure schedule, the subscriber's
+/// bucket's. A mixed sequence of frames (three keys, two families, four sizes) is given
+/// exactly the departure times a replay of one GCRA bucket gives it: every stamp is the
+/// first frame's clock plus what the frames passed up to it cost, less the burst, to the
+/// nanosecond (one clock, read from the first stamp, fits every frame; the rate makes
+/// each cost whole nanoseconds, so nothing is rounded). Frames within the burst leave
+/// unstamped, those past the horizon are dropped and not charged, ECN-capable ones held
+/// past the threshold are marked; the subscriber's counters and the plan's count each.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_shaping_subscribers_prefixes_of_both_families_keep_one_departure_schedule() {
+    use aya::maps::Array;
+    use shaper_common::maps::{MAP_SUBSCRIBERS, Subscriber};
+    use shaper_user::subscriber::{Changed, SubscriberSpec, SubscriberTable, plan::PlanParts};
+
+    let mut ebpf = object::load(object::Sizes {
+        max_subscribers: 8,
+        ..object::Sizes::full(1024)
+    })
+    .unwrap();
+    object::tc_program(&mut ebpf).unwrap();
+    let subs: Array<_, Subscriber> = ebpf.take_map(MAP_SUBSCRIBERS).unwrap().try_into().unwrap();
+    let mut table = PolicyTable::take(&mut ebpf).unwrap();
+    // The default polices, at the slowest rate there is.
+    let mut config = Config::per_source(MIN_RATE_BPS, BURST).unwrap();
+    config.xdp_mode = TC_MODE_TCX;
+    config.shape = Shape::new(ECN_THRESHOLD_NS, HORIZON_NS).unwrap();
+    table.set_config(&config).unwrap();
+    let spec = SubscriberSpec {
+        id: "c1042".to_owned(),
+        name: String::new(),
+        prefixes: ["100.64.0.14/32", "fdd7:b724:0:100::/56"]
+            .iter()
+            .map(|p| parse_prefix(p).unwrap())
+            .collect(),
+        plan: PlanParts {
+            rate_bps: RATE_BPS,
+            burst_bytes: BURST,
+            mode: MODE_SHAPE,
+            ..PlanParts::default()
+        }
+        .limits(),
+    };
+    let mut subscribers = SubscriberTable::new(subs, &mut table);
+    let before = subscribers.before(&spec.id, Some(&spec)).unwrap();
+    assert_eq!(subscribers.set(&spec, &before).unwrap(), Changed::Added);
+    let prog: &SchedClassifier = ebpf
+        .program(shaper_common::maps::PROG_TC)
+        .unwrap()
+        .try_into()
+        .unwrap();
+
+    // 10 µs a byte: a frame's cost in nanoseconds.
+    let cost = |len: usize| len as u64 * COST_NS / FRAME as u64;
+    let tau = cost(BURST as usize);
+    let keys = ["100.64.0.14", "fdd7:b724:0:100::1", "fdd7:b724:0:1ff::1"];
+    let sizes = [1000, 400, 1400, 700, 1000];
+    let mut runs = Vec::new();
+    let mut lens = Vec::new();
+    for i in 0..80 {
+        let len = sizes[i % sizes.len()];
+        let plain = frame_from(keys[i % keys.len()], len);
+        let ecn_capable = i % 2 == 0;
+        let f = if ecn_capable {
+            frame::with_ecn(&plain, 2)
+        } else {
+            plain
+        };
+        runs.push(run(prog, &f, ecn_capable));
+        lens.push(len);
+    }
+
+    // The replay: the clock of the first frame, from the first stamp.
+    let passed = |i: usize| runs[i].verdict != TC_ACT_SHOT;
+    // What the frames before frame `i` that passed cost.
+    let charged = |i: usize| -> u64 { (0..i).filter(|&j| passed(j)).map(|j| cost(lens[j])).sum() };
+    let first = runs
+        .iter()
+        .position(|r| r.tstamp != 0)
+        .expect("a frame held");
+    let t0 = runs[first].tstamp + tau - charged(first + 1);
+    assert!(
+        (runs[0].before..=runs[0].after).contains(&t0),
+        "the first frame's clock from the first stamp, {t0}, is not when it ran ({}..{})",
+        runs[0].before,
+        runs[0].after
+    );
+    let mut held = 0;
+    let mut marked = 0;
+    let mut dropped = 0;
+    for (i, r) in runs.iter().enumerate() {
+        // The bucket's TAT with this frame charged (the frames come faster than they
+        // drain: the bucket is never idle once the first has been charged).
+        let tat = t0 + charged(i) + cost(lens[i]);
+        assert!(
+            i == 0 || t0 + charged(i) >= r.after,
+            "frame {i}: the bucket drained ({} ns of frames before it, {} ns since the first): the machine is too slow for this test",
+            charged(i),
+            r.after - t0
+        );
+        let case = format!(
+            "frame {i} ({} bytes from {})",
+            lens[i],
+            keys[i % keys.len()]
+        );
+        if !passed(i) {
+            dropped += 1;
+            assert!(
+                tat > r.before + tau + HORIZON_NS,
+                "{case}: dropped, though it could leave {} ns after it was sent",
+                (tat - tau).saturating_sub(r.before)
+            );
+            assert_eq!(r.tstamp, 0, "{case}: dropped and stamped");
+            continue;
+        }
+        assert_eq!(r.verdict, TC_ACT_UNSPEC, "{case}");
+        if r.tstamp == 0 {
+            assert!(
+                tat <= r.after + tau,
+                "{case}: left at once, {} ns past the burst",
+                tat - r.after - tau
+            );
+            continue;
+        }
+        held += 1;
+        assert_eq!(r.tstamp, tat - tau, "{case}: the stamp is not the replay's");
+        assert!(
+            r.tstamp <= r.after + HORIZON_NS,
+            "{case}: beyond the horizon"
+        );
+        if r.ecn.0 == 3 {
+            marked += 1;
+        }
+        if r.ecn_capable && r.tstamp > r.after + ECN_THRESHOLD_NS {
+            assert_eq!(r.ecn.0, 3, "{case}: held past the threshold, unmarked");
+        }
+        if !r.ecn_capable || r.tstamp <= r.before + ECN_THRESHOLD_NS {
+            assert_ne!(r.ecn.0, 3, "{case}: marked");
+        }
+        assert!(r.ecn.1, "{case}: IPv4 checksum broken");
+    }
+    for (what, n) in [("held", held), ("marked", marked), ("dropped", dropped)] {
+        assert!(n >= 3, "only {n} of {} frames {what}", runs.len());
+    }
+
+    // The counters: the subscriber's, the plan's, the interface's.
+    let passed_bytes: u64 = (0..runs.len())
+        .filter(|&i| passed(i))
+        .map(|i| lens[i] as u64)
+        .sum();
+    let n = runs.len() as u64;
+    let got = subscribers.get("c1042").unwrap();
+    drop(subscribers);
+    assert_eq!(
+        (
+            got.outcomes.passed_packets,
+            got.outcomes.passed_bytes,
+            got.outcomes.dropped_packets
+        ),
+        (n - dropped, passed_bytes, dropped)
+    );
+    let stats = table.stats(got.plan_slot).unwrap();
+    assert_eq!(
+        (
+            stats.outcomes.passed_packets,
+            stats.outcomes.dropped_packets
+        ),
+        (n - dropped, dropped)
+    );
+    let counters = testrun::counters(&ebpf).unwrap();
+    assert_eq!(counters.shaped_packets, held);
+    assert_eq!(counters.ce_marked_packets, marked);
+    assert_eq!(counters.shape_delay.iter().sum::<u64>(), held);
+    assert_eq!(
+        (counters.ipv4_packets, counters.ipv6_packets),
+        (n.div_ceil(3), n - n.div_ceil(3))
+    );
+    println!(
+        "{n} frames: {} left at once, {held} held ({marked} marked), {dropped} dropped",
+        n - dropped - held
+    );
+}

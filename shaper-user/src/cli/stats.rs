@@ -170,8 +170,8 @@ impl Shaping {
     }
 }
 
-/// The packets and bytes the policies in shape mode dropped (the default policy's too if
-/// the interface shapes): shaping drops only beyond the horizon.
+/// The packets and bytes the policies and subscribers' plans in shape mode dropped (the
+/// default policy's too if the interface shapes): shaping drops only beyond the horizon.
 pub fn horizon_dropped(at: &Attachment) -> Result<(u64, u64)> {
     let table = PolicyTable::open(at)?;
     let config = table.config()?;
@@ -182,6 +182,11 @@ pub fn horizon_dropped(at: &Attachment) -> Result<(u64, u64)> {
     for i in table.list()? {
         if i.spec.mode() == Mode::Shape && config.mode != MODE_MONITOR {
             slots.push(i.slot);
+        }
+    }
+    for (slot, p) in table.plans()? {
+        if p.mode == MODE_SHAPE && config.mode != MODE_MONITOR {
+            slots.push(slot);
         }
     }
     let mut dropped = (0, 0);

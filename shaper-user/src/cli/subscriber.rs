@@ -13,7 +13,7 @@ use shaper_user::{
     pins::Attachment,
     policy::{Mode, parse_prefix},
     subscriber::{Changed, Installed, SubscriberTable},
-    units::{Delay, Rate, Size},
+    units::{Delay, Packets, Rate, Size},
 };
 
 pub use shaper_user::subscriber::SubscriberSpec;
@@ -61,7 +61,11 @@ Examples:
 ///
 /// Writes that subscriber alone. A new plan keeps its bucket (the backlog is carried over
 /// to the new rate, never refilled); prefixes added or removed take effect on each key's
-/// next frame.
+/// next frame. --packet-rate is the subscriber's, all its prefixes together, in the bucket
+/// an excess rate would use (a plan has one or the other). --mode shape holds the
+/// subscriber's frames back in its one bucket's schedule instead of dropping them (ECN
+/// marked past the attachment's threshold, dropped past its horizon): on an egress tc
+/// attachment with sch_fq, without a per-address limit, excess rate or packet rate.
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = "\
 Examples:
@@ -73,6 +77,11 @@ Examples:
       Its downloads: 100 Mbit/s in all, 50 Mbit/s to any one address.
   shaper subscriber set eth0 b2077 --prefix 198.51.100.0/29 --prefix 2001:db8:2077::/48 --rate 50mbit --burst 512k --excess-rate 50mbit --excess-burst 512k --excess-dscp af11
       A business circuit: 50 Mbit/s committed, up to 100 Mbit/s with the excess marked AF11.
+  shaper subscriber set eth0 c1042 --prefix 100.64.0.14 --prefix fdd7:b724:0:100::/56 --rate 20mbit --burst 256k --packet-rate 20k --packet-burst 2000
+      At most 20,000 frames a second too, over both prefixes together (not with --excess-rate).
+  shaper --direction egress subscriber set eth0 c1042 --prefix 100.64.0.14 --prefix fdd7:b724:0:100::/56 --rate 100mbit --burst 1m --mode shape
+      Its downloads held back to 100 Mbit/s in one schedule, not dropped (tc egress, sch_fq on
+      eth0; no --per-address-rate, --excess-rate or --packet-rate).
 ")]
 pub struct SetArgs {
     pub iface: String,
@@ -109,7 +118,16 @@ pub struct SetArgs {
     /// af11..af43, ef, le) or 0-63 [default: le, RFC 8622's Lower Effort]
     #[arg(long, value_name = "DSCP", requires = "excess_rate")]
     pub excess_dscp: Option<Dscp>,
-    /// monitor: drop nothing, count what would be dropped
+    /// Frames a second for the subscriber, all its prefixes together, whatever their size
+    /// (20000, 20k): a frame passes only if this and the byte rate both allow it
+    #[arg(long, value_name = "N", requires = "packet_burst")]
+    pub packet_rate: Option<Packets>,
+    /// Frames at once for the subscriber, beside --packet-rate
+    #[arg(long, value_name = "N", requires = "packet_rate")]
+    pub packet_burst: Option<Packets>,
+    /// monitor: drop nothing, count what would be dropped; shape (--direction egress,
+    /// tc, sch_fq on the device): hold the subscriber's frames back to its rate instead of
+    /// dropping them, mark ECN past the attachment's threshold, drop past its horizon
     #[arg(long, value_enum, default_value_t = Mode::Enforce)]
     pub mode: Mode,
 }
@@ -235,9 +253,6 @@ fn spec(args: &SetArgs) -> Result<SubscriberSpec> {
     if let Some(b) = args.per_address_burst {
         check_burst_fits("--per-address-burst", b, &args.iface)?;
     }
-    if args.mode == Mode::Shape {
-        bail!("--mode shape is not for subscribers yet (their bucket is policed)");
-    }
     let plan = PlanParts {
         rate_bps: args.rate.bits_per_sec(),
         burst_bytes: args.burst.bytes(),
@@ -256,20 +271,31 @@ fn spec(args: &SetArgs) -> Result<SubscriberSpec> {
     })
 }
 
-/// The subscriber's excess rate, checked; all zero without --excess-rate.
+/// The subscriber's excess rate and packet rate, checked; all zero without their flags.
 fn excess(args: &SetArgs) -> Result<Meter2Limits> {
-    let Some((rate, burst)) = args.excess_rate.zip(args.excess_burst) else {
-        return Ok(Meter2Limits::default());
-    };
-    check_burst_fits("--excess-burst", burst, &args.iface)?;
-    let limits = Meter2Limits {
-        excess_rate_bps: rate.bits_per_sec(),
-        excess_burst_bytes: burst.bytes(),
-        excess_dscp: args.excess_dscp.unwrap_or(Dscp::LE).value(),
-        ..Meter2Limits::default()
-    };
-    Meter2::new(&limits)
-        .map_err(|e| anyhow!("invalid --excess-rate {rate} / --excess-burst {burst}: {e}"))?;
+    let mut limits = Meter2Limits::default();
+    if let Some((rate, burst)) = args.excess_rate.zip(args.excess_burst) {
+        check_burst_fits("--excess-burst", burst, &args.iface)?;
+        limits = Meter2Limits {
+            excess_rate_bps: rate.bits_per_sec(),
+            excess_burst_bytes: burst.bytes(),
+            excess_dscp: args.excess_dscp.unwrap_or(Dscp::LE).value(),
+            ..limits
+        };
+        Meter2::new(&limits)
+            .map_err(|e| anyhow!("invalid --excess-rate {rate} / --excess-burst {burst}: {e}"))?;
+    }
+    if let Some((rate, burst)) = args.packet_rate.zip(args.packet_burst) {
+        let packets = Meter2Limits {
+            packet_rate: rate.count(),
+            packet_burst: burst.count(),
+            ..Meter2Limits::default()
+        };
+        Meter2::new(&packets)
+            .map_err(|e| anyhow!("invalid --packet-rate {rate} / --packet-burst {burst}: {e}"))?;
+        limits.packet_rate = packets.packet_rate;
+        limits.packet_burst = packets.packet_burst;
+    }
     Ok(limits)
 }
 
@@ -392,8 +418,10 @@ pub fn describe(spec: &SubscriberSpec) -> String {
         );
     }
     text += &meter2::describe(&p.meter2);
-    if Mode::from_value(p.mode) == Mode::Monitor {
-        text += " (monitor)";
+    match Mode::from_value(p.mode) {
+        Mode::Monitor => text += " (monitor)",
+        Mode::Shape => text += " (shape)",
+        _ => {}
     }
     text
 }
@@ -412,6 +440,9 @@ struct Row {
     excess_rate_bps: u64,
     excess_burst_bytes: u64,
     excess_dscp: u8,
+    /// The packet rate (frames a second, 0: none) and its burst (frames).
+    packet_rate: u64,
+    packet_burst: u64,
     #[serde(flatten)]
     outcomes: OutcomeFields,
     /// Of the passed frames, those the excess rate passed, marked.
@@ -433,6 +464,8 @@ fn row(s: &Installed) -> Row {
         excess_rate_bps: p.meter2.excess_rate_bps,
         excess_burst_bytes: p.meter2.excess_burst_bytes,
         excess_dscp: p.meter2.excess_dscp,
+        packet_rate: p.meter2.packet_rate,
+        packet_burst: p.meter2.packet_burst,
         outcomes: OutcomeFields::new(s.outcomes),
         yellow_packets: s.yellow.0,
         yellow_bytes: s.yellow.1,

@@ -74,6 +74,10 @@ macro_rules! plan_fields {
             #[serde(default)]
             excess_dscp: Option<Spanned<Dscp>>,
             #[serde(default)]
+            packet_rate: Option<Spanned<Packets>>,
+            #[serde(default)]
+            packet_burst: Option<Spanned<Packets>>,
+            #[serde(default)]
             mode: Option<Spanned<Mode>>,
         }
     };
@@ -586,13 +590,7 @@ macro_rules! plan_fields_of {
             burst: &$m.burst,
             per_address_rate: &$m.per_address_rate,
             per_address_burst: &$m.per_address_burst,
-            second: SecondMeterModel {
-                excess_rate: $m.excess_rate.clone(),
-                excess_burst: $m.excess_burst.clone(),
-                excess_dscp: $m.excess_dscp.clone(),
-                packet_rate: None,
-                packet_burst: None,
-            },
+            second: second_meter!($m),
             mode: &$m.mode,
         }
     };
@@ -683,8 +681,9 @@ fn plan_limits(
     }
     .limits();
     subscriber::check_plan(&limits).map_err(|why| {
-        let (field, span) = match (&f.mode, why.contains("mode")) {
-            (Some(m), true) => ("mode", m.span()),
+        let (field, span) = match (&f.mode, &f.second.packet_rate) {
+            (Some(m), _) if why.contains("mode") => ("mode", m.span()),
+            (_, Some(p)) if why.starts_with("packet rate") => ("packet_rate", p.span()),
             _ => ("rate", agg_rate.span()),
         };
         src.error(span, format!("{here}.{field}"), why)
@@ -1823,6 +1822,24 @@ mode = "monitor"
             ("Smith", 20_000_000, 10_000_000)
         );
         assert_eq!(c2.plan.mode, Mode::Monitor.value());
+        // A plan with a packet rate, and one that shapes.
+        let shaped = SUBSCRIBERS
+            .replace(
+                "per_address_rate = \"10mbit\"\nper_address_burst = \"128k\"\nmode = \"monitor\"",
+                "mode = \"shape\"",
+            )
+            .replace(
+                "excess_rate = \"50mbit\"\nexcess_burst = \"512k\"\nexcess_dscp = \"af11\"",
+                "packet_rate = \"20k\"\npacket_burst = 2000",
+            );
+        let parsed = parse_file("isp.toml", &shaped, Direction::Egress).unwrap();
+        let m = parsed.plans()["business"].meter2;
+        assert_eq!(
+            (m.packet_rate, m.packet_burst, m.excess_rate_bps),
+            (20_000, 2000, 0)
+        );
+        let subs = parsed.interfaces[0].subscribers.as_ref().unwrap();
+        assert_eq!(subs.specs[1].plan.mode, Mode::Shape.value());
         // A subscriber inside a policy is allowed (the longest prefix wins); the errors name
         // their line and field.
         for (text, at, want) in [
@@ -1834,7 +1851,15 @@ mode = "monitor"
             (
                 SUBSCRIBERS.replace("mode = \"monitor\"", "mode = \"shape\""),
                 "\"shape\"",
-                "interface[0].subscriber[1].mode: shape mode is not for subscribers yet",
+                "interface[0].subscriber[1].mode: mode shape takes no per-address limit",
+            ),
+            (
+                SUBSCRIBERS.replace(
+                    "excess_dscp = \"af11\"",
+                    "excess_dscp = \"af11\"\npacket_rate = \"20k\"\npacket_burst = 2000",
+                ),
+                "packet_rate",
+                "plan.business.packet_rate: packet rate 20000 with an excess rate is not supported for subscribers",
             ),
             (
                 SUBSCRIBERS.replace("per_address_burst = \"128k\"\n", ""),

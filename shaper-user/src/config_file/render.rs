@@ -198,6 +198,9 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
     let room = (!subscribers.is_empty()).then(|| pinned.subscriber_room());
     let shaping = config.mode == Mode::Shape.value()
         || policies.iter().any(|i| i.spec.mode() == Mode::Shape)
+        || subscribers
+            .iter()
+            .any(|s| s.spec.plan.mode == Mode::Shape.value())
         || config.shape != Shape::default_settings();
     let out = FileOut {
         interface: vec![InterfaceOut {
