@@ -35,7 +35,7 @@ use crate::{
     colour::Colours,
     maps::{self, Pinned, PinnedMapError},
     pins::{self, Attachment, Direction},
-    policy::{Mode, PolicyError, PolicyTable},
+    policy::{PolicyError, PolicySpec, PolicyTable},
     subscriber::{Counts, SubscriberTable},
 };
 
@@ -552,10 +552,15 @@ fn collect_policies(
         iface: at.iface.clone(),
         error: Box::new(error),
     };
+    // The slots in use read once (prefix policies and subscribers' plans), and only
+    // their counters.
     let table = PolicyTable::open(at).map_err(policy_err)?;
-    let installed = table.list().map_err(policy_err)?;
+    let slots = table.slots().map_err(policy_err)?;
     let config = table.config().map_err(policy_err)?;
-    let mut stats = table.all_stats().map_err(policy_err)?;
+    let counted: Vec<u32> = std::iter::once(DEFAULT_SLOT)
+        .chain(slots.iter().map(|(slot, _)| *slot))
+        .collect();
+    let mut stats = table.stats_of(&counted).map_err(policy_err)?;
     let mut take = |slot| stats.remove(&slot).unwrap_or_default();
     let default = take(DEFAULT_SLOT);
     let mut horizon = (0, 0);
@@ -566,20 +571,18 @@ fn collect_policies(
     if config.mode == MODE_SHAPE {
         add_horizon(&default);
     }
-    let mut ranked = Vec::with_capacity(installed.len());
-    for i in &installed {
-        let s = take(i.slot);
-        if config.mode != MODE_MONITOR && i.spec.mode() == Mode::Shape {
+    let mut ranked = Vec::with_capacity(slots.len());
+    for (slot, p) in &slots {
+        let s = take(*slot);
+        // Subscribers' plans in shape mode drop only beyond the horizon too.
+        if config.mode != MODE_MONITOR && p.mode == MODE_SHAPE {
             add_horizon(&s);
         }
-        ranked.push((i.spec.prefix.to_string(), s));
-    }
-    // Subscribers' plans in shape mode drop only beyond the horizon too.
-    for (slot, p) in table.plans().map_err(policy_err)? {
-        if config.mode != MODE_MONITOR && p.mode == MODE_SHAPE {
-            add_horizon(&take(slot));
+        if let Some(spec) = PolicySpec::from_policy(p) {
+            ranked.push((spec.prefix.to_string(), s));
         }
     }
+    let policies = ranked.len();
     let refused = |s: &PolicyStats| {
         let (o, u) = (&s.outcomes, &s.unadmitted);
         o.dropped_bytes + o.would_drop_bytes + u.dropped_bytes + u.would_drop_bytes
@@ -591,7 +594,7 @@ fn collect_policies(
         "shaper_policies",
         "Prefix policies in force (per-policy series are given for the default and at most the top few: see shaper run --metrics-policies)",
         base.clone(),
-        installed.len() as f64,
+        policies as f64,
     );
     policy_series(f, base, "default".to_owned(), &default);
     for (name, s) in ranked {
