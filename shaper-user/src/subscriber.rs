@@ -736,7 +736,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                     return Err(self.inside(spec, *p, *p, v));
                 }
                 if v & SUBSCRIBER_BIT != 0 {
-                    let route = self.covering_route(*p, v)?;
+                    let route = self.p().covering_route(*p, v)?;
                     return Err(self.within(spec, *p, route, v));
                 }
             }
@@ -772,20 +772,6 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         }
         let v = self.p().exact_route(next)?.unwrap_or_default();
         Ok(Some((next, v)))
-    }
-
-    /// The route of `v` covering `p` (which the lookup of `p` answered `v`): for the
-    /// error's words, its length found by lookups.
-    fn covering_route(&self, p: IpNet, v: u32) -> Result<IpNet, SubscriberError> {
-        for len in (0..p.prefix_len()).rev() {
-            let Ok(net) = IpNet::new(p.addr(), len).map(|n| n.trunc()) else {
-                continue;
-            };
-            if self.p().exact_route(net)? == Some(v) {
-                return Ok(net);
-            }
-        }
-        Ok(p)
     }
 
     /// Adds subscriber `spec`, or replaces the subscriber of its id: its entry, its routes
