@@ -18,6 +18,7 @@
 //! allowed: the longest prefix wins, and it is the subscriber's.
 
 mod index;
+pub mod known;
 pub mod place;
 pub mod plan;
 mod sync;
@@ -317,15 +318,18 @@ pub struct SubscriberTable<P = PolicyTable> {
     routes: std::cell::OnceCell<Vec<(IpNet, u32)>>,
     /// Whether entry 0 says subscribers are placed by hash ([`place`]), once read.
     hashed: std::cell::Cell<Option<bool>>,
+    /// The file of its subscribers' routes as the last batch left them ([`known`]), for
+    /// maps opened from pins.
+    known: Option<known::Known>,
 }
 
 impl SubscriberTable {
     /// The maps of an attachment's pins as opened (no pin is opened again).
     pub fn of(pinned: &Pinned) -> Result<Self, SubscriberError> {
-        Ok(Self::new(
-            pinned.map(PIN_SUBSCRIBERS)?,
-            PolicyTable::of(pinned)?,
-        ))
+        Ok(Self {
+            known: known::Known::of(pinned),
+            ..Self::new(pinned.map(PIN_SUBSCRIBERS)?, PolicyTable::of(pinned)?)
+        })
     }
 }
 
@@ -338,6 +342,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             policies,
             routes: std::cell::OnceCell::new(),
             hashed: std::cell::Cell::new(None),
+            known: None,
         }
     }
 

@@ -61,6 +61,9 @@ pub struct Batch {
     /// subscriber yet).
     hashed: bool,
     mark: bool,
+    /// The subscribers' prefixes before it: with its own, what it leaves
+    /// ([`super::known`]).
+    prefixes_before: Prefixes,
 }
 
 impl Batch {
@@ -80,6 +83,10 @@ impl Batch {
 
 /// The table as a batch reads it once.
 struct Read {
+    /// `routes` holds every route of the tries; otherwise the subscribers' alone, as the
+    /// last batch left them ([`super::known`]), trusted only for subscribers whose
+    /// prefixes a batch keeps.
+    complete: bool,
     /// Every entry, free ones too, by index.
     all: Vec<Subscriber>,
     /// The indices of the entries in use, in order.
@@ -94,6 +101,7 @@ struct Read {
 /// in `net` (`start[i]..start[i + 1]`), and the prefixes in the order of their
 /// subscribers: a million subscribers' prefixes without a list each, found without a
 /// search.
+#[derive(Debug, Default)]
 struct Prefixes {
     start: Vec<u32>,
     net: Vec<IpNet>,
@@ -120,6 +128,11 @@ impl Prefixes {
         Prefixes { start, net }
     }
 
+    /// One more than the last index with a prefix.
+    fn len(&self) -> u32 {
+        self.start.len().saturating_sub(1) as u32
+    }
+
     /// Subscriber `index`'s prefixes, in no particular order.
     fn of_index(&self, index: u32) -> &[IpNet] {
         let i = index as usize;
@@ -135,8 +148,13 @@ fn same_set(a: &[IpNet], b: &[IpNet]) -> bool {
 }
 
 impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
-    fn read_all(&self) -> Result<Read, SubscriberError> {
-        let routes: HashMap<IpNet, u32> = self.p().routes()?.into_iter().collect();
+    /// The table with `routes` as the routes (all of them if `complete`).
+    fn read_with(
+        &self,
+        routes: Vec<(IpNet, u32)>,
+        complete: bool,
+    ) -> Result<Read, SubscriberError> {
+        let routes: HashMap<IpNet, u32> = routes.into_iter().collect();
         use aya::maps::IterableMap as _;
         let mut all = vec![Subscriber::default(); self.subs.len() as usize];
         for (i, s) in crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
@@ -150,6 +168,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             .filter(|&i| all[i as usize].in_use != 0)
             .collect();
         Ok(Read {
+            complete,
             all,
             in_use,
             prefixes: Prefixes::of(&routes),
@@ -174,7 +193,30 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         policies: Option<&[IpNet]>,
     ) -> Result<Batch, SubscriberError> {
         let config = self.p().config()?;
-        let read = self.read_all()?;
+        let known = self.known.as_ref().and_then(|k| k.load(config.policy_gen));
+        if let Some(routes) = known {
+            let value = |(net, i): (IpNet, u32)| (net, i | SUBSCRIBER_BIT);
+            let read = self.read_with(routes.into_iter().map(value).collect(), false)?;
+            if let Some(batch) = self.batch_read(specs, prune, policies, &config, read)? {
+                return Ok(batch);
+            }
+        }
+        let read = self.read_with(self.p().routes()?, true)?;
+        self.batch_read(specs, prune, policies, &config, read)?
+            .ok_or_else(|| SubscriberError::Stale("(every route read)".to_owned()))
+    }
+
+    /// [`Self::batch_against`] on the table as `read`: `None` if `read` is not complete and
+    /// the batch needs more than it holds (a new subscriber, one whose prefixes change, or
+    /// one whose count of prefixes is not as it says).
+    fn batch_read(
+        &self,
+        specs: &[SubscriberSpec],
+        prune: bool,
+        policies: Option<&[IpNet]>,
+        config: &shaper_common::maps::Config,
+        read: Read,
+    ) -> Result<Option<Batch>, SubscriberError> {
         // By the id as the entry holds it, to the entry as read: no string made and no entry
         // copied for each of a million.
         let by_id: HashMap<&[u8; SUBSCRIBER_ID_BYTES], u32> = read
@@ -195,6 +237,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             kept_plans: HashMap::new(),
             hashed: marked || empty,
             mark: !marked && empty,
+            prefixes_before: Prefixes::default(),
         };
         for spec in specs {
             let plan = spec.check((config.prefix_v4, config.prefix_v6))?;
@@ -218,6 +261,12 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 },
             };
             let old = read.prefixes.of_index(index);
+            let known = entry.in_use != 0
+                && entry.in_use as usize == old.len()
+                && same_set(old, &spec.prefixes);
+            if !read.complete && !known {
+                return Ok(None);
+            }
             if entry.in_use != 0 && unchanged(spec, &plan, &entry, old, &read.plans) {
                 batch.summary.unchanged += 1;
                 continue;
@@ -237,6 +286,9 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 let entry = read.all[index as usize];
                 if !seen.contains(&entry.id) {
                     let old = read.prefixes.of_index(index);
+                    if !read.complete && entry.in_use as usize != old.len() {
+                        return Ok(None);
+                    }
                     batch
                         .removes
                         .push(before_of(index, entry, old, &[], &read.routes));
@@ -253,7 +305,8 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 .entry(read.all[*i as usize].plan)
                 .or_default() += 1;
         }
-        Ok(batch)
+        batch.prefixes_before = read.prefixes;
+        Ok(Some(batch))
     }
 
     /// Refuses a batch whose new plans would not fit the policy slots (plans and prefix
@@ -349,8 +402,33 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 _ => {}
             }
         }
+        self.remember(batch);
         progress(total, total);
         Ok(batch.summary)
+    }
+
+    /// Saves the subscribers' routes `batch` left ([`super::known`]), for the policy
+    /// generation it ended at; the file goes if they cannot be saved.
+    fn remember(&self, batch: &Batch) {
+        let Some(known) = &self.known else {
+            return;
+        };
+        let rewritten: HashSet<u32> = batch.befores().map(|b| b.index).collect();
+        let p = &batch.prefixes_before;
+        let kept = (0..p.len())
+            .filter(|i| !rewritten.contains(i))
+            .flat_map(|i| p.of_index(i).iter().map(move |net| (*net, i)));
+        let written = batch.writes.iter().flat_map(|w| {
+            let i = w.before.index;
+            w.spec.prefixes.iter().map(move |net| (*net, i))
+        });
+        let saved = match self.p().config() {
+            Ok(config) => known.save(config.policy_gen, kept.chain(written)).is_ok(),
+            Err(_) => false,
+        };
+        if !saved {
+            known.drop_file();
+        }
     }
 
     /// Writes new subscribers (no route points at their entries yet, so the kernel meters
