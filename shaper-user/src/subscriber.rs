@@ -321,6 +321,9 @@ pub struct SubscriberTable<P = PolicyTable> {
     /// The file of its subscribers' routes as the last batch left them ([`known`]), for
     /// maps opened from pins.
     known: Option<known::Known>,
+    /// The routes that file held when [`Self::before`] of a removal read them, to save
+    /// again without the subscriber once it is removed.
+    known_read: std::cell::RefCell<Option<Vec<(IpNet, u32)>>>,
 }
 
 impl SubscriberTable {
@@ -343,6 +346,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             routes: std::cell::OnceCell::new(),
             hashed: std::cell::Cell::new(None),
             known: None,
+            known_read: std::cell::RefCell::new(None),
         }
     }
 
@@ -632,13 +636,56 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         }))
     }
 
-    /// [`Self::before`] of subscriber `index` (`entry`) from every route of the tries.
+    /// [`Self::before`] of the removal of subscriber `index` (`entry`) from the routes
+    /// the last batch left ([`known`]), if they are still those in force: as many as its
+    /// entry counts, each one its route (one lookup each). The tries are not read.
+    fn before_known(
+        &self,
+        index: u32,
+        entry: Subscriber,
+    ) -> Result<Option<Before>, SubscriberError> {
+        let Some(known) = &self.known else {
+            return Ok(None);
+        };
+        let Some(routes) = known.load(self.p().config()?.policy_gen) else {
+            return Ok(None);
+        };
+        let value = index | SUBSCRIBER_BIT;
+        let nets: Vec<IpNet> = routes
+            .iter()
+            .filter(|(_, i)| *i == index)
+            .map(|(net, _)| *net)
+            .collect();
+        if nets.len() != entry.in_use as usize {
+            return Ok(None);
+        }
+        for net in &nets {
+            if self.p().exact_route(*net)? != Some(value) {
+                return Ok(None);
+            }
+        }
+        self.known_read.replace(Some(routes));
+        Ok(Some(Before {
+            index,
+            entry,
+            routes: nets.into_iter().map(|net| (net, Some(value))).collect(),
+            by_lookup: true,
+        }))
+    }
+
+    /// [`Self::before`] of subscriber `index` (`entry`) from every route of the tries (a
+    /// removal from the routes the last batch left, if it can be).
     fn before_reading(
         &self,
         index: u32,
         entry: Subscriber,
         spec: Option<&SubscriberSpec>,
     ) -> Result<Before, SubscriberError> {
+        if spec.is_none()
+            && let Some(before) = self.before_known(index, entry)?
+        {
+            return Ok(before);
+        }
         let routes = self.routes()?;
         let mut touched: Vec<IpNet> = routes
             .iter()
@@ -900,7 +947,25 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     pub fn del(&mut self, before: &Before) -> Result<Changed, SubscriberError> {
         self.unroute_and_clear(before)?;
         self.plan_left(before.entry.plan)?;
+        self.remember_without(before.index);
         Ok(Changed::Removed)
+    }
+
+    /// Saves the routes [`Self::before_known`] read, less those of subscriber `index`
+    /// (removed), for the policy generation the removal ended at; the file goes if they
+    /// cannot be saved.
+    fn remember_without(&self, index: u32) {
+        let (Some(known), Some(routes)) = (&self.known, self.known_read.take()) else {
+            return;
+        };
+        let kept = routes.into_iter().filter(|(_, i)| *i != index);
+        let saved = match self.p().config() {
+            Ok(config) => known.save(config.policy_gen, kept).is_ok(),
+            Err(_) => false,
+        };
+        if !saved {
+            known.drop_file();
+        }
     }
 
     /// Removes the routes of subscriber `before`, then frees its entry ([`Self::freed`]).

@@ -601,6 +601,31 @@ fn subscribers_in_the_file_are_written_only_where_they_differ() {
         assert_eq!(subscribers(&lab, iface), business, "after {moved:?}");
     }
     assert_eq!(applied(&lab, &upgraded), [0, 0, 2, 0]);
+    // A removal reads its routes from the file too: none is left, of either family (a
+    // subscriber of the same prefixes is taken), and the file is saved without them.
+    ok(&lab, &["subscriber", "del", iface, "c1"]);
+    assert_eq!(subscribers(&lab, iface), business[..1]);
+    let c1_prefixes = ["100.64.0.1/32", "fdd7:b724:0:100::/56"];
+    ok(
+        &lab,
+        &[
+            "subscriber",
+            "set",
+            iface,
+            "c7",
+            "--prefix",
+            c1_prefixes[0],
+            "--prefix",
+            c1_prefixes[1],
+            "--rate",
+            "1mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    ok(&lab, &["subscriber", "del", iface, "c7"]);
+    assert_eq!(applied(&lab, &upgraded), [1, 0, 1, 0]);
+    assert_eq!(subscribers(&lab, iface), business);
     // `config show` prints them back (plans inline), and apply takes that back unchanged.
     let shown = TempFile::new("subs-shown", &show(&lab, iface));
     assert_eq!(applied(&lab, &shown), [0, 0, 2, 0]);

@@ -79,13 +79,16 @@ impl Known {
     /// The routes (prefix, subscriber index) saved at policy generation `generation` for
     /// these maps; `None` if there are none such.
     pub fn load(&self, generation: u32) -> Option<Vec<(IpNet, u32)>> {
-        let mut bytes = Vec::new();
-        fs::File::open(&self.path)
-            .ok()?
-            .read_to_end(&mut bytes)
-            .ok()?;
-        let body = bytes.strip_prefix(&self.header(generation)[..])?;
-        decode(body)
+        // The header first: a file of another generation is not read on.
+        let mut f = fs::File::open(&self.path).ok()?;
+        let mut header = [0u8; 24];
+        f.read_exact(&mut header).ok()?;
+        if header != self.header(generation) {
+            return None;
+        }
+        let mut body = Vec::new();
+        f.read_to_end(&mut body).ok()?;
+        decode(&body)
     }
 
     /// Saves `routes` (prefix, subscriber index) as those of policy generation
