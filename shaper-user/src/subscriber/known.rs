@@ -79,6 +79,9 @@ impl Known {
     /// The routes (prefix, subscriber index) saved at policy generation `generation` for
     /// these maps; `None` if there are none such.
     pub fn load(&self, generation: u32) -> Option<Vec<(IpNet, u32)>> {
+        if !self.trusted_dir() {
+            return None;
+        }
         // The header first: a file of another generation is not read on.
         let mut f = fs::File::open(&self.path).ok()?;
         let mut header = [0u8; 24];
@@ -105,6 +108,9 @@ impl Known {
                 .recursive(true)
                 .create(dir)?;
         }
+        if !self.trusted_dir() {
+            return Err(io::Error::other("the directory is not root's alone"));
+        }
         let mut out = self.header(generation).to_vec();
         for (net, index) in routes {
             out.extend_from_slice(&index.to_le_bytes());
@@ -129,6 +135,17 @@ impl Known {
         f.write_all(&out)?;
         drop(f);
         fs::rename(&beside, &self.path)
+    }
+
+    /// Whether its directory is there, root's and written by no one else, not a symlink
+    /// (what it says decides what a batch writes).
+    fn trusted_dir(&self) -> bool {
+        self.path.parent().is_some_and(|dir| {
+            matches!(
+                crate::owned::check_dir(dir, crate::owned::Sharing::None),
+                Ok(Some(_))
+            )
+        })
     }
 
     /// Removes the file: what it says is not to be trusted any more.
@@ -171,7 +188,8 @@ mod tests {
     #[test]
     fn routes_come_back_only_for_their_generation_and_maps() {
         let dir = std::env::temp_dir().join(format!("shaper-known-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
+        // Made by the save, 0700.
+        let _ = fs::remove_dir_all(&dir);
         let known = Known {
             path: dir.join("k"),
             maps: [7, 8, 9],
