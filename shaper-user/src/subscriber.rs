@@ -176,6 +176,12 @@ impl SubscriberSpec {
     /// Checks the subscriber for an attachment whose keys are masked to `key_prefixes`
     /// (IPv4, IPv6 lengths): its plan's policy entry.
     pub fn check(&self, key_prefixes: (u32, u32)) -> Result<Policy, SubscriberError> {
+        self.check_shape(key_prefixes)?;
+        plan_entry(&self.id, &self.plan)
+    }
+
+    /// [`Self::check`] but its plan: its id, name and prefixes.
+    fn check_shape(&self, key_prefixes: (u32, u32)) -> Result<(), SubscriberError> {
         check_id(&self.id)?;
         check_name(&self.name)?;
         if self.prefixes.is_empty() {
@@ -196,7 +202,7 @@ impl SubscriberSpec {
                 });
             }
         }
-        plan_entry(&self.id, &self.plan)
+        Ok(())
     }
 }
 

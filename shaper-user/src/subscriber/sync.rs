@@ -11,11 +11,14 @@ use std::borrow::BorrowMut;
 
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use ipnet::IpNet;
-use shaper_common::maps::{MAX_POLICIES, Policy, SUBSCRIBER_BIT, SUBSCRIBER_ID_BYTES, Subscriber};
+use shaper_common::{
+    config::PolicyLimits,
+    maps::{MAX_POLICIES, Policy, SUBSCRIBER_BIT, SUBSCRIBER_ID_BYTES, Subscriber},
+};
 
 use super::{
-    Before, SubscriberError, SubscriberSpec, SubscriberTable, map_err, padded, place, same_plan,
-    unpadded,
+    Before, SubscriberError, SubscriberSpec, SubscriberTable, map_err, padded, place, plan_entry,
+    same_plan, unpadded,
 };
 use crate::policy::PolicyTable;
 
@@ -227,8 +230,9 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         let mut first_free = (1..=self.room()).filter(|&i| read.all[i as usize].in_use == 0);
         let marked = read.all.first().is_some_and(|e| e.id == place::MARKER);
         let empty = self.room() > 0 && read.in_use.is_empty();
-        // Where the new subscribers go, in a table placed by hash.
-        let mut free = Free::of(&read.all);
+        // Where the new subscribers go, in a table placed by hash (made at the first).
+        let mut free: Option<Free> = None;
+        let mut plans = Plans::default();
         let mut seen = HashSet::with_capacity(specs.len());
         let mut batch = Batch {
             writes: Vec::new(),
@@ -240,7 +244,8 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             prefixes_before: Prefixes::default(),
         };
         for spec in specs {
-            let plan = spec.check((config.prefix_v4, config.prefix_v6))?;
+            spec.check_shape((config.prefix_v4, config.prefix_v6))?;
+            let plan = plans.entry(spec)?;
             if !seen.insert(padded::<SUBSCRIBER_ID_BYTES>(&spec.id)) {
                 return Err(SubscriberError::Overlap(format!(
                     "subscriber {} is given twice",
@@ -251,6 +256,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 Some(&i) => (i, read.all[i as usize]),
                 None if batch.hashed => {
                     let i = free
+                        .get_or_insert_with(|| Free::of(&read.all))
                         .take(place::home(spec.id.as_bytes(), self.room()))
                         .ok_or(SubscriberError::Full { room: self.room() })?;
                     (i, read.all[i as usize])
@@ -495,6 +501,28 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             self.pm().route_value(p, value)?;
         }
         Ok(slot)
+    }
+}
+
+/// The plans' entries of a batch's subscribers: each made once for the last few distinct
+/// plans seen (a file has a few plans for a million subscribers), not once a subscriber.
+#[derive(Default)]
+struct Plans(Vec<(PolicyLimits, Policy)>);
+
+impl Plans {
+    /// How many distinct plans it keeps.
+    const KEPT: usize = 16;
+
+    /// The entry of `spec`'s plan ([`SubscriberSpec::check`]'s).
+    fn entry(&mut self, spec: &SubscriberSpec) -> Result<Policy, SubscriberError> {
+        if let Some((_, p)) = self.0.iter().find(|(l, _)| *l == spec.plan) {
+            return Ok(*p);
+        }
+        let p = plan_entry(&spec.id, &spec.plan)?;
+        if self.0.len() < Self::KEPT {
+            self.0.push((spec.plan, p));
+        }
+        Ok(p)
     }
 }
 
