@@ -209,10 +209,7 @@ pub fn apply_holding(
         } else {
             None
         };
-        let req = AttachRequest {
-            at: at.clone(),
-            ..d.clone()
-        };
+        let req = d.for_attach(at.clone());
         let outcome = attach::attach(&req, pinned).map_err(|e| attach_err(index, d, e))?;
         let changed = match &previous {
             Some(before) => !snapshot(at, pinned).is_ok_and(|after| same(before, &after)),

@@ -58,7 +58,9 @@ pub fn detach(at: &Attachment) -> Result<(), DetachError> {
     at.remove_pins().map_err(|source| DetachError::Unpin {
         path: at.dir().display().to_string(),
         source,
-    })
+    })?;
+    crate::subscriber::known::forget(at);
+    Ok(())
 }
 
 /// Takes the program off the interface and keeps every pin: leaves the attachment as a

@@ -159,6 +159,20 @@ pub struct AttachRequest {
     pub subscribers: Option<SubscriberRequest>,
 }
 
+impl AttachRequest {
+    /// The request for `at` without its subscribers (what `attach` takes: it ignores them),
+    /// made without copying them (a million of a file's).
+    pub fn for_attach(&self, at: Attachment) -> Self {
+        // Every other field is Copy.
+        Self {
+            at,
+            policies: self.policies.clone(),
+            subscribers: None,
+            ..*self
+        }
+    }
+}
+
 /// The subscribers a configuration file gives an interface.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SubscriberRequest {

@@ -18,6 +18,7 @@
 //! allowed: the longest prefix wins, and it is the subscriber's.
 
 mod index;
+pub mod known;
 pub mod place;
 pub mod plan;
 mod sync;
@@ -175,6 +176,12 @@ impl SubscriberSpec {
     /// Checks the subscriber for an attachment whose keys are masked to `key_prefixes`
     /// (IPv4, IPv6 lengths): its plan's policy entry.
     pub fn check(&self, key_prefixes: (u32, u32)) -> Result<Policy, SubscriberError> {
+        self.check_shape(key_prefixes)?;
+        plan_entry(&self.id, &self.plan)
+    }
+
+    /// [`Self::check`] but its plan: its id, name and prefixes.
+    fn check_shape(&self, key_prefixes: (u32, u32)) -> Result<(), SubscriberError> {
         check_id(&self.id)?;
         check_name(&self.name)?;
         if self.prefixes.is_empty() {
@@ -195,7 +202,7 @@ impl SubscriberSpec {
                 });
             }
         }
-        plan_entry(&self.id, &self.plan)
+        Ok(())
     }
 }
 
@@ -335,15 +342,21 @@ pub struct SubscriberTable<P = PolicyTable> {
     routes: std::cell::OnceCell<Vec<(IpNet, u32)>>,
     /// Whether entry 0 says subscribers are placed by hash ([`place`]), once read.
     hashed: std::cell::Cell<Option<bool>>,
+    /// The file of its subscribers' routes as the last batch left them ([`known`]), for
+    /// maps opened from pins.
+    known: Option<known::Known>,
+    /// The routes that file held when [`Self::before`] of a removal read them, to save
+    /// again without the subscriber once it is removed.
+    known_read: std::cell::RefCell<Option<Vec<(IpNet, u32)>>>,
 }
 
 impl SubscriberTable {
     /// The maps of an attachment's pins as opened (no pin is opened again).
     pub fn of(pinned: &Pinned) -> Result<Self, SubscriberError> {
-        Ok(Self::new(
-            pinned.map(PIN_SUBSCRIBERS)?,
-            PolicyTable::of(pinned)?,
-        ))
+        Ok(Self {
+            known: known::Known::of(pinned),
+            ..Self::new(pinned.map(PIN_SUBSCRIBERS)?, PolicyTable::of(pinned)?)
+        })
     }
 }
 
@@ -356,6 +369,8 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             policies,
             routes: std::cell::OnceCell::new(),
             hashed: std::cell::Cell::new(None),
+            known: None,
+            known_read: std::cell::RefCell::new(None),
         }
     }
 
@@ -650,13 +665,56 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         }))
     }
 
-    /// [`Self::before`] of subscriber `index` (`entry`) from every route of the tries.
+    /// [`Self::before`] of the removal of subscriber `index` (`entry`) from the routes
+    /// the last batch left ([`known`]), if they are still those in force: as many as its
+    /// entry counts, each one its route (one lookup each). The tries are not read.
+    fn before_known(
+        &self,
+        index: u32,
+        entry: Subscriber,
+    ) -> Result<Option<Before>, SubscriberError> {
+        let Some(known) = &self.known else {
+            return Ok(None);
+        };
+        let Some(routes) = known.load(self.p().config()?.policy_gen) else {
+            return Ok(None);
+        };
+        let value = index | SUBSCRIBER_BIT;
+        let nets: Vec<IpNet> = routes
+            .iter()
+            .filter(|(_, i)| *i == index)
+            .map(|(net, _)| *net)
+            .collect();
+        if nets.len() != entry.in_use as usize {
+            return Ok(None);
+        }
+        for net in &nets {
+            if self.p().exact_route(*net)? != Some(value) {
+                return Ok(None);
+            }
+        }
+        self.known_read.replace(Some(routes));
+        Ok(Some(Before {
+            index,
+            entry,
+            routes: nets.into_iter().map(|net| (net, Some(value))).collect(),
+            by_lookup: true,
+        }))
+    }
+
+    /// [`Self::before`] of subscriber `index` (`entry`) from every route of the tries (a
+    /// removal from the routes the last batch left, if it can be).
     fn before_reading(
         &self,
         index: u32,
         entry: Subscriber,
         spec: Option<&SubscriberSpec>,
     ) -> Result<Before, SubscriberError> {
+        if spec.is_none()
+            && let Some(before) = self.before_known(index, entry)?
+        {
+            return Ok(before);
+        }
         let routes = self.routes()?;
         let mut touched: Vec<IpNet> = routes
             .iter()
@@ -759,7 +817,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                     return Err(self.inside(spec, *p, *p, v));
                 }
                 if v & SUBSCRIBER_BIT != 0 {
-                    let route = self.covering_route(*p, v)?;
+                    let route = self.p().covering_route(*p, v)?;
                     return Err(self.within(spec, *p, route, v));
                 }
             }
@@ -795,20 +853,6 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         }
         let v = self.p().exact_route(next)?.unwrap_or_default();
         Ok(Some((next, v)))
-    }
-
-    /// The route of `v` covering `p` (which the lookup of `p` answered `v`): for the
-    /// error's words, its length found by lookups.
-    fn covering_route(&self, p: IpNet, v: u32) -> Result<IpNet, SubscriberError> {
-        for len in (0..p.prefix_len()).rev() {
-            let Ok(net) = IpNet::new(p.addr(), len).map(|n| n.trunc()) else {
-                continue;
-            };
-            if self.p().exact_route(net)? == Some(v) {
-                return Ok(net);
-            }
-        }
-        Ok(p)
     }
 
     /// Adds subscriber `spec`, or replaces the subscriber of its id: its entry, its routes
@@ -960,7 +1004,25 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     pub fn del(&mut self, before: &Before) -> Result<Changed, SubscriberError> {
         self.unroute_and_clear(before)?;
         self.plan_left(before.entry.plan)?;
+        self.remember_without(before.index);
         Ok(Changed::Removed)
+    }
+
+    /// Saves the routes [`Self::before_known`] read, less those of subscriber `index`
+    /// (removed), for the policy generation the removal ended at; the file goes if they
+    /// cannot be saved.
+    fn remember_without(&self, index: u32) {
+        let (Some(known), Some(routes)) = (&self.known, self.known_read.take()) else {
+            return;
+        };
+        let kept = routes.into_iter().filter(|(_, i)| *i != index);
+        let saved = match self.p().config() {
+            Ok(config) => known.save(config.policy_gen, kept).is_ok(),
+            Err(_) => false,
+        };
+        if !saved {
+            known.drop_file();
+        }
     }
 
     /// Removes the routes of subscriber `before`, then frees its entry ([`Self::freed`]).

@@ -561,6 +561,71 @@ fn subscribers_in_the_file_are_written_only_where_they_differ() {
     business[1].2 = 50_000_000;
     business[1].3 = 50_000_000;
     assert_eq!(subscribers(&lab, iface), business);
+    // The routes the batch left are kept beside the lock: the next apply reads them, not
+    // the tries, while the policy generation is the one they were saved at. A change of
+    // prefixes by `subscriber set` (its plan the file's) moves it on, of either family:
+    // the file is not trusted, and the apply puts the file's prefixes back.
+    let known = format!("/run/shaper.routes/{}.{iface}.ingress", lab.rx_ns());
+    assert!(fs::metadata(&known).is_ok(), "{known}");
+    let set_c1 = |prefixes: [&str; 2]| {
+        ok(
+            &lab,
+            &[
+                "subscriber",
+                "set",
+                iface,
+                "c1",
+                "--prefix",
+                prefixes[0],
+                "--prefix",
+                prefixes[1],
+                "--rate",
+                "50mbit",
+                "--burst",
+                "512k",
+                "--excess-rate",
+                "50mbit",
+                "--excess-burst",
+                "512k",
+                "--excess-dscp",
+                "af11",
+            ],
+        )
+    };
+    for moved in [
+        ["100.64.0.2/32", "fdd7:b724:0:100::/56"],
+        ["100.64.0.1/32", "fdd7:b724:0:200::/56"],
+    ] {
+        set_c1(moved);
+        assert_eq!(applied(&lab, &upgraded), [0, 1, 1, 0], "after {moved:?}");
+        assert_eq!(subscribers(&lab, iface), business, "after {moved:?}");
+    }
+    assert_eq!(applied(&lab, &upgraded), [0, 0, 2, 0]);
+    // A removal reads its routes from the file too: none is left, of either family (a
+    // subscriber of the same prefixes is taken), and the file is saved without them.
+    ok(&lab, &["subscriber", "del", iface, "c1"]);
+    assert_eq!(subscribers(&lab, iface), business[..1]);
+    let c1_prefixes = ["100.64.0.1/32", "fdd7:b724:0:100::/56"];
+    ok(
+        &lab,
+        &[
+            "subscriber",
+            "set",
+            iface,
+            "c7",
+            "--prefix",
+            c1_prefixes[0],
+            "--prefix",
+            c1_prefixes[1],
+            "--rate",
+            "1mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    ok(&lab, &["subscriber", "del", iface, "c7"]);
+    assert_eq!(applied(&lab, &upgraded), [1, 0, 1, 0]);
+    assert_eq!(subscribers(&lab, iface), business);
     // `config show` prints them back (plans inline), and apply takes that back unchanged.
     let shown = TempFile::new("subs-shown", &show(&lab, iface));
     assert_eq!(applied(&lab, &shown), [0, 0, 2, 0]);

@@ -536,7 +536,14 @@ fn overlaps_that_would_escape_a_subscribers_bucket_are_refused() {
     }
     // The walk's host routes are gone: the policy's route and the subscriber's two.
     assert_eq!(h.policies().routes().unwrap().len(), 3);
-    for prefix in ["100.64.0.128/25", "fdd7:1:0:1::/64"] {
+    // A policy inside or at a subscriber's prefix, found by one lookup each: the error
+    // names both.
+    for (prefix, theirs) in [
+        ("100.64.0.128/25", "100.64.0.0/24"),
+        ("100.64.0.0/24", "100.64.0.0/24"),
+        ("fdd7:1:0:1::/64", "fdd7:1::/48"),
+        ("fdd7:1::/48", "fdd7:1::/48"),
+    ] {
         let e = h
             .policies()
             .replace_all(&[
@@ -545,7 +552,12 @@ fn overlaps_that_would_escape_a_subscribers_bucket_are_refused() {
             ])
             .unwrap_err()
             .to_string();
-        assert!(e.contains(prefix), "{e}");
+        assert!(
+            e.contains(&format!(
+                "policy {prefix} is inside subscriber prefix {theirs}"
+            )),
+            "{e}"
+        );
     }
     // Nothing changed: the subscriber's bucket still holds 2 frames.
     assert_eq!(send(&mut h, "100.64.0.200", 5), 2);

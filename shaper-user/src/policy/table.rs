@@ -9,7 +9,7 @@
 //! Slots freed by the change are cleared last and not reused within it. If any map write
 //! fails, the steps already taken are undone in reverse.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use aya::{
     Ebpf,
@@ -610,29 +610,41 @@ impl PolicyTable {
     }
 
     /// Refuses a policy of `set` whose prefix is a subscriber's or inside one: its traffic
-    /// would escape the subscriber's bucket (`crate::subscriber`).
+    /// would escape the subscriber's bucket (`crate::subscriber`). One lookup a policy,
+    /// the tries not read: in force, no route is inside a subscriber's prefix but its own,
+    /// so the longest route covering a prefix inside one is that subscriber's.
     fn refuse_inside_subscribers(&self, set: &PolicySet) -> Result<(), PolicyError> {
-        // No policy to check (a file of subscribers alone): the tries are not read.
-        if set.specs().next().is_none()
-            || self.config()?.prefixes_v4 & SUBSCRIBER_PREFIXES == 0
-                && self.config()?.prefixes_v6 & SUBSCRIBER_PREFIXES == 0
+        if self.config()?.prefixes_v4 & SUBSCRIBER_PREFIXES == 0
+            && self.config()?.prefixes_v6 & SUBSCRIBER_PREFIXES == 0
         {
             return Ok(());
         }
-        let routes: HashSet<IpNet> = self
-            .subscriber_routes()?
-            .into_iter()
-            .map(|(net, _)| net.trunc())
-            .collect();
         for p in set.specs() {
-            if let Some(subscriber) = covering(&routes, p.prefix) {
+            let Some(v) = self.longest_route(p.prefix) else {
+                continue;
+            };
+            if v & SUBSCRIBER_BIT != 0 {
                 return Err(PolicyError::InSubscriber {
                     prefix: p.prefix,
-                    subscriber,
+                    subscriber: self.covering_route(p.prefix, v)?,
                 });
             }
         }
         Ok(())
+    }
+
+    /// The route of value `v` equal to or covering `prefix` (whose lookup answered `v`),
+    /// found by lookups of each shorter length: for an error's words.
+    pub fn covering_route(&self, prefix: IpNet, v: u32) -> Result<IpNet, PolicyError> {
+        for len in (0..=prefix.prefix_len()).rev() {
+            let Ok(net) = IpNet::new(prefix.addr(), len).map(|n| n.trunc()) else {
+                continue;
+            };
+            if self.exact_route(net)? == Some(v) {
+                return Ok(net);
+            }
+        }
+        Ok(prefix)
     }
 
     /// Every route of both tries with its value: a policy slot, or a subscriber's index
@@ -1018,14 +1030,6 @@ pub fn plan_window(plan: &Policy) -> impl Iterator<Item = u32> + use<> {
     let room = u64::from(MAX_POLICIES - 1);
     let home = (hash % room) as u32;
     (0..PLAN_WINDOW).map(move |i| (home + i) % (MAX_POLICIES - 1) + 1)
-}
-
-/// The prefix of `routes` equal to or holding `prefix`, if any: one look-up a prefix length
-/// (a policy checked against a million subscribers' routes in microseconds, not seconds).
-fn covering(routes: &HashSet<IpNet>, prefix: IpNet) -> Option<IpNet> {
-    (0..=prefix.prefix_len())
-        .filter_map(|len| IpNet::new(prefix.addr(), len).ok().map(|n| n.trunc()))
-        .find(|net| routes.contains(net))
 }
 
 #[cfg(test)]

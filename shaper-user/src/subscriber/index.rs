@@ -84,11 +84,6 @@ impl Index {
         true
     }
 
-    /// Whether it holds each subscriber's prefixes.
-    pub fn has_routes(&self) -> bool {
-        self.routes.is_some()
-    }
-
     /// Subscriber `before` was removed (by [`SubscriberTable::del`], which freed its plan's
     /// slot if it was the last on it, and counted it off otherwise: `plan`, the plan's
     /// entry as it is now, its count of subscribers with it).

@@ -29,11 +29,7 @@ pub const MAX_RUN: u32 = 8192;
 /// The entry where subscriber `id`'s probe starts, in a table of `room` subscribers
 /// (entries 1..=room): FNV-1a (64 bits) of its bytes, stable across builds and hosts.
 pub fn home(id: &[u8], room: u32) -> u32 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in id.iter().take_while(|&&b| b != 0) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
+    let h = crate::fnv::fnv1a(id.iter().copied().take_while(|&b| b != 0));
     (h % u64::from(room.max(1))) as u32 + 1
 }
 

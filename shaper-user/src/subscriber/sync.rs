@@ -11,11 +11,14 @@ use std::borrow::BorrowMut;
 
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use ipnet::IpNet;
-use shaper_common::maps::{MAX_POLICIES, Policy, SUBSCRIBER_BIT, SUBSCRIBER_ID_BYTES, Subscriber};
+use shaper_common::{
+    config::PolicyLimits,
+    maps::{MAX_POLICIES, Policy, SUBSCRIBER_BIT, SUBSCRIBER_ID_BYTES, Subscriber},
+};
 
 use super::{
-    Before, SubscriberError, SubscriberSpec, SubscriberTable, map_err, padded, place, same_plan,
-    unpadded,
+    Before, SubscriberError, SubscriberSpec, SubscriberTable, map_err, padded, place, plan_entry,
+    same_plan, unpadded,
 };
 use crate::policy::PolicyTable;
 
@@ -37,6 +40,18 @@ struct Write {
     before: Before,
 }
 
+impl Write {
+    /// The routes to write: each of its prefixes not routed to it already.
+    fn routes_to_write(&self) -> impl Iterator<Item = (IpNet, u32)> + '_ {
+        let value = self.before.index | SUBSCRIBER_BIT;
+        self.before
+            .routes
+            .iter()
+            .filter(move |(p, v)| self.spec.prefixes.contains(p) && *v != Some(value))
+            .map(move |(p, _)| (*p, value))
+    }
+}
+
 /// Subscribers checked against the table as it was read: those to write and to remove.
 #[derive(Debug)]
 pub struct Batch {
@@ -49,6 +64,9 @@ pub struct Batch {
     /// subscriber yet).
     hashed: bool,
     mark: bool,
+    /// The subscribers' prefixes before it: with its own, what it leaves
+    /// ([`super::known`]).
+    prefixes_before: Prefixes,
 }
 
 impl Batch {
@@ -68,9 +86,14 @@ impl Batch {
 
 /// The table as a batch reads it once.
 struct Read {
+    /// `routes` holds every route of the tries; otherwise the subscribers' alone, as the
+    /// last batch left them ([`super::known`]), trusted only for subscribers whose
+    /// prefixes a batch keeps.
+    complete: bool,
     /// Every entry, free ones too, by index.
     all: Vec<Subscriber>,
-    entries: Vec<(u32, Subscriber)>,
+    /// The indices of the entries in use, in order.
+    in_use: Vec<u32>,
     routes: HashMap<IpNet, u32>,
     /// Each subscriber's prefixes, by index.
     prefixes: Prefixes,
@@ -81,6 +104,7 @@ struct Read {
 /// in `net` (`start[i]..start[i + 1]`), and the prefixes in the order of their
 /// subscribers: a million subscribers' prefixes without a list each, found without a
 /// search.
+#[derive(Debug, Default)]
 struct Prefixes {
     start: Vec<u32>,
     net: Vec<IpNet>,
@@ -107,6 +131,11 @@ impl Prefixes {
         Prefixes { start, net }
     }
 
+    /// One more than the last index with a prefix.
+    fn len(&self) -> u32 {
+        self.start.len().saturating_sub(1) as u32
+    }
+
     /// Subscriber `index`'s prefixes, in no particular order.
     fn of_index(&self, index: u32) -> &[IpNet] {
         let i = index as usize;
@@ -122,8 +151,13 @@ fn same_set(a: &[IpNet], b: &[IpNet]) -> bool {
 }
 
 impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
-    fn read_all(&self) -> Result<Read, SubscriberError> {
-        let routes: HashMap<IpNet, u32> = self.p().routes()?.into_iter().collect();
+    /// The table with `routes` as the routes (all of them if `complete`).
+    fn read_with(
+        &self,
+        routes: Vec<(IpNet, u32)>,
+        complete: bool,
+    ) -> Result<Read, SubscriberError> {
+        let routes: HashMap<IpNet, u32> = routes.into_iter().collect();
         use aya::maps::IterableMap as _;
         let mut all = vec![Subscriber::default(); self.subs.len() as usize];
         for (i, s) in crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
@@ -133,16 +167,13 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 *e = s;
             }
         }
-        let entries = all
-            .iter()
-            .enumerate()
-            .skip(1)
-            .filter(|(_, s)| s.in_use != 0)
-            .map(|(i, s)| (i as u32, *s))
+        let in_use = (1..all.len() as u32)
+            .filter(|&i| all[i as usize].in_use != 0)
             .collect();
         Ok(Read {
+            complete,
             all,
-            entries,
+            in_use,
             prefixes: Prefixes::of(&routes),
             routes,
             plans: self.p().plans()?,
@@ -165,22 +196,43 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         policies: Option<&[IpNet]>,
     ) -> Result<Batch, SubscriberError> {
         let config = self.p().config()?;
-        let read = self.read_all()?;
-        // By the id as the entry holds it, to the entry as read: no string made and no entry
-        // copied for each of a million.
-        let by_id: HashMap<&[u8; SUBSCRIBER_ID_BYTES], &(u32, Subscriber)> =
-            read.entries.iter().map(|e| (&e.1.id, e)).collect();
-        let mut used = vec![false; self.room() as usize + 1];
-        for (i, _) in &read.entries {
-            if let Some(u) = used.get_mut(*i as usize) {
-                *u = true;
+        let known = self.known.as_ref().and_then(|k| k.load(config.policy_gen));
+        if let Some(routes) = known {
+            let value = |(net, i): (IpNet, u32)| (net, i | SUBSCRIBER_BIT);
+            let read = self.read_with(routes.into_iter().map(value).collect(), false)?;
+            if let Some(batch) = self.batch_read(specs, prune, policies, &config, read)? {
+                return Ok(batch);
             }
         }
-        let mut first_free = (1..=self.room()).filter(|i| !used[*i as usize]);
+        let read = self.read_with(self.p().routes()?, true)?;
+        self.batch_read(specs, prune, policies, &config, read)?
+            .ok_or_else(|| SubscriberError::Stale("(every route read)".to_owned()))
+    }
+
+    /// [`Self::batch_against`] on the table as `read`: `None` if `read` is not complete and
+    /// the batch needs more than it holds (a new subscriber, one whose prefixes change, or
+    /// one whose count of prefixes is not as it says).
+    fn batch_read(
+        &self,
+        specs: &[SubscriberSpec],
+        prune: bool,
+        policies: Option<&[IpNet]>,
+        config: &shaper_common::maps::Config,
+        read: Read,
+    ) -> Result<Option<Batch>, SubscriberError> {
+        // By the id as the entry holds it, to the entry as read: no string made and no entry
+        // copied for each of a million.
+        let by_id: HashMap<&[u8; SUBSCRIBER_ID_BYTES], u32> = read
+            .in_use
+            .iter()
+            .map(|&i| (&read.all[i as usize].id, i))
+            .collect();
+        let mut first_free = (1..=self.room()).filter(|&i| read.all[i as usize].in_use == 0);
         let marked = read.all.first().is_some_and(|e| e.id == place::MARKER);
-        let empty = self.room() > 0 && read.entries.is_empty();
-        // Where the new subscribers go, in a table placed by hash.
-        let mut free = Free::of(&read.all);
+        let empty = self.room() > 0 && read.in_use.is_empty();
+        // Where the new subscribers go, in a table placed by hash (made at the first).
+        let mut free: Option<Free> = None;
+        let mut plans = Plans::default();
         let mut seen = HashSet::with_capacity(specs.len());
         let mut batch = Batch {
             writes: Vec::new(),
@@ -189,19 +241,22 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             kept_plans: HashMap::new(),
             hashed: marked || empty,
             mark: !marked && empty,
+            prefixes_before: Prefixes::default(),
         };
         for spec in specs {
-            let plan = spec.check((config.prefix_v4, config.prefix_v6))?;
-            if !seen.insert(spec.id.as_str()) {
+            spec.check_shape((config.prefix_v4, config.prefix_v6))?;
+            let plan = plans.entry(spec)?;
+            if !seen.insert(padded::<SUBSCRIBER_ID_BYTES>(&spec.id)) {
                 return Err(SubscriberError::Overlap(format!(
                     "subscriber {} is given twice",
                     spec.id
                 )));
             }
             let (index, entry) = match by_id.get(&padded(&spec.id)) {
-                Some(found) => **found,
+                Some(&i) => (i, read.all[i as usize]),
                 None if batch.hashed => {
                     let i = free
+                        .get_or_insert_with(|| Free::of(&read.all))
                         .take(place::home(spec.id.as_bytes(), self.room()))
                         .ok_or(SubscriberError::Full { room: self.room() })?;
                     (i, read.all[i as usize])
@@ -212,6 +267,12 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 },
             };
             let old = read.prefixes.of_index(index);
+            let known = entry.in_use != 0
+                && entry.in_use as usize == old.len()
+                && same_set(old, &spec.prefixes);
+            if !read.complete && !known {
+                return Ok(None);
+            }
             if entry.in_use != 0 && unchanged(spec, &plan, &entry, old, &read.plans) {
                 batch.summary.unchanged += 1;
                 continue;
@@ -227,12 +288,16 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             });
         }
         if prune {
-            for (index, entry) in &read.entries {
-                if !seen.contains(unpadded(&entry.id).as_str()) {
-                    let old = read.prefixes.of_index(*index);
+            for &index in &read.in_use {
+                let entry = read.all[index as usize];
+                if !seen.contains(&entry.id) {
+                    let old = read.prefixes.of_index(index);
+                    if !read.complete && entry.in_use as usize != old.len() {
+                        return Ok(None);
+                    }
                     batch
                         .removes
-                        .push(before_of(*index, *entry, old, &[], &read.routes));
+                        .push(before_of(index, entry, old, &[], &read.routes));
                 }
             }
             batch.summary.removed = batch.removes.len();
@@ -240,10 +305,14 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         check_end_state(&batch, &read, policies)?;
         self.check_plan_room(&batch, &read)?;
         let touched: HashSet<u32> = batch.befores().map(|b| b.index).collect();
-        for (_, s) in read.entries.iter().filter(|(i, _)| !touched.contains(i)) {
-            *batch.kept_plans.entry(s.plan).or_default() += 1;
+        for i in read.in_use.iter().filter(|i| !touched.contains(i)) {
+            *batch
+                .kept_plans
+                .entry(read.all[*i as usize].plan)
+                .or_default() += 1;
         }
-        Ok(batch)
+        batch.prefixes_before = read.prefixes;
+        Ok(Some(batch))
     }
 
     /// Refuses a batch whose new plans would not fit the policy slots (plans and prefix
@@ -339,8 +408,33 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 _ => {}
             }
         }
+        self.remember(batch);
         progress(total, total);
         Ok(batch.summary)
+    }
+
+    /// Saves the subscribers' routes `batch` left ([`super::known`]), for the policy
+    /// generation it ended at; the file goes if they cannot be saved.
+    fn remember(&self, batch: &Batch) {
+        let Some(known) = &self.known else {
+            return;
+        };
+        let rewritten: HashSet<u32> = batch.befores().map(|b| b.index).collect();
+        let p = &batch.prefixes_before;
+        let kept = (0..p.len())
+            .filter(|i| !rewritten.contains(i))
+            .flat_map(|i| p.of_index(i).iter().map(move |net| (*net, i)));
+        let written = batch.writes.iter().flat_map(|w| {
+            let i = w.before.index;
+            w.spec.prefixes.iter().map(move |net| (*net, i))
+        });
+        let saved = match self.p().config() {
+            Ok(config) => known.save(config.policy_gen, kept.chain(written)).is_ok(),
+            Err(_) => false,
+        };
+        if !saved {
+            known.drop_file();
+        }
     }
 
     /// Writes new subscribers (no route points at their entries yet, so the kernel meters
@@ -366,14 +460,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 index,
                 self.entry_for(&w.spec, index, &w.before.entry, slot)?,
             ));
-            let value = index | SUBSCRIBER_BIT;
-            routes.extend(
-                w.before
-                    .routes
-                    .iter()
-                    .filter(|(p, v)| w.spec.prefixes.contains(p) && *v != Some(value))
-                    .map(|(p, _)| (*p, value)),
-            );
+            routes.extend(w.routes_to_write());
         }
         crate::maps::write_batched(self.subs.map(), &entries)
             .map_err(map_err("write the new subscribers"))?;
@@ -410,13 +497,32 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         self.subs
             .set(index, entry, 0)
             .map_err(|e| map_err(format!("write subscriber {}", w.spec.id))(e))?;
-        let value = index | SUBSCRIBER_BIT;
-        for (p, v) in &w.before.routes {
-            if w.spec.prefixes.contains(p) && *v != Some(value) {
-                self.pm().route_value(*p, value)?;
-            }
+        for (p, value) in w.routes_to_write() {
+            self.pm().route_value(p, value)?;
         }
         Ok(slot)
+    }
+}
+
+/// The plans' entries of a batch's subscribers: each made once for the last few distinct
+/// plans seen (a file has a few plans for a million subscribers), not once a subscriber.
+#[derive(Default)]
+struct Plans(Vec<(PolicyLimits, Policy)>);
+
+impl Plans {
+    /// How many distinct plans it keeps.
+    const KEPT: usize = 16;
+
+    /// The entry of `spec`'s plan ([`SubscriberSpec::check`]'s).
+    fn entry(&mut self, spec: &SubscriberSpec) -> Result<Policy, SubscriberError> {
+        if let Some((_, p)) = self.0.iter().find(|(l, _)| *l == spec.plan) {
+            return Ok(*p);
+        }
+        let p = plan_entry(&spec.id, &spec.plan)?;
+        if self.0.len() < Self::KEPT {
+            self.0.push((spec.plan, p));
+        }
+        Ok(p)
     }
 }
 
@@ -501,6 +607,12 @@ fn before_of(
 
 /// Refuses an end state where a route is inside (or is) another subscriber's prefix, and
 /// a subscriber's prefix inside another subscriber's (the rule of `set`).
+///
+/// The end state is the routes as read, less those of the subscribers the batch rewrites
+/// (and the policies, if `policies` replaces them), under an overlay of the batch's routes
+/// and the policies: not a copy of the routes. The routes in force keep the rule, so an end
+/// state without a route that is not in force already (the same prefixes, to the same
+/// subscribers and policies: a change of plans or names) keeps it too, and is not walked.
 fn check_end_state(
     batch: &Batch,
     read: &Read,
@@ -511,16 +623,15 @@ fn check_end_state(
         0 => policies.is_none(),
         _ => !rewritten.contains(&(v & !SUBSCRIBER_BIT)),
     };
-    let mut end: HashMap<IpNet, u32> = HashMap::with_capacity(read.routes.len());
-    end.extend(
-        read.routes
-            .iter()
-            .filter(|(_, v)| kept(**v))
-            .map(|(p, v)| (*p, *v)),
-    );
     // The policies to be in force (their slots do not matter here: a route without
     // SUBSCRIBER_BIT is a policy's).
-    end.extend(policies.unwrap_or_default().iter().map(|p| (p.trunc(), 0)));
+    let mut over: HashMap<IpNet, u32> = HashMap::new();
+    let mut fresh = false;
+    for p in policies.unwrap_or_default() {
+        let p = p.trunc();
+        fresh |= !matches!(read.routes.get(&p), Some(v) if v & SUBSCRIBER_BIT == 0);
+        over.insert(p, 0);
+    }
     // For the error only: searched, not indexed.
     let id_of = |v: u32| -> String {
         let i = v & !SUBSCRIBER_BIT;
@@ -529,16 +640,16 @@ fn check_end_state(
             .iter()
             .find(|w| w.before.index == i)
             .map(|w| w.spec.id.clone())
-            .or_else(|| {
-                let (_, s) = read.entries.iter().find(|(at, _)| *at == i)?;
-                Some(unpadded(&s.id))
-            })
+            .or_else(|| Some(unpadded(&read.all.get(i as usize)?.id)))
             .unwrap_or_else(|| "?".to_owned())
     };
     for w in &batch.writes {
         let value = w.before.index | SUBSCRIBER_BIT;
         for p in &w.spec.prefixes {
-            if let Some(other) = end.insert(*p, value) {
+            let was = read.routes.get(p).copied();
+            fresh |= was != Some(value);
+            let other = over.insert(*p, value).or_else(|| was.filter(|v| kept(*v)));
+            if let Some(other) = other {
                 let what = describe(*p, other, &id_of);
                 return Err(SubscriberError::Overlap(format!(
                     "{what} is subscriber {}'s prefix too: its traffic would escape a subscriber's bucket",
@@ -547,8 +658,24 @@ fn check_end_state(
             }
         }
     }
-    let lengths = subscriber_lengths(&end);
-    for (r, v) in &end {
+    if !fresh {
+        return Ok(());
+    }
+    let end_get = |p: &IpNet| {
+        over.get(p)
+            .copied()
+            .or_else(|| read.routes.get(p).copied().filter(|v| kept(*v)))
+    };
+    let end = || {
+        over.iter().map(|(p, v)| (*p, *v)).chain(
+            read.routes
+                .iter()
+                .filter(|(p, v)| kept(**v) && !over.contains_key(*p))
+                .map(|(p, v)| (*p, *v)),
+        )
+    };
+    let lengths = subscriber_lengths(end());
+    for (r, v) in end() {
         for len in lengths
             .iter()
             .filter(|l| l.0 == r.addr().is_ipv4() && l.1 < r.prefix_len())
@@ -556,12 +683,12 @@ fn check_end_state(
             let Ok(cover) = r.supernet_of_len(len.1) else {
                 continue;
             };
-            match end.get(&cover) {
-                Some(o) if *o & SUBSCRIBER_BIT != 0 && o != v => {
-                    let what = describe(*r, *v, &id_of);
+            match end_get(&cover) {
+                Some(o) if o & SUBSCRIBER_BIT != 0 && o != v => {
+                    let what = describe(r, v, &id_of);
                     return Err(SubscriberError::Overlap(format!(
                         "{what} is inside subscriber {}'s prefix {cover}: its traffic would escape that subscriber's bucket",
-                        id_of(*o)
+                        id_of(o)
                     )));
                 }
                 _ => {}
@@ -581,10 +708,9 @@ fn describe(p: IpNet, value: u32, id_of: &impl Fn(u32) -> String) -> String {
 }
 
 /// The (IPv4?, length) pairs of the subscribers' prefixes.
-fn subscriber_lengths(end: &HashMap<IpNet, u32>) -> Vec<(bool, u8)> {
+fn subscriber_lengths(end: impl Iterator<Item = (IpNet, u32)>) -> Vec<(bool, u8)> {
     let set: HashSet<(bool, u8)> = end
-        .iter()
-        .filter(|(_, v)| **v & SUBSCRIBER_BIT != 0)
+        .filter(|(_, v)| *v & SUBSCRIBER_BIT != 0)
         .map(|(p, _)| (p.addr().is_ipv4(), p.prefix_len()))
         .collect();
     set.into_iter().collect()
