@@ -1423,6 +1423,17 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
             aggregate_rate_bps: p.aggregate_rate_bps * 2,
             ..*p
         };
+        // One edit as the listener makes it: under the lock, through the kept index.
+        fn coa(at: &Attachment, kept: &mut change::Kept, edit: Edit<'_>) {
+            let edits = change::begin_edits(
+                "test",
+                std::slice::from_ref(at),
+                system::lock().unwrap(),
+                kept,
+            )
+            .unwrap();
+            edits.apply(&[(at.clone(), edit)]).unwrap();
+        }
         for edit in [
             Edit::Plan {
                 id: d.clone(),
@@ -1436,14 +1447,7 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
                 id: "f11".to_owned(),
             },
         ] {
-            let edits = change::begin_edits(
-                "test",
-                std::slice::from_ref(&at),
-                system::lock().unwrap(),
-                &mut kept,
-            )
-            .unwrap();
-            edits.apply(&[(at.clone(), edit)]).unwrap();
+            coa(&at, &mut kept, edit);
             counts_hold("after a CoA");
         }
         set("f11", 11, "10mbit");
@@ -1451,39 +1455,32 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
         // attachment: not after one of another attachment (each change logs the
         // attachments it may touch in the lock's file); after one of it, one that logs
         // nothing (an older shaper's), or a detach (of any attachment).
-        let mut coa = || {
-            let edits = change::begin_edits(
-                "test",
-                std::slice::from_ref(&at),
-                system::lock().unwrap(),
-                &mut kept,
-            )
-            .unwrap();
+        let mut again = || {
             let edit = Edit::Plan {
                 id: "f10".to_owned(),
                 plan: &faster,
             };
-            edits.apply(&[(at.clone(), edit)]).unwrap();
+            coa(&at, &mut kept, edit);
             kept.reads()
         };
-        let read = coa();
-        assert_eq!(coa(), read, "nothing changed");
+        let read = again();
+        assert_eq!(again(), read, "nothing changed");
         let egress = ["--direction", "egress"];
         let attach = ["attach", &iface, "--rate", "8mbit", "--burst", "64k"];
         shaper_ok(&ns, &[&egress[..], &attach[..]].concat());
         let _egress = AttachGuard::toward(shaper_bin(), &ns, &iface, "egress");
         let policy = ["policy", "set", &iface, "10.9.0.0/16", "--action", "pass"];
         shaper_ok(&ns, &[&egress[..], &policy[..]].concat());
-        assert_eq!(coa(), read, "another attachment's changes");
+        assert_eq!(again(), read, "another attachment's changes");
         {
             let lock = system::lock().unwrap();
             lock.bump(lock.generation().unwrap()).unwrap();
         }
-        assert_eq!(coa(), read + 1, "a change that logs nothing");
+        assert_eq!(again(), read + 1, "a change that logs nothing");
         shaper_ok(&ns, &[&egress[..], &["detach", &iface][..]].concat());
-        assert_eq!(coa(), read + 2, "a detach");
+        assert_eq!(again(), read + 2, "a detach");
         set("f11", 11, "20mbit");
-        assert_eq!(coa(), read + 3, "its own attachment's change");
+        assert_eq!(again(), read + 3, "its own attachment's change");
     }
     // Every one still found by its probe, the last one's chain the longest.
     for s in full.as_array().unwrap() {

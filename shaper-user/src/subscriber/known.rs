@@ -17,7 +17,7 @@ use std::{
     fs,
     io::{self, Read as _, Write as _},
     net::{Ipv4Addr, Ipv6Addr},
-    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
+    os::unix::fs::DirBuilderExt as _,
     path::PathBuf,
 };
 
@@ -83,7 +83,7 @@ impl Known {
             return None;
         }
         // The header first: a file of another generation is not read on.
-        let mut f = fs::File::open(&self.path).ok()?;
+        let mut f = crate::owned::open_private_to_read(&self.path).ok()?;
         let mut header = [0u8; 24];
         f.read_exact(&mut header).ok()?;
         if header != self.header(generation) {
@@ -126,12 +126,7 @@ impl Known {
         }
         let mut beside = self.path.clone().into_os_string();
         beside.push(".new");
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&beside)?;
+        let mut f = crate::owned::create_private(beside.as_ref())?;
         f.write_all(&out)?;
         drop(f);
         fs::rename(&beside, &self.path)
