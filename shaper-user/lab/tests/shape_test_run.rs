@@ -571,7 +571,11 @@ fn a_shaping_subscribers_prefixes_of_both_families_keep_one_departure_schedule()
         runs.push(run(prog, &f, ecn_capable));
         lens.push(len);
         // Past the first 80 frames, until each outcome has been seen three times.
-        if i >= 80 && [is_dropped, is_held, is_marked].iter().all(|&w| count(&runs, w) >= 3) {
+        if i >= 80
+            && [is_dropped, is_held, is_marked]
+                .iter()
+                .all(|&w| count(&runs, w) >= 3)
+        {
             break;
         }
     }
