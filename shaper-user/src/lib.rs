@@ -17,6 +17,7 @@ pub mod import;
 pub mod journal;
 pub mod kernel;
 pub mod libreqos;
+pub mod rows;
 pub mod link;
 pub mod maps;
 pub mod metrics;
