@@ -234,12 +234,8 @@ pub fn apply_holding(
     let change = prepared.journal_with(undo)?;
     let mut applied = Vec::new();
     let mut to_save = Vec::new();
-    for (index, (((d, at), batch), saved)) in desired
-        .iter()
-        .zip(&ats)
-        .zip(batches)
-        .zip(saves)
-        .enumerate()
+    for (index, (((d, at), batch), saved)) in
+        desired.iter().zip(&ats).zip(batches).zip(saves).enumerate()
     {
         // Read through the pins the change opened (an error here drops `change`, which
         // puts back what was changed).

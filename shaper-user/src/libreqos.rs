@@ -204,8 +204,22 @@ pub fn read_rows(input: impl Read) -> Result<Rows, ImportError> {
     read_within(input, MAX_FILE_BYTES)
 }
 
+/// [`read_rows`] of `bytes`: its circuits' and prefixes' tables made for as many rows as
+/// that many bytes may hold (not grown a row at a time, rehashed at every doubling: the
+/// better part of a million rows' read).
+pub fn read_rows_of(bytes: &[u8]) -> Result<Rows, ImportError> {
+    let rows = (bytes.len() / 48).min(MAX_ROWS);
+    read_sized(bytes, MAX_FILE_BYTES, rows)
+}
+
 /// [`read_rows`], refusing a file of more than `most` bytes.
 fn read_within(input: impl Read, most: u64) -> Result<Rows, ImportError> {
+    read_sized(input, most, 0)
+}
+
+/// [`read_within`], its tables made for `rows` rows.
+fn read_sized(input: impl Read, most: u64, rows: usize) -> Result<Rows, ImportError> {
+    let expected = rows;
     let input = skip_bom(Bounded {
         inner: input,
         left: most,
@@ -227,8 +241,8 @@ fn read_within(input: impl Read, most: u64) -> Result<Rows, ImportError> {
     };
     let header = line;
     let columns = Columns::of(&record, line)?;
-    let mut circuits = Circuits::default();
-    let mut rows = Vec::new();
+    let mut circuits = Circuits::with_capacity(expected);
+    let mut rows = Vec::with_capacity(expected);
     while let Some(line) = source.next(&mut record)? {
         if rows.len() >= MAX_ROWS {
             return Err(line_error(line, format!("more than {MAX_ROWS} rows")));
@@ -255,8 +269,7 @@ pub struct Partial {
 impl Partial {
     /// Rows under the header `header` (on line `line`).
     pub fn new(header: &[u8], line: usize) -> Result<Self, ImportError> {
-        let record = alone(header, line)?
-            .ok_or_else(|| line_error(line, "not a header row"))?;
+        let record = alone(header, line)?.ok_or_else(|| line_error(line, "not a header row"))?;
         Ok(Self {
             columns: Columns::of(&record, line)?,
             circuits: Circuits::default(),
@@ -314,7 +327,9 @@ fn alone(text: &[u8], line: usize) -> Result<Option<ByteRecord>, ImportError> {
     }
     let mut next = ByteRecord::new();
     if !matches!(csv.read_byte_record(&mut next), Ok(false))
-        || record.iter().any(|c| c.contains(&b'\n') || c.contains(&b'\r'))
+        || record
+            .iter()
+            .any(|c| c.contains(&b'\n') || c.contains(&b'\r'))
     {
         return Err(not_one());
     }
@@ -755,6 +770,15 @@ struct Circuits {
 }
 
 impl Circuits {
+    /// Made for `rows` rows (of a prefix or two each).
+    fn with_capacity(rows: usize) -> Self {
+        Self {
+            list: Vec::with_capacity(rows),
+            by_id: HashMap::with_capacity_and_hasher(rows, Default::default()),
+            owner: HashMap::with_capacity_and_hasher(2 * rows, Default::default()),
+        }
+    }
+
     /// Reads one row into its circuit: the circuit's index.
     fn add(
         &mut self,
@@ -793,7 +817,7 @@ impl Circuits {
                 self.list.push(Circuit {
                     id: id.to_owned(),
                     name,
-                    prefixes: Vec::new(),
+                    prefixes: Vec::with_capacity(prefixes.len()),
                     download,
                     upload,
                     line: row.line,

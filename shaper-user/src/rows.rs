@@ -188,7 +188,10 @@ impl Saved {
             .chunks_exact(ROW_BYTES)
             .map(|r| {
                 let d = u128::from_le_bytes(r[..16].try_into().unwrap_or_default());
-                (d, u32::from_le_bytes(r[16..].try_into().unwrap_or_default()))
+                (
+                    d,
+                    u32::from_le_bytes(r[16..].try_into().unwrap_or_default()),
+                )
             })
             .collect();
         Some(Self {
@@ -357,7 +360,9 @@ pub fn reapply(
     );
     read.sort_unstable();
     for (line, at) in read {
-        partial.add(line_at(&buf, at as usize), line as usize).ok()?;
+        partial
+            .add(line_at(&buf, at as usize), line as usize)
+            .ok()?;
     }
     let circuits = partial.finish().ok()?;
     // A circuit no longer in the file stays (pruning is the whole way's).

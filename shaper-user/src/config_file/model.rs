@@ -930,8 +930,11 @@ fn csv_subscribers(
     }
     // Read whole (bounded above): its rows' digests are taken from the same bytes.
     let mut buf = Vec::with_capacity(open.1 as usize + 1);
-    std::io::Read::read_to_end(&mut std::io::Read::take(open.0, MAX_CSV_BYTES + 1), &mut buf)
-        .map_err(|e| err(l.file.span(), "file", format!("cannot read {shown}: {e}")))?;
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(open.0, MAX_CSV_BYTES + 1),
+        &mut buf,
+    )
+    .map_err(|e| err(l.file.span(), "file", format!("cannot read {shown}: {e}")))?;
     let csv_error = |e: libreqos::ImportError| FileError {
         file: shown.clone(),
         line: e.line(),
@@ -944,7 +947,7 @@ fn csv_subscribers(
             | libreqos::ImportError::Line { reason, .. } => reason,
         },
     };
-    let mut read = libreqos::read_rows(&buf[..]).map_err(csv_error)?;
+    let mut read = libreqos::read_rows_of(&buf).map_err(csv_error)?;
     let rows = RowDigests::of(&buf, &read, first);
     let specs = std::mem::take(&mut read.circuits)
         .into_iter()

@@ -94,6 +94,18 @@ impl Batch {
         &self.indices
     }
 
+    /// Whether each entry up to `len` (and past it, none) is one it rewrites: a bitmap,
+    /// not a set of a million.
+    fn rewritten(&self, len: usize) -> Vec<bool> {
+        let mut out = vec![false; len];
+        for b in self.befores() {
+            if let Some(r) = out.get_mut(b.index as usize) {
+                *r = true;
+            }
+        }
+        out
+    }
+
     /// Whether writing it changes a route.
     fn routes_change(&self) -> bool {
         !self.removes.is_empty()
@@ -262,7 +274,8 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         let mut plans = Plans::default();
         let mut seen = HashSet::with_capacity(specs.len());
         let mut batch = Batch {
-            writes: Vec::new(),
+            // Room for every one (a new attachment's): not grown and copied twenty times.
+            writes: Vec::with_capacity(specs.len()),
             removes: Vec::new(),
             summary: Summary::default(),
             kept_plans: HashMap::new(),
@@ -334,8 +347,8 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         }
         check_end_state(&batch, &read, policies)?;
         self.check_plan_room(&batch, &read.plans)?;
-        let touched: HashSet<u32> = batch.befores().map(|b| b.index).collect();
-        for i in read.in_use.iter().filter(|i| !touched.contains(i)) {
+        let touched = batch.rewritten(read.all.len());
+        for i in read.in_use.iter().filter(|i| !touched[**i as usize]) {
             *batch
                 .kept_plans
                 .entry(read.all[*i as usize].plan)
@@ -535,10 +548,10 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         if batch.partial {
             return;
         }
-        let rewritten: HashSet<u32> = batch.befores().map(|b| b.index).collect();
         let p = &batch.prefixes_before;
+        let rewritten = batch.rewritten(p.len() as usize);
         let kept = (0..p.len())
-            .filter(|i| !rewritten.contains(i))
+            .filter(|i| !rewritten[*i as usize])
             .flat_map(|i| p.of_index(i).iter().map(move |net| (*net, i)));
         let written = batch.writes.iter().flat_map(|w| {
             let i = w.before.index;
@@ -734,10 +747,13 @@ fn check_end_state(
     read: &Read,
     policies: Option<&[IpNet]>,
 ) -> Result<(), SubscriberError> {
-    let rewritten: HashSet<u32> = batch.befores().map(|b| b.index).collect();
+    let rewritten = batch.rewritten(read.all.len());
     let kept = |v: u32| match v & SUBSCRIBER_BIT {
         0 => policies.is_none(),
-        _ => !rewritten.contains(&(v & !SUBSCRIBER_BIT)),
+        _ => !rewritten
+            .get((v & !SUBSCRIBER_BIT) as usize)
+            .copied()
+            .unwrap_or(false),
     };
     // The policies to be in force (their slots do not matter here: a route without
     // SUBSCRIBER_BIT is a policy's).
