@@ -771,9 +771,9 @@ c6,Ford,d6b,,,,,fdd7:b724:0:600::/56,1,1,100,100,\n\
     )
 }
 
-/// `apply -j -f FILE`, told to die where the rows were read as far as they changed
-/// ([`shaper_user::rows`]): `None` if it died there (the fast way was taken, nothing
-/// written), its subscriber counts otherwise (the file was read whole).
+/// `apply -j -f FILE`, told to die once done if the rows were read as far as they changed
+/// ([`shaper_user::rows`]): `None` if it died there (the fast way was taken, everything
+/// written and committed), its subscriber counts otherwise (the file was read whole).
 fn applied_reading_rows(lab: &Lab, file: &TempFile) -> Option<[u64; 4]> {
     use std::os::unix::process::ExitStatusExt as _;
     let out = std::process::Command::new(shaper_lab::bins::shaper())
@@ -814,16 +814,20 @@ fn a_libreqos_file_applied_again_is_read_as_far_as_it_changed() {
     assert_eq!(applied(&lab, &file), [6, 0, 0, 0]);
     let before = subscribers(&lab, iface);
 
-    // One row changed: the fast way is taken (the test build dies there, nothing
-    // written), and it writes that subscriber alone.
-    write("30", "");
-    assert_eq!(applied_reading_rows(&lab, &file), None);
-    assert_eq!(applied(&lab, &file), [0, 1, 5, 0]);
+    // One row changed: the fast way is taken (the test build dies once it is done), and
+    // it writes that subscriber alone; again, from the rows it saved.
     let c2 = before.iter().find(|s| s.0 == "c2").unwrap();
-    assert_eq!(rate_of("c2"), (c2.1.clone(), 30_000_000));
-    for s in before.iter().filter(|s| s.0 != "c2") {
-        assert_eq!(rate_of(&s.0), (s.1.clone(), s.2), "{}", s.0);
+    for mbps in ["30", "40"] {
+        write(mbps, "");
+        assert_eq!(applied_reading_rows(&lab, &file), None, "at {mbps}");
+        let bps = mbps.parse::<u64>().unwrap() * 1_000_000;
+        assert_eq!(rate_of("c2"), (c2.1.clone(), bps));
+        for s in before.iter().filter(|s| s.0 != "c2") {
+            assert_eq!(rate_of(&s.0), (s.1.clone(), s.2), "{}", s.0);
+        }
     }
+    write("30", "");
+    assert_eq!(applied(&lab, &file), [0, 1, 5, 0]);
     // The same file again: nothing to write, still the fast way.
     assert_eq!(applied_reading_rows(&lab, &file), None);
     assert_eq!(applied(&lab, &file), [0, 0, 6, 0]);
