@@ -381,8 +381,8 @@ pub fn reapply(
         index_of.push(ids.iter().find(|(i, _)| *i == spec.id)?.1);
         specs.push(spec);
     }
-    let circuits_now = saved.circuits as usize - gone;
-    let others = subs.specs.len() + circuits_now - specs.len();
+    let circuits_now = (saved.circuits as usize).checked_sub(gone)?;
+    let others = (subs.specs.len() + circuits_now).checked_sub(specs.len())?;
     let batch = table.batch_known(&specs, others).ok()??;
     // The rows to save: those kept, and the new ones under their circuits' entries.
     let mut rows: Vec<(u128, u32)> = diff.kept.iter().map(|(d, _, _, i)| (*d, *i)).collect();

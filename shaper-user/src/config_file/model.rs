@@ -752,7 +752,10 @@ impl Loc {
 /// its `[interface.libreqos]` file (unless `defer`), each checked for keys masked to
 /// `keys`, and none overlapping another or the interface's policies (`policies`: prefix,
 /// span, field).
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the file's parts an interface's subscribers are checked against"
+)]
 fn subscribers(
     src: &Source,
     m: &InterfaceModel,
