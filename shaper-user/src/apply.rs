@@ -16,6 +16,7 @@ use crate::{
     pins::Attachment,
     policy::{PolicySet, PolicySpec, PolicyTable},
     request::{AttachRequest, RequestError, SubscriberRequest},
+    rows::{self, CsvFile, Saved},
     subscriber::{Batch, SubscriberTable, Summary},
     system::{self, SystemError},
 };
@@ -54,6 +55,12 @@ pub enum ApplyError {
         iface: String,
         error: Box<ChangeError>,
     },
+    /// An `[interface.libreqos]` file not read
+    /// ([`crate::config_file::parse_deferring`]) whose rows cannot be taken from the last
+    /// apply's ([`crate::rows`]): read the file whole ([`crate::config_file::parse`]) and
+    /// apply again. Nothing was changed.
+    #[error("interface {0}: its LibreQoS file is to be read whole")]
+    Reread(String),
 }
 
 impl From<ChangeError> for ApplyError {
@@ -167,6 +174,11 @@ pub fn apply(
 /// journaled) before anything is written; those of an attachment made (or upgraded) by
 /// the change are checked and written after its `attach`, the whole change rolled back
 /// on an error.
+///
+/// An `[interface.libreqos]` file not read ([`crate::config_file::parse_deferring`]) is
+/// read as far as it changed since the last apply ([`rows::reapply`]), or the apply is
+/// refused with [`ApplyError::Reread`] before anything is written. A file read whole
+/// leaves its rows for the next apply, once committed.
 pub fn apply_holding(
     desired: &[AttachRequest],
     netns: Option<&str>,
@@ -181,18 +193,37 @@ pub fn apply_holding(
             ..d.at.clone()
         })
         .collect();
+    // The rows each file not read left, if no change since may have touched its
+    // interface (the change log read before this change moves it on).
+    let mut trusted = Vec::new();
+    for (d, at) in desired.iter().zip(&ats) {
+        trusted.push(match deferred(d) {
+            Some(_) => Some(rows::trusted(&lock, at).ok_or_else(|| reread(d))?),
+            None => None,
+        });
+    }
     let prepared = change::begin_holding("apply", &ats, lock)?;
     let mut batches = Vec::new();
     let mut undo = Vec::new();
-    for (d, at) in desired.iter().zip(&ats) {
-        let batch = match (&d.subscribers, prepared.pinned(at)) {
-            (Some(s), Some(pinned)) => {
+    let mut saves = Vec::new();
+    for ((d, at), trusted) in desired.iter().zip(&ats).zip(trusted) {
+        let mut saved = None;
+        let batch = match (&d.subscribers, prepared.pinned(at), trusted) {
+            (Some(s), Some(pinned), Some(trusted)) => {
+                let csv = s.csv.as_ref().ok_or_else(|| reread(d))?;
+                let again = rows::reapply(d, csv, trusted, pinned).ok_or_else(|| reread(d))?;
+                saved = Some(again.saved);
+                Some(again.batch)
+            }
+            (_, _, Some(_)) => return Err(reread(d)),
+            (Some(s), Some(pinned), None) => {
                 let policies = d.policies.as_ref().map(policy_prefixes);
-                let batch = subscriber_batch(pinned, s, policies.as_deref());
+                let batch = subscriber_batch(pinned, s, policies.as_deref(), false);
                 Some(batch.map_err(|e| subscriber_err(d, e))?)
             }
             _ => None,
         };
+        saves.push(saved);
         if let Some(b) = &batch {
             undo.extend(b.befores().map(|before| Undo::subscriber(at, before)));
         }
@@ -200,7 +231,10 @@ pub fn apply_holding(
     }
     let change = prepared.journal_with(undo)?;
     let mut applied = Vec::new();
-    for (index, ((d, at), batch)) in desired.iter().zip(&ats).zip(batches).enumerate() {
+    let mut to_save = Vec::new();
+    for (index, (((d, at), batch), saved)) in
+        desired.iter().zip(&ats).zip(batches).zip(saves).enumerate()
+    {
         // Read through the pins the change opened (an error here drops `change`, which
         // puts back what was changed).
         let pinned = change.pinned(at);
@@ -215,7 +249,12 @@ pub fn apply_holding(
             Some(before) => !snapshot(at, pinned).is_ok_and(|after| same(before, &after)),
             None => true,
         };
-        let subscribers = write_subscribers(d, at, pinned, batch, progress)?;
+        let made = matches!(outcome, Attached::New { .. });
+        let (subscribers, saved) =
+            write_subscribers(d, at, (pinned, made), batch, saved, progress)?;
+        if let Some(saved) = saved {
+            to_save.push((at, saved));
+        }
         applied.push(Applied {
             iface: d.at.label(),
             outcome,
@@ -225,18 +264,57 @@ pub fn apply_holding(
         });
         crate::crash::point("apply-interface");
     }
-    change.commit()?;
+    let lock = change.commit_holding()?;
+    // Saved under the lock, with this change's count: a change after it logs its own.
+    let generation = lock.generation().ok();
+    let fast = saves_fast(desired);
+    for (at, mut saved) in to_save {
+        match generation {
+            Some(g) => {
+                saved.generation = g;
+                if saved.save(at).is_err() {
+                    rows::forget(at);
+                }
+            }
+            None => rows::forget(at),
+        }
+    }
+    drop(lock);
+    // Where the tests see that a file was read as far as it changed: all done.
+    if fast {
+        crate::crash::point("apply-rows");
+    }
     Ok(applied)
 }
 
+/// Whether a LibreQoS file of `desired` was read as far as it changed (not whole).
+fn saves_fast(desired: &[AttachRequest]) -> bool {
+    desired.iter().any(|d| deferred(d).is_some())
+}
+
+/// The `[interface.libreqos]` file of `d` if it is not read yet.
+fn deferred(d: &AttachRequest) -> Option<&CsvFile> {
+    let csv = d.subscribers.as_ref()?.csv.as_ref()?;
+    csv.rows.is_none().then_some(csv)
+}
+
+fn reread(d: &AttachRequest) -> ApplyError {
+    ApplyError::Reread(d.at.label())
+}
+
 /// What setting `s` on the attachment of `pinned` writes, checked against the prefix
-/// policies `policies` (the file's, which `attach` writes first), or those in force.
+/// policies `policies` (the file's, which `attach` writes first), or those in force;
+/// `made`: the change made the attachment (its subscribers' table is not read).
 fn subscriber_batch(
     pinned: &Pinned,
     s: &SubscriberRequest,
     policies: Option<&[IpNet]>,
+    made: bool,
 ) -> Result<Batch, ChangeError> {
-    let table = SubscriberTable::of(pinned)?;
+    let table = match made {
+        true => SubscriberTable::of(pinned)?.made_now(),
+        false => SubscriberTable::of(pinned)?,
+    };
     Ok(table.batch_against(&s.specs, s.prune, policies)?)
 }
 
@@ -246,16 +324,19 @@ fn policy_prefixes(set: &PolicySet) -> Vec<IpNet> {
 }
 
 /// Writes the subscribers of `d` (its batch, checked before the change was journaled; or,
-/// for an attachment the change made, checked now through its new pins).
+/// for an attachment the change made, checked now through its new pins): what was done,
+/// and the rows of its LibreQoS file to save for the next apply (`saved`, those the
+/// batch was made from where the file was read as far as it changed).
 fn write_subscribers(
     d: &AttachRequest,
     at: &Attachment,
-    pinned: Option<&Pinned>,
+    (pinned, made): (Option<&Pinned>, bool),
     batch: Option<Batch>,
+    saved: Option<Saved>,
     progress: &mut dyn FnMut(usize, usize),
-) -> Result<Option<Summary>, ApplyError> {
+) -> Result<(Option<Summary>, Option<Saved>), ApplyError> {
     let Some(s) = &d.subscribers else {
-        return Ok(None);
+        return Ok((None, None));
     };
     let opened;
     let pinned = match pinned {
@@ -267,13 +348,46 @@ fn write_subscribers(
     };
     let batch = match batch {
         Some(b) => b,
-        None => subscriber_batch(pinned, s, None).map_err(|e| subscriber_err(d, e))?,
+        // A file not read whole is batched before the change is journaled, or not at all.
+        None if deferred(d).is_some() => return Err(reread(d)),
+        None => subscriber_batch(pinned, s, None, made).map_err(|e| subscriber_err(d, e))?,
     };
     let mut table = SubscriberTable::of(pinned).map_err(|e| subscriber_err(d, e.into()))?;
     let summary = table
         .write_batch(&batch, progress)
         .map_err(|e| subscriber_err(d, e.into()))?;
-    Ok(Some(summary))
+    let saved = saved.or_else(|| rows_read(d, s, &batch)).and_then(|saved| {
+        Some(Saved {
+            maps: rows::map_ids(pinned)?,
+            ..saved
+        })
+    });
+    Ok((Some(summary), saved))
+}
+
+/// The rows of `d`'s LibreQoS file read whole, each with its subscriber's entry as
+/// `batch` found or placed it.
+fn rows_read(d: &AttachRequest, s: &SubscriberRequest, batch: &Batch) -> Option<Saved> {
+    let csv = s.csv.as_ref()?;
+    let read = csv.rows.as_ref()?;
+    let indices = batch.indices();
+    let first = s.specs.len().checked_sub(read.circuits as usize)?;
+    if indices.len() != s.specs.len() {
+        return None;
+    }
+    let mtu = system::mtu(&d.at.iface).ok()?;
+    let mut rows: Vec<(u128, u32)> = read
+        .rows
+        .iter()
+        .map(|&(digest, k)| Some((digest, *indices.get(k as usize)?)))
+        .collect::<Option<_>>()?;
+    rows.sort_unstable();
+    Some(Saved {
+        context: rows::context(d, &s.specs[..first], csv, read.header, mtu),
+        circuits: read.circuits,
+        rows,
+        ..Saved::default()
+    })
 }
 
 fn subscriber_err(d: &AttachRequest, e: ChangeError) -> ApplyError {

@@ -322,6 +322,19 @@ impl Change {
         find(&self.opened, at).is_some_and(|o| o.live)
     }
 
+    /// [`Change::commit`], the lock kept: what the caller saves of the change (the rows
+    /// an apply read: [`crate::rows`]) is saved before another change may begin.
+    pub fn commit_holding(self) -> Result<system::Lock, ChangeError> {
+        let Self {
+            journal,
+            opened,
+            _lock,
+        } = self;
+        journal.commit()?;
+        drop(opened);
+        Ok(_lock)
+    }
+
     /// The change is complete: forget how to undo it, and let the lock go.
     pub fn commit(self) -> Result<(), ChangeError> {
         let Self {

@@ -27,6 +27,7 @@ pub mod pins;
 pub mod policy;
 pub mod radius;
 pub mod request;
+pub mod rows;
 pub mod setting;
 pub mod sources;
 pub mod subscriber;

@@ -184,11 +184,42 @@ impl ImportError {
 /// Reads a `ShapedDevices.csv` (see the module's documentation for what is accepted):
 /// its circuits in the order of their first rows.
 pub fn read(input: impl Read) -> Result<Vec<Circuit>, ImportError> {
+    read_within(input, MAX_FILE_BYTES).map(|r| r.circuits)
+}
+
+/// What [`read_rows`] reads: the circuits, and where each came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rows {
+    /// As [`read`] returns them.
+    pub circuits: Vec<Circuit>,
+    /// The header's line.
+    pub header: usize,
+    /// Each device row: its line and its circuit (an index in `circuits`), in file order.
+    pub rows: Vec<(u32, u32)>,
+}
+
+/// [`read`], saying which line each circuit's rows are on (an apply keeps a digest of
+/// each row, to read only the rows that changed the next time: [`crate::rows`]).
+pub fn read_rows(input: impl Read) -> Result<Rows, ImportError> {
     read_within(input, MAX_FILE_BYTES)
 }
 
-/// [`read`], refusing a file of more than `most` bytes.
-fn read_within(input: impl Read, most: u64) -> Result<Vec<Circuit>, ImportError> {
+/// [`read_rows`] of `bytes`: its circuits' and prefixes' tables made for as many rows as
+/// that many bytes may hold (not grown a row at a time, rehashed at every doubling: the
+/// better part of a million rows' read).
+pub fn read_rows_of(bytes: &[u8]) -> Result<Rows, ImportError> {
+    let rows = (bytes.len() / 48).min(MAX_ROWS);
+    read_sized(bytes, MAX_FILE_BYTES, rows)
+}
+
+/// [`read_rows`], refusing a file of more than `most` bytes.
+fn read_within(input: impl Read, most: u64) -> Result<Rows, ImportError> {
+    read_sized(input, most, 0)
+}
+
+/// [`read_within`], its tables made for `rows` rows.
+fn read_sized(input: impl Read, most: u64, rows: usize) -> Result<Rows, ImportError> {
+    let expected = rows;
     let input = skip_bom(Bounded {
         inner: input,
         left: most,
@@ -208,17 +239,101 @@ fn read_within(input: impl Read, most: u64) -> Result<Vec<Circuit>, ImportError>
             "no header row (the file is empty or all comments)",
         ));
     };
+    let header = line;
     let columns = Columns::of(&record, line)?;
-    let mut circuits = Circuits::default();
-    let mut rows = 0;
+    let mut circuits = Circuits::with_capacity(expected);
+    let mut rows = Vec::with_capacity(expected);
     while let Some(line) = source.next(&mut record)? {
-        rows += 1;
-        if rows > MAX_ROWS {
+        if rows.len() >= MAX_ROWS {
             return Err(line_error(line, format!("more than {MAX_ROWS} rows")));
         }
-        circuits.add(&columns, &record, line)?;
+        let circuit = circuits.add(&columns, &record, line)?;
+        rows.push((line as u32, circuit as u32));
     }
-    circuits.finish()
+    Ok(Rows {
+        circuits: circuits.finish()?,
+        header,
+        rows,
+    })
+}
+
+/// Rows read one at a time against a header, each line alone: an apply that reads only
+/// the rows that changed since the last one ([`crate::rows`]). A line that is not one
+/// record by itself (a quote left open, a carriage return inside) is refused: read in
+/// its file it could be another.
+pub struct Partial {
+    columns: Columns,
+    circuits: Circuits,
+}
+
+impl Partial {
+    /// Rows under the header `header` (on line `line`).
+    pub fn new(header: &[u8], line: usize) -> Result<Self, ImportError> {
+        let record = alone(header, line)?.ok_or_else(|| line_error(line, "not a header row"))?;
+        Ok(Self {
+            columns: Columns::of(&record, line)?,
+            circuits: Circuits::default(),
+        })
+    }
+
+    /// The `Circuit ID` of the row `text` (line `line`), checked as [`read`] would;
+    /// `None` for a line that is no row (empty, a comment).
+    pub fn circuit_id(&self, text: &[u8], line: usize) -> Result<Option<String>, ImportError> {
+        let Some(record) = alone(text, line)? else {
+            return Ok(None);
+        };
+        let row = Row {
+            record: &record,
+            columns: &self.columns,
+            line,
+        };
+        row.check_shape()?;
+        Ok(Some(row.label(Field::Id, MAX_ID_BYTES)?.to_owned()))
+    }
+
+    /// Reads the row `text` (line `line`) into its circuit, as [`read`] would; a line
+    /// that is no row is skipped.
+    pub fn add(&mut self, text: &[u8], line: usize) -> Result<(), ImportError> {
+        if let Some(record) = alone(text, line)? {
+            self.circuits.add(&self.columns, &record, line)?;
+        }
+        Ok(())
+    }
+
+    /// The circuits of the rows added, in the order of their first rows.
+    pub fn finish(self) -> Result<Vec<Circuit>, ImportError> {
+        self.circuits.finish()
+    }
+}
+
+/// The record of the line `text` (without its line feed) read alone; `None` if it is
+/// none (empty, a comment). Refused if it is more than one record, or a cell of it
+/// would take the line feed after it (a quote left open).
+fn alone(text: &[u8], line: usize) -> Result<Option<ByteRecord>, ImportError> {
+    let mut bytes = Vec::with_capacity(text.len() + 1);
+    bytes.extend_from_slice(text);
+    bytes.push(b'\n');
+    let mut csv = ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .comment(Some(b'#'))
+        .from_reader(&bytes[..]);
+    let mut record = ByteRecord::new();
+    let not_one = || line_error(line, "not one row on its own line");
+    match csv.read_byte_record(&mut record) {
+        Ok(false) => return Ok(None),
+        Ok(true) => {}
+        Err(_) => return Err(not_one()),
+    }
+    let mut next = ByteRecord::new();
+    if !matches!(csv.read_byte_record(&mut next), Ok(false))
+        || record
+            .iter()
+            .any(|c| c.contains(&b'\n') || c.contains(&b'\r'))
+    {
+        return Err(not_one());
+    }
+    Ok(Some(record))
 }
 
 fn line_error(line: usize, reason: impl Into<String>) -> ImportError {
@@ -655,12 +770,22 @@ struct Circuits {
 }
 
 impl Circuits {
+    /// Made for `rows` rows (of a prefix or two each).
+    fn with_capacity(rows: usize) -> Self {
+        Self {
+            list: Vec::with_capacity(rows),
+            by_id: HashMap::with_capacity_and_hasher(rows, Default::default()),
+            owner: HashMap::with_capacity_and_hasher(2 * rows, Default::default()),
+        }
+    }
+
+    /// Reads one row into its circuit: the circuit's index.
     fn add(
         &mut self,
         columns: &Columns,
         record: &ByteRecord,
         line: usize,
-    ) -> Result<(), ImportError> {
+    ) -> Result<usize, ImportError> {
         let row = Row {
             record,
             columns,
@@ -692,7 +817,7 @@ impl Circuits {
                 self.list.push(Circuit {
                     id: id.to_owned(),
                     name,
-                    prefixes: Vec::new(),
+                    prefixes: Vec::with_capacity(prefixes.len()),
                     download,
                     upload,
                     line: row.line,
@@ -703,7 +828,7 @@ impl Circuits {
         for (prefix, field) in prefixes {
             self.claim(&row, circuit, prefix, field)?;
         }
-        Ok(())
+        Ok(circuit)
     }
 
     /// Gives the prefix to the circuit, unless another circuit has it.
@@ -944,7 +1069,10 @@ mod tests {
         let text =
             format!("Circuit ID,IPv4,IPv6,Download Min,Upload Min,Download Max,Upload Max\n{row}");
         let most = text.len() as u64;
-        assert_eq!(read_within(text.as_bytes(), most).map(|c| c.len()), Ok(1));
+        assert_eq!(
+            read_within(text.as_bytes(), most).map(|r| r.circuits.len()),
+            Ok(1)
+        );
         let more = format!("{text}{}", row.replace("c-1,100.70.0.1", "c-2,100.70.0.2"));
         assert_eq!(
             read_within(more.as_bytes(), most).unwrap_err().to_string(),

@@ -180,6 +180,9 @@ pub struct SubscriberRequest {
     /// Remove the subscribers not in `specs` (`prune_subscribers = true`); otherwise those
     /// set by `subscriber set` or `import` stay.
     pub prune: bool,
+    /// Its `[interface.libreqos]` file: its circuits are `specs` after the others once
+    /// read ([`crate::rows::CsvFile::rows`]), not in `specs` while not.
+    pub csv: Option<crate::rows::CsvFile>,
 }
 
 /// The new-source admission `attach` is asked for.

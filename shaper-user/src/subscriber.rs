@@ -181,7 +181,7 @@ impl SubscriberSpec {
     }
 
     /// [`Self::check`] but its plan: its id, name and prefixes.
-    fn check_shape(&self, key_prefixes: (u32, u32)) -> Result<(), SubscriberError> {
+    pub fn check_shape(&self, key_prefixes: (u32, u32)) -> Result<(), SubscriberError> {
         check_id(&self.id)?;
         check_name(&self.name)?;
         if self.prefixes.is_empty() {
@@ -348,6 +348,9 @@ pub struct SubscriberTable<P = PolicyTable> {
     /// The routes that file held when [`Self::before`] of a removal read them, to save
     /// again without the subscriber once it is removed.
     known_read: std::cell::RefCell<Option<Vec<(IpNet, u32)>>>,
+    /// Its maps were made by the change at hand: every entry is free, and a batch does
+    /// not read them ([`Self::made_now`]).
+    made_now: bool,
 }
 
 impl SubscriberTable {
@@ -371,6 +374,16 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             hashed: std::cell::Cell::new(None),
             known: None,
             known_read: std::cell::RefCell::new(None),
+            made_now: false,
+        }
+    }
+
+    /// The table of an attachment the change at hand made (its maps new): a batch takes
+    /// every entry as free rather than read them (160 MB at a million).
+    pub fn made_now(self) -> Self {
+        Self {
+            made_now: true,
+            ..self
         }
     }
 
@@ -579,6 +592,27 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             .get(&(value & !SUBSCRIBER_BIT), 0)
             .map_err(map_err("read the subscribers"))?;
         Ok((entry.in_use != 0).then(|| unpadded(&entry.id)))
+    }
+
+    /// The id of the subscriber of entry `index`, if it is in use: one read.
+    pub fn id_at(&self, index: u32) -> Result<Option<String>, SubscriberError> {
+        let entry = self
+            .subs
+            .get(&index, 0)
+            .map_err(map_err("read the subscribers"))?;
+        Ok((entry.in_use != 0).then(|| unpadded(&entry.id)))
+    }
+
+    /// The entry of subscriber `id` in a table placed by hash, by a probe (a few
+    /// entries read); `None` if it is not set, or the table is not placed by hash.
+    pub fn index_of(&self, id: &str) -> Result<Option<u32>, SubscriberError> {
+        if check_id(id).is_err() || !self.hashed()? {
+            return Ok(None);
+        }
+        Ok(match self.probe(id)? {
+            place::Probe::Found(i, _) => Some(i),
+            place::Probe::Absent(_) => None,
+        })
     }
 
     /// Whether subscriber `id` is set: one read of the entries.

@@ -149,11 +149,20 @@ struct JsonApplied<'a> {
 }
 
 pub fn run(args: &Args, scope: Scope<'_>, json: bool) -> Result<()> {
-    let desired = read(&args.file, scope.direction)?;
+    let name = args.file.display().to_string();
+    let text = config_file::read(&args.file)?;
+    // A LibreQoS file read as far as it changed since the last apply, if it can be;
+    // otherwise whole.
+    let desired = config_file::parse_deferring(&name, &text, scope.direction)?;
     let mut progress = Progress::new(!json && std::io::stderr().is_terminal());
-    let applied = apply::apply(&desired, scope.netns, &mut |done, total| {
-        progress.show(done, total);
-    })?;
+    let mut show = |done, total| progress.show(done, total);
+    let applied = match apply::apply(&desired, scope.netns, &mut show) {
+        Err(apply::ApplyError::Reread(_)) => {
+            let desired = config_file::parse(&name, &text, scope.direction)?;
+            apply::apply(&desired, scope.netns, &mut show)?
+        }
+        other => other?,
+    };
     progress.finish();
     if json {
         let rows: Vec<JsonApplied> = applied

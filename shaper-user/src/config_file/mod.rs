@@ -59,7 +59,8 @@ mod render;
 
 pub use file::{MAX_FILE_BYTES, ReadError, read, read_bytes};
 pub use model::{
-    FileError, Parsed, parse, parse_file, parse_plans, parse_policy, parse_subscriber,
+    FileError, Parsed, parse, parse_deferring, parse_file, parse_plans, parse_policy,
+    parse_subscriber,
 };
 pub use radius::{MAX_SECRET_BYTES, has_inline_secret, parse_radius};
 pub use render::render;

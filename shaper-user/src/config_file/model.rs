@@ -16,6 +16,7 @@ use shaper_common::{
 };
 use toml::{Spanned, Value};
 
+use crate::rows::{CsvFile, MAX_CSV_BYTES, RowDigests};
 use crate::{
     admission::{self, KeysPerSec, NewSourcesError},
     import, libreqos,
@@ -447,6 +448,26 @@ fn named_plans(
 
 /// [`parse`], with the file's named plans ([`Parsed::plans`]).
 pub fn parse_file(file: &str, text: &str, direction: Direction) -> Result<Parsed, FileError> {
+    parse_file_with(file, text, direction, false)
+}
+
+/// [`parse`], but an `[interface.libreqos]` file is not read ([`CsvFile::rows`] is
+/// `None`): what `apply` takes first, reading only the rows that changed since its last
+/// apply if it can ([`crate::rows`]), and the file whole through [`parse`] otherwise.
+pub fn parse_deferring(
+    file: &str,
+    text: &str,
+    direction: Direction,
+) -> Result<Vec<AttachRequest>, FileError> {
+    parse_file_with(file, text, direction, true).map(|p| p.interfaces)
+}
+
+fn parse_file_with(
+    file: &str,
+    text: &str,
+    direction: Direction,
+    defer: bool,
+) -> Result<Parsed, FileError> {
     let src = Source { file, text };
     let model: FileModel = toml::from_str(text).map_err(|e| src.parse_error(&e))?;
     if model.interfaces.is_empty() {
@@ -562,7 +583,16 @@ pub fn parse_file(file: &str, text: &str, direction: Direction) -> Result<Parsed
             admission: admission.map_or(AdmissionRequest::Default, AdmissionRequest::Exactly),
             meter2,
             max_subscribers: m.max_subscribers.as_ref().map(|n| *n.get_ref()),
-            subscribers: subscribers(&src, &m, &here, &plans, keys, direction, &policy_prefixes)?,
+            subscribers: subscribers(
+                &src,
+                &m,
+                &here,
+                &plans,
+                keys,
+                direction,
+                &policy_prefixes,
+                defer,
+            )?,
             policies: Some(policies),
         });
     }
@@ -719,8 +749,13 @@ impl Loc {
 }
 
 /// The subscribers of interface `m` (at `here`): its `[[interface.subscriber]]` tables and
-/// its `[interface.libreqos]` file, each checked for keys masked to `keys`, and none
-/// overlapping another or the interface's policies (`policies`: prefix, span, field).
+/// its `[interface.libreqos]` file (unless `defer`), each checked for keys masked to
+/// `keys`, and none overlapping another or the interface's policies (`policies`: prefix,
+/// span, field).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the file's parts an interface's subscribers are checked against"
+)]
 fn subscribers(
     src: &Source,
     m: &InterfaceModel,
@@ -729,12 +764,14 @@ fn subscribers(
     keys: (u32, u32),
     direction: Direction,
     policies: &[(IpNet, Range<usize>, String)],
+    defer: bool,
 ) -> Result<Option<SubscriberRequest>, FileError> {
     if m.subscribers.is_empty() && m.libreqos.is_none() {
         if m.prune_subscribers {
             return Ok(Some(SubscriberRequest {
                 specs: Vec::new(),
                 prune: true,
+                csv: None,
             }));
         }
         return Ok(None);
@@ -746,19 +783,27 @@ fn subscribers(
         specs.push(toml_subscriber(src, s, &here, plans, keys)?);
         locs.push(Loc::Toml(s.prefixes.span(), format!("{here}.prefixes")));
     }
+    let mut file = None;
     if let Some(l) = &m.libreqos {
         let direction = m.direction.unwrap_or(direction);
-        let (csv, circuits) = csv_subscribers(src, l, &format!("{here}.libreqos"), direction)?;
-        let csv: Rc<str> = csv.into();
-        specs.reserve(circuits.len());
-        locs.reserve(circuits.len());
-        for (spec, line) in circuits {
-            spec.check(keys).map_err(|e| {
-                Loc::Csv(csv.clone(), line).error(src, spec.prefixes[0], e.to_string())
-            })?;
-            specs.push(spec);
-            locs.push(Loc::Csv(csv.clone(), line));
+        let here = format!("{here}.libreqos");
+        let mut csv = csv_file(src, l, &here, direction)?;
+        if !defer {
+            let first = specs.len();
+            let (circuits, rows) = csv_subscribers(src, l, &here, &csv, first)?;
+            let shown: Rc<str> = csv.shown.clone().into();
+            specs.reserve(circuits.len());
+            locs.reserve(circuits.len());
+            for (spec, line) in circuits {
+                spec.check_shape(keys).map_err(|e| {
+                    Loc::Csv(shown.clone(), line).error(src, spec.prefixes[0], e.to_string())
+                })?;
+                specs.push(spec);
+                locs.push(Loc::Csv(shown.clone(), line));
+            }
+            csv.rows = Some(rows);
         }
+        file = Some(csv);
     }
     let mut ids = HashSet::with_capacity(specs.len());
     for (spec, loc) in specs.iter().zip(&locs) {
@@ -771,6 +816,7 @@ fn subscribers(
     Ok(Some(SubscriberRequest {
         specs,
         prune: m.prune_subscribers,
+        csv: file,
     }))
 }
 
@@ -825,30 +871,19 @@ fn toml_subscriber(
     Ok(spec)
 }
 
-/// Largest LibreQoS file read: 1 GiB (a million circuits take about 100 MB).
-const MAX_CSV_BYTES: u64 = 1 << 30;
-
-/// The circuits of `[interface.libreqos]` as subscribers (with each one's line), and the
-/// CSV file's path as errors name it.
-fn csv_subscribers(
+/// `[interface.libreqos]`: its file (not read yet) and its plan options.
+fn csv_file(
     src: &Source,
     l: &LibreqosModel,
     here: &str,
     direction: Direction,
-) -> Result<(String, Vec<(SubscriberSpec, usize)>), FileError> {
+) -> Result<CsvFile, FileError> {
     let base = Path::new(src.file).parent().unwrap_or(Path::new(""));
     let path = base.join(l.file.get_ref());
     let shown = path.display().to_string();
     let err = |span: Range<usize>, field: &str, message: String| {
         src.error(span, format!("{here}.{field}"), message)
     };
-    let open = std::fs::File::open(&path)
-        .and_then(|f| f.metadata().map(|m| (f, m.len())))
-        .map_err(|e| err(l.file.span(), "file", format!("cannot open {shown}: {e}")))?;
-    if open.1 > MAX_CSV_BYTES {
-        let message = format!("{shown} is larger than {MAX_CSV_BYTES} bytes");
-        return Err(err(l.file.span(), "file", message));
-    }
     let burst_ns = match &l.burst_time {
         Some(t) => delay(src, Some(t), format!("{here}.burst_time"))?.unwrap_or(0),
         None => 20_000_000,
@@ -867,6 +902,42 @@ fn csv_subscribers(
             .map_or(Dscp::LE, |d| *d.get_ref())
             .value(),
     };
+    Ok(CsvFile {
+        path,
+        shown,
+        plan,
+        rows: None,
+    })
+}
+
+/// The circuits of `[interface.libreqos]` (`csv`) as subscribers, with each one's line,
+/// and the digests of its rows (its circuits being the interface's subscribers
+/// `first..`).
+fn csv_subscribers(
+    src: &Source,
+    l: &LibreqosModel,
+    here: &str,
+    csv: &CsvFile,
+    first: usize,
+) -> Result<(Vec<(SubscriberSpec, usize)>, RowDigests), FileError> {
+    let shown = &csv.shown;
+    let err = |span: Range<usize>, field: &str, message: String| {
+        src.error(span, format!("{here}.{field}"), message)
+    };
+    let open = std::fs::File::open(&csv.path)
+        .and_then(|f| f.metadata().map(|m| (f, m.len())))
+        .map_err(|e| err(l.file.span(), "file", format!("cannot open {shown}: {e}")))?;
+    if open.1 > MAX_CSV_BYTES {
+        let message = format!("{shown} is larger than {MAX_CSV_BYTES} bytes");
+        return Err(err(l.file.span(), "file", message));
+    }
+    // Read whole (bounded above): its rows' digests are taken from the same bytes.
+    let mut buf = Vec::with_capacity(open.1 as usize + 1);
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(open.0, MAX_CSV_BYTES + 1),
+        &mut buf,
+    )
+    .map_err(|e| err(l.file.span(), "file", format!("cannot read {shown}: {e}")))?;
     let csv_error = |e: libreqos::ImportError| FileError {
         file: shown.clone(),
         line: e.line(),
@@ -879,16 +950,17 @@ fn csv_subscribers(
             | libreqos::ImportError::Line { reason, .. } => reason,
         },
     };
-    let circuits = libreqos::read(std::io::BufReader::new(open.0)).map_err(csv_error)?;
-    let specs = circuits
+    let mut read = libreqos::read_rows_of(&buf).map_err(csv_error)?;
+    let rows = RowDigests::of(&buf, &read, first);
+    let specs = std::mem::take(&mut read.circuits)
         .into_iter()
         .map(|c| {
             let line = c.line;
-            import::subscriber(c, &plan).map(|s| (s, line))
+            import::subscriber(c, &csv.plan).map(|s| (s, line))
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(csv_error)?;
-    Ok((shown, specs))
+    Ok((specs, rows))
 }
 
 /// Who holds a prefix in the file.

@@ -50,19 +50,25 @@ pub fn path_of(at: &Attachment) -> PathBuf {
 /// Removes the file of `at` (its attachment is gone), if there is one.
 pub fn forget(at: &Attachment) {
     let _ = fs::remove_file(path_of(at));
+    crate::rows::forget(at);
+}
+
+/// The ids of the subscribers' table and of the IPv4 and IPv6 tries `pinned` opened.
+pub fn map_ids(pinned: &Pinned) -> Option<[u32; 3]> {
+    let id = |pin| pinned.info(pin).map(|i| i.id);
+    Some([
+        id(PIN_SUBSCRIBERS)?,
+        id(PIN_PREFIXES_V4)?,
+        id(PIN_PREFIXES_V6)?,
+    ])
 }
 
 impl Known {
     /// The file of the attachment `pinned` opened, for its maps as opened.
     pub fn of(pinned: &Pinned) -> Option<Self> {
-        let id = |pin| pinned.info(pin).map(|i| i.id);
         Some(Self {
             path: path_of(pinned.at()),
-            maps: [
-                id(PIN_SUBSCRIBERS)?,
-                id(PIN_PREFIXES_V4)?,
-                id(PIN_PREFIXES_V6)?,
-            ],
+            maps: map_ids(pinned)?,
         })
     }
 

@@ -67,6 +67,12 @@ pub struct Batch {
     /// The subscribers' prefixes before it: with its own, what it leaves
     /// ([`super::known`]).
     prefixes_before: Prefixes,
+    /// The entry of each subscriber it was given, in order (those it leaves unchanged
+    /// too); empty for [`SubscriberTable::batch_known`]'s.
+    indices: Vec<u32>,
+    /// Made by [`SubscriberTable::batch_known`]: no route changes, and the saved routes
+    /// ([`super::known`]) stay as they are.
+    partial: bool,
 }
 
 impl Batch {
@@ -81,6 +87,36 @@ impl Batch {
     /// What writing it does.
     pub fn summary(&self) -> Summary {
         self.summary
+    }
+
+    /// The entry of each subscriber it was given, in the order given.
+    pub fn indices(&self) -> &[u32] {
+        &self.indices
+    }
+
+    /// Whether each entry up to `len` (and past it, none) is one it rewrites: a bitmap,
+    /// not a set of a million.
+    fn rewritten(&self, len: usize) -> Vec<bool> {
+        let mut out = vec![false; len];
+        for b in self.befores() {
+            if let Some(r) = out.get_mut(b.index as usize) {
+                *r = true;
+            }
+        }
+        out
+    }
+
+    /// Whether writing it changes a route.
+    fn routes_change(&self) -> bool {
+        !self.removes.is_empty()
+            || self.writes.iter().any(|w| {
+                let value = Some(w.before.index | SUBSCRIBER_BIT);
+                w.routes_to_write().next().is_some()
+                    || w.before
+                        .routes
+                        .iter()
+                        .any(|(p, v)| *v == value && !w.spec.prefixes.contains(p))
+            })
     }
 }
 
@@ -160,9 +196,12 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         let routes: HashMap<IpNet, u32> = routes.into_iter().collect();
         use aya::maps::IterableMap as _;
         let mut all = vec![Subscriber::default(); self.subs.len() as usize];
-        for (i, s) in crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
-            .map_err(map_err("read the subscribers"))?
-        {
+        let read = match self.made_now {
+            true => Vec::new(),
+            false => crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
+                .map_err(map_err("read the subscribers"))?,
+        };
+        for (i, s) in read {
             if let Some(e) = all.get_mut(i as usize) {
                 *e = s;
             }
@@ -235,13 +274,16 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         let mut plans = Plans::default();
         let mut seen = HashSet::with_capacity(specs.len());
         let mut batch = Batch {
-            writes: Vec::new(),
+            // Room for every one (a new attachment's): not grown and copied twenty times.
+            writes: Vec::with_capacity(specs.len()),
             removes: Vec::new(),
             summary: Summary::default(),
             kept_plans: HashMap::new(),
             hashed: marked || empty,
             mark: !marked && empty,
             prefixes_before: Prefixes::default(),
+            indices: Vec::with_capacity(specs.len()),
+            partial: false,
         };
         for spec in specs {
             spec.check_shape((config.prefix_v4, config.prefix_v6))?;
@@ -273,6 +315,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             if !read.complete && !known {
                 return Ok(None);
             }
+            batch.indices.push(index);
             if entry.in_use != 0 && unchanged(spec, &plan, &entry, old, &read.plans) {
                 batch.summary.unchanged += 1;
                 continue;
@@ -303,9 +346,9 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             batch.summary.removed = batch.removes.len();
         }
         check_end_state(&batch, &read, policies)?;
-        self.check_plan_room(&batch, &read)?;
-        let touched: HashSet<u32> = batch.befores().map(|b| b.index).collect();
-        for i in read.in_use.iter().filter(|i| !touched.contains(i)) {
+        self.check_plan_room(&batch, &read.plans)?;
+        let touched = batch.rewritten(read.all.len());
+        for i in read.in_use.iter().filter(|i| !touched[**i as usize]) {
             *batch
                 .kept_plans
                 .entry(read.all[*i as usize].plan)
@@ -315,15 +358,93 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         Ok(Some(batch))
     }
 
+    /// A batch of `specs`, each the subscriber of its id in force with the prefixes it
+    /// has (a change of plans or names), found by lookups in a table placed by hash: its
+    /// entry by a probe, each prefix its route, as many as the entry counts. Nothing else
+    /// is read (neither the table nor the tries), so `others` more subscribers (those a
+    /// caller knows are as it wants them) are counted unchanged. `None` if one of `specs`
+    /// is not such a subscriber (new, or its prefixes changed): [`Self::batch`] it.
+    pub fn batch_known(
+        &self,
+        specs: &[SubscriberSpec],
+        others: usize,
+    ) -> Result<Option<Batch>, SubscriberError> {
+        if !self.hashed()? {
+            return Ok(None);
+        }
+        let config = self.p().config()?;
+        let in_force = self.p().plans()?;
+        let mut plans = Plans::default();
+        let mut seen = HashSet::with_capacity(specs.len());
+        let mut batch = Batch {
+            writes: Vec::new(),
+            removes: Vec::new(),
+            summary: Summary {
+                unchanged: others,
+                ..Summary::default()
+            },
+            kept_plans: HashMap::new(),
+            hashed: true,
+            mark: false,
+            prefixes_before: Prefixes::default(),
+            indices: Vec::new(),
+            partial: true,
+        };
+        for spec in specs {
+            spec.check_shape((config.prefix_v4, config.prefix_v6))?;
+            let plan = plans.entry(spec)?;
+            if !seen.insert(spec.id.as_str()) {
+                return Ok(None);
+            }
+            let place::Probe::Found(index, entry) = self.probe(&spec.id)? else {
+                return Ok(None);
+            };
+            let Some(before) = self.before_by_lookup(index, entry, spec.prefixes.iter())? else {
+                return Ok(None);
+            };
+            if entry.in_use == 0 {
+                return Ok(None);
+            }
+            if unchanged(spec, &plan, &entry, &spec.prefixes, &in_force) {
+                batch.summary.unchanged += 1;
+                continue;
+            }
+            batch.summary.changed += 1;
+            batch.writes.push(Write {
+                spec: spec.clone(),
+                plan,
+                before,
+            });
+        }
+        // The subscribers left alone on each plan: its count, less those rewritten.
+        for (slot, p) in &in_force {
+            let rewritten = batch
+                .writes
+                .iter()
+                .filter(|w| w.before.entry.plan == *slot)
+                .count() as u32;
+            let n = super::plan_users(p).saturating_sub(rewritten);
+            if n > 0 {
+                batch.kept_plans.insert(*slot, n);
+            }
+        }
+        self.check_plan_room(&batch, &in_force)?;
+        Ok(Some(batch))
+    }
+
     /// Refuses a batch whose new plans would not fit the policy slots (plans and prefix
     /// policies share them): found before anything is written, not when the first one
     /// fails and the whole batch is rolled back.
-    fn check_plan_room(&self, batch: &Batch, read: &Read) -> Result<(), SubscriberError> {
+    fn check_plan_room(
+        &self,
+        batch: &Batch,
+        in_force: &[(u32, Policy)],
+    ) -> Result<(), SubscriberError> {
         let room = (MAX_POLICIES - 1) as usize - self.p().slots()?.len();
         // Plans are few (tens): a list, counted no further than one over the room.
         let mut new: Vec<&Policy> = Vec::new();
         for w in &batch.writes {
-            if !read.plans.iter().any(|(_, p)| same_plan(p, &w.plan)) && !new.contains(&&w.plan) {
+            if !in_force.iter().any(|(_, p)| same_plan(p, &w.plan)) && !new.contains(&&w.plan) {
                 new.push(&w.plan);
                 if new.len() > room {
                     break;
@@ -392,7 +513,11 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 .set(b.index, free, 0)
                 .map_err(map_err("clear a subscriber"))?;
         }
-        self.pm().subscribers_routed(v4, v6)?;
+        // Every key resolves again where a route changed (a change of plans alone keeps
+        // them: the kernel reads the plan through the entry).
+        if batch.routes_change() {
+            self.pm().subscribers_routed(v4, v6)?;
+        }
         // The plans no subscriber has any more, known without reading the table again;
         // in a table placed by hash, each plan's count of subscribers.
         for (slot, p) in &plans {
@@ -419,10 +544,14 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         let Some(known) = &self.known else {
             return;
         };
-        let rewritten: HashSet<u32> = batch.befores().map(|b| b.index).collect();
+        // No route changed, and the generation did not move: the file is as true as it was.
+        if batch.partial {
+            return;
+        }
         let p = &batch.prefixes_before;
+        let rewritten = batch.rewritten(p.len() as usize);
         let kept = (0..p.len())
-            .filter(|i| !rewritten.contains(i))
+            .filter(|i| !rewritten[*i as usize])
             .flat_map(|i| p.of_index(i).iter().map(move |net| (*net, i)));
         let written = batch.writes.iter().flat_map(|w| {
             let i = w.before.index;
@@ -618,10 +747,13 @@ fn check_end_state(
     read: &Read,
     policies: Option<&[IpNet]>,
 ) -> Result<(), SubscriberError> {
-    let rewritten: HashSet<u32> = batch.befores().map(|b| b.index).collect();
+    let rewritten = batch.rewritten(read.all.len());
     let kept = |v: u32| match v & SUBSCRIBER_BIT {
         0 => policies.is_none(),
-        _ => !rewritten.contains(&(v & !SUBSCRIBER_BIT)),
+        _ => !rewritten
+            .get((v & !SUBSCRIBER_BIT) as usize)
+            .copied()
+            .unwrap_or(false),
     };
     // The policies to be in force (their slots do not matter here: a route without
     // SUBSCRIBER_BIT is a policy's).
