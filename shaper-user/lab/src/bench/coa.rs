@@ -245,7 +245,7 @@ pub fn tables(r: &CoaResults) -> String {
     row(&mut s, "send to answer (the sender)", &r.sender);
     let _ = writeln!(
         s,
-        "\n| requests | sent | ACK | NAK | lost | sent over 1 ms late | the daemon's CPU |\n|---|--:|--:|--:|--:|--:|--:|\n| CoA-Requests | {} | {} | {} | {} | {} | {:.0}% of one CPU |",
+        "\n## Answers\n\n| requests | sent | ACK | NAK | lost | sent over 1 ms late | the daemon's CPU |\n|---|--:|--:|--:|--:|--:|--:|\n| CoA-Requests | {} | {} | {} | {} | {} | {:.0}% of one CPU |",
         r.sent,
         r.acked,
         r.nakked,
