@@ -267,16 +267,30 @@ pub fn count_sources(at: &Attachment) -> Result<(u64, u64), PinnedMapError> {
 /// Every entry of a hash or array map, [`BATCH`] at a time (`BPF_MAP_LOOKUP_BATCH`):
 /// an array of 16,384 policies is read in 2 syscalls rather than 16,384.
 pub fn read_batched<K: aya::Pod, V: aya::Pod>(map: &MapData) -> Result<Vec<(K, V)>, MapError> {
+    read_batched_where(map, |_| true)
+}
+
+/// [`read_batched`], keeping only the entries whose value's bytes `keep` accepts: the
+/// others are never copied out of the call's buffer (a scrape reads the 16,384 slots of
+/// 272 bytes of each attachment's policies for the few in use).
+pub fn read_batched_where<K: aya::Pod, V: aya::Pod>(
+    map: &MapData,
+    keep: impl Fn(&[u8]) -> bool,
+) -> Result<Vec<(K, V)>, MapError> {
     let (ks, vs) = (size_of::<K>(), size_of::<V>());
     let mut entries = Vec::new();
     batch::each(map, ks, vs, |n, keys, values| {
         for i in 0..n {
+            let value = &values[i * vs..(i + 1) * vs];
+            if !keep(value) {
+                continue;
+            }
             // SAFETY: the kernel wrote `n` keys of `ks` bytes and `n` values of `vs`
             // bytes; K and V are plain data of those sizes (`Pod`), read unaligned.
             let (k, v) = unsafe {
                 (
                     keys.as_ptr().add(i * ks).cast::<K>().read_unaligned(),
-                    values.as_ptr().add(i * vs).cast::<V>().read_unaligned(),
+                    value.as_ptr().cast::<V>().read_unaligned(),
                 )
             };
             entries.push((k, v));

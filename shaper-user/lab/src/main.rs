@@ -725,6 +725,9 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
         for line in coa::summary_lines(&results) {
             println!("{line}");
         }
+        for path in coa::write(&args.out, &results)? {
+            println!("wrote {}", path.display());
+        }
     }
     if args.only.contains(&LabPart::Provision) {
         use shaper_lab::bench::provision;

@@ -2211,6 +2211,226 @@ fn radius_coa_and_disconnect_set_plans_and_bad_requests_change_nothing() {
     assert!(log.contains("radius: 127.0.0.1:"), "{log}");
 }
 
+/// The plans a Filter-Id names are the file's as last applied: a plan added by a reload
+/// is NAK Invalid-Attribute-Value before it (over IPv4) and ACKed after it (over IPv4 and
+/// IPv6), a plan changed by a reload is given as changed, and one removed by a reload is
+/// NAKed again; a reload refused keeps the plans in force.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn radius_filter_id_names_the_plans_of_the_last_reload() {
+    let lab = radius_lab("dm-radius-plans");
+    let (name, file) = (lab.name.clone(), lab.file.clone());
+    let mut daemon = Daemon::start(&name, &file, &["--no-watch"]);
+    let (v4, v6) = ("127.0.0.1:3799", "[::1]:3799");
+    let both = |id: &str| {
+        (
+            sub_plan(&name, IFACE, "ingress", id),
+            sub_plan(&name, IFACE, "egress", id),
+        )
+    };
+    let now = unix_secs();
+    let filter_id = |server: &str, secret: &str, id: &str, plan: &str| {
+        radclient(
+            &name,
+            server,
+            "coa",
+            secret,
+            &format!("User-Name = {id}\nEvent-Timestamp = {now}\nFilter-Id = \"{plan}\"\n"),
+        )
+    };
+    let refused = |(acked, said): (bool, String)| {
+        assert!(
+            !acked && said.contains("Error-Cause = Invalid-Attribute-Value"),
+            "{said}"
+        );
+    };
+    let was = both("c1");
+    refused(filter_id(v4, "v4secret", "c1", "silver"));
+    assert_eq!(both("c1"), was);
+
+    let text = fs::read_to_string(&file).unwrap();
+    let reloaded = text.replace("rate = \"25mbit\"", "rate = \"45mbit\"")
+        + "\n[plan.silver]\nrate = \"35mbit\"\nburst = \"96k\"\n";
+    fs::write(&file, &reloaded).unwrap();
+    let said = daemon.reload();
+    assert!(
+        said.contains("the plans a RADIUS Filter-Id names are the file's now"),
+        "{said}"
+    );
+    let (acked, said) = filter_id(v4, "v4secret", "c1", "silver");
+    assert!(acked, "{said}\n{}", daemon.log());
+    let silver = Some((35_000_000, 96 << 10));
+    assert_eq!(both("c1"), (silver, silver));
+    let (acked, said) = filter_id(v6, "v6secret", "c2", "silver");
+    assert!(acked, "{said}");
+    assert_eq!(both("c2"), (silver, silver));
+    let (acked, said) = filter_id(v6, "v6secret", "c2", "gold");
+    assert!(acked, "{said}");
+    let gold = Some((45_000_000, 128 << 10));
+    assert_eq!(both("c2"), (gold, gold), "gold as the reload changed it");
+
+    // A broken file: the reload refused, the plans in force stay.
+    fs::write(&file, reloaded.replace("\"::1\"", "\"not-an-address\"")).unwrap();
+    let said = daemon.reload();
+    assert!(said.contains("reload refused"), "{said}");
+    let (acked, said) = filter_id(v4, "v4secret", "c2", "silver");
+    assert!(acked, "{said}");
+    assert_eq!(both("c2"), (silver, silver));
+    // Silver removed: refused again, over each family.
+    fs::write(&file, &text).unwrap();
+    let said = daemon.reload();
+    assert!(
+        said.contains("the plans a RADIUS Filter-Id names are the file's now"),
+        "{said}"
+    );
+    refused(filter_id(v4, "v4secret", "c1", "silver"));
+    refused(filter_id(v6, "v6secret", "c2", "silver"));
+    assert_eq!(both("c2"), (silver, silver));
+    let (exit, log) = daemon.stop();
+    assert!(exit.success(), "{exit}: {log}");
+}
+
+/// A request as radclient builds it: `code`, `id`, the attributes, its Request
+/// Authenticator signed with `secret`.
+fn radius_request(code: u8, id: u8, attrs: &[(u8, Vec<u8>)], secret: &[u8]) -> Vec<u8> {
+    let mut out = vec![code, id, 0, 0];
+    out.extend_from_slice(&[0; 16]);
+    for (kind, value) in attrs {
+        out.push(*kind);
+        out.push(u8::try_from(value.len() + 2).unwrap());
+        out.extend_from_slice(value);
+    }
+    let len = u16::try_from(out.len()).unwrap();
+    out[2..4].copy_from_slice(&len.to_be_bytes());
+    shaper_user::radius::packet::sign_request(&mut out, secret);
+    out
+}
+
+/// The listener reads its index at start without the change lock held (another
+/// command's change goes on meanwhile) and reads again, under it, the attachment that
+/// change touched, not the other: after c3 and c4 are set and c1 removed on the ingress
+/// attachment while it read, its index has them so, and the egress one is the one it
+/// read. Through them, a CoA by c3's IPv4 address sets its plan, a Disconnect by its
+/// IPv6 prefix removes it, and one by c1's IPv6 prefix finds it on egress alone.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn radius_index_is_read_without_the_change_lock_and_again_where_changed_meanwhile() {
+    use shaper_user::radius::{
+        Client, Config, DEFAULT_BURST_NS, DEFAULT_WINDOW, Reason, Server,
+        packet::{
+            COA_REQUEST, DISCONNECT_REQUEST, FRAMED_IP_ADDRESS, FRAMED_IPV6_PREFIX, VENDOR_SPECIFIC,
+        },
+        request::Identify,
+    };
+    let lab = radius_lab("dm-radius-prep");
+    let name = lab.name.clone();
+    let config = Config {
+        listen: "127.0.0.1:3799".parse().unwrap(),
+        interface: IFACE.to_owned(),
+        clients: vec![Client {
+            address: "127.0.0.1".parse().unwrap(),
+            secret: b"v4secret".to_vec(),
+        }],
+        identify: Identify::ALL.to_vec(),
+        require_message_authenticator: false,
+        require_event_timestamp: false,
+        window: DEFAULT_WINDOW,
+        rate: 100,
+        burst_ns: DEFAULT_BURST_NS,
+        plans: BTreeMap::new(),
+        accounting: None,
+    };
+    let mut server = Server::new(config, Some(&name));
+    let ingress = ["--direction", "ingress"];
+    let mut lock_free = None;
+    let indexed = server
+        .prepare_with(|| {
+            // After the first attachment's read (the ingress one), while the egress one
+            // is still to read.
+            if lock_free.is_some() {
+                return;
+            }
+            let free = shaper_user::system::try_lock().unwrap().is_some();
+            lock_free = Some(free);
+            if !free {
+                return;
+            }
+            for (id, v4, v6) in [
+                ("c3", "100.64.0.3", "fdd7:b724:0:300::/56"),
+                ("c4", "100.64.0.4", "fdd7:b724:0:400::/56"),
+            ] {
+                let set = [
+                    "subscriber",
+                    "set",
+                    IFACE,
+                    id,
+                    "--prefix",
+                    v4,
+                    "--prefix",
+                    v6,
+                ];
+                let plan = ["--rate", "10mbit", "--burst", "64k"];
+                shaper_ok(&name, &[&ingress[..], &set[..], &plan[..]].concat());
+            }
+            shaper_ok(
+                &name,
+                &[&ingress[..], &["subscriber", "del", IFACE, "c1"][..]].concat(),
+            );
+        })
+        .unwrap();
+    assert_eq!(
+        lock_free,
+        Some(true),
+        "the change lock was held while the index was read"
+    );
+    let label = |d| Attachment::toward(IFACE, Some(&name), d).label();
+    assert_eq!(
+        indexed,
+        [
+            (label(Direction::Ingress), 3),
+            (label(Direction::Egress), 2)
+        ],
+        "the index as the change left it"
+    );
+    assert_eq!(
+        server.index_reads(),
+        3,
+        "both read, then the ingress one again"
+    );
+
+    let plan = |d: &str, id: &str| sub_plan(&name, IFACE, d, id);
+    let mut act = |code: u8, id: u8, attrs: &[(u8, Vec<u8>)]| {
+        let bytes = radius_request(code, id, attrs, b"v4secret");
+        let from = "127.0.0.1:40000".parse().unwrap();
+        let now = Instant::now();
+        let checked = server
+            .check(from, &bytes, now, std::time::SystemTime::now())
+            .unwrap_or_else(|o| panic!("{o:?}"));
+        let outcome = server.act(&checked);
+        assert_eq!(outcome.reason, Reason::Ack, "{}", outcome.detail);
+    };
+    let mut up = 14122u32.to_be_bytes().to_vec();
+    up.extend_from_slice(&[7, 6]);
+    up.extend_from_slice(&30_000_000u32.to_be_bytes());
+    act(
+        COA_REQUEST,
+        1,
+        &[
+            (FRAMED_IP_ADDRESS, vec![100, 64, 0, 3]),
+            (VENDOR_SPECIFIC, up),
+        ],
+    );
+    assert_eq!(plan("ingress", "c3"), Some((30_000_000, 75_000)));
+    // Framed-IPv6-Prefix: reserved, length, the prefix's octets.
+    let v6 = |third: u8| vec![0, 64, 0xfd, 0xd7, 0xb7, 0x24, 0, 0, third, 0];
+    act(DISCONNECT_REQUEST, 2, &[(FRAMED_IPV6_PREFIX, v6(3))]);
+    assert_eq!(plan("ingress", "c3"), None);
+    assert!(plan("egress", "c1").is_some());
+    act(DISCONNECT_REQUEST, 3, &[(FRAMED_IPV6_PREFIX, v6(1))]);
+    assert_eq!(plan("egress", "c1"), None);
+    assert!(plan("ingress", "c2").is_some() && plan("egress", "c2").is_some());
+}
+
 /// The daemon keeps an index of the subscribers between CoAs; a change by another command
 /// makes it read them again. After a CoA for c1, the CLI removes c1 and sets c3 (which
 /// takes c1's place in the map): CoAs naming c3 by its IPv4 address and by its IPv6

@@ -77,7 +77,8 @@ use tokio::{
 /// on exit, then Accounting-Off; octets delivered, upload as input), failing over in
 /// order; a CoA or Disconnect may name a subscriber by the Acct-Session-Id of its
 /// Start. The table is read at start
-/// (restart to change it). See docs/operating/radius.md.
+/// (restart to change it); a reload takes the file's plans a Filter-Id names. See
+/// docs/operating/radius.md.
 ///
 /// It serves a local API on --api-socket (a Unix socket only root may connect to): JSON
 /// over HTTP to read, set and delete the subscribers and policies of an attached
@@ -408,7 +409,7 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     let (links_conn, links) = link_events()?;
     let mut links = std::pin::pin!(links);
     let mut content = Content::read(&args.file);
-    let radius = radius::config(&args.file)?;
+    let mut radius = radius::config(&args.file)?;
     let (mut running, line) = apply_file(&args.file, scope, None)?;
     // When a reload put off for want of the lock is tried again.
     let mut retry = None;
@@ -425,9 +426,10 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         .as_ref()
         .and_then(|r| r.accounting.as_ref())
         .map(|_| SessionIndex::default());
-    if let Some(config) = radius.clone() {
-        radius::start(config, netns, sessions.clone(), Arc::clone(&daemon_state))?;
-    }
+    let plans = match radius.clone() {
+        Some(config) => radius::start(config, netns, sessions.clone(), Arc::clone(&daemon_state))?,
+        None => None,
+    };
     let accounting = match radius
         .as_ref()
         .and_then(|r| Some((r.accounting.clone()?, r)))
@@ -550,11 +552,12 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                     retry = Some(tokio::time::Instant::now() + RELOAD_RETRY);
                 });
                 let (successful, status) = match lock.and_then(|l| {
-                    let note = radius::reloaded(&args.file, radius.as_ref())?;
-                    apply_file(&args.file, scope, Some(l)).map(|(d, line)| (d, line + &note))
+                    let (note, read) = radius::reloaded(&args.file, radius.as_ref())?;
+                    apply_file(&args.file, scope, Some(l)).map(|(d, line)| (d, line + &note, read))
                 }) {
-                    Ok((desired, line)) => {
+                    Ok((desired, line, read)) => {
                         running = desired;
+                        radius::take_plans(plans.as_ref(), radius.as_mut(), read);
                         (true, line)
                     }
                     Err(e) => (

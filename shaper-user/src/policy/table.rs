@@ -846,15 +846,18 @@ impl PolicyTable {
     }
 
     /// Every slot in use, with its entry as written (for [`PolicyTable::restore`]).
-    /// Read in batches, as [`PolicyTable::list`].
+    /// Read in batches, as [`PolicyTable::list`]; only the slots in use are copied out.
     pub fn slots(&self) -> Result<Vec<(u32, Policy)>, PolicyError> {
         use aya::maps::IterableMap as _;
+        let in_use = std::mem::offset_of!(Policy, in_use);
         let mut found: Vec<(u32, Policy)> =
-            crate::maps::read_batched::<u32, Policy>(self.policies.map())
-                .map_err(map_err("read the policies"))?
-                .into_iter()
-                .filter(|(slot, p)| *slot != DEFAULT_SLOT && *slot < MAX_POLICIES && p.in_use != 0)
-                .collect();
+            crate::maps::read_batched_where::<u32, Policy>(self.policies.map(), |value| {
+                value[in_use..in_use + 4] != [0; 4]
+            })
+            .map_err(map_err("read the policies"))?
+            .into_iter()
+            .filter(|(slot, p)| *slot != DEFAULT_SLOT && *slot < MAX_POLICIES && p.in_use != 0)
+            .collect();
         found.sort_by_key(|(slot, _)| *slot);
         Ok(found)
     }

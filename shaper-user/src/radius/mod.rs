@@ -19,8 +19,9 @@ pub mod packet;
 pub mod request;
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{BTreeMap, HashMap, VecDeque},
     net::{IpAddr, SocketAddr},
+    sync::{Arc, PoisonError, RwLock},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -88,11 +89,33 @@ pub struct Config {
     pub rate: u32,
     /// How long a burst lasts at its rate, nanoseconds.
     pub burst_ns: u64,
-    /// The file's `[plan.NAME]` tables, which a `Filter-Id` names (read with the table, at
-    /// start).
-    pub plans: std::collections::BTreeMap<String, PolicyLimits>,
+    /// The file's `[plan.NAME]` tables, which a `Filter-Id` names (read with the table;
+    /// the listener takes them again at each reload: [`Plans`]).
+    pub plans: BTreeMap<String, PolicyLimits>,
     /// `[radius.accounting]`: accounting to its servers, off without it.
     pub accounting: Option<accounting::Config>,
+}
+
+/// The plans a `Filter-Id` names, as the listener has them: the file's at start, and
+/// the file's again after each reload applied ([`Plans::replace`]). Cloned, it is shared.
+#[derive(Clone, Debug, Default)]
+pub struct Plans(Arc<RwLock<BTreeMap<String, PolicyLimits>>>);
+
+impl Plans {
+    pub fn new(plans: BTreeMap<String, PolicyLimits>) -> Self {
+        Self(Arc::new(RwLock::new(plans)))
+    }
+
+    /// The plan named `name`, if there is one.
+    pub fn get(&self, name: &str) -> Option<PolicyLimits> {
+        let plans = self.0.read().unwrap_or_else(PoisonError::into_inner);
+        plans.get(name).copied()
+    }
+
+    /// From now on, `plans` are those a `Filter-Id` names.
+    pub fn replace(&self, plans: BTreeMap<String, PolicyLimits>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = plans;
+    }
 }
 
 /// Why a request was answered as it was, or dropped: the `reason` label of
@@ -208,6 +231,8 @@ pub struct Server {
     /// The accounting's sessions in progress, for a request naming one by
     /// Acct-Session-Id (none without `[radius.accounting]`).
     sessions: Option<accounting::SessionIndex>,
+    /// The plans a `Filter-Id` names: `config.plans` at start, a reload's since.
+    plans: Plans,
 }
 
 fn drop(reason: Reason, detail: impl Into<String>) -> Outcome {
@@ -230,13 +255,14 @@ impl Server {
             })
             .collect();
         Self {
-            config,
             netns: netns.map(str::to_owned),
             buckets,
             seen: HashMap::new(),
             order: VecDeque::new(),
             kept: change::Kept::default(),
             sessions: None,
+            plans: Plans::new(config.plans.clone()),
+            config,
         }
     }
 
@@ -251,6 +277,11 @@ impl Server {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The plans a `Filter-Id` names, shared: a reload replaces them.
+    pub fn plans(&self) -> Plans {
+        self.plans.clone()
     }
 
     /// Takes one token from client `i`'s bucket, if it has one.
@@ -412,19 +443,40 @@ impl Server {
 
     /// Reads the subscribers of the interface's attachments into the index now, rather
     /// than at the first request: how many on each, or why not (the request reads them
-    /// then).
+    /// then). The change lock is held to begin (recover, open the pins, note the change
+    /// count) and to check, not while the tables are read: an attachment another command
+    /// changed meanwhile is read again, under the lock.
     pub fn prepare(&mut self) -> Result<Vec<(String, usize)>, String> {
+        self.prepare_with(|| {})
+    }
+
+    /// [`Server::prepare`], running `meanwhile` after each attachment is read without the
+    /// lock, before the check (a test's changes).
+    pub fn prepare_with(
+        &mut self,
+        meanwhile: impl FnMut(),
+    ) -> Result<Vec<(String, usize)>, String> {
         let ats: Vec<Attachment> = [Direction::Ingress, Direction::Egress]
             .into_iter()
             .map(|d| self.attachment(d))
             .filter(Attachment::exists)
             .collect();
         let lock = lock_within(LOCK_PATIENCE)?;
+        let begun = change::begin_edits("radius start", &ats, lock, &mut self.kept)
+            .map_err(|e| e.to_string())?;
+        std::mem::drop(begun);
+        self.kept.read_unlocked(&ats, meanwhile);
+        let lock = lock_within(LOCK_PATIENCE)?;
         let mut begun = change::begin_edits("radius start", &ats, lock, &mut self.kept)
             .map_err(|e| e.to_string())?;
         ats.iter()
             .map(|at| Ok((at.label(), begun.indexed(at).map_err(|e| e.to_string())?)))
             .collect()
+    }
+
+    /// How many times an attachment's subscribers were read whole into the index.
+    pub fn index_reads(&self) -> u64 {
+        self.kept.reads()
     }
 
     /// The change itself; `Err` is the NAK's reason, Error-Cause and detail.
@@ -526,8 +578,8 @@ impl Server {
         let Some(name) = request::filter_id(p)? else {
             return request::rates(p).map(Asked::Rates);
         };
-        match self.config.plans.get(&name) {
-            Some(plan) => Ok(Asked::Plan(name, *plan)),
+        match self.plans.get(&name) {
+            Some(plan) => Ok(Asked::Plan(name, plan)),
             None => Err(Refused::Invalid(format!(
                 "Filter-Id '{name}' names no plan of the file"
             ))),

@@ -17,9 +17,12 @@
 //!
 //! The sender keeps a schedule (request k at k / rate): late sends go at once, so a
 //! daemon that falls behind shows as latency, not as a lower rate. Requests spread over
-//! 16 source ports, so a RADIUS identifier is not reused while its request is out.
+//! 64 source ports, so a RADIUS identifier is not reused while its request is out (16,384
+//! out at once: more than the daemon's 4 MiB receive buffer holds); the answers are
+//! waited for until every request has one, or none came for 2 s.
 
 use std::{
+    fmt::Write as _,
     fs,
     io::{Read as _, Write as _},
     net::{TcpStream, UdpSocket},
@@ -33,22 +36,24 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
+use serde::Serialize;
 use shaper_user::radius::packet::{
     COA_ACK, COA_REQUEST, DISCONNECT_ACK, DISCONNECT_REQUEST, EVENT_TIMESTAMP, USER_NAME,
     VENDOR_SPECIFIC, sign_request,
 };
 
+use super::report::Machine;
 use crate::lab::Netns;
 
 const IFACE: &str = "coa0";
 const SECRET: &str = "bench-coa-secret";
-const SOCKETS: usize = 16;
+const SOCKETS: usize = 64;
 /// The rates a CoA sets (bit/s); the LibreQoS file's plans are none of them.
 const RATES: [u32; 4] = [5_000_000, 15_000_000, 25_000_000, 35_000_000];
 /// The file's upload plans, Mbps, by subscriber index modulo 4.
 const PLANS_MBPS: [u32; 4] = [10, 20, 50, 100];
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize)]
 pub struct Options {
     pub subscribers: u32,
     /// CoA-Requests a second.
@@ -78,38 +83,100 @@ impl Options {
     }
 }
 
+/// Times of one kind, seconds: how many, p50, p99 and max.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Times {
+    pub count: usize,
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Times {
+    fn of(mut v: Vec<f64>) -> Self {
+        v.sort_by(f64::total_cmp);
+        Self {
+            count: v.len(),
+            p50: percentile(&v, 0.5),
+            p99: percentile(&v, 0.99),
+            max: v.last().copied().unwrap_or(0.0),
+        }
+    }
+}
+
+/// Times of a few requests, seconds: min, median, max.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Few {
+    pub min: f64,
+    pub median: f64,
+    pub max: f64,
+}
+
 /// What a run measured.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Serialize)]
 pub struct CoaResults {
-    pub options: Option<Options>,
+    pub machine: Machine,
+    pub options: Options,
     pub sent: u64,
     pub acked: u64,
     pub nakked: u64,
     pub lost: u64,
-    /// The sender's send-to-answer times, seconds: p50, p99, max.
-    pub sender: (f64, f64, f64),
-    /// The daemon's histogram: p50, p99 (interpolated), its count.
-    pub daemon: (f64, f64, u64),
-    /// The /metrics scrapes meanwhile: how many, p99 and max seconds.
-    pub scrapes: (usize, f64, f64),
+    /// The sender's send-to-answer times.
+    pub sender: Times,
+    /// The daemon's histogram (received to answered): p50, p99 (interpolated in its
+    /// buckets), its count; `max` is its log's slowest request.
+    pub daemon: Times,
+    /// `/metrics` scrapes, one a second: for [`IDLE_SCRAPES`] s before the CoAs (the
+    /// baseline), and while they are sent.
+    pub scrapes_idle: Times,
+    pub scrapes: Times,
+    /// The CPU time of the daemon's thread rendering them, seconds a scrape: before the
+    /// CoAs, and while they are sent.
+    pub scrape_cpu_idle: f64,
+    pub scrape_cpu: f64,
     /// The daemon's CPU over the sending time, as a share of one CPU.
     pub cpu: f64,
-    /// How long the daemon took to start (apply its file: attach, import).
+    /// How long the daemon took to start (apply its file: attach, import, the listener's
+    /// index).
     pub start_secs: f64,
     /// Requests the sender sent more than 1 ms after their time.
     pub late_sends: u64,
     /// The Disconnects: how many ACKed of how many sent; send-to-answer and the daemon's
-    /// own times (its log), seconds: min, median, max.
-    pub disconnects: (u32, u32),
-    pub disconnect_sender: (f64, f64, f64),
-    pub disconnect_daemon: (f64, f64, f64),
-    /// When a request was lost or refused: the daemon's first lines about requests.
+    /// own times (its log).
+    pub disconnects_acked: u32,
+    pub disconnects_sent: u32,
+    pub disconnect_sender: Few,
+    pub disconnect_daemon: Few,
+    /// The daemon's lines other than ACKs (the first 10), and its 5 slowest requests.
     pub log: Vec<String>,
 }
 
+/// How long the scrapes are timed before the CoAs begin, one a second.
+pub const IDLE_SCRAPES: usize = 10;
+
+fn ms(s: f64) -> String {
+    format!("{:.2} ms", s * 1e3)
+}
+
 pub fn summary_lines(r: &CoaResults) -> Vec<String> {
-    let o = r.options.clone().unwrap_or_else(|| Options::new(false));
-    let ms = |s: f64| s * 1e3;
+    let o = &r.options;
+    let times = |t: &Times| {
+        format!(
+            "p50 {}, p99 {}, max {} ({})",
+            ms(t.p50),
+            ms(t.p99),
+            ms(t.max),
+            t.count
+        )
+    };
+    let few = |f: &Few| {
+        format!(
+            "min {}, median {}, max {}",
+            ms(f.min),
+            ms(f.median),
+            ms(f.max)
+        )
+    };
     vec![
         format!(
             "coa: {} subscribers (an IPv4 /32 and an IPv6 /56 each, both directions), {} CoA/s for {} s; daemon started in {:.1} s",
@@ -119,43 +186,163 @@ pub fn summary_lines(r: &CoaResults) -> Vec<String> {
             "  sent {}, ACK {}, NAK {}, lost {} (late sends {})",
             r.sent, r.acked, r.nakked, r.lost, r.late_sends
         ),
+        format!("  sender, send to answer: {}", times(&r.sender)),
         format!(
-            "  sender, send to answer: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-            ms(r.sender.0),
-            ms(r.sender.1),
-            ms(r.sender.2)
+            "  daemon, shaper_radius_request_seconds (received to answered): {}",
+            times(&r.daemon)
         ),
         format!(
-            "  daemon, shaper_radius_request_seconds (received to answered): p50 {:.2} ms, p99 {:.2} ms, count {}",
-            ms(r.daemon.0),
-            ms(r.daemon.1),
-            r.daemon.2
+            "  /metrics scrapes before the CoAs: {}; {} of CPU a scrape",
+            times(&r.scrapes_idle),
+            ms(r.scrape_cpu_idle)
         ),
         format!(
-            "  /metrics scrapes meanwhile: {}, p99 {:.1} ms, max {:.1} ms",
-            r.scrapes.0,
-            ms(r.scrapes.1),
-            ms(r.scrapes.2)
+            "  /metrics scrapes meanwhile: {}; {} of CPU a scrape",
+            times(&r.scrapes),
+            ms(r.scrape_cpu)
         ),
         format!(
             "  daemon CPU over the run: {:.1}% of one CPU",
             r.cpu * 100.0
         ),
         format!(
-            "  disconnects, one at a time: {} ACK of {}; send to answer min {:.2} ms, median {:.2} ms, max {:.2} ms; daemon (received to answered) min {:.2} ms, median {:.2} ms, max {:.2} ms",
-            r.disconnects.0,
-            r.disconnects.1,
-            ms(r.disconnect_sender.0),
-            ms(r.disconnect_sender.1),
-            ms(r.disconnect_sender.2),
-            ms(r.disconnect_daemon.0),
-            ms(r.disconnect_daemon.1),
-            ms(r.disconnect_daemon.2)
+            "  disconnects, one at a time: {} ACK of {}; send to answer {}; daemon (received to answered) {}",
+            r.disconnects_acked,
+            r.disconnects_sent,
+            few(&r.disconnect_sender),
+            few(&r.disconnect_daemon)
         ),
     ]
     .into_iter()
     .chain(r.log.iter().map(|l| format!("  daemon: {l}")))
     .collect()
+}
+
+/// The tables of `results-coa.md`, each under its heading (the docs copy them).
+pub fn tables(r: &CoaResults) -> String {
+    let o = &r.options;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "## CoA-Requests\n\n| {} CoA-Requests a second for {} s, {} subscribers | p50 | p99 | max | count |\n|---|--:|--:|--:|--:|",
+        o.rate, o.seconds, o.subscribers
+    );
+    let row = |s: &mut String, what: &str, t: &Times| {
+        let _ = writeln!(
+            s,
+            "| {what} | {} | {} | {} | {} |",
+            ms(t.p50),
+            ms(t.p99),
+            ms(t.max),
+            t.count
+        );
+    };
+    row(
+        &mut s,
+        "received to answered (the daemon's histogram; max: its log)",
+        &r.daemon,
+    );
+    row(&mut s, "send to answer (the sender)", &r.sender);
+    let _ = writeln!(
+        s,
+        "\n## Answers\n\n| requests | sent | ACK | NAK | lost | sent over 1 ms late | the daemon's CPU |\n|---|--:|--:|--:|--:|--:|--:|\n| CoA-Requests | {} | {} | {} | {} | {} | {:.0}% of one CPU |",
+        r.sent,
+        r.acked,
+        r.nakked,
+        r.lost,
+        r.late_sends,
+        r.cpu * 100.0
+    );
+    let _ = writeln!(
+        s,
+        "\n## Scrapes\n\n| a `/metrics` scrape, one a second | p50 | p99 | max | count | CPU a scrape |\n|---|--:|--:|--:|--:|--:|"
+    );
+    for (what, t, cpu) in [
+        ("before the CoAs", &r.scrapes_idle, r.scrape_cpu_idle),
+        ("while the CoAs are sent", &r.scrapes, r.scrape_cpu),
+    ] {
+        let _ = writeln!(
+            s,
+            "| {what} | {} | {} | {} | {} | {} |",
+            ms(t.p50),
+            ms(t.p99),
+            ms(t.max),
+            t.count,
+            ms(cpu)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n## Disconnect-Requests\n\n| {} Disconnect-Requests one at a time ({} ACK) | min | median | max |\n|---|--:|--:|--:|",
+        r.disconnects_sent, r.disconnects_acked
+    );
+    for (what, f) in [
+        (
+            "received to answered (the daemon's log)",
+            &r.disconnect_daemon,
+        ),
+        ("send to answer (the sender)", &r.disconnect_sender),
+    ] {
+        let _ = writeln!(
+            s,
+            "| {what} | {} | {} | {} |",
+            ms(f.min),
+            ms(f.median),
+            ms(f.max)
+        );
+    }
+    s
+}
+
+/// Writes `results-coa.md` and `.json` under `out`.
+pub fn write(out: &Path, r: &CoaResults) -> Result<Vec<PathBuf>> {
+    fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
+    let m = &r.machine;
+    let mut s = String::from("# RADIUS CoA and Disconnect at scale\n\n");
+    let _ = writeln!(
+        s,
+        "Written by `shaper-lab bench --only coa` on {} (kernel {}, {} x {}), {} UTC, \
+         at git revision {}; load average {} at the start, {} at the end.\n",
+        m.host,
+        m.kernel,
+        m.cpus,
+        m.cpu_model,
+        m.date_utc,
+        m.revision(),
+        m.loadavg_start,
+        m.loadavg_end
+    );
+    let _ = writeln!(
+        s,
+        "`shaper run` (this build) with a `[radius]` table, on a dummy interface attached \
+         both ways in a namespace of the bench's own: {} subscribers on each direction, an \
+         IPv4 /32 and an IPv6 /56 each, from a LibreQoS file the daemon's file names. A \
+         paced sender in the namespace sends CoA-Requests by User-Name, each with \
+         WISPr-Bandwidth-Max-Up at a rate the subscriber does not have (each one writes), \
+         {} a second for {} s; a `/metrics` scrape is timed each second, for {} s before \
+         and while they are sent (its CPU: the CPU time of the daemon's thread rendering \
+         them, from its schedstat, over their number). The daemon's histogram is \
+         `shaper_radius_request_seconds` over the sending, its quantiles interpolated in its \
+         buckets as Prometheus's `histogram_quantile` does; its max is the slowest CoA its \
+         log names. The other commands of the host (any namespace) take the same change \
+         lock: a CoA waits while one holds it. The daemon started (applied its file and \
+         indexed its subscribers) in {:.1} s.\n",
+        r.options.subscribers, r.options.rate, r.options.seconds, IDLE_SCRAPES, r.start_secs
+    );
+    s += &tables(r);
+    if !r.log.is_empty() {
+        s += "\nThe daemon's lines other than ACKs (the first 10), and its 5 slowest requests:\n\n```\n";
+        for l in &r.log {
+            s += l;
+            s.push('\n');
+        }
+        s += "```\n";
+    }
+    let md = out.join("results-coa.md");
+    fs::write(&md, s)?;
+    let json = out.join("results-coa.json");
+    fs::write(&json, serde_json::to_string_pretty(r)? + "\n")?;
+    Ok(vec![md, json])
 }
 
 /// The namespace, its files and the daemon; the daemon stopped (it detaches on exit) and
@@ -282,6 +469,26 @@ impl Rig {
         bail!("shaper run not ready in {within:?}: {}", self.log())
     }
 
+    /// The CPU time so far of the daemon's thread `name` (`render-metrics`: the scrapes'),
+    /// seconds, from its schedstat (nanoseconds on the CPU).
+    fn thread_cpu_secs(&self, name: &str) -> Result<f64> {
+        let pid = self.daemon.as_ref().context("no daemon")?.id();
+        for task in fs::read_dir(format!("/proc/{pid}/task"))? {
+            let dir = task?.path();
+            if fs::read_to_string(dir.join("comm"))?.trim() != name {
+                continue;
+            }
+            let stat = fs::read_to_string(dir.join("schedstat"))?;
+            let ns: f64 = stat
+                .split_whitespace()
+                .next()
+                .context("schedstat")?
+                .parse()?;
+            return Ok(ns / 1e9);
+        }
+        bail!("the daemon has no thread {name}")
+    }
+
     /// The daemon's CPU time so far (user + system), seconds.
     fn cpu_secs(&self) -> Result<f64> {
         let pid = self.daemon.as_ref().context("no daemon")?.id();
@@ -336,7 +543,7 @@ struct Answers {
 }
 
 /// Sends `opts.rate` CoA a second for `opts.seconds` from the namespace; returns what was
-/// sent, late, and answered (after 2 s for the last answers).
+/// sent, late, and answered.
 fn send(ns: &str, opts: &Options) -> Result<(u64, u64, Arc<Answers>)> {
     shaper_user::netns::enter(ns)?;
     let sockets: Vec<Arc<UdpSocket>> = (0..SOCKETS)
@@ -408,7 +615,16 @@ fn send(ns: &str, opts: &Options) -> Result<(u64, u64, Arc<Answers>)> {
         sockets[socket].send(&bytes)?;
         sent += 1;
     }
-    std::thread::sleep(Duration::from_secs(2));
+    // The last answers: until every request has one, or none came for 2 s.
+    let answered =
+        || answers.acked.load(Ordering::Relaxed) + answers.nakked.load(Ordering::Relaxed);
+    let (mut last, mut quiet) = (answered(), Instant::now());
+    while last < sent && quiet.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(50));
+        if answered() != last {
+            (last, quiet) = (answered(), Instant::now());
+        }
+    }
     done.store(true, Ordering::Relaxed);
     for r in receivers {
         let _ = r.join();
@@ -452,13 +668,13 @@ fn disconnect_times(log: &str) -> Vec<f64> {
 }
 
 /// Min, median and max of `v`.
-fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+fn spread(mut v: Vec<f64>) -> Few {
     v.sort_by(f64::total_cmp);
-    (
-        v.first().copied().unwrap_or(0.0),
-        percentile(&v, 0.5),
-        v.last().copied().unwrap_or(0.0),
-    )
+    Few {
+        min: v.first().copied().unwrap_or(0.0),
+        median: percentile(&v, 0.5),
+        max: v.last().copied().unwrap_or(0.0),
+    }
 }
 
 /// One GET of /metrics over plain HTTP/1.1 in the current namespace: its time and body.
@@ -566,28 +782,44 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[i]
 }
 
+/// Scrapes /metrics once a second from namespace `ns` until `stop` is set (or `n` were
+/// made): their times, seconds.
+fn scraper(ns: String, stop: Arc<AtomicBool>, n: usize) -> Result<Vec<f64>> {
+    shaper_user::netns::enter(&ns)?;
+    let mut times = Vec::new();
+    while !stop.load(Ordering::Relaxed) && times.len() < n {
+        let t = Instant::now();
+        times.push(scrape()?.0);
+        if let Some(rest) = Duration::from_secs(1).checked_sub(t.elapsed()) {
+            std::thread::sleep(rest);
+        }
+    }
+    Ok(times)
+}
+
 pub fn run(shaper: &Path, opts: &Options) -> Result<CoaResults> {
+    let mut machine = Machine::this();
     let t = Instant::now();
     let mut rig = rig(shaper, opts.subscribers)?;
     rig.wait_ready(Duration::from_secs(600))?;
     let start_secs = t.elapsed().as_secs_f64();
     let ns = rig.name.clone();
+    let joined = |h: std::thread::JoinHandle<Result<Vec<f64>>>| {
+        h.join().map_err(|_| anyhow::anyhow!("scraper panicked"))?
+    };
+    // The baseline: scrapes with no CoA sent.
+    let render = "render-metrics";
+    let cpu_idle = rig.thread_cpu_secs(render)?;
+    let idle = {
+        let (ns, stop) = (ns.clone(), Arc::new(AtomicBool::new(false)));
+        joined(std::thread::spawn(move || scraper(ns, stop, IDLE_SCRAPES)))?
+    };
+    let scrape_cpu_idle = (rig.thread_cpu_secs(render)? - cpu_idle) / idle.len().max(1) as f64;
     // The scraper: one GET a second while the sender runs, from the namespace.
     let stop = Arc::new(AtomicBool::new(false));
-    let scraper = {
+    let scraping = {
         let (ns, stop) = (ns.clone(), stop.clone());
-        std::thread::spawn(move || -> Result<Vec<f64>> {
-            shaper_user::netns::enter(&ns)?;
-            let mut times = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                times.push(scrape()?.0);
-                if let Some(rest) = Duration::from_secs(1).checked_sub(t.elapsed()) {
-                    std::thread::sleep(rest);
-                }
-            }
-            Ok(times)
-        })
+        std::thread::spawn(move || scraper(ns, stop, usize::MAX))
     };
     let in_ns = |f: fn() -> Result<(f64, String)>| {
         let ns = ns.clone();
@@ -600,6 +832,7 @@ pub fn run(shaper: &Path, opts: &Options) -> Result<CoaResults> {
     };
     let (_, before) = in_ns(scrape)?;
     let cpu_before = rig.cpu_secs()?;
+    let render_before = rig.thread_cpu_secs(render)?;
     let sending = Instant::now();
     let (sent, late_sends, answers) = {
         let (ns, opts) = (ns.clone(), opts.clone());
@@ -609,9 +842,8 @@ pub fn run(shaper: &Path, opts: &Options) -> Result<CoaResults> {
     };
     let cpu = (rig.cpu_secs()? - cpu_before) / sending.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    let mut scrapes = scraper
-        .join()
-        .map_err(|_| anyhow::anyhow!("scraper panicked"))??;
+    let scrapes = joined(scraping)?;
+    let scrape_cpu = (rig.thread_cpu_secs(render)? - render_before) / scrapes.len().max(1) as f64;
     let (_, after) = in_ns(scrape)?;
     let (disconnected, disconnect_times_sent) = {
         let (ns, opts) = (ns.clone(), opts.clone());
@@ -619,9 +851,7 @@ pub fn run(shaper: &Path, opts: &Options) -> Result<CoaResults> {
             .join()
             .map_err(|_| anyhow::anyhow!("disconnect sender panicked"))??
     };
-    let mut times = answers.times.lock().unwrap().clone();
-    times.sort_by(f64::total_cmp);
-    scrapes.sort_by(f64::total_cmp);
+    let times = answers.times.lock().unwrap().clone();
     let (b0, b1) = (buckets(&before), buckets(&after));
     let count = series(&after, "shaper_radius_request_seconds_count").unwrap_or(0.0)
         - series(&before, "shaper_radius_request_seconds_count").unwrap_or(0.0);
@@ -635,34 +865,35 @@ pub fn run(shaper: &Path, opts: &Options) -> Result<CoaResults> {
         .map(str::to_owned)
         .collect();
     log.extend(slowest(&text, 5));
+    let coa_slowest = text
+        .lines()
+        .filter(|l| l.contains(": coa s"))
+        .filter_map(took)
+        .fold(0.0, f64::max);
+    machine.loadavg_end = super::report::loadavg();
     Ok(CoaResults {
-        options: Some(opts.clone()),
+        machine,
+        options: opts.clone(),
         sent,
         acked,
         nakked,
         lost: sent - acked - nakked,
-        sender: (
-            percentile(&times, 0.5),
-            percentile(&times, 0.99),
-            times.last().copied().unwrap_or(0.0),
-        ),
-        daemon: (
-            quantile(&b0, &b1, 0.5),
-            quantile(&b0, &b1, 0.99),
-            count as u64,
-        ),
-        scrapes: (
-            scrapes.len(),
-            percentile(&scrapes, 0.99),
-            scrapes.last().copied().unwrap_or(0.0),
-        ),
+        sender: Times::of(times),
+        daemon: Times {
+            count: count as usize,
+            p50: quantile(&b0, &b1, 0.5),
+            p99: quantile(&b0, &b1, 0.99),
+            max: coa_slowest,
+        },
+        scrapes_idle: Times::of(idle),
+        scrapes: Times::of(scrapes),
+        scrape_cpu_idle,
+        scrape_cpu,
         cpu,
         start_secs,
         late_sends,
-        disconnects: (
-            disconnected,
-            u32::try_from(disconnect_times_sent.len()).unwrap_or(u32::MAX),
-        ),
+        disconnects_acked: disconnected,
+        disconnects_sent: u32::try_from(disconnect_times_sent.len()).unwrap_or(u32::MAX),
         disconnect_sender: spread(disconnect_times_sent),
         disconnect_daemon: spread(disconnect_times(&text)),
         log,

@@ -17,7 +17,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use shaper_user::{
     config_file, metrics,
-    radius::{Config, Reason, Server, accounting::SessionIndex, packet::MAX_PACKET},
+    radius::{Config, Plans, Reason, Server, accounting::SessionIndex, packet::MAX_PACKET},
 };
 
 /// The `[radius]` table of `file`, if any; a secret inline in a file others can read is
@@ -41,28 +41,55 @@ pub fn config(file: &Path) -> Result<Option<Config>> {
 }
 
 /// On a reload: the file's `[radius]` table checked (a broken one refuses the reload, as
-/// any error in the file does); what to add to the reload's line if it differs from the
-/// one the listener runs, which is read at start only.
-pub fn reloaded(file: &Path, running: Option<&Config>) -> Result<String> {
+/// any error in the file does); what to add to the reload's line, and the table read (its
+/// plans are given to the listener once the reload is applied: [`take_plans`]). The rest
+/// of the table is read at start only: the line says when it differs from the one the
+/// listener runs.
+pub fn reloaded(file: &Path, running: Option<&Config>) -> Result<(String, Option<Config>)> {
     let now = config(file)?;
-    Ok(if now.as_ref() == running {
-        String::new()
-    } else {
-        "; the [radius] table changed: it takes effect when shaper run restarts".to_owned()
-    })
+    let plans_aside = |c: &Config| Config {
+        plans: Default::default(),
+        ..c.clone()
+    };
+    let note = match (now.as_ref(), running) {
+        (Some(now), Some(running)) if plans_aside(now) == plans_aside(running) => {
+            match now.plans == running.plans {
+                true => String::new(),
+                false => "; the plans a RADIUS Filter-Id names are the file's now".to_owned(),
+            }
+        }
+        (None, None) => String::new(),
+        _ => "; the [radius] table changed: it takes effect when shaper run restarts (its plans at once)"
+            .to_owned(),
+    };
+    Ok((note, now))
+}
+
+/// After a reload was applied: the listener's `plans` (if it runs) and the `running`
+/// table's are those of the table the reload read (`read`; none: the file's `[plan.NAME]`
+/// tables still, the table gone).
+pub fn take_plans(plans: Option<&Plans>, running: Option<&mut Config>, read: Option<Config>) {
+    let (Some(running), Some(read)) = (running, read) else {
+        return;
+    };
+    if let Some(plans) = plans {
+        plans.replace(read.plans.clone());
+    }
+    running.plans = read.plans;
 }
 
 /// Binds the listener (in the daemon's namespace: call it on the daemon's thread) and
-/// starts its thread; every reason is counted in `daemon` from zero.
+/// starts its thread; every reason is counted in `daemon` from zero. The plans it names
+/// by `Filter-Id`, for the reloads to replace (none: no listener).
 pub fn start(
     config: Config,
     netns: Option<&str>,
     sessions: Option<SessionIndex>,
     daemon: Arc<Mutex<metrics::Daemon>>,
-) -> Result<()> {
+) -> Result<Option<Plans>> {
     // Accounting alone: no CoA listener.
     if config.clients.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let socket = UdpSocket::bind(config.listen)
         .with_context(|| format!("cannot listen on {} for RADIUS", config.listen))?;
@@ -83,11 +110,12 @@ pub fn start(
         Some(index) => Server::new(config, netns).with_sessions(index),
         None => Server::new(config, netns),
     };
+    let plans = server.plans();
     std::thread::Builder::new()
         .name("radius".to_owned())
         .spawn(move || serve(&socket, server, &daemon))
         .context("cannot start the RADIUS thread")?;
-    Ok(())
+    Ok(Some(plans))
 }
 
 /// The listener's receive buffer: the only queue of requests, where they wait while one
