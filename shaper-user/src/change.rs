@@ -213,6 +213,18 @@ fn begin_keeping(
     lock: system::Lock,
     kept: &mut Kept,
 ) -> Result<Prepared, ChangeError> {
+    begin_logging(command, attachments, attachments, lock, kept)
+}
+
+/// [`begin_keeping`], logging the change as one that may touch `logged` (every
+/// attachment if empty) rather than the attachments it opens.
+fn begin_logging(
+    command: &str,
+    attachments: &[Attachment],
+    logged: &[Attachment],
+    lock: system::Lock,
+    kept: &mut Kept,
+) -> Result<Prepared, ChangeError> {
     // One left by a command killed after this one's entry point checked: it may have
     // touched any attachment, and so may this change.
     let recovered = journal::recover()?.is_some();
@@ -236,7 +248,7 @@ fn begin_keeping(
     }
     let touched: Vec<u64> = match recovered {
         true => Vec::new(),
-        false => attachments
+        false => logged
             .iter()
             .map(|at| system::digest(&at.label()))
             .collect(),
@@ -672,9 +684,17 @@ fn apply_edits(
 }
 
 /// `shaper detach`: takes the program off and removes every pin. Not journaled: what it
-/// removes cannot be put back.
+/// removes cannot be put back. Logged as a change of `at` alone (whatever kept `at`'s
+/// pins reads them again; what other attachments kept stays good), its pins not opened
+/// (a detach works whatever state they are in).
 pub fn detach(at: &Attachment) -> Result<(), ChangeError> {
-    let _prepared = begin("detach", &[])?;
+    let _prepared = begin_logging(
+        "detach",
+        &[],
+        std::slice::from_ref(at),
+        system::lock()?,
+        &mut Kept::default(),
+    )?;
     detach::detach(at)?;
     Ok(())
 }
