@@ -669,16 +669,38 @@ fn a_subscribers_packet_rate_is_one_bucket_over_its_prefixes() {
         }
     };
     let sizes = [1000, 1000, 1000, 64, 64, 64, 64, 64, 64, 64];
+    // The packet bucket's TAT (the entry's second cell): behind the third frame, refused
+    // by the bytes' bucket, it must be where it was, to the tick (its packet given back
+    // whole; the bucket is backlogged by then, so the clock does not enter it).
+    let packet_tat = |h: &Harness| {
+        let entries = h.subscriber_entries().unwrap();
+        let p7 = entries
+            .iter()
+            .map(Result::unwrap)
+            .find(|e| e.in_use != 0 && e.id.starts_with(b"p7\0"))
+            .expect("p7's entry");
+        p7.excess.tat
+    };
     let start = std::time::Instant::now();
-    let verdicts: String = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &len)| match h.run(&sized(keys[i % 3], len)).unwrap() {
+    let mut verdicts = String::new();
+    let mut around_third = [0; 2];
+    for (i, &len) in sizes.iter().enumerate() {
+        if i == 2 {
+            around_third[0] = packet_tat(&h);
+        }
+        verdicts.push(match h.run(&sized(keys[i % 3], len)).unwrap() {
             XDP_PASS => 'p',
             XDP_DROP => 'r',
             v => panic!("verdict {v}"),
-        })
-        .collect();
+        });
+        if i == 2 {
+            around_third[1] = packet_tat(&h);
+        }
+    }
+    assert_eq!(
+        around_third[1], around_third[0],
+        "the packet bucket's TAT across a frame the bytes' bucket refused ({verdicts})"
+    );
     let took = start.elapsed().as_secs();
     let passed = verdicts.matches('p').count() as u64;
     if took == 0 {
@@ -720,6 +742,64 @@ fn a_subscribers_packet_rate_is_one_bucket_over_its_prefixes() {
     assert!(
         passed <= 2 * start.elapsed().as_secs(),
         "{passed} frames after the change"
+    );
+}
+
+/// A subscriber's keys refused a cell by new-source admission (one key a second) are
+/// metered in its bucket all the same and counted as unadmitted: in the interface's
+/// unadmitted counters and its plan's, exactly the frames of the keys not admitted, and
+/// every frame in the subscriber's own. 12 new keys of each family send one frame each
+/// into a bucket of 30 frames (so every frame passes).
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_subscribers_unadmitted_keys_are_metered_in_its_bucket_and_counted_unadmitted() {
+    use shaper_common::maps::Admission;
+
+    let config = Config {
+        admission: Admission::new(1, 1).unwrap(),
+        ..Config::per_source(SLOW, FRAME as u64 / 2).unwrap()
+    };
+    let mut h = Harness::with_subscribers(Some(&config), 1024, 8).expect("load");
+    let s = subscriber("u9", &["100.64.9.0/24", "fdd7:b724:9::/48"], 30);
+    assert_eq!(set_subscriber(&mut h, &s), Ok(Changed::Added));
+    for (family, key) in [
+        (
+            "IPv4",
+            &(|i: u16| format!("100.64.9.{i}")) as &dyn Fn(u16) -> String,
+        ),
+        ("IPv6", &|i: u16| format!("fdd7:b724:9:{i:x}::1")),
+    ] {
+        let before = h.counters().unwrap();
+        let sent = 12;
+        let passed: usize = (1..=sent).map(|i| send(&mut h, &key(i), 1)).sum();
+        assert_eq!(
+            passed,
+            usize::from(sent),
+            "{family}: the bucket holds them all"
+        );
+        let after = h.counters().unwrap();
+        let admitted = after.new_sources - before.new_sources;
+        let unadmitted = u64::from(sent) - admitted;
+        // One key a second: of keys sent within milliseconds, one or none admitted.
+        assert!(
+            unadmitted >= 6,
+            "{family}: {admitted} of {sent} keys admitted"
+        );
+        assert_eq!(
+            after.unadmitted.passed_packets - before.unadmitted.passed_packets,
+            unadmitted,
+            "{family}: the interface's unadmitted frames"
+        );
+    }
+    let got = h.subscribers().unwrap().get("u9").unwrap();
+    assert_eq!(got.outcomes.passed_packets, 24, "the subscriber's frames");
+    // The plan's: its admitted keys' frames in its outcomes, the others apart.
+    let unadmitted = h.counters().unwrap().unadmitted.passed_packets;
+    let plan = h.policies().stats(got.plan_slot).unwrap();
+    assert_eq!(
+        (plan.outcomes.passed_packets, plan.unadmitted.passed_packets),
+        (24 - unadmitted, unadmitted),
+        "the plan's frames, admitted and not"
     );
 }
 
