@@ -587,6 +587,31 @@ fn a_plan_change_keeps_the_subscribers_bucket() {
     assert_eq!(send(&mut h, "100.64.0.14", 5), 0);
     assert_eq!(send(&mut h, "fdd7:b724:0:100::1", 5), 0);
     assert_eq!(set_subscriber(&mut h, &faster), Ok(Changed::Unchanged));
+
+    // Half used, then twice and half the rate (the same burst): what is left is carried
+    // over exactly, in bytes, whichever way the rate goes.
+    for (i, times) in [(2, 2.0), (3, 0.5)] {
+        let id = format!("c{i}");
+        let v4 = format!("100.64.0.{i}");
+        let v6 = format!("fdd7:b724:0:{i}00::1");
+        let s = subscriber(
+            &id,
+            &[&format!("{v4}/32"), &format!("fdd7:b724:0:{i}00::/56")],
+            6,
+        );
+        set_subscriber(&mut h, &s).unwrap();
+        assert_eq!(send(&mut h, &v4, 1) + send(&mut h, &v6, 2), 3, "{id}");
+        let changed = SubscriberSpec {
+            plan: PolicyLimits {
+                aggregate_rate_bps: (SLOW as f64 * times) as u64,
+                ..s.plan
+            },
+            ..s.clone()
+        };
+        assert_eq!(set_subscriber(&mut h, &changed), Ok(Changed::Changed));
+        assert_eq!(send(&mut h, &v6, 5), 3, "{id}: the rate times {times}");
+        assert_eq!(send(&mut h, &v4, 5), 0, "{id}: the rate times {times}");
+    }
 }
 
 /// A business circuit: a committed rate and a peak one (`--excess-rate`) over an IPv4
@@ -634,6 +659,41 @@ fn a_subscribers_peak_rate_passes_its_excess_burst_marked() {
     assert_eq!(set_subscriber(&mut h, &faster), Ok(Changed::Changed));
     for key in keys {
         assert_eq!(send(&mut h, key, 2), 0, "{key} after the change");
+    }
+
+    // Its excess bucket half used, then twice and half its rate (the same burst): what is
+    // left of it is carried over exactly, whichever way the rate goes.
+    for (i, times) in [(8, 2.0), (9, 0.5)] {
+        let id = format!("b{i}");
+        let v4 = format!("100.64.0.{i}");
+        let v6 = format!("fdd7:b724:0:{i}00::1");
+        let mut s = subscriber(
+            &id,
+            &[&format!("{v4}/32"), &format!("fdd7:b724:0:{i}00::/56")],
+            1,
+        );
+        s.plan.burst_bytes = 10 * FRAME as u64;
+        s.plan.meter2 = Meter2Limits {
+            excess_rate_bps: SLOW,
+            excess_burst_bytes: 4 * FRAME as u64,
+            excess_dscp: AF11,
+            ..Meter2Limits::default()
+        };
+        assert_eq!(set_subscriber(&mut h, &s), Ok(Changed::Added));
+        assert_eq!(send(&mut h, &v4, 1) + send(&mut h, &v6, 2), 3, "{id}");
+        let mut changed = s.clone();
+        changed.plan.meter2.excess_rate_bps = (SLOW as f64 * times) as u64;
+        assert_eq!(set_subscriber(&mut h, &changed), Ok(Changed::Changed));
+        assert_eq!(
+            send(&mut h, &v6, 5),
+            2,
+            "{id}: the excess rate times {times}"
+        );
+        assert_eq!(
+            send(&mut h, &v4, 5),
+            0,
+            "{id}: the excess rate times {times}"
+        );
     }
 }
 
