@@ -653,7 +653,11 @@ fn a_subscribers_peak_rate_passes_its_excess_burst_marked() {
     assert_eq!(got.outcomes.passed_packets, 7);
     assert_eq!(got.yellow, (3, 3 * FRAME as u64));
     assert_eq!(got.outcomes.dropped_packets, 5);
-    assert_eq!(h.counters().unwrap().meter2.yellow_packets, 3);
+    let counters = h.counters().unwrap();
+    assert_eq!(
+        (counters.meter2.yellow_packets, counters.meter2.yellow_bytes),
+        (3, 3 * FRAME as u64)
+    );
     let mut faster = s.clone();
     faster.plan.meter2.excess_rate_bps = 2 * SLOW;
     assert_eq!(set_subscriber(&mut h, &faster), Ok(Changed::Changed));
