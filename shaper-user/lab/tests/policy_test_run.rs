@@ -793,7 +793,13 @@ fn a_subscribers_packet_rate_is_one_bucket_over_its_prefixes() {
         "the bytes' bucket's refusal"
     );
     let counters = h.counters().unwrap();
-    assert_eq!(counters.meter2.packet_rate_refused_packets, by_packets);
+    assert_eq!(
+        (
+            counters.meter2.packet_rate_refused_packets,
+            counters.meter2.packet_rate_refused_bytes
+        ),
+        (by_packets, 64 * by_packets)
+    );
     // Twice the packet rate, the same burst: a refill would pass 6 frames more.
     let mut faster = s.clone();
     faster.plan.meter2.packet_rate = 2;
