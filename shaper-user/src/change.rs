@@ -377,14 +377,7 @@ impl Change {
 
     /// The change is complete: forget how to undo it, and let the lock go.
     pub fn commit(self) -> Result<(), ChangeError> {
-        let Self {
-            journal,
-            opened,
-            _lock,
-        } = self;
-        journal.commit()?;
-        drop(opened);
-        Ok(())
+        self.commit_holding().map(drop)
     }
 }
 

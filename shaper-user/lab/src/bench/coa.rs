@@ -299,19 +299,7 @@ pub fn write(out: &Path, r: &CoaResults) -> Result<Vec<PathBuf>> {
     fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
     let m = &r.machine;
     let mut s = String::from("# RADIUS CoA and Disconnect at scale\n\n");
-    let _ = writeln!(
-        s,
-        "Written by `shaper-lab bench --only coa` on {} (kernel {}, {} x {}), {} UTC, \
-         at git revision {}; load average {} at the start, {} at the end.\n",
-        m.host,
-        m.kernel,
-        m.cpus,
-        m.cpu_model,
-        m.date_utc,
-        m.revision(),
-        m.loadavg_start,
-        m.loadavg_end
-    );
+    let _ = writeln!(s, "{}", m.written_by("coa"));
     let _ = writeln!(
         s,
         "`shaper run` (this build) with a `[radius]` table, on a dummy interface attached \

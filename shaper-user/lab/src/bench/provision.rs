@@ -393,18 +393,7 @@ pub fn write(out: &Path, r: &Results) -> Result<Vec<PathBuf>> {
     fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
     let m = &r.machine;
     let mut s = String::from("# Provisioning: prefix policies and subscribers\n\n");
-    let _ = writeln!(
-        s,
-        "Written by `shaper-lab bench --only provision` on {} (kernel {}, {} x {}), {} UTC, \
-         at git revision {}; load average {} at the start.\n",
-        m.host,
-        m.kernel,
-        m.cpus,
-        m.cpu_model,
-        m.date_utc,
-        m.revision(),
-        m.loadavg_start
-    );
+    let _ = writeln!(s, "{}", m.written_by("provision"));
     let _ = writeln!(
         s,
         "Whole release `shaper` commands, process start to exit, on a dummy interface's \

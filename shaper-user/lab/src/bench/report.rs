@@ -80,6 +80,26 @@ fn git_revision() -> (String, bool) {
 }
 
 impl Machine {
+    /// The first line of a results file `shaper-lab bench --only ONLY` wrote: where, when,
+    /// at which revision, and the load (at the end too, if it was read).
+    pub fn written_by(&self, only: &str) -> String {
+        let end = match self.loadavg_end.is_empty() {
+            true => String::new(),
+            false => format!(", {} at the end", self.loadavg_end),
+        };
+        format!(
+            "Written by `shaper-lab bench --only {only}` on {} (kernel {}, {} x {}), {} UTC, \
+             at git revision {}; load average {} at the start{end}.\n",
+            self.host,
+            self.kernel,
+            self.cpus,
+            self.cpu_model,
+            self.date_utc,
+            self.revision(),
+            self.loadavg_start
+        )
+    }
+
     /// The revision as results name it: `abc123…`, `abc123… with uncommitted changes`.
     pub fn revision(&self) -> String {
         match self.git_dirty {
