@@ -733,6 +733,7 @@ fn metrics_give_the_default_and_the_top_policies_only() {
         .find(|s| s.name == "shaper_policies")
         .unwrap();
     assert_eq!(gauge.value, 40.0);
+    let _ = fs::remove_dir_all(&dir);
 }
 
 /// `/metrics` gives the number of subscribers and a series set for the busiest few only
@@ -856,6 +857,7 @@ fn metrics_give_the_busiest_subscribers_only() {
         .find(|s| s.name == "shaper_subscribers")
         .unwrap();
     assert_eq!(gauge.value, 5.0);
+    let _ = fs::remove_dir_all(&dir);
 }
 
 /// `/metrics` in the lab, every series of every family against what `stats -j`, `policy
