@@ -1010,8 +1010,29 @@ fn the_aggregates_refusals_are_counted_in_bytes() {
 #[test]
 #[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
 fn a_packet_rate_and_an_aggregate_refuse_apart_and_charge_nothing_refused() {
+    // The packet rate refills one packet a second: a run that took longer (a loaded host)
+    // could see one more, and is run again (the counts asserted are exact).
+    const IN_TIME: std::time::Duration = std::time::Duration::from_millis(900);
+    for attempt in 1.. {
+        let start = std::time::Instant::now();
+        let seen = packet_rate_and_aggregate_counts();
+        let took = start.elapsed();
+        if took <= IN_TIME || attempt == 3 {
+            for (what, got, want) in seen {
+                assert_eq!(got, want, "{what} (attempt {attempt}, {took:?})");
+            }
+            return;
+        }
+        println!("attempt {attempt} took {took:?}, more than {IN_TIME:?}: again");
+    }
+}
+
+/// [`a_packet_rate_and_an_aggregate_refuse_apart_and_charge_nothing_refused`]'s sends on a
+/// fresh object: what each count was, and what it must be.
+fn packet_rate_and_aggregate_counts() -> Vec<(String, Vec<u64>, Vec<u64>)> {
     use shaper_common::config::Meter2Limits;
 
+    let mut seen = Vec::new();
     let mut h = harness(100 * FRAME as u64);
     let mut both = limit(SLOW, 100 * FRAME as u64);
     both.aggregate_rate_bps = SLOW;
@@ -1031,39 +1052,57 @@ fn a_packet_rate_and_an_aggregate_refuse_apart_and_charge_nothing_refused() {
         ("2001:db8:5::/48", "2001:db8:5:1::1", "2001:db8:5:2::1"),
     ];
     let specs = |limits| cases.map(|(prefix, _, _)| spec(prefix, limits));
+    let mut sent = |h: &mut Harness, what: String, src: &str, want: u64| {
+        seen.push((what, vec![send(h, src, 10) as u64], vec![want]));
+    };
     h.policies().replace_all(&specs(both)).unwrap();
     for (prefix, a, b) in cases {
-        assert_eq!(send(&mut h, a, 10), 3, "{prefix}: A, its packet burst");
-        assert_eq!(send(&mut h, b, 10), 2, "{prefix}: B, the aggregate's rest");
-        let s = stats(&mut h, Some(prefix));
-        assert_eq!(
-            (s.outcomes.passed_packets, s.outcomes.dropped_packets),
-            (5, 15),
-            "{prefix}"
-        );
-        assert_eq!(
-            (
-                s.meter2.packet_rate_refused_packets,
-                s.meter2.packet_rate_refused_bytes
-            ),
-            (7, 7 * FRAME as u64),
-            "{prefix}: A's refusals, the packet rate's"
-        );
-        assert_eq!(
-            (s.aggregate_refused_packets, s.aggregate_refused_bytes),
-            (8, 8 * FRAME as u64),
-            "{prefix}: B's refusals, the aggregate's"
-        );
+        sent(&mut h, format!("{prefix}: A, its packet burst"), a, 3);
+        sent(&mut h, format!("{prefix}: B, the aggregate's rest"), b, 2);
     }
     // Lifting the aggregate: B has exactly the one packet of its burst it did not use, A
     // none.
+    let lifted: Vec<_> = cases
+        .iter()
+        .map(|(prefix, _, _)| stats(&mut h, Some(prefix)))
+        .collect();
     h.policies().replace_all(&specs(no_aggregate)).unwrap();
     for (prefix, a, b) in cases {
-        assert_eq!(send(&mut h, b, 10), 1, "{prefix}: B's packet left");
-        assert_eq!(send(&mut h, a, 10), 0, "{prefix}: A's packets");
+        sent(&mut h, format!("{prefix}: B's packet left"), b, 1);
+        sent(&mut h, format!("{prefix}: A's packets"), a, 0);
+    }
+    for ((prefix, _, _), s) in cases.iter().zip(lifted) {
+        let counts = [
+            (
+                "passed and dropped",
+                [s.outcomes.passed_packets, s.outcomes.dropped_packets],
+                [5, 15],
+            ),
+            (
+                "A's refusals, the packet rate's",
+                [
+                    s.meter2.packet_rate_refused_packets,
+                    s.meter2.packet_rate_refused_bytes,
+                ],
+                [7, 7 * FRAME as u64],
+            ),
+            (
+                "B's refusals, the aggregate's",
+                [s.aggregate_refused_packets, s.aggregate_refused_bytes],
+                [8, 8 * FRAME as u64],
+            ),
+        ];
+        for (what, got, want) in counts {
+            seen.push((format!("{prefix}: {what}"), got.to_vec(), want.to_vec()));
+        }
     }
     let c = h.counters().unwrap();
-    assert_eq!(c.meter2.packet_rate_refused_packets, 2 * (7 + 9 + 10));
+    seen.push((
+        "the packet rate's refusals in all".to_owned(),
+        vec![c.meter2.packet_rate_refused_packets],
+        vec![2 * (7 + 9 + 10)],
+    ));
+    seen
 }
 
 /// A key caches the slot it resolved to with the policies' generation (`cache_word`), so
