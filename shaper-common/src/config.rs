@@ -391,6 +391,18 @@ pub struct PolicyLimits {
     pub meter2: Meter2Limits,
 }
 
+impl PolicyLimits {
+    /// Whether each key's limit is the whole plan's ([`crate::maps::per_address_is_whole`]).
+    pub fn per_address_is_whole(&self) -> bool {
+        crate::maps::per_address_is_whole(
+            self.action,
+            (self.rate_bps, self.burst_bytes),
+            (self.aggregate_rate_bps, self.aggregate_burst_bytes),
+            (self.meter2.excess_rate_bps, self.meter2.excess_burst_bytes),
+        )
+    }
+}
+
 impl Policy {
     /// The policy for the prefix `addr/prefix_len` of `family` (4 or 6; the address bytes
     /// in network order, IPv4 in the first four), validated.
@@ -638,6 +650,84 @@ mod tests {
             Policy::new(4, addr, 24, &bad_action),
             Err(ConfigError::Action(9))
         );
+    }
+
+    /// A per-address limit is the whole plan's only at exactly the committed and excess
+    /// rates and bursts together, and only under an aggregate; the entry says the same as
+    /// what it was made from (the kernel reads the entry).
+    #[test]
+    fn a_per_address_limit_is_whole_at_exactly_the_plans_sum() {
+        let whole = PolicyLimits {
+            action: ACTION_LIMIT,
+            rate_bps: 15_000_000,
+            burst_bytes: 96_000,
+            aggregate_rate_bps: 10_000_000,
+            aggregate_burst_bytes: 64_000,
+            meter2: Meter2Limits {
+                excess_rate_bps: 5_000_000,
+                excess_burst_bytes: 32_000,
+                excess_dscp: 10,
+                ..Meter2Limits::default()
+            },
+            ..PolicyLimits::default()
+        };
+        let addr = [0; 16];
+        for (limits, want) in [
+            (whole, true),
+            (
+                PolicyLimits {
+                    rate_bps: 14_999_999,
+                    ..whole
+                },
+                false,
+            ),
+            (
+                PolicyLimits {
+                    burst_bytes: 96_001,
+                    ..whole
+                },
+                false,
+            ),
+            (
+                PolicyLimits {
+                    meter2: Meter2Limits::default(),
+                    ..whole
+                },
+                false,
+            ),
+            (
+                PolicyLimits {
+                    rate_bps: 10_000_000,
+                    burst_bytes: 64_000,
+                    meter2: Meter2Limits::default(),
+                    ..whole
+                },
+                true,
+            ),
+            (
+                PolicyLimits {
+                    aggregate_rate_bps: 0,
+                    aggregate_burst_bytes: 0,
+                    meter2: Meter2Limits::default(),
+                    rate_bps: 0,
+                    burst_bytes: 0,
+                    ..whole
+                },
+                false,
+            ),
+            (
+                PolicyLimits {
+                    action: ACTION_PASS,
+                    ..whole
+                },
+                false,
+            ),
+        ] {
+            assert_eq!(limits.per_address_is_whole(), want, "{limits:?}");
+            if let Ok(p) = Policy::new(4, addr, 0, &limits) {
+                assert_eq!(p.per_address_is_whole(), want, "{limits:?}");
+            }
+        }
     }
 }
 

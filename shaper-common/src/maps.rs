@@ -533,6 +533,38 @@ pub struct Policy {
 }
 
 const _: () = assert!(size_of::<Policy>() == 272);
+
+impl Policy {
+    /// Whether each key's limit is the whole plan's ([`per_address_is_whole`]).
+    #[inline(always)]
+    pub fn per_address_is_whole(&self) -> bool {
+        per_address_is_whole(
+            self.action,
+            (self.rate_bps, self.burst_bytes),
+            (self.aggregate_rate_bps, self.aggregate_burst_bytes),
+            (self.meter2.excess_rate_bps, self.meter2.excess_burst_bytes),
+        )
+    }
+}
+
+/// Whether a key's limit (`per_key`: rate in bit/s and burst in bytes, under `action`) is
+/// the whole of its aggregate's (the committed rate and burst, `aggregate`, and the
+/// excess ones, `excess`, together): what a subscriber's plan with no per-address limit of
+/// its own states. Such a limit never refuses what the aggregate's buckets passed (a key's
+/// frames are some of the aggregate's, and what fits a committed and an excess bucket fits
+/// one at their sum), so a key's own cell need not be charged (`meter::shaper_subscriber`).
+#[inline(always)]
+pub fn per_address_is_whole(
+    action: u32,
+    per_key: (u64, u64),
+    aggregate: (u64, u64),
+    excess: (u64, u64),
+) -> bool {
+    action == ACTION_LIMIT
+        && aggregate.0 != 0
+        && per_key.0 == aggregate.0.saturating_add(excess.0)
+        && per_key.1 == aggregate.1.saturating_add(excess.1)
+}
 const _: () = assert!(offset_of!(Policy, meter2) == 184);
 
 /// A GCRA cell: the TAT, and the scale ([`Limit::scale`]) of the limit it is expressed in,

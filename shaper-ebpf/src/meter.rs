@@ -10,19 +10,24 @@
 //! a global function of its own, verified once: new-source admission ([`shaper_admit`]),
 //! a key created by two CPUs at once ([`shaper_meter_raced`]), a lost compare-and-swap
 //! (`cell::shaper_retry`), a rate change (`cell::shaper_carry_over`), a sample
-//! (`watch::shaper_sample`). A subscriber's frame is two calls ([`shaper_subscriber`], and
-//! from it [`shaper_subscriber_packet`], its packet rate's, made whether or not the plan
-//! has one: the verifier then walks the rest of the first once, not once for each), and
-//! after its plan changed two more ([`shaper_subscriber_prepare`], then the first again),
-//! so that no chain of calls is three frames deep below the entry point's (6.1 allows
-//! 512 bytes of stack to a chain, each frame rounded up to 32 bytes). A global function
-//! takes only scalars and pointers to memory and returns one scalar.
+//! (`watch::shaper_sample`). A subscriber's frame is three calls ([`shaper_subscriber`],
+//! and from it [`shaper_subscriber_packet`], its packet rate's, made whether or not the
+//! plan has one, and [`shaper_subscriber_counted`], its counting: the verifier then walks
+//! the rest of the first once, and the counting once, not once for each way the plan
+//! decided), and after its plan changed two more ([`shaper_subscriber_prepare`], then the
+//! first again), so that no chain of calls is three frames deep below the entry point's
+//! (6.1 allows 512 bytes of stack to a chain, each frame rounded up to 32 bytes: the entry
+//! point's 288 bytes and [`shaper_subscriber`]'s 168, 192 rounded, leave 32 to each function
+//! it calls). A global function takes only scalars and pointers to memory and returns one
+//! scalar.
 
 use core::{mem::MaybeUninit, ptr};
 
 use shaper_common::{
     gcra,
-    maps::{CAS_TRIES, Cell, Config, Counters, Ipv4Key, METER2_PACKETS, Meter2, SourceState},
+    maps::{
+        CAS_TRIES, Cell, Config, Counters, Ipv4Key, METER2_PACKETS, Meter2, SourceState, Subscriber,
+    },
 };
 
 use shaper_ebpf::atomic;
@@ -30,9 +35,9 @@ use shaper_ebpf::atomic;
 use crate::{
     cell::{Count, carried, carry_over, carry_over_rule, count_policy, decide, scaled, take},
     key::join,
-    maps::{ADMISSION, AGGREGATES, CONFIG, COUNTERS, FIRSTS, POLICY_STATS, SOURCES, SOURCES6},
+    maps::{ADMISSION, AGGREGATES, CONFIG, FIRSTS, POLICY_STATS, SOURCES, SOURCES6},
     meter2::{self, AGAIN, shaper_meter2, shaper_meter2_prepare},
-    outcome::{AGGREGATE, Metered, Outcome, PACKET_RATE, Reason, SOURCE, outcome_counters},
+    outcome::{AGGREGATE, Metered, Outcome, PACKET_RATE, Reason, outcome_counters},
     policy::{self, Rule},
     trace::{self, Sighting},
     watch,
@@ -151,11 +156,13 @@ pub fn meter(
 /// (`policy::subscriber_rule`): in a global function, verified once, so a policy's frame
 /// pays one branch for subscribers. In order: the plan's packet rate, if any, in the
 /// subscriber's packet bucket (refused: red, reason packet rate; given back if a later
-/// step refuses the frame); then a plan in shape mode gives the frame the departure time
-/// the subscriber's bucket alone sets ([`shaped`]), a plan that polices decides it by
-/// `cell::decide`, its excess rate if any in the committed one's place ([`policed`]).
+/// step refuses the frame); then the plan decides ([`metered_by_plan`]): its excess rate
+/// if any in the committed one's place, the subscriber's bucket alone where the key's own
+/// cell has no say (shaping, or a per-address limit that is the whole plan), the key's
+/// cell and the bucket otherwise.
 /// `frame` is the length in bits 0–31 and the [`Count`] in 32–33. Returns a [`Metered`],
-/// which it also counts in the subscriber's counters (atomically: every CPU shares them);
+/// which it also counts in the subscriber's counters (atomically: every CPU shares them),
+/// by [`shaper_subscriber_counted`];
 /// or, charging nothing, [`AGAIN`] if a cell is still in a former plan's scale
 /// ([`shaper_subscriber_prepare`]). The frame of a key two CPUs created at once is metered
 /// again in the other CPU's entry (`shaper_meter_raced`) and counted here as the first
@@ -179,11 +186,6 @@ pub extern "C" fn shaper_subscriber(
     if cell.is_null() {
         return Metered::UNTRACKED.0;
     }
-    let count = match (frame >> 32) & COUNT_MASK {
-        COUNT_POLICY => Count::Policy,
-        COUNT_UNADMITTED => Count::Unadmitted,
-        _ => Count::Later,
-    };
     let (rule, slot, second, entry) = policy::subscriber_rule(config, value);
     let peak = policy::has_excess(&rule, second);
     let packets = policy::has_packets(&rule, second);
@@ -202,19 +204,16 @@ pub extern "C" fn shaper_subscriber(
     let len = frame as u32;
     // Called whether or not the plan has a packet rate (nothing charged without), so the
     // rest is one path for the verifier, not one for each.
-    let packet = match shaper_subscriber_packet(second, rule.meter2, now) {
+    let packet = match shaper_subscriber_packet(second, rule.meter2, now, ptr::from_mut(counters)) {
         0 => None,
         charged => Some(charged - 1),
     };
-    let (mut metered, yellow) = match packet {
+    let (metered, yellow) = match packet {
         None => (refused(rule.monitor, PACKET_RATE), false),
-        // Shape mode (the plan's, unless the interface monitors): the subscriber's bucket.
-        // SAFETY: a live map value (the subscriber's cell).
-        Some(_) if rule.slack != 0 && !rule.aggregate_cell.is_null() => {
-            (unsafe { shaped(&rule, len, now, counters) }, false)
-        }
         // SAFETY: checked above; the second cell is null or a live map value.
-        Some(_) => unsafe { policed(cell, &rule, (slot, second, peak), len, now, counters) },
+        Some(_) => unsafe {
+            metered_by_plan(cell, &rule, (slot, second, peak), len, now, counters)
+        },
     };
     match packet {
         None => count_packet_refused(slot, len, counters),
@@ -224,13 +223,38 @@ pub extern "C" fn shaper_subscriber(
         },
         Some(_) => {}
     }
-    if count == Count::Unadmitted {
+    let frame = frame & !PREPARED | if yellow { YELLOW } else { 0 };
+    shaper_subscriber_counted(entry, metered.0, frame, slot, ptr::from_mut(counters))
+}
+
+/// Counts a subscriber's frame, `metered` ([`Metered`]) by [`shaper_subscriber`], in its
+/// plan `slot`'s counters as the [`Count`] in `frame` (bits 32–33) says, and in its entry
+/// (null: gone) and, if [`YELLOW`], in this CPU's `counters` as yellow; the frame's length
+/// in bits 0–31. Returns the [`Metered`], unadmitted if it was. A global function, so
+/// that the verifier walks the counting once, not once for every way the plan decided.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_subscriber_counted(
+    entry: *mut Subscriber,
+    metered: u64,
+    frame: u64,
+    slot: u32,
+    counters: *mut Counters,
+) -> u64 {
+    let mut metered = Metered(metered);
+    // SAFETY: a global function's pointer arguments are null or point to whole values.
+    let Some(counters) = (unsafe { counters.as_mut() }) else {
+        return metered.0;
+    };
+    let len = frame as u32;
+    let count = (frame >> 32) & COUNT_MASK;
+    if count == COUNT_UNADMITTED {
         metered = metered.unadmitted();
     }
-    if count != Count::Later {
+    if count != COUNT_LATER {
         count_policy(slot, metered, len);
     }
-    count_subscriber(entry, metered, yellow, len, counters);
+    count_subscriber(entry, metered, frame & YELLOW != 0, len, counters);
     metered.0
 }
 
@@ -248,17 +272,19 @@ pub extern "C" fn shaper_subscriber_packet(
     cell: *mut Cell,
     meter2: *const Meter2,
     now: u64,
+    counters: *mut Counters,
 ) -> u64 {
     // SAFETY: a global function's pointer arguments are null or point to whole values.
-    let (Some(m), Some(counters)) = (unsafe { meter2.as_ref() }, COUNTERS.get_ptr_mut(0)) else {
+    let (Some(m), Some(counters)) = (unsafe { meter2.as_ref() }, unsafe { counters.as_mut() })
+    else {
         return 1;
     };
     if cell.is_null() || m.meters & METER2_PACKETS == 0 {
         return 1;
     }
     let limit = &m.packets;
-    // SAFETY: this CPU's entry (see `entry`); a live map value, checked above.
-    let (counters, tat) = unsafe { (&mut *counters, &raw mut (*cell).tat) };
+    // SAFETY: a live map value, checked above.
+    let tat = unsafe { &raw mut (*cell).tat };
     // SAFETY: as above.
     let mut old = unsafe { atomic::load(tat) };
     for try_ in 0..CAS_TRIES {
@@ -291,45 +317,22 @@ fn refused(monitor: bool, reason: Reason) -> Metered {
     Metered::new(outcome, reason, 0)
 }
 
-/// A subscriber's frame under a plan in shape mode: its bucket alone (the rule's aggregate
-/// cell) decides, its burst stretched by the horizon (`rule.slack`), and the frame is held
-/// back as long as it says, or dropped past the horizon (reason aggregate, as a policed
-/// subscriber's bucket refuses). Its key's own cell is not charged: userspace requires the
-/// per-address limit of a shaping plan to be the whole plan (which would never bind
-/// before the subscriber's bucket, and would only make two departure times of one).
-///
-/// # Safety
-/// The rule's aggregate cell points to a live map value.
-#[inline(always)]
-unsafe fn shaped(rule: &Rule, len: u32, now: u64, counters: &mut Counters) -> Metered {
-    // SAFETY: the caller's.
-    let delay = unsafe {
-        take::<false>(
-            rule.aggregate_cell,
-            rule.aggregate_limit,
-            len,
-            now,
-            rule.slack,
-            counters,
-        )
-    };
-    match delay {
-        Some(delay) => Metered::new(Outcome::Passed, SOURCE, delay),
-        None => Metered::new(Outcome::Dropped, AGGREGATE, 0),
-    }
-}
-
-/// A subscriber's frame under a plan that polices: over the committed rate with an excess
-/// one (`peak`), the excess bucket (`second`) in the committed one's place, the frame
-/// yellow if it passes (another CPU may fill the committed bucket after this look and
-/// before the charge: the frame is then red); then `cell::decide`. Whether it is yellow
-/// (and passed) too.
+/// A subscriber's frame under its plan: over the committed rate with an excess one
+/// (`peak`), the excess bucket (`second`) in the committed one's place, the frame yellow
+/// if it passes (another CPU may fill the committed bucket after this look and before the
+/// charge: the frame is then red). Then, where the key's own cell has no say (a plan in
+/// shape mode, unless the interface monitors: userspace requires its per-address limit to
+/// be the whole plan, which would only make two departure times of one; or a plan whose
+/// per-address limit is the whole plan: `Rule::per_key`), the subscriber's bucket alone
+/// decides, in the key's cell's place (shaping holds the frame back as long as it says, or
+/// drops it past the horizon; a refusal is the bucket's, reason aggregate); otherwise both
+/// the key's cell and the bucket (`cell::decide`). Whether it is yellow (and passed) too.
 ///
 /// # Safety
 /// `cell` points to a live map value, or to a value of the caller's own; the rule's
 /// aggregate cell and `second` are null or live map values.
 #[inline(always)]
-unsafe fn policed(
+unsafe fn metered_by_plan(
     cell: *mut Cell,
     rule: &Rule,
     (slot, second, peak): (u32, *mut Cell, bool),
@@ -337,17 +340,45 @@ unsafe fn policed(
     now: u64,
     counters: &mut Counters,
 ) -> (Metered, bool) {
-    let mut yellow = false;
-    let mut chosen = *rule;
     // SAFETY: a live map value (`peak`: the subscriber's, as the aggregate cell is).
-    if peak && unsafe { !fits(rule.aggregate_cell, rule.aggregate_limit, len, now) } {
-        chosen.aggregate_cell = second;
-        chosen.aggregate_limit = &rule.meter2.excess;
-        yellow = true;
-    }
-    // SAFETY: the caller's.
+    let mut yellow = peak && unsafe { !fits(rule.aggregate_cell, rule.aggregate_limit, len, now) };
+    let (bucket, limit) = if yellow {
+        (second, &rule.meter2.excess)
+    } else {
+        (rule.aggregate_cell, rule.aggregate_limit)
+    };
+    // Where the key's own cell has no say, the subscriber's bucket is metered in its place
+    // and alone: `cell::decide` then takes it as a key's cell without an aggregate (its
+    // burst stretched by the horizon if the plan shapes), one compare-and-swap, not two.
+    let alone = (rule.slack != 0 || !rule.per_key) && !bucket.is_null();
+    let (target, chosen) = if alone {
+        let aggregate_cell = ptr::null_mut();
+        (
+            bucket,
+            Rule {
+                limit,
+                aggregate_cell,
+                aggregate_limit: limit,
+                ..*rule
+            },
+        )
+    } else {
+        (
+            cell,
+            Rule {
+                aggregate_cell: bucket,
+                aggregate_limit: limit,
+                ..*rule
+            },
+        )
+    };
+    // SAFETY: the caller's (the bucket checked non-null).
     let mut metered =
-        unsafe { decide::<false>(cell, &chosen, slot, Count::Later, len, now, counters) };
+        unsafe { decide::<false>(target, &chosen, slot, Count::Later, len, now, counters) };
+    if alone && metered.outcome() != Outcome::Passed {
+        // Refused by the subscriber's bucket, not by a key's own limit.
+        metered = refused(rule.monitor, AGGREGATE);
+    }
     yellow = yellow && metered.outcome() == Outcome::Passed;
     if yellow && !rule.monitor {
         metered = metered.remark();
@@ -386,7 +417,7 @@ unsafe fn fits(cell: *mut Cell, limit: &gcra::Limit, len: u32, now: u64) -> bool
 /// it, and a yellow one in this CPU's counters too.
 #[inline(always)]
 fn count_subscriber(
-    s: *mut shaper_common::maps::Subscriber,
+    s: *mut Subscriber,
     metered: Metered,
     yellow: bool,
     len: u32,
@@ -450,6 +481,8 @@ const COUNT_MASK: u64 = 3;
 /// meanwhile) makes the frame untracked rather than [`AGAIN`], so the caller's paths
 /// after the call are one for the verifier, not one a result.
 const PREPARED: u64 = 1 << 34;
+/// [`shaper_subscriber_counted`]'s frame word, bit 35: the frame passed yellow.
+const YELLOW: u64 = 1 << 35;
 
 /// The rule of policy `slot` on a `len`-byte frame of `key` metered in `cell` at `now`,
 /// counted as `count` says: `cell::decide`; or, if `SECOND` and the policy has a second

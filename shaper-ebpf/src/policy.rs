@@ -34,6 +34,11 @@ pub struct Rule<'a> {
     pub aggregate_limit: &'a Limit,
     /// The second meter (`meter2`): excess rate and packet rate, if it has them.
     pub meter2: &'a Meter2,
+    /// Whether a key's own cell is charged beside the aggregate: false for a plan whose
+    /// per-address limit is the whole plan (`Policy::per_address_is_whole`), which never
+    /// refuses what the subscriber's buckets pass. Read by `meter::shaper_subscriber`
+    /// alone (a prefix policy's frame charges both cells whatever its limits).
+    pub per_key: bool,
 }
 
 /// The slot of the longest prefix policy covering an IPv4 key, or the default; no search
@@ -223,6 +228,7 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
             aggregate_cell,
             aggregate_limit: &p.aggregate,
             meter2: &p.meter2,
+            per_key: !p.per_address_is_whole(),
         };
     }
     Rule {
@@ -233,6 +239,7 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
         aggregate_cell: core::ptr::null_mut(),
         aggregate_limit: &config.limit,
         meter2: &config.meter2,
+        per_key: true,
     }
 }
 

@@ -241,7 +241,7 @@ fn plan_entry(id: &str, plan: &PolicyLimits) -> Result<Policy, SubscriberError> 
             "mode shape with an excess rate or a packet rate is not supported (they police: mark or drop)",
         ));
     }
-    if shape && !plan::per_address_is_whole(plan) {
+    if shape && !plan.per_address_is_whole() {
         return Err(refuse(
             "mode shape takes no per-address limit (the subscriber's bucket alone holds its frames back)",
         ));

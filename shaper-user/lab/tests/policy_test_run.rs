@@ -10,7 +10,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use shaper_common::{
     config::{Meter2Limits, PolicyLimits},
-    maps::{ACTION_DROP, ACTION_LIMIT, ACTION_PASS, Config, MODE_MONITOR, PolicyStats},
+    maps::{
+        ACTION_DROP, ACTION_LIMIT, ACTION_PASS, Config, MODE_MONITOR, PolicyStats, SourceState,
+    },
 };
 use shaper_lab::{
     frame,
@@ -447,6 +449,67 @@ fn a_subscribers_prefixes_of_both_families_share_one_bucket_exactly() {
         assert_eq!(got.outcomes.passed_bytes, 6 * FRAME as u64, "mix {mix:?}");
         assert_eq!(got.outcomes.dropped_packets, sent as u64 - 6, "mix {mix:?}");
         assert_eq!(got.spec.prefixes, spec.prefixes);
+    }
+}
+
+/// The state of `src`'s key (IPv6 keys are /64s: the first eight bytes).
+fn state_of(h: &Harness, src: &str) -> SourceState {
+    let state = match src.parse::<IpAddr>().unwrap() {
+        IpAddr::V4(a) => h
+            .sources()
+            .unwrap()
+            .into_iter()
+            .find(|(k, _)| Ipv4Addr::from(k.to_ne_bytes()) == a)
+            .map(|(_, s)| s),
+        IpAddr::V6(a) => h
+            .sources6()
+            .unwrap()
+            .into_iter()
+            .find(|(k, _)| k[..8] == a.octets()[..8])
+            .map(|(_, s)| s),
+    };
+    state.unwrap_or_else(|| panic!("no key for {src}"))
+}
+
+/// A key's own cell is charged only where the plan gives each address a limit of its
+/// own: under a plan whose per-address limit is the whole plan (the default), the
+/// subscriber's bucket alone meters a frame (one compare-and-swap), and a frame over it is
+/// refused by the bucket (an aggregate refusal), whichever key sends; under a per-address
+/// limit of 2 frames in a bucket of 6, that limit refuses a key's third frame (a refusal
+/// of its own, the bucket's room left to the others). In both families.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_keys_own_cell_is_charged_only_under_a_per_address_limit_of_its_own() {
+    for (prefixes, key) in [
+        (
+            ["100.64.0.20/32", "100.64.0.21/32"],
+            ["100.64.0.20", "100.64.0.21"],
+        ),
+        (
+            ["fdd7:b724:0:2000::/64", "fdd7:b724:0:2100::/64"],
+            ["fdd7:b724:0:2000::1", "fdd7:b724:0:2100::1"],
+        ),
+    ] {
+        let mut h = subscriber_harness();
+        let whole = subscriber("whole", &prefixes[..1], 6);
+        assert!(whole.plan.per_address_is_whole());
+        let mut own = subscriber("own", &prefixes[1..], 6);
+        own.plan.burst_bytes = 2 * FRAME as u64;
+        assert!(!own.plan.per_address_is_whole());
+        for spec in [&whole, &own] {
+            assert_eq!(set_subscriber(&mut h, spec), Ok(Changed::Added));
+        }
+        assert_eq!(send(&mut h, key[0], 10), 6, "{}: the bucket's 6", key[0]);
+        assert_eq!(send(&mut h, key[1], 10), 2, "{}: its own 2", key[1]);
+        assert_eq!(state_of(&h, key[0]).cell.tat, 0, "{}: charged", key[0]);
+        assert_ne!(state_of(&h, key[1]).cell.tat, 0, "{}: not charged", key[1]);
+        let refused = |h: &mut Harness, id: &str| {
+            let slot = h.subscribers().unwrap().get(id).unwrap().plan_slot;
+            let s = h.policies().stats(slot).unwrap();
+            (s.outcomes.dropped_packets, s.aggregate_refused_packets)
+        };
+        assert_eq!(refused(&mut h, "whole"), (4, 4), "{}: the bucket's", key[0]);
+        assert_eq!(refused(&mut h, "own"), (8, 0), "{}: its own", key[1]);
     }
 }
 
@@ -1117,24 +1180,7 @@ fn a_keys_policy_is_cached_with_the_generation() {
         spec("198.18.7.0/24", limit(SLOW, 3 * FRAME as u64)),
         spec("2001:db8:7::/48", limit(SLOW, 3 * FRAME as u64)),
     ];
-    let cached = |h: &Harness, src: &str| -> u64 {
-        let state = match src.parse::<IpAddr>().unwrap() {
-            IpAddr::V4(a) => h
-                .sources()
-                .unwrap()
-                .into_iter()
-                .find(|(k, _)| Ipv4Addr::from(k.to_ne_bytes()) == a)
-                .map(|(_, s)| s),
-            // Keys are /64: the first eight bytes.
-            IpAddr::V6(a) => h
-                .sources6()
-                .unwrap()
-                .into_iter()
-                .find(|(k, _)| k[..8] == a.octets()[..8])
-                .map(|(_, s)| s),
-        };
-        state.unwrap_or_else(|| panic!("no key for {src}")).policy
-    };
+    let cached = |h: &Harness, src: &str| state_of(h, src).policy;
     for round in 0..2 {
         h.policies().replace_all(&policies).unwrap();
         let generation = u64::from(h.policies().config().unwrap().policy_gen);

@@ -48,17 +48,6 @@ impl PlanParts {
     }
 }
 
-/// Whether `plan`'s per-address limit is the whole plan's (the default of
-/// [`PlanParts::per_address`]), not one of its own.
-pub fn per_address_is_whole(plan: &PolicyLimits) -> bool {
-    let m2 = plan.meter2;
-    (plan.rate_bps, plan.burst_bytes)
-        == (
-            plan.aggregate_rate_bps + m2.excess_rate_bps,
-            plan.aggregate_burst_bytes + m2.excess_burst_bytes,
-        )
-}
-
 /// `plan` at another rate, `rate_bps`, with a burst lasting `burst_ns` at it: the
 /// per-address limit follows where it was the whole plan's and is kept where it was its
 /// own; the excess rate, its mark, the mode and the rest are kept.
@@ -66,7 +55,7 @@ pub fn with_rate(plan: &PolicyLimits, rate_bps: u64, burst_ns: u64) -> PolicyLim
     let parts = PlanParts {
         rate_bps,
         burst_bytes: burst_for(rate_bps, burst_ns),
-        per_address: (!per_address_is_whole(plan)).then_some((plan.rate_bps, plan.burst_bytes)),
+        per_address: (!plan.per_address_is_whole()).then_some((plan.rate_bps, plan.burst_bytes)),
         excess: plan.meter2,
         mode: plan.mode,
     };
