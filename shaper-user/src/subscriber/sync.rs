@@ -7,7 +7,7 @@
 //! The overlap rule is the one of [`SubscriberTable::set`], judged on the end state by
 //! lookup: for each route, its covering prefixes of the lengths subscribers use.
 
-use std::borrow::BorrowMut;
+use std::borrow::{BorrowMut, Cow};
 
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use ipnet::IpNet;
@@ -31,16 +31,17 @@ pub struct Summary {
     pub removed: usize,
 }
 
-/// One subscriber to write: what it becomes, its plan's entry, and what it may touch as
-/// it is.
+/// One subscriber to write: what it becomes (the caller's spec, borrowed where the batch
+/// was made from the caller's: a million not copied), its plan's entry, and what it may
+/// touch as it is.
 #[derive(Debug)]
-struct Write {
-    spec: SubscriberSpec,
+struct Write<'s> {
+    spec: Cow<'s, SubscriberSpec>,
     plan: Policy,
     before: Before,
 }
 
-impl Write {
+impl Write<'_> {
     /// The routes to write: each of its prefixes not routed to it already.
     fn routes_to_write(&self) -> impl Iterator<Item = (IpNet, u32)> + '_ {
         let value = self.before.index | SUBSCRIBER_BIT;
@@ -52,10 +53,11 @@ impl Write {
     }
 }
 
-/// Subscribers checked against the table as it was read: those to write and to remove.
+/// Subscribers checked against the table as it was read: those to write and to remove
+/// (`'s`: the specs it was made from, which it borrows).
 #[derive(Debug)]
-pub struct Batch {
-    writes: Vec<Write>,
+pub struct Batch<'s> {
+    writes: Vec<Write<'s>>,
     removes: Vec<Before>,
     summary: Summary,
     /// The plans of the subscribers it leaves alone, with how many each.
@@ -75,7 +77,7 @@ pub struct Batch {
     partial: bool,
 }
 
-impl Batch {
+impl Batch<'_> {
     /// What puts each subscriber the batch touches back (`crate::journal::Undo`).
     pub fn befores(&self) -> impl Iterator<Item = &Before> {
         self.writes
@@ -221,19 +223,23 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
 
     /// Checks `specs` (each id once) against the table: what writing them changes. With
     /// `prune`, the subscribers not in `specs` are removed. Writes nothing.
-    pub fn batch(&self, specs: &[SubscriberSpec], prune: bool) -> Result<Batch, SubscriberError> {
+    pub fn batch<'s>(
+        &self,
+        specs: &'s [SubscriberSpec],
+        prune: bool,
+    ) -> Result<Batch<'s>, SubscriberError> {
         self.batch_against(specs, prune, None)
     }
 
     /// [`Self::batch`], its overlaps checked against the prefix policies `policies` instead
     /// of those in force: the policies a change writes before the batch (a file's, which
     /// may give a policy's prefix to a subscriber).
-    pub fn batch_against(
+    pub fn batch_against<'s>(
         &self,
-        specs: &[SubscriberSpec],
+        specs: &'s [SubscriberSpec],
         prune: bool,
         policies: Option<&[IpNet]>,
-    ) -> Result<Batch, SubscriberError> {
+    ) -> Result<Batch<'s>, SubscriberError> {
         let config = self.p().config()?;
         let known = self.known.as_ref().and_then(|k| k.load(config.policy_gen));
         if let Some(routes) = known {
@@ -251,14 +257,14 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// [`Self::batch_against`] on the table as `read`: `None` if `read` is not complete and
     /// the batch needs more than it holds (a new subscriber, one whose prefixes change, or
     /// one whose count of prefixes is not as it says).
-    fn batch_read(
+    fn batch_read<'s>(
         &self,
-        specs: &[SubscriberSpec],
+        specs: &'s [SubscriberSpec],
         prune: bool,
         policies: Option<&[IpNet]>,
         config: &shaper_common::maps::Config,
         read: Read,
-    ) -> Result<Option<Batch>, SubscriberError> {
+    ) -> Result<Option<Batch<'s>>, SubscriberError> {
         // By the id as the entry holds it, to the entry as read: no string made and no entry
         // copied for each of a million.
         let by_id: HashMap<&[u8; SUBSCRIBER_ID_BYTES], u32> = read
@@ -288,7 +294,9 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         for spec in specs {
             spec.check_shape((config.prefix_v4, config.prefix_v6))?;
             let plan = plans.entry(spec)?;
-            if !seen.insert(padded::<SUBSCRIBER_ID_BYTES>(&spec.id)) {
+            // By the id itself: checked above to be what its padded entry holds (at
+            // most SUBSCRIBER_ID_BYTES, no NUL), so equal ids are equal entries' ids.
+            if !seen.insert(spec.id.as_str()) {
                 return Err(SubscriberError::Overlap(format!(
                     "subscriber {} is given twice",
                     spec.id
@@ -326,14 +334,14 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             }
             batch.writes.push(Write {
                 before: before_of(index, entry, old, &spec.prefixes, &read.routes),
-                spec: spec.clone(),
+                spec: Cow::Borrowed(spec),
                 plan,
             });
         }
         if prune {
             for &index in &read.in_use {
                 let entry = read.all[index as usize];
-                if !seen.contains(&entry.id) {
+                if !seen.contains(id_text(&entry.id)) {
                     let old = read.prefixes.of_index(index);
                     if !read.complete && entry.in_use as usize != old.len() {
                         return Ok(None);
@@ -368,7 +376,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         &self,
         specs: &[SubscriberSpec],
         others: usize,
-    ) -> Result<Option<Batch>, SubscriberError> {
+    ) -> Result<Option<Batch<'static>>, SubscriberError> {
         if !self.hashed()? {
             return Ok(None);
         }
@@ -411,7 +419,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             }
             batch.summary.changed += 1;
             batch.writes.push(Write {
-                spec: spec.clone(),
+                spec: Cow::Owned(spec.clone()),
                 plan,
                 before,
             });
@@ -696,6 +704,13 @@ impl Free {
     }
 }
 
+/// The id an entry holds, up to its padding (`""` if it is not UTF-8, which no spec's id
+/// is).
+fn id_text(id: &[u8; SUBSCRIBER_ID_BYTES]) -> &str {
+    let end = id.iter().position(|&b| b == 0).unwrap_or(id.len());
+    std::str::from_utf8(&id[..end]).unwrap_or_default()
+}
+
 /// Whether subscriber `entry` (with prefixes `old`) is `spec` already.
 fn unchanged(
     spec: &SubscriberSpec,
@@ -757,7 +772,10 @@ fn check_end_state(
     };
     // The policies to be in force (their slots do not matter here: a route without
     // SUBSCRIBER_BIT is a policy's).
-    let mut over: HashMap<IpNet, u32> = HashMap::new();
+    // Made for every route the batch writes: a million not rehashed at every doubling.
+    let writes: usize = batch.writes.iter().map(|w| w.spec.prefixes.len()).sum();
+    let mut over: HashMap<IpNet, u32> =
+        HashMap::with_capacity(policies.map_or(0, <[IpNet]>::len) + writes);
     let mut fresh = false;
     for p in policies.unwrap_or_default() {
         let p = p.trunc();
