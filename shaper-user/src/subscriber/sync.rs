@@ -7,7 +7,7 @@
 //! The overlap rule is the one of [`SubscriberTable::set`], judged on the end state by
 //! lookup: for each route, its covering prefixes of the lengths subscribers use.
 
-use std::borrow::{BorrowMut, Cow};
+use std::{borrow::BorrowMut, ops::Deref, sync::Arc};
 
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use ipnet::IpNet;
@@ -31,14 +31,32 @@ pub struct Summary {
     pub removed: usize,
 }
 
-/// One subscriber to write: what it becomes (the caller's spec, borrowed where the batch
-/// was made from the caller's: a million not copied), its plan's entry, and what it may
-/// touch as it is.
+/// One subscriber to write: what it becomes, its plan's entry (shared by the writes of one
+/// plan: a million writes hold a few plans), and what it may touch as it is.
 #[derive(Debug)]
 struct Write<'s> {
-    spec: Cow<'s, SubscriberSpec>,
-    plan: Policy,
+    spec: Spec<'s>,
+    plan: Arc<Policy>,
     before: Before,
+}
+
+/// A write's spec: the caller's, borrowed where the batch was made from the caller's (a
+/// million not copied), or its own.
+#[derive(Debug)]
+enum Spec<'s> {
+    Borrowed(&'s SubscriberSpec),
+    Owned(Box<SubscriberSpec>),
+}
+
+impl Deref for Spec<'_> {
+    type Target = SubscriberSpec;
+
+    fn deref(&self) -> &SubscriberSpec {
+        match self {
+            Spec::Borrowed(s) => s,
+            Spec::Owned(s) => s,
+        }
+    }
 }
 
 impl Write<'_> {
@@ -128,8 +146,11 @@ struct Read {
     /// last batch left them ([`super::known`]), trusted only for subscribers whose
     /// prefixes a batch keeps.
     complete: bool,
-    /// Every entry, free ones too, by index.
+    /// Every entry, free ones too, by index; empty for a table made by this change (every
+    /// entry free: not a million default entries made and read).
     all: Vec<Subscriber>,
+    /// How many entries the table has.
+    len: usize,
     /// The indices of the entries in use, in order.
     in_use: Vec<u32>,
     routes: HashMap<IpNet, u32>,
@@ -188,6 +209,13 @@ fn same_set(a: &[IpNet], b: &[IpNet]) -> bool {
     a.len() == b.len() && a.iter().all(|p| b.contains(p))
 }
 
+impl Read {
+    /// Entry `i` as read (a free one past those read).
+    fn at(&self, i: u32) -> Subscriber {
+        self.all.get(i as usize).copied().unwrap_or_default()
+    }
+}
+
 impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// The table with `routes` as the routes (all of them if `complete`).
     fn read_with(
@@ -197,15 +225,16 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     ) -> Result<Read, SubscriberError> {
         let routes: HashMap<IpNet, u32> = routes.into_iter().collect();
         use aya::maps::IterableMap as _;
-        let mut all = vec![Subscriber::default(); self.subs.len() as usize];
-        let read = match self.made_now {
-            true => Vec::new(),
-            false => crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
-                .map_err(map_err("read the subscribers"))?,
-        };
-        for (i, s) in read {
-            if let Some(e) = all.get_mut(i as usize) {
-                *e = s;
+        let len = self.subs.len() as usize;
+        let mut all = Vec::new();
+        if !self.made_now {
+            all = vec![Subscriber::default(); len];
+            let read = crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
+                .map_err(map_err("read the subscribers"))?;
+            for (i, s) in read {
+                if let Some(e) = all.get_mut(i as usize) {
+                    *e = s;
+                }
             }
         }
         let in_use = (1..all.len() as u32)
@@ -214,6 +243,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         Ok(Read {
             complete,
             all,
+            len,
             in_use,
             prefixes: Prefixes::of(&routes),
             routes,
@@ -272,8 +302,8 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             .iter()
             .map(|&i| (&read.all[i as usize].id, i))
             .collect();
-        let mut first_free = (1..=self.room()).filter(|&i| read.all[i as usize].in_use == 0);
-        let marked = read.all.first().is_some_and(|e| e.id == place::MARKER);
+        let mut first_free = (1..=self.room()).filter(|&i| read.at(i).in_use == 0);
+        let marked = read.len > 0 && read.at(0).id == place::MARKER;
         let empty = self.room() > 0 && read.in_use.is_empty();
         // Where the new subscribers go, in a table placed by hash (made at the first).
         let mut free: Option<Free> = None;
@@ -303,13 +333,13 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 )));
             }
             let (index, entry) = match by_id.get(&padded(&spec.id)) {
-                Some(&i) => (i, read.all[i as usize]),
+                Some(&i) => (i, read.at(i)),
                 None if batch.hashed => {
                     let i = free
-                        .get_or_insert_with(|| Free::of(&read.all))
+                        .get_or_insert_with(|| Free::of(&read))
                         .take(place::home(spec.id.as_bytes(), self.room()))
                         .ok_or(SubscriberError::Full { room: self.room() })?;
-                    (i, read.all[i as usize])
+                    (i, read.at(i))
                 }
                 None => match first_free.next() {
                     Some(i) => (i, Subscriber::default()),
@@ -334,13 +364,13 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             }
             batch.writes.push(Write {
                 before: before_of(index, entry, old, &spec.prefixes, &read.routes),
-                spec: Cow::Borrowed(spec),
+                spec: Spec::Borrowed(spec),
                 plan,
             });
         }
         if prune {
             for &index in &read.in_use {
-                let entry = read.all[index as usize];
+                let entry = read.at(index);
                 if !seen.contains(id_text(&entry.id)) {
                     let old = read.prefixes.of_index(index);
                     if !read.complete && entry.in_use as usize != old.len() {
@@ -355,12 +385,9 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         }
         check_end_state(&batch, &read, policies)?;
         self.check_plan_room(&batch, &read.plans)?;
-        let touched = batch.rewritten(read.all.len());
+        let touched = batch.rewritten(read.len);
         for i in read.in_use.iter().filter(|i| !touched[**i as usize]) {
-            *batch
-                .kept_plans
-                .entry(read.all[*i as usize].plan)
-                .or_default() += 1;
+            *batch.kept_plans.entry(read.at(*i).plan).or_default() += 1;
         }
         batch.prefixes_before = read.prefixes;
         Ok(Some(batch))
@@ -419,7 +446,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             }
             batch.summary.changed += 1;
             batch.writes.push(Write {
-                spec: Cow::Owned(spec.clone()),
+                spec: Spec::Owned(Box::new(spec.clone())),
                 plan,
                 before,
             });
@@ -452,7 +479,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         // Plans are few (tens): a list, counted no further than one over the room.
         let mut new: Vec<&Policy> = Vec::new();
         for w in &batch.writes {
-            if !in_force.iter().any(|(_, p)| same_plan(p, &w.plan)) && !new.contains(&&w.plan) {
+            if !in_force.iter().any(|(_, p)| same_plan(p, &w.plan)) && !new.contains(&&*w.plan) {
                 new.push(&w.plan);
                 if new.len() > room {
                     break;
@@ -587,20 +614,24 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         if new.is_empty() {
             return Ok(());
         }
-        let mut entries = Vec::with_capacity(new.len());
+        // The entries made and written a batch at a time: not a million entries' copy.
+        let mut entries = Vec::with_capacity(new.len().min(crate::maps::BATCH as usize));
         let mut routes = Vec::with_capacity(2 * new.len());
-        for w in new {
-            let slot = self.plan_slot(&w.plan, plans)?;
-            *used.entry(slot).or_default() += 1;
-            let index = w.before.index;
-            entries.push((
-                index,
-                self.entry_for(&w.spec, index, &w.before.entry, slot)?,
-            ));
-            routes.extend(w.routes_to_write());
+        for chunk in new.chunks(crate::maps::BATCH as usize) {
+            entries.clear();
+            for w in chunk {
+                let slot = self.plan_slot(&w.plan, plans)?;
+                *used.entry(slot).or_default() += 1;
+                let index = w.before.index;
+                entries.push((
+                    index,
+                    self.entry_for(&w.spec, index, &w.before.entry, slot)?,
+                ));
+                routes.extend(w.routes_to_write());
+            }
+            crate::maps::write_batched(self.subs.map(), &entries)
+                .map_err(map_err("write the new subscribers"))?;
         }
-        crate::maps::write_batched(self.subs.map(), &entries)
-            .map_err(map_err("write the new subscribers"))?;
         crate::crash::point("subscriber-step");
         self.pm().route_many(&routes)?;
         crate::crash::point("subscriber-step");
@@ -644,20 +675,20 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
 /// The plans' entries of a batch's subscribers: each made once for the last few distinct
 /// plans seen (a file has a few plans for a million subscribers), not once a subscriber.
 #[derive(Default)]
-struct Plans(Vec<(PolicyLimits, Policy)>);
+struct Plans(Vec<(PolicyLimits, Arc<Policy>)>);
 
 impl Plans {
     /// How many distinct plans it keeps.
     const KEPT: usize = 16;
 
     /// The entry of `spec`'s plan ([`SubscriberSpec::check`]'s).
-    fn entry(&mut self, spec: &SubscriberSpec) -> Result<Policy, SubscriberError> {
+    fn entry(&mut self, spec: &SubscriberSpec) -> Result<Arc<Policy>, SubscriberError> {
         if let Some((_, p)) = self.0.iter().find(|(l, _)| *l == spec.plan) {
-            return Ok(*p);
+            return Ok(p.clone());
         }
-        let p = plan_entry(&spec.id, &spec.plan)?;
+        let p = Arc::new(plan_entry(&spec.id, &spec.plan)?);
         if self.0.len() < Self::KEPT {
-            self.0.push((spec.plan, p));
+            self.0.push((spec.plan, p.clone()));
         }
         Ok(p)
     }
@@ -675,15 +706,16 @@ struct Free {
 }
 
 impl Free {
-    fn of(all: &[Subscriber]) -> Self {
-        let room = (all.len() as u32).saturating_sub(1);
-        let next = (0..all.len() as u32)
-            .map(|i| match all[i as usize].in_use {
+    fn of(read: &Read) -> Self {
+        let room = (read.len as u32).saturating_sub(1);
+        let next = (0..read.len as u32)
+            .map(|i| match read.at(i).in_use {
                 0 => i,
                 _ => place::after(i, room),
             })
             .collect();
-        let left = all.iter().skip(1).filter(|e| e.in_use == 0).count();
+        // Entry 0 is never given (it is not in `in_use` either).
+        let left = (room as usize).saturating_sub(read.in_use.len());
         Self { next, left, room }
     }
 
@@ -762,7 +794,7 @@ fn check_end_state(
     read: &Read,
     policies: Option<&[IpNet]>,
 ) -> Result<(), SubscriberError> {
-    let rewritten = batch.rewritten(read.all.len());
+    let rewritten = batch.rewritten(read.len);
     let kept = |v: u32| match v & SUBSCRIBER_BIT {
         0 => policies.is_none(),
         _ => !rewritten
@@ -790,7 +822,7 @@ fn check_end_state(
             .iter()
             .find(|w| w.before.index == i)
             .map(|w| w.spec.id.clone())
-            .or_else(|| Some(unpadded(&read.all.get(i as usize)?.id)))
+            .or_else(|| (i < read.len as u32).then(|| unpadded(&read.at(i).id)))
             .unwrap_or_else(|| "?".to_owned())
     };
     for w in &batch.writes {
