@@ -937,6 +937,24 @@ mod tests {
         }
     }
 
+    /// The table `all` as read (every entry; or, `made`, none read: a table made by the
+    /// change, every entry free).
+    fn read_of(all: Vec<Subscriber>, made: bool) -> Read {
+        let len = all.len();
+        let all = if made { Vec::new() } else { all };
+        Read {
+            complete: true,
+            in_use: (1..all.len() as u32)
+                .filter(|&i| all[i as usize].in_use != 0)
+                .collect(),
+            all,
+            len,
+            routes: HashMap::new(),
+            prefixes: Prefixes::default(),
+            plans: Vec::new(),
+        }
+    }
+
     /// [`Free::take`] gives what probing entry by entry would: the first from the home
     /// not in use nor given, wrapping; none once all are given.
     #[test]
@@ -946,8 +964,15 @@ mod tests {
         for i in (1..=room).filter(|i| i % 3 == 0 || i % 7 == 0) {
             all[i as usize].in_use = 1;
         }
+        free_as_probed(all, false);
+        // A table made by the change: none read, every entry free, all given.
+        free_as_probed(vec![Subscriber::default(); room as usize + 1], true);
+    }
+
+    fn free_as_probed(all: Vec<Subscriber>, made: bool) {
+        let room = all.len() as u32 - 1;
         let mut given = all.iter().map(|e| e.in_use != 0).collect::<Vec<_>>();
-        let mut free = Free::of(&all);
+        let mut free = Free::of(&read_of(all, made));
         let mut seed = 12345u64;
         loop {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
