@@ -976,8 +976,9 @@ impl PolicyTable {
         }
         let (v4_map, v6_map) = (self.v4.map(), self.v6.map());
         let (r4, r6) = std::thread::scope(|s| {
-            // A thread only where both families have enough routes to be worth one.
-            let other = (v4.len().min(v6.len()) >= PARALLEL_ROUTES)
+            // A thread wherever both families have routes (a thread's start is nothing
+            // beside a batch's syscalls).
+            let other = (!v4.is_empty() && !v6.is_empty())
                 .then(|| s.spawn(|| crate::maps::write_batched(v6_map, &v6)));
             let r4 = crate::maps::write_batched(v4_map, &v4);
             let r6 = match other {
@@ -1024,9 +1025,6 @@ impl PolicyTable {
             .map_err(map_err("write the config"))
     }
 }
-
-/// Fewest routes of each family [`PolicyTable::route_many`] writes on two threads.
-const PARALLEL_ROUTES: usize = 4096;
 
 /// How many slots from its home a subscribers' plan may be placed in ([`plan_window`]).
 pub const PLAN_WINDOW: u32 = 32;
