@@ -10,7 +10,8 @@ use shaper_common::maps::PIN_ROOT;
 use shaper_user::{journal, netns, pins, system};
 
 /// mimalloc: an apply of a million subscribers makes and frees millions of small
-/// allocations, which glibc's malloc takes over a second for (`bench/results-provision.md`).
+/// allocations, where glibc's malloc, free and consolidation took a good part of its time
+/// (the provisioning bench, `cargo xtask bench -- --only provision`, times it).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
