@@ -305,12 +305,12 @@ fn reread(d: &AttachRequest) -> ApplyError {
 /// What setting `s` on the attachment of `pinned` writes, checked against the prefix
 /// policies `policies` (the file's, which `attach` writes first), or those in force;
 /// `made`: the change made the attachment (its subscribers' table is not read).
-fn subscriber_batch(
+fn subscriber_batch<'s>(
     pinned: &Pinned,
-    s: &SubscriberRequest,
+    s: &'s SubscriberRequest,
     policies: Option<&[IpNet]>,
     made: bool,
-) -> Result<Batch, ChangeError> {
+) -> Result<Batch<'s>, ChangeError> {
     let table = match made {
         true => SubscriberTable::of(pinned)?.made_now(),
         false => SubscriberTable::of(pinned)?,

@@ -101,6 +101,7 @@
 
 use std::{
     collections::hash_map::Entry,
+    hash::BuildHasher as _,
     io::{self, Read},
     net::IpAddr,
 };
@@ -764,9 +765,14 @@ fn parse_prefix(entry: &str, v6: bool) -> Result<IpNet, String> {
 #[derive(Default)]
 struct Circuits {
     list: Vec<Circuit>,
-    by_id: HashMap<String, usize>,
-    /// Each prefix's circuit (index) and the line it was first on.
-    owner: HashMap<IpNet, (usize, usize)>,
+    /// Each circuit's index in `list`, found by its id (hashed with `ids`): not a copy of
+    /// a million ids as keys.
+    by_id: hashbrown::HashTable<u32>,
+    ids: foldhash::fast::RandomState,
+    /// Each prefix's circuit (index) and the line it was first on (both below
+    /// [`MAX_ROWS`] and the lines of a file of [`MAX_FILE_BYTES`]: a million prefixes'
+    /// table is the smaller).
+    owner: HashMap<IpNet, (u32, u32)>,
 }
 
 impl Circuits {
@@ -774,7 +780,8 @@ impl Circuits {
     fn with_capacity(rows: usize) -> Self {
         Self {
             list: Vec::with_capacity(rows),
-            by_id: HashMap::with_capacity_and_hasher(rows, Default::default()),
+            by_id: hashbrown::HashTable::with_capacity(rows),
+            ids: Default::default(),
             owner: HashMap::with_capacity_and_hasher(2 * rows, Default::default()),
         }
     }
@@ -807,13 +814,19 @@ impl Circuits {
         row.prefixes(Field::Ipv6, &mut prefixes)?;
         let download = row.rates(Field::DownloadMin, Field::DownloadMax)?;
         let upload = row.rates(Field::UploadMin, Field::UploadMax)?;
-        let circuit = match self.by_id.get(id) {
+        let hash = self.ids.hash_one(id);
+        let list = &self.list;
+        let circuit = match self.by_id.find(hash, |&at| list[at as usize].id == id) {
             Some(&at) => {
+                let at = at as usize;
                 agree(&row, &self.list[at], &name, download, upload)?;
                 at
             }
             None => {
-                self.by_id.insert(id.to_owned(), self.list.len());
+                let (list, ids) = (&self.list, &self.ids);
+                self.by_id.insert_unique(hash, list.len() as u32, |&at| {
+                    ids.hash_one(&list[at as usize].id)
+                });
                 self.list.push(Circuit {
                     id: id.to_owned(),
                     name,
@@ -841,7 +854,7 @@ impl Circuits {
     ) -> Result<(), ImportError> {
         let count = self.owner.len();
         match self.owner.entry(prefix) {
-            Entry::Occupied(o) if o.get().0 == circuit => Ok(()),
+            Entry::Occupied(o) if o.get().0 as usize == circuit => Ok(()),
             Entry::Occupied(o) => {
                 let (other, line) = *o.get();
                 Err(row.error(
@@ -849,7 +862,7 @@ impl Circuits {
                     format!(
                         "{prefix} is already in circuit '{}' (line {line}): a prefix belongs \
                          to one circuit",
-                        shown(&self.list[other].id)
+                        shown(&self.list[other as usize].id)
                     ),
                 ))
             }
@@ -858,7 +871,7 @@ impl Circuits {
                 format!("more than {MAX_PREFIXES} prefixes in the file"),
             )),
             Entry::Vacant(v) => {
-                v.insert((circuit, row.line));
+                v.insert((circuit as u32, row.line as u32));
                 self.list[circuit].prefixes.push(prefix);
                 Ok(())
             }

@@ -401,7 +401,7 @@ fn batch_err(io_error: std::io::Error) -> MapError {
 }
 
 /// Entries read per `BPF_MAP_LOOKUP_BATCH` call.
-const BATCH: u32 = 8192;
+pub const BATCH: u32 = 8192;
 
 mod batch {
     //! `BPF_MAP_LOOKUP_BATCH` and `BPF_MAP_UPDATE_BATCH`, which aya does not wrap: the

@@ -107,32 +107,26 @@ pub struct RowDigests {
 }
 
 impl RowDigests {
-    /// The digests of the rows `read` found in `buf`, its circuits being subscribers
-    /// `first..` of the file.
-    pub fn of(buf: &[u8], read: &libreqos::Rows, first: usize) -> Self {
-        let mut rows = Vec::with_capacity(read.rows.len());
-        let mut header = 0;
-        let mut want = read.rows.iter().peekable();
-        for (n, _, text) in lines(buf) {
-            if n == read.header {
-                header = digest(text);
-            }
-            while let Some(&&(line, circuit)) = want.peek() {
-                if line as usize > n {
-                    break;
-                }
-                want.next();
-                if line as usize == n {
-                    rows.push((digest(text), first as u32 + circuit));
-                }
-            }
-        }
+    /// The digests of the rows `read` found in a file whose lines' digests are `lines`
+    /// ([`line_digests`]), its circuits being subscribers `first..` of the file.
+    pub fn of(lines: &[u128], read: &libreqos::Rows, first: usize) -> Self {
+        let at = |line: usize| lines.get(line.wrapping_sub(1)).copied().unwrap_or(0);
         Self {
-            header,
-            rows,
+            header: at(read.header),
+            rows: read
+                .rows
+                .iter()
+                .map(|&(line, circuit)| (at(line as usize), first as u32 + circuit))
+                .collect(),
             circuits: read.circuits.len() as u32,
         }
     }
+}
+
+/// The digest of each line of `buf`, line 1 first: taken while the file is read (on
+/// another thread), not after it.
+pub fn line_digests(buf: &[u8]) -> Vec<u128> {
+    lines(buf).map(|(_, _, text)| digest(text)).collect()
 }
 
 /// What an apply of a LibreQoS file leaves for the next one: each row's digest with its
@@ -281,7 +275,7 @@ pub fn context(
 /// What [`reapply`] makes of an interface: the batch of the circuits that changed, and
 /// the rows to save once it is committed (their generation and maps still to fill in).
 pub struct Reapplied {
-    pub batch: Batch,
+    pub batch: Batch<'static>,
     pub saved: Saved,
 }
 

@@ -790,15 +790,13 @@ fn subscribers(
         let mut csv = csv_file(src, l, &here, direction)?;
         if !defer {
             let first = specs.len();
-            let (circuits, rows) = csv_subscribers(src, l, &here, &csv, first)?;
+            let (lines, rows) = csv_subscribers(src, l, &here, &csv, &mut specs)?;
             let shown: Rc<str> = csv.shown.clone().into();
-            specs.reserve(circuits.len());
-            locs.reserve(circuits.len());
-            for (spec, line) in circuits {
+            locs.reserve(lines.len());
+            for (spec, line) in specs[first..].iter().zip(lines) {
                 spec.check_shape(keys).map_err(|e| {
                     Loc::Csv(shown.clone(), line).error(src, spec.prefixes[0], e.to_string())
                 })?;
-                specs.push(spec);
                 locs.push(Loc::Csv(shown.clone(), line));
             }
             csv.rows = Some(rows);
@@ -910,16 +908,16 @@ fn csv_file(
     })
 }
 
-/// The circuits of `[interface.libreqos]` (`csv`) as subscribers, with each one's line,
-/// and the digests of its rows (its circuits being the interface's subscribers
-/// `first..`).
+/// The circuits of `[interface.libreqos]` (`csv`) as subscribers, put after `specs` (not
+/// a million specs made and then moved): each one's line, and the digests of its rows.
 fn csv_subscribers(
     src: &Source,
     l: &LibreqosModel,
     here: &str,
     csv: &CsvFile,
-    first: usize,
-) -> Result<(Vec<(SubscriberSpec, usize)>, RowDigests), FileError> {
+    specs: &mut Vec<SubscriberSpec>,
+) -> Result<(Vec<usize>, RowDigests), FileError> {
+    let first = specs.len();
     let shown = &csv.shown;
     let err = |span: Range<usize>, field: &str, message: String| {
         src.error(span, format!("{here}.{field}"), message)
@@ -950,17 +948,25 @@ fn csv_subscribers(
             | libreqos::ImportError::Line { reason, .. } => reason,
         },
     };
-    let mut read = libreqos::read_rows_of(&buf).map_err(csv_error)?;
-    let rows = RowDigests::of(&buf, &read, first);
-    let specs = std::mem::take(&mut read.circuits)
-        .into_iter()
-        .map(|c| {
-            let line = c.line;
-            import::subscriber(c, &csv.plan).map(|s| (s, line))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(csv_error)?;
-    Ok((specs, rows))
+    // Its lines' digests taken on another thread meanwhile: on two CPUs, for nothing.
+    let (read, lines) = std::thread::scope(|s| {
+        let lines = s.spawn(|| crate::rows::line_digests(&buf));
+        let read = libreqos::read_rows_of(&buf);
+        let lines = lines
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (read, lines)
+    });
+    let mut read = read.map_err(csv_error)?;
+    let rows = RowDigests::of(&lines, &read, first);
+    let circuits = std::mem::take(&mut read.circuits);
+    let mut lines = Vec::with_capacity(circuits.len());
+    specs.reserve(circuits.len());
+    for c in circuits {
+        lines.push(c.line);
+        specs.push(import::subscriber(c, &csv.plan).map_err(csv_error)?);
+    }
+    Ok((lines, rows))
 }
 
 /// Who holds a prefix in the file.

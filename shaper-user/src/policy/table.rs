@@ -960,7 +960,11 @@ impl PolicyTable {
         }
     }
 
-    /// Points each prefix of `routes` at its value, in batches per family, IPv4 first.
+    /// Points each prefix of `routes` at its value, in batches per family, both families
+    /// at once: each trie has its own lock in the kernel, so a million routes of each take
+    /// the time of one family's on two CPUs. On an error some routes of either family may
+    /// be written (the caller's journal puts them back); the IPv4 trie's error is told
+    /// first.
     pub fn route_many(&mut self, routes: &[(IpNet, u32)]) -> Result<(), PolicyError> {
         use aya::maps::IterableMap as _;
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
@@ -970,10 +974,21 @@ impl PolicyTable {
                 TrieKey::V6(key) => v6.push((key, *value)),
             }
         }
-        crate::maps::write_batched(self.v4.map(), &v4)
-            .map_err(map_err("add routes to the IPv4 prefix trie"))?;
-        crate::maps::write_batched(self.v6.map(), &v6)
-            .map_err(map_err("add routes to the IPv6 prefix trie"))
+        let (v4_map, v6_map) = (self.v4.map(), self.v6.map());
+        let (r4, r6) = std::thread::scope(|s| {
+            // A thread wherever both families have routes (a thread's start is nothing
+            // beside a batch's syscalls).
+            let other = (!v4.is_empty() && !v6.is_empty())
+                .then(|| s.spawn(|| crate::maps::write_batched(v6_map, &v6)));
+            let r4 = crate::maps::write_batched(v4_map, &v4);
+            let r6 = match other {
+                Some(t) => t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                None => crate::maps::write_batched(v6_map, &v6),
+            };
+            (r4, r6)
+        });
+        r4.map_err(map_err("add routes to the IPv4 prefix trie"))?;
+        r6.map_err(map_err("add routes to the IPv6 prefix trie"))
     }
 
     /// Removes `prefix` from its family's trie.

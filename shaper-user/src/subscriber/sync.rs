@@ -7,7 +7,7 @@
 //! The overlap rule is the one of [`SubscriberTable::set`], judged on the end state by
 //! lookup: for each route, its covering prefixes of the lengths subscribers use.
 
-use std::borrow::BorrowMut;
+use std::{borrow::BorrowMut, ops::Deref, sync::Arc};
 
 use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use ipnet::IpNet;
@@ -31,16 +31,35 @@ pub struct Summary {
     pub removed: usize,
 }
 
-/// One subscriber to write: what it becomes, its plan's entry, and what it may touch as
-/// it is.
+/// One subscriber to write: what it becomes, its plan's entry (shared by the writes of one
+/// plan: a million writes hold a few plans), and what it may touch as it is.
 #[derive(Debug)]
-struct Write {
-    spec: SubscriberSpec,
-    plan: Policy,
+struct Write<'s> {
+    spec: Spec<'s>,
+    plan: Arc<Policy>,
     before: Before,
 }
 
-impl Write {
+/// A write's spec: the caller's, borrowed where the batch was made from the caller's (a
+/// million not copied), or its own.
+#[derive(Debug)]
+enum Spec<'s> {
+    Borrowed(&'s SubscriberSpec),
+    Owned(Box<SubscriberSpec>),
+}
+
+impl Deref for Spec<'_> {
+    type Target = SubscriberSpec;
+
+    fn deref(&self) -> &SubscriberSpec {
+        match self {
+            Spec::Borrowed(s) => s,
+            Spec::Owned(s) => s,
+        }
+    }
+}
+
+impl Write<'_> {
     /// The routes to write: each of its prefixes not routed to it already.
     fn routes_to_write(&self) -> impl Iterator<Item = (IpNet, u32)> + '_ {
         let value = self.before.index | SUBSCRIBER_BIT;
@@ -52,10 +71,11 @@ impl Write {
     }
 }
 
-/// Subscribers checked against the table as it was read: those to write and to remove.
+/// Subscribers checked against the table as it was read: those to write and to remove
+/// (`'s`: the specs it was made from, which it borrows).
 #[derive(Debug)]
-pub struct Batch {
-    writes: Vec<Write>,
+pub struct Batch<'s> {
+    writes: Vec<Write<'s>>,
     removes: Vec<Before>,
     summary: Summary,
     /// The plans of the subscribers it leaves alone, with how many each.
@@ -75,7 +95,7 @@ pub struct Batch {
     partial: bool,
 }
 
-impl Batch {
+impl Batch<'_> {
     /// What puts each subscriber the batch touches back (`crate::journal::Undo`).
     pub fn befores(&self) -> impl Iterator<Item = &Before> {
         self.writes
@@ -126,8 +146,11 @@ struct Read {
     /// last batch left them ([`super::known`]), trusted only for subscribers whose
     /// prefixes a batch keeps.
     complete: bool,
-    /// Every entry, free ones too, by index.
+    /// Every entry, free ones too, by index; empty for a table made by this change (every
+    /// entry free: not a million default entries made and read).
     all: Vec<Subscriber>,
+    /// How many entries the table has.
+    len: usize,
     /// The indices of the entries in use, in order.
     in_use: Vec<u32>,
     routes: HashMap<IpNet, u32>,
@@ -186,6 +209,13 @@ fn same_set(a: &[IpNet], b: &[IpNet]) -> bool {
     a.len() == b.len() && a.iter().all(|p| b.contains(p))
 }
 
+impl Read {
+    /// Entry `i` as read (a free one past those read).
+    fn at(&self, i: u32) -> Subscriber {
+        self.all.get(i as usize).copied().unwrap_or_default()
+    }
+}
+
 impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// The table with `routes` as the routes (all of them if `complete`).
     fn read_with(
@@ -195,15 +225,16 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     ) -> Result<Read, SubscriberError> {
         let routes: HashMap<IpNet, u32> = routes.into_iter().collect();
         use aya::maps::IterableMap as _;
-        let mut all = vec![Subscriber::default(); self.subs.len() as usize];
-        let read = match self.made_now {
-            true => Vec::new(),
-            false => crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
-                .map_err(map_err("read the subscribers"))?,
-        };
-        for (i, s) in read {
-            if let Some(e) = all.get_mut(i as usize) {
-                *e = s;
+        let len = self.subs.len() as usize;
+        let mut all = Vec::new();
+        if !self.made_now {
+            all = vec![Subscriber::default(); len];
+            let read = crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
+                .map_err(map_err("read the subscribers"))?;
+            for (i, s) in read {
+                if let Some(e) = all.get_mut(i as usize) {
+                    *e = s;
+                }
             }
         }
         let in_use = (1..all.len() as u32)
@@ -212,6 +243,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         Ok(Read {
             complete,
             all,
+            len,
             in_use,
             prefixes: Prefixes::of(&routes),
             routes,
@@ -221,19 +253,23 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
 
     /// Checks `specs` (each id once) against the table: what writing them changes. With
     /// `prune`, the subscribers not in `specs` are removed. Writes nothing.
-    pub fn batch(&self, specs: &[SubscriberSpec], prune: bool) -> Result<Batch, SubscriberError> {
+    pub fn batch<'s>(
+        &self,
+        specs: &'s [SubscriberSpec],
+        prune: bool,
+    ) -> Result<Batch<'s>, SubscriberError> {
         self.batch_against(specs, prune, None)
     }
 
     /// [`Self::batch`], its overlaps checked against the prefix policies `policies` instead
     /// of those in force: the policies a change writes before the batch (a file's, which
     /// may give a policy's prefix to a subscriber).
-    pub fn batch_against(
+    pub fn batch_against<'s>(
         &self,
-        specs: &[SubscriberSpec],
+        specs: &'s [SubscriberSpec],
         prune: bool,
         policies: Option<&[IpNet]>,
-    ) -> Result<Batch, SubscriberError> {
+    ) -> Result<Batch<'s>, SubscriberError> {
         let config = self.p().config()?;
         let known = self.known.as_ref().and_then(|k| k.load(config.policy_gen));
         if let Some(routes) = known {
@@ -251,14 +287,14 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// [`Self::batch_against`] on the table as `read`: `None` if `read` is not complete and
     /// the batch needs more than it holds (a new subscriber, one whose prefixes change, or
     /// one whose count of prefixes is not as it says).
-    fn batch_read(
+    fn batch_read<'s>(
         &self,
-        specs: &[SubscriberSpec],
+        specs: &'s [SubscriberSpec],
         prune: bool,
         policies: Option<&[IpNet]>,
         config: &shaper_common::maps::Config,
         read: Read,
-    ) -> Result<Option<Batch>, SubscriberError> {
+    ) -> Result<Option<Batch<'s>>, SubscriberError> {
         // By the id as the entry holds it, to the entry as read: no string made and no entry
         // copied for each of a million.
         let by_id: HashMap<&[u8; SUBSCRIBER_ID_BYTES], u32> = read
@@ -266,8 +302,8 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             .iter()
             .map(|&i| (&read.all[i as usize].id, i))
             .collect();
-        let mut first_free = (1..=self.room()).filter(|&i| read.all[i as usize].in_use == 0);
-        let marked = read.all.first().is_some_and(|e| e.id == place::MARKER);
+        let mut first_free = (1..=self.room()).filter(|&i| read.at(i).in_use == 0);
+        let marked = read.len > 0 && read.at(0).id == place::MARKER;
         let empty = self.room() > 0 && read.in_use.is_empty();
         // Where the new subscribers go, in a table placed by hash (made at the first).
         let mut free: Option<Free> = None;
@@ -288,20 +324,22 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         for spec in specs {
             spec.check_shape((config.prefix_v4, config.prefix_v6))?;
             let plan = plans.entry(spec)?;
-            if !seen.insert(padded::<SUBSCRIBER_ID_BYTES>(&spec.id)) {
+            // By the id itself: checked above to be what its padded entry holds (at
+            // most SUBSCRIBER_ID_BYTES, no NUL), so equal ids are equal entries' ids.
+            if !seen.insert(spec.id.as_str()) {
                 return Err(SubscriberError::Overlap(format!(
                     "subscriber {} is given twice",
                     spec.id
                 )));
             }
             let (index, entry) = match by_id.get(&padded(&spec.id)) {
-                Some(&i) => (i, read.all[i as usize]),
+                Some(&i) => (i, read.at(i)),
                 None if batch.hashed => {
                     let i = free
-                        .get_or_insert_with(|| Free::of(&read.all))
+                        .get_or_insert_with(|| Free::of(&read))
                         .take(place::home(spec.id.as_bytes(), self.room()))
                         .ok_or(SubscriberError::Full { room: self.room() })?;
-                    (i, read.all[i as usize])
+                    (i, read.at(i))
                 }
                 None => match first_free.next() {
                     Some(i) => (i, Subscriber::default()),
@@ -326,14 +364,14 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             }
             batch.writes.push(Write {
                 before: before_of(index, entry, old, &spec.prefixes, &read.routes),
-                spec: spec.clone(),
+                spec: Spec::Borrowed(spec),
                 plan,
             });
         }
         if prune {
             for &index in &read.in_use {
-                let entry = read.all[index as usize];
-                if !seen.contains(&entry.id) {
+                let entry = read.at(index);
+                if !seen.contains(id_text(&entry.id)) {
                     let old = read.prefixes.of_index(index);
                     if !read.complete && entry.in_use as usize != old.len() {
                         return Ok(None);
@@ -347,12 +385,9 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         }
         check_end_state(&batch, &read, policies)?;
         self.check_plan_room(&batch, &read.plans)?;
-        let touched = batch.rewritten(read.all.len());
+        let touched = batch.rewritten(read.len);
         for i in read.in_use.iter().filter(|i| !touched[**i as usize]) {
-            *batch
-                .kept_plans
-                .entry(read.all[*i as usize].plan)
-                .or_default() += 1;
+            *batch.kept_plans.entry(read.at(*i).plan).or_default() += 1;
         }
         batch.prefixes_before = read.prefixes;
         Ok(Some(batch))
@@ -368,7 +403,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         &self,
         specs: &[SubscriberSpec],
         others: usize,
-    ) -> Result<Option<Batch>, SubscriberError> {
+    ) -> Result<Option<Batch<'static>>, SubscriberError> {
         if !self.hashed()? {
             return Ok(None);
         }
@@ -411,7 +446,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             }
             batch.summary.changed += 1;
             batch.writes.push(Write {
-                spec: spec.clone(),
+                spec: Spec::Owned(Box::new(spec.clone())),
                 plan,
                 before,
             });
@@ -444,7 +479,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         // Plans are few (tens): a list, counted no further than one over the room.
         let mut new: Vec<&Policy> = Vec::new();
         for w in &batch.writes {
-            if !in_force.iter().any(|(_, p)| same_plan(p, &w.plan)) && !new.contains(&&w.plan) {
+            if !in_force.iter().any(|(_, p)| same_plan(p, &w.plan)) && !new.contains(&&*w.plan) {
                 new.push(&w.plan);
                 if new.len() > room {
                     break;
@@ -579,20 +614,24 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         if new.is_empty() {
             return Ok(());
         }
-        let mut entries = Vec::with_capacity(new.len());
+        // The entries made and written a batch at a time: not a million entries' copy.
+        let mut entries = Vec::with_capacity(new.len().min(crate::maps::BATCH as usize));
         let mut routes = Vec::with_capacity(2 * new.len());
-        for w in new {
-            let slot = self.plan_slot(&w.plan, plans)?;
-            *used.entry(slot).or_default() += 1;
-            let index = w.before.index;
-            entries.push((
-                index,
-                self.entry_for(&w.spec, index, &w.before.entry, slot)?,
-            ));
-            routes.extend(w.routes_to_write());
+        for chunk in new.chunks(crate::maps::BATCH as usize) {
+            entries.clear();
+            for w in chunk {
+                let slot = self.plan_slot(&w.plan, plans)?;
+                *used.entry(slot).or_default() += 1;
+                let index = w.before.index;
+                entries.push((
+                    index,
+                    self.entry_for(&w.spec, index, &w.before.entry, slot)?,
+                ));
+                routes.extend(w.routes_to_write());
+            }
+            crate::maps::write_batched(self.subs.map(), &entries)
+                .map_err(map_err("write the new subscribers"))?;
         }
-        crate::maps::write_batched(self.subs.map(), &entries)
-            .map_err(map_err("write the new subscribers"))?;
         crate::crash::point("subscriber-step");
         self.pm().route_many(&routes)?;
         crate::crash::point("subscriber-step");
@@ -636,20 +675,20 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
 /// The plans' entries of a batch's subscribers: each made once for the last few distinct
 /// plans seen (a file has a few plans for a million subscribers), not once a subscriber.
 #[derive(Default)]
-struct Plans(Vec<(PolicyLimits, Policy)>);
+struct Plans(Vec<(PolicyLimits, Arc<Policy>)>);
 
 impl Plans {
     /// How many distinct plans it keeps.
     const KEPT: usize = 16;
 
     /// The entry of `spec`'s plan ([`SubscriberSpec::check`]'s).
-    fn entry(&mut self, spec: &SubscriberSpec) -> Result<Policy, SubscriberError> {
+    fn entry(&mut self, spec: &SubscriberSpec) -> Result<Arc<Policy>, SubscriberError> {
         if let Some((_, p)) = self.0.iter().find(|(l, _)| *l == spec.plan) {
-            return Ok(*p);
+            return Ok(p.clone());
         }
-        let p = plan_entry(&spec.id, &spec.plan)?;
+        let p = Arc::new(plan_entry(&spec.id, &spec.plan)?);
         if self.0.len() < Self::KEPT {
-            self.0.push((spec.plan, p));
+            self.0.push((spec.plan, p.clone()));
         }
         Ok(p)
     }
@@ -667,15 +706,16 @@ struct Free {
 }
 
 impl Free {
-    fn of(all: &[Subscriber]) -> Self {
-        let room = (all.len() as u32).saturating_sub(1);
-        let next = (0..all.len() as u32)
-            .map(|i| match all[i as usize].in_use {
+    fn of(read: &Read) -> Self {
+        let room = (read.len as u32).saturating_sub(1);
+        let next = (0..read.len as u32)
+            .map(|i| match read.at(i).in_use {
                 0 => i,
                 _ => place::after(i, room),
             })
             .collect();
-        let left = all.iter().skip(1).filter(|e| e.in_use == 0).count();
+        // Entry 0 is never given (it is not in `in_use` either).
+        let left = (room as usize).saturating_sub(read.in_use.len());
         Self { next, left, room }
     }
 
@@ -694,6 +734,13 @@ impl Free {
         self.left -= 1;
         Some(i as u32)
     }
+}
+
+/// The id an entry holds, up to its padding (`""` if it is not UTF-8, which no spec's id
+/// is).
+fn id_text(id: &[u8; SUBSCRIBER_ID_BYTES]) -> &str {
+    let end = id.iter().position(|&b| b == 0).unwrap_or(id.len());
+    std::str::from_utf8(&id[..end]).unwrap_or_default()
 }
 
 /// Whether subscriber `entry` (with prefixes `old`) is `spec` already.
@@ -747,7 +794,7 @@ fn check_end_state(
     read: &Read,
     policies: Option<&[IpNet]>,
 ) -> Result<(), SubscriberError> {
-    let rewritten = batch.rewritten(read.all.len());
+    let rewritten = batch.rewritten(read.len);
     let kept = |v: u32| match v & SUBSCRIBER_BIT {
         0 => policies.is_none(),
         _ => !rewritten
@@ -757,7 +804,10 @@ fn check_end_state(
     };
     // The policies to be in force (their slots do not matter here: a route without
     // SUBSCRIBER_BIT is a policy's).
-    let mut over: HashMap<IpNet, u32> = HashMap::new();
+    // Made for every route the batch writes: a million not rehashed at every doubling.
+    let writes: usize = batch.writes.iter().map(|w| w.spec.prefixes.len()).sum();
+    let mut over: HashMap<IpNet, u32> =
+        HashMap::with_capacity(policies.map_or(0, <[IpNet]>::len) + writes);
     let mut fresh = false;
     for p in policies.unwrap_or_default() {
         let p = p.trunc();
@@ -772,7 +822,7 @@ fn check_end_state(
             .iter()
             .find(|w| w.before.index == i)
             .map(|w| w.spec.id.clone())
-            .or_else(|| Some(unpadded(&read.all.get(i as usize)?.id)))
+            .or_else(|| (i < read.len as u32).then(|| unpadded(&read.at(i).id)))
             .unwrap_or_else(|| "?".to_owned())
     };
     for w in &batch.writes {
@@ -887,6 +937,24 @@ mod tests {
         }
     }
 
+    /// The table `all` as read (every entry; or, `made`, none read: a table made by the
+    /// change, every entry free).
+    fn read_of(all: Vec<Subscriber>, made: bool) -> Read {
+        let len = all.len();
+        let all = if made { Vec::new() } else { all };
+        Read {
+            complete: true,
+            in_use: (1..all.len() as u32)
+                .filter(|&i| all[i as usize].in_use != 0)
+                .collect(),
+            all,
+            len,
+            routes: HashMap::new(),
+            prefixes: Prefixes::default(),
+            plans: Vec::new(),
+        }
+    }
+
     /// [`Free::take`] gives what probing entry by entry would: the first from the home
     /// not in use nor given, wrapping; none once all are given.
     #[test]
@@ -896,8 +964,15 @@ mod tests {
         for i in (1..=room).filter(|i| i % 3 == 0 || i % 7 == 0) {
             all[i as usize].in_use = 1;
         }
+        free_as_probed(all, false);
+        // A table made by the change: none read, every entry free, all given.
+        free_as_probed(vec![Subscriber::default(); room as usize + 1], true);
+    }
+
+    fn free_as_probed(all: Vec<Subscriber>, made: bool) {
+        let room = all.len() as u32 - 1;
         let mut given = all.iter().map(|e| e.in_use != 0).collect::<Vec<_>>();
-        let mut free = Free::of(&all);
+        let mut free = Free::of(&read_of(all, made));
         let mut seed = 12345u64;
         loop {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
