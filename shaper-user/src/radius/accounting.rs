@@ -19,9 +19,9 @@
 //!   ([`SubscriberTable::each_entry`]); the sessions are kept by key, and each entry's
 //!   index remembers its id and session's key, so an entry whose id is the one the last
 //!   scan saw there costs a comparison of 32 bytes, nothing looked up by id or allocated
-//!   (at 100,000 subscribers every 5 s, the keyed-by-id maps this replaced cost six times
-//!   the CPU: bench/results-accounting.md). An entry whose id changed (another subscriber
-//!   at that index) is looked up by its id.
+//!   (at 100,000 subscribers every 5 s, the maps keyed by id this replaced cost several
+//!   times the CPU: bench/results-accounting.md). An entry whose id changed (another
+//!   subscriber at that index) is looked up by its id.
 //! - The daemon's accounting begins with an Accounting-On and ends with an
 //!   Accounting-Off (its Acct-Session-Id the daemon's, session number 0), each sent alone:
 //!   every Start after the On is answered, the Off after every Stop is.

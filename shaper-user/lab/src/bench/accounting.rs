@@ -100,7 +100,7 @@ pub struct Run {
 /// One build's two runs.
 #[derive(Clone, Debug, Serialize)]
 pub struct Build {
-    /// "today's", or the other build's file name.
+    /// "this build", or the other build's file name.
     pub label: String,
     pub off: Run,
     pub on: Run,
@@ -358,7 +358,7 @@ pub fn run(
 ) -> Result<AccountingResults> {
     let mut machine = Machine::this();
     let mut builds = Vec::new();
-    let all = std::iter::once(("today's".to_owned(), shaper.to_owned())).chain(others.to_vec());
+    let all = std::iter::once(("this build".to_owned(), shaper.to_owned())).chain(others.to_vec());
     for (label, path) in all {
         let off = measure(&path, opts, false)?;
         let on = measure(&path, opts, true)?;
