@@ -168,7 +168,8 @@ enum LabPart {
     /// iperf3 TCP policed, shaped and shaped with ECN (shape needs sch_fq); writes results-tcp.md
     Tcp,
     /// RADIUS CoA-Requests to `shaper run` at 1,000 a second for 60 s against 100,000
-    /// subscribers (10,000 for 5 s with --quick): latency, losses, scrapes meanwhile
+    /// subscribers (10,000 for 5 s with --quick): latency, losses, scrapes meanwhile; then
+    /// `accounting`
     Coa,
     /// RADIUS accounting's CPU at 100,000 subscribers, interim 300 s, against the same
     /// daemon without (10,000 with --quick); writes results-accounting.md (`coa` runs it too)
