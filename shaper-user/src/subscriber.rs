@@ -167,7 +167,8 @@ fn padded<const N: usize>(s: &str) -> [u8; N] {
     out
 }
 
-fn unpadded(b: &[u8]) -> String {
+/// An id or name as a map entry holds it (NUL-padded), as text.
+pub(crate) fn unpadded(b: &[u8]) -> String {
     let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
@@ -535,6 +536,24 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// route, no plan (RADIUS accounting's scan).
     pub fn all_counts(&self) -> Result<Vec<Counts>, SubscriberError> {
         Ok(self.entries()?.iter().map(|(_, s)| counts_of(s)).collect())
+    }
+
+    /// Each entry in use with its index, handed to `f` as the batches are read (the
+    /// entries not in use never copied out of them): nothing collected, nothing
+    /// allocated for it (RADIUS accounting's scan).
+    pub fn each_entry(&self, mut f: impl FnMut(u32, &Subscriber)) -> Result<(), SubscriberError> {
+        use aya::maps::IterableMap as _;
+        const IN_USE: usize = std::mem::offset_of!(Subscriber, in_use);
+        crate::maps::each_batched_where::<u32, Subscriber>(
+            self.subs.map(),
+            |v| v[IN_USE..IN_USE + 4] != [0; 4],
+            |i, s| {
+                if i != 0 {
+                    f(i, &s);
+                }
+            },
+        )
+        .map_err(map_err("read the subscribers"))
     }
 
     /// Every subscriber's counts with its plan's rate (bits per second): no route read.

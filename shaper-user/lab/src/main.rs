@@ -128,6 +128,18 @@ struct BenchArgs {
     /// timed [default: 20]
     #[arg(long)]
     coa_disconnects: Option<u32>,
+    /// With `--only coa` or `accounting`: each window the daemon's CPU is read over,
+    /// seconds [default: 60, 10 with --quick]
+    #[arg(long)]
+    accounting_seconds: Option<u64>,
+    /// With `--only coa` or `accounting`: the windows [default: 3, 2 with --quick]
+    #[arg(long)]
+    accounting_windows: Option<u32>,
+    /// With `--only coa` or `accounting`: another `shaper` (a release build of an earlier
+    /// commit) measured after today's in the same run, its rows labelled with its file's
+    /// name
+    #[arg(long)]
+    accounting_against: Option<PathBuf>,
 }
 
 /// The benchmarks `--only` picks from.
@@ -156,8 +168,12 @@ enum LabPart {
     /// iperf3 TCP policed, shaped and shaped with ECN (shape needs sch_fq); writes results-tcp.md
     Tcp,
     /// RADIUS CoA-Requests to `shaper run` at 1,000 a second for 60 s against 100,000
-    /// subscribers (10,000 for 5 s with --quick): latency, losses, scrapes meanwhile
+    /// subscribers (10,000 for 5 s with --quick): latency, losses, scrapes meanwhile; then
+    /// `accounting`
     Coa,
+    /// RADIUS accounting's CPU at 100,000 subscribers, interim 300 s, against the same
+    /// daemon without (10,000 with --quick); writes results-accounting.md (`coa` runs it too)
+    Accounting,
     /// Whole commands at 16,383 prefix policies and at 1,000,000 subscribers (10,000 with
     /// --quick): apply from nothing, one change; writes results-provision.md
     Provision,
@@ -729,6 +745,9 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
             println!("wrote {}", path.display());
         }
     }
+    if args.only.contains(&LabPart::Coa) || args.only.contains(&LabPart::Accounting) {
+        bench_accounting(args, &shaper)?;
+    }
     if args.only.contains(&LabPart::Provision) {
         use shaper_lab::bench::provision;
         // Labelled by its file's name (`shaper-079fa56`), the build the rows compare with.
@@ -753,6 +772,7 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
                 | LabPart::Flood
                 | LabPart::Tcp
                 | LabPart::Coa
+                | LabPart::Accounting
                 | LabPart::Provision
         )
     }) {
@@ -777,6 +797,38 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
     let results = accuracy::run(&opts)?;
     for line in accuracy::summary_lines(&results) {
         println!("{line}");
+    }
+    Ok(())
+}
+
+/// RADIUS accounting's CPU (`--only coa` or `accounting`): results-accounting.*.
+fn bench_accounting(args: &BenchArgs, shaper: &Path) -> Result<()> {
+    use shaper_lab::bench::accounting;
+    let mut opts = accounting::Options::new(args.quick);
+    opts.subscribers = args.coa_subscribers.unwrap_or(opts.subscribers);
+    opts.seconds = args.accounting_seconds.unwrap_or(opts.seconds);
+    opts.windows = args.accounting_windows.unwrap_or(opts.windows);
+    ensure!(
+        opts.seconds > 0 && opts.windows > 0 && opts.subscribers > 0,
+        "--accounting-seconds, --accounting-windows and --coa-subscribers must be at least 1"
+    );
+    let others: Vec<(String, PathBuf)> = args
+        .accounting_against
+        .iter()
+        .map(|p| {
+            let name = p.file_name().map_or_else(
+                || p.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            (name, p.clone())
+        })
+        .collect();
+    let results = accounting::run(shaper, &others, &opts)?;
+    for line in accounting::summary_lines(&results) {
+        println!("{line}");
+    }
+    for path in accounting::write(&args.out, &results)? {
+        println!("wrote {}", path.display());
     }
     Ok(())
 }

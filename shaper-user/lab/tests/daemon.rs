@@ -2959,16 +2959,71 @@ fn radius_accounting_reports_stats_to_freeradius_with_failover() {
         "{said}"
     );
 
-    // Removed: its Stop, with its counts.
-    for d in ["ingress", "egress"] {
-        shaper_ok(&name, &["--direction", d, "subscriber", "del", IFACE, "c1"]);
-    }
+    // Removed from ingress (its session goes on, on egress), then from egress with
+    // another subscriber set at its entry at once (most often within one scan: the
+    // entry's id changed under the same index): c1's Stop, with its counts, and the
+    // other's Start, its own session.
+    shaper_ok(
+        &name,
+        &["--direction", "ingress", "subscriber", "del", IFACE, "c1"],
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let (room, entry) = (16, shaper_user::subscriber::place::home(b"c1", 16));
+    let other = (0..)
+        .map(|n| format!("r{n}"))
+        .find(|id| shaper_user::subscriber::place::home(id.as_bytes(), room) == entry)
+        .unwrap();
+    let egress = Attachment::toward(IFACE, Some(&name), Direction::Egress);
+    let id_at = |i: u32| {
+        let pinned = shaper_user::maps::Pinned::open(&egress).unwrap();
+        let table = shaper_user::subscriber::SubscriberTable::of(&pinned).unwrap();
+        table.id_at(i).unwrap()
+    };
+    assert_eq!(id_at(entry).as_deref(), Some("c1"));
+    shaper_ok(
+        &name,
+        &["--direction", "egress", "subscriber", "del", IFACE, "c1"],
+    );
+    let set_other = [
+        "--direction",
+        "egress",
+        "subscriber",
+        "set",
+        IFACE,
+        &other,
+        "--prefix",
+        "100.64.0.9",
+        "--rate",
+        "10mbit",
+        "--burst",
+        "64k",
+    ];
+    shaper_ok(&name, &set_other);
+    assert_eq!(id_at(entry).as_deref(), Some(other.as_str()));
     let stop = radius.wait_for("c1", "Stop", any);
     assert_eq!(stop["Acct-Terminate-Cause"], "Admin-Reset", "{stop:?}");
     assert_eq!(
         (stop["Acct-Session-Id"].as_str(), octets(&stop, "Output")),
         (session.as_str(), c1_out)
     );
+    let other_start = radius.wait_for(&other, "Start", any);
+    assert_eq!(other_start["Framed-IP-Address"], "100.64.0.9");
+    assert!(
+        ![session.as_str(), c2_session.as_str()].contains(&other_start["Acct-Session-Id"].as_str()),
+        "{other_start:?}"
+    );
+    // One Stop and one Start for c1 so far: its entry was not taken for it again.
+    let of_c1 = |status: &str| {
+        radius
+            .records()
+            .iter()
+            .filter(|r| {
+                r.get("User-Name").map(String::as_str) == Some("c1")
+                    && r["Acct-Status-Type"] == status
+            })
+            .count()
+    };
+    assert_eq!((of_c1("Start"), of_c1("Stop")), (1, 1));
     // Set again, c1 has a new session: its old one names nothing.
     shaper_ok(
         &name,

@@ -15,6 +15,13 @@
 //!   kernel's counts at Start are its base.
 //! - Interims are due every `interim` from Start; the sessions found at daemon start are
 //!   spread evenly over the first interval.
+//! - A scan reads both directions' entries in batches, each handed over as it is read
+//!   ([`SubscriberTable::each_entry`]); the sessions are kept by key, and each entry's
+//!   index remembers its id and session's key, so an entry whose id is the one the last
+//!   scan saw there costs a comparison of 32 bytes, nothing looked up by id or allocated
+//!   (at 100,000 subscribers every 5 s, the maps keyed by id this replaced cost several
+//!   times the CPU: bench/results-accounting.md). An entry whose id changed (another
+//!   subscriber at that index) is looked up by its id.
 //! - The daemon's accounting begins with an Accounting-On and ends with an
 //!   Accounting-Off (its Acct-Session-Id the daemon's, session number 0), each sent alone:
 //!   every Start after the On is answered, the Off after every Stop is.
@@ -34,6 +41,8 @@ use std::{
 
 use ipnet::{IpNet, Ipv6Net};
 use md5::{Digest as _, Md5};
+
+use shaper_common::maps::{Outcomes, SUBSCRIBER_ID_BYTES};
 
 use crate::{
     maps::Pinned,
@@ -144,7 +153,11 @@ impl Usage {
     /// What a subscriber's counts say was delivered: passed (green and yellow) and
     /// would-drop (monitor mode); not dropped.
     pub fn of(c: &Counts) -> Self {
-        let o = &c.outcomes;
+        Self::of_outcomes(&c.outcomes)
+    }
+
+    /// [`Self::of`] an entry's outcomes.
+    pub fn of_outcomes(o: &Outcomes) -> Self {
         Self {
             packets: o.passed_packets + o.would_drop_packets,
             octets: o.passed_bytes + o.would_drop_bytes,
@@ -280,13 +293,6 @@ pub fn response_authentic(response: &[u8], request: &[u8], secret: &[u8]) -> boo
         == 0
 }
 
-/// A subscriber as a scan saw it: its delivered counts on each direction it is set on.
-#[derive(Clone, Debug, Default)]
-pub struct Seen {
-    pub input: Option<Usage>,
-    pub output: Option<Usage>,
-}
-
 /// The sessions in progress, by Acct-Session-Id: each one's subscriber id. The accounting
 /// thread keeps it as it starts and stops sessions; the CoA listener reads it (a request
 /// naming a session: [`crate::radius::request::Target::Session`]). Cloned, it is shared.
@@ -312,30 +318,100 @@ impl SessionIndex {
     }
 }
 
+/// One accounting session: a subscriber id on either direction or both.
 struct Session {
+    id: String,
     session_id: String,
     started: Instant,
-    base: (Usage, Usage),
-    last: (Usage, Usage),
+    /// Input (ingress) and output (egress): the kernel's counts at Start, and at the last
+    /// scan.
+    base: [Usage; 2],
+    last: [Usage; 2],
+    /// This scan's counts of each direction, and the scan that read them (stale where it
+    /// is not this one: the subscriber is not on that direction now).
+    now: [Usage; 2],
+    now_scan: [u32; 2],
     next_interim: Instant,
     framed_v4: Option<Ipv4Addr>,
     framed_v6: Option<Ipv6Net>,
 }
 
-/// The sessions of one daemon.
+impl Session {
+    /// Its record of `status` at `now`: its counts at the last scan, from Start.
+    fn record(&self, status: Status, now: Instant, wall: SystemTime) -> Record {
+        let [i, o] = self.last;
+        Record {
+            status,
+            user: self.id.clone(),
+            session_id: self.session_id.clone(),
+            framed_v4: self.framed_v4,
+            framed_v6: self.framed_v6,
+            input: i.since(self.base[0]),
+            output: o.since(self.base[1]),
+            session_secs: u32::try_from(now.duration_since(self.started).as_secs())
+                .unwrap_or(u32::MAX),
+            cause: None,
+            wall,
+            made: now,
+            server: None,
+        }
+    }
+
+    /// Whether scan `scan` saw it on either direction.
+    fn seen(&self, scan: u32) -> bool {
+        self.now_scan.contains(&scan)
+    }
+
+    /// Its counts as scan `scan` read them: nothing on a direction it is not on.
+    fn counts(&self, scan: u32) -> [Usage; 2] {
+        [0, 1].map(|d| match self.now_scan[d] == scan {
+            true => self.now[d],
+            false => Usage::default(),
+        })
+    }
+}
+
+/// No session.
+const NONE: u32 = u32::MAX;
+
+/// An entry of one direction's table as the last scan saw it: its id as the kernel has
+/// it (NUL-padded) and the key of its session in [`Sessions`]. An entry whose id is the
+/// same at the next scan is that session's without a look-up; one whose id changed (a
+/// subscriber removed and another set at its index) is looked up by its id.
+#[derive(Clone, Copy)]
+struct Slot {
+    id: [u8; SUBSCRIBER_ID_BYTES],
+    session: u32,
+    scan: u32,
+}
+
+const EMPTY: Slot = Slot {
+    id: [0; SUBSCRIBER_ID_BYTES],
+    session: NONE,
+    scan: 0,
+};
+
+/// The sessions of one daemon. A scan hands it each entry of each direction's table
+/// ([`Self::saw`]), then makes the records ([`Self::end`]): a subscriber unchanged since
+/// the last scan costs a comparison of its id and nothing allocated.
 pub struct Sessions {
     /// When the daemon started, Unix milliseconds: the first part of every session id.
     daemon_start: u64,
     started: u64,
     index: SessionIndex,
     interim: Duration,
-    live: HashMap<String, Session>,
+    /// The sessions in progress, by key (the key of one ended is reused: `free`).
+    live: Vec<Option<Session>>,
+    free: Vec<u32>,
+    by_id: HashMap<String, u32>,
+    /// Each direction's entries (input: ingress, output: egress), by index.
+    slots: [Vec<Slot>; 2],
+    /// The scan under way (from 1).
+    scan: u32,
+    /// The ids this scan saw with no session, and their counts.
+    new: HashMap<String, [Usage; 2]>,
     /// Whether a scan was made: the sessions of the first are spread over the interval.
     scanned: bool,
-}
-
-fn usages(s: &Seen) -> (Usage, Usage) {
-    (s.input.unwrap_or_default(), s.output.unwrap_or_default())
 }
 
 /// The first IPv4 /32 and the first IPv6 prefix of `prefixes`.
@@ -351,6 +427,20 @@ fn framed(prefixes: &[IpNet]) -> (Option<Ipv4Addr>, Option<Ipv6Net>) {
     (v4, v6)
 }
 
+/// Whether counts went under a session's last: its subscriber was removed and set again
+/// between two scans.
+fn went_back(now: &[Usage; 2], last: &[Usage; 2]) -> bool {
+    now[0].octets < last[0].octets || now[1].octets < last[1].octets
+}
+
+/// A direction's place in [`Session::base`] and the like: input is ingress.
+fn way(d: Direction) -> usize {
+    match d {
+        Direction::Ingress => 0,
+        Direction::Egress => 1,
+    }
+}
+
 impl Sessions {
     /// The sessions of a daemon started at `daemon_start`, kept in `index` too.
     pub fn new(interim: Duration, daemon_start: SystemTime, index: SessionIndex) -> Self {
@@ -361,125 +451,187 @@ impl Sessions {
             started: 0,
             index,
             interim,
-            live: HashMap::new(),
+            live: Vec::new(),
+            free: Vec::new(),
+            by_id: HashMap::new(),
+            slots: [Vec::new(), Vec::new()],
+            scan: 0,
+            new: HashMap::new(),
             scanned: false,
         }
     }
 
     pub fn len(&self) -> usize {
-        self.live.len()
+        self.by_id.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.live.is_empty()
+        self.by_id.is_empty()
     }
 
-    /// The ids of `seen` without a session (or whose counts went back: set again): their
-    /// prefixes are wanted by [`Self::update`].
-    pub fn starting<'a>(&self, seen: &'a HashMap<String, Seen>) -> Vec<&'a str> {
-        seen.iter()
-            .filter(|(id, s)| self.live.get(*id).is_none_or(|l| went_back(l, s)))
-            .map(|(id, _)| id.as_str())
-            .collect()
+    /// A scan begins: [`Self::saw`] each entry in use, then [`Self::end`] (a scan that
+    /// fails half way is forgotten at the next one's start).
+    pub fn begin(&mut self) {
+        self.scan = self.scan.wrapping_add(1).max(1);
+        self.new.clear();
     }
 
-    fn record(
-        &self,
-        id: &str,
-        s: &Session,
-        status: Status,
-        now: Instant,
-        wall: SystemTime,
-    ) -> Record {
-        let (i, o) = s.last;
-        Record {
-            status,
-            user: id.to_owned(),
-            session_id: s.session_id.clone(),
-            framed_v4: s.framed_v4,
-            framed_v6: s.framed_v6,
-            input: i.since(s.base.0),
-            output: o.since(s.base.1),
-            session_secs: u32::try_from(now.duration_since(s.started).as_secs())
-                .unwrap_or(u32::MAX),
-            cause: None,
-            wall,
-            made: now,
-            server: None,
+    /// The scan read entry `index` of direction `d`'s table: subscriber `id` (NUL-padded),
+    /// `usage` delivered.
+    pub fn saw(&mut self, d: Direction, index: u32, id: &[u8; SUBSCRIBER_ID_BYTES], usage: Usage) {
+        let (w, i) = (way(d), index as usize);
+        let slots = &mut self.slots[w];
+        if slots.len() <= i {
+            slots.resize(i + 1, EMPTY);
+        }
+        let slot = &mut slots[i];
+        slot.scan = self.scan;
+        let key = match slot.session != NONE && slot.id == *id {
+            true => slot.session,
+            // Another subscriber at this index, or its first scan here: by its id.
+            false => {
+                let name = crate::subscriber::unpadded(id);
+                slot.id = *id;
+                let Some(&key) = self.by_id.get(&name) else {
+                    slot.session = NONE;
+                    self.new.entry(name).or_default()[w] = usage;
+                    return;
+                };
+                slot.session = key;
+                key
+            }
+        };
+        if let Some(s) = self.live[key as usize].as_mut() {
+            s.now[w] = usage;
+            s.now_scan[w] = self.scan;
         }
     }
 
-    /// The records of a scan that saw `seen` (every subscriber in force, by id) at `now`:
-    /// Stop for each session gone (or set again: its counts went back), Start for each new
-    /// one (its prefixes from `prefixes`), Interim for each due.
-    pub fn update(
+    /// The ids this scan saw with no session yet, or whose counts went back (set again):
+    /// their prefixes are wanted by [`Self::end`].
+    pub fn starting(&self) -> Vec<&str> {
+        let back = self
+            .live
+            .iter()
+            .flatten()
+            .filter(|s| s.seen(self.scan) && went_back(&s.counts(self.scan), &s.last));
+        self.new
+            .keys()
+            .map(String::as_str)
+            .chain(back.map(|s| s.id.as_str()))
+            .collect()
+    }
+
+    fn stop(&self, s: &Session, cause: u32, now: Instant, wall: SystemTime) -> Record {
+        self.index.remove(&s.session_id);
+        let mut r = s.record(Status::Stop, now, wall);
+        r.cause = Some(cause);
+        r
+    }
+
+    /// The records of the scan at `now`: Stop for each session gone (or set again: its
+    /// counts went back), Start for each new one (its prefixes from `prefixes`), Interim
+    /// for each due.
+    pub fn end(
         &mut self,
-        seen: &HashMap<String, Seen>,
         prefixes: &HashMap<String, Vec<IpNet>>,
         now: Instant,
         wall: SystemTime,
     ) -> Vec<Record> {
-        let mut out = Vec::new();
-        let gone: Vec<String> = self
-            .live
-            .iter()
-            .filter(|(id, l)| seen.get(*id).is_none_or(|s| went_back(l, s)))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in gone {
-            if let Some(s) = self.live.remove(&id) {
-                self.index.remove(&s.session_id);
-                let mut r = self.record(&id, &s, Status::Stop, now, wall);
-                r.cause = Some(CAUSE_ADMIN_RESET);
-                out.push(r);
+        let scan = self.scan;
+        // The entries not seen are no one's now.
+        for slot in self.slots.iter_mut().flatten() {
+            if slot.scan != scan {
+                *slot = EMPTY;
             }
         }
-        let mut new: Vec<&String> = seen
-            .keys()
-            .filter(|id| !self.live.contains_key(*id))
+        let mut out = Vec::new();
+        // Set again: ended, and started again under the same key (the slots name it).
+        let mut again: Vec<(String, [Usage; 2], u32)> = Vec::new();
+        for key in 0..self.live.len() {
+            let Some(s) = self.live[key].as_mut() else {
+                continue;
+            };
+            let counts = s.counts(scan);
+            if s.seen(scan) && !went_back(&counts, &s.last) {
+                s.last = counts;
+                continue;
+            }
+            let Some(s) = self.live[key].take() else {
+                continue;
+            };
+            out.push(self.stop(&s, CAUSE_ADMIN_RESET, now, wall));
+            if s.seen(scan) {
+                again.push((s.id, counts, key as u32));
+            } else {
+                self.by_id.remove(&s.id);
+                self.free.push(key as u32);
+            }
+        }
+        let mut new: Vec<(String, [Usage; 2], u32)> = std::mem::take(&mut self.new)
+            .into_iter()
+            .map(|(id, counts)| (id, counts, NONE))
+            .chain(again)
             .collect();
-        new.sort();
+        new.sort_by(|a, b| a.0.cmp(&b.0));
         let n = u32::try_from(new.len()).unwrap_or(u32::MAX).max(1);
-        for (k, id) in (0u32..).zip(new) {
-            let base = usages(&seen[id]);
+        for (k, (id, base, key)) in (0u32..).zip(new) {
             // The first scan's sessions spread over the interval; later ones' interims
             // fall where they started.
             let first = match self.scanned {
                 false => self.interim * (k + 1) / n,
                 true => self.interim,
             };
-            let (framed_v4, framed_v6) = framed(prefixes.get(id).map_or(&[][..], Vec::as_slice));
+            let (framed_v4, framed_v6) = framed(prefixes.get(&id).map_or(&[][..], Vec::as_slice));
             self.started += 1;
             let s = Session {
                 session_id: self.session_id(self.started),
                 started: now,
                 base,
                 last: base,
+                now: base,
+                now_scan: [scan; 2],
                 next_interim: now + first,
                 framed_v4,
                 framed_v6,
+                id,
             };
-            out.push(self.record(id, &s, Status::Start, now, wall));
-            self.index.insert(&s.session_id, id);
-            self.live.insert(id.clone(), s);
+            out.push(s.record(Status::Start, now, wall));
+            self.index.insert(&s.session_id, &s.id);
+            let key = match key {
+                NONE => self.place(s),
+                key => {
+                    self.live[key as usize] = Some(s);
+                    key
+                }
+            };
+            if let Some(s) = &self.live[key as usize] {
+                self.by_id.insert(s.id.clone(), key);
+            }
         }
         self.scanned = true;
-        for (id, s) in &mut self.live {
-            s.last = usages(&seen[id]);
-        }
-        let mut due = Vec::new();
-        for (id, s) in &mut self.live {
+        for s in self.live.iter_mut().flatten() {
             if s.next_interim <= now {
                 // Due again one interval on, or from now if scans fell behind by more.
                 s.next_interim = (s.next_interim + self.interim).max(now);
-                due.push(id.clone());
+                out.push(s.record(Status::Interim, now, wall));
             }
         }
-        for id in due {
-            let s = &self.live[&id];
-            out.push(self.record(&id, s, Status::Interim, now, wall));
-        }
         out
+    }
+
+    /// Keeps `s` under a free key: its key.
+    fn place(&mut self, s: Session) -> u32 {
+        match self.free.pop() {
+            Some(key) => {
+                self.live[key as usize] = Some(s);
+                key
+            }
+            None => {
+                self.live.push(Some(s));
+                u32::try_from(self.live.len() - 1).unwrap_or(NONE)
+            }
+        }
     }
 
     /// Session `n`'s Acct-Session-Id: the daemon's start and `n`, in hex.
@@ -509,31 +661,25 @@ impl Sessions {
     /// A Stop for every session (the daemon stops), Admin-Reboot.
     pub fn stop_all(&mut self, now: Instant, wall: SystemTime) -> Vec<Record> {
         let live = std::mem::take(&mut self.live);
+        self.by_id.clear();
+        self.free.clear();
+        self.slots = [Vec::new(), Vec::new()];
         live.iter()
-            .map(|(id, s)| {
-                self.index.remove(&s.session_id);
-                let mut r = self.record(id, s, Status::Stop, now, wall);
-                r.cause = Some(CAUSE_ADMIN_REBOOT);
-                r
-            })
+            .flatten()
+            .map(|s| self.stop(s, CAUSE_ADMIN_REBOOT, now, wall))
             .collect()
     }
 }
 
-/// Whether a subscriber's counts are under its session's last: it was removed and set
-/// again between two scans.
-fn went_back(l: &Session, s: &Seen) -> bool {
-    let (i, o) = usages(s);
-    i.octets < l.last.0.octets || o.octets < l.last.1.octets
-}
-
-/// Every subscriber of `iface`'s attachments, with what each direction delivered, and
-/// the tables read (for [`prefixes`]).
+/// Reads every subscriber of `iface`'s attachments into `sessions` (a scan: then
+/// [`Sessions::starting`] and [`Sessions::end`]): each direction's entries in use, read
+/// in batches, nothing kept but what changed. The tables read, for [`prefixes`].
 pub fn scan(
     iface: &str,
     netns: Option<&str>,
-) -> Result<(HashMap<String, Seen>, Vec<SubscriberTable>), SubscriberError> {
-    let mut seen: HashMap<String, Seen> = HashMap::new();
+    sessions: &mut Sessions,
+) -> Result<Vec<SubscriberTable>, SubscriberError> {
+    sessions.begin();
     let mut tables = Vec::new();
     for d in [Direction::Ingress, Direction::Egress] {
         let at = Attachment::toward(iface, netns, d);
@@ -541,17 +687,10 @@ pub fn scan(
             continue;
         }
         let table = SubscriberTable::of(&Pinned::open(&at)?)?;
-        for c in table.all_counts()? {
-            let u = Usage::of(&c);
-            let s = seen.entry(c.id).or_default();
-            match d {
-                Direction::Ingress => s.input = Some(u),
-                Direction::Egress => s.output = Some(u),
-            }
-        }
+        table.each_entry(|i, s| sessions.saw(d, i, &s.id, Usage::of_outcomes(&s.outcomes)))?;
         tables.push(table);
     }
-    Ok((seen, tables))
+    Ok(tables)
 }
 
 /// The prefixes of the subscribers `wanted`, from `tables` (the first that has each).

@@ -335,13 +335,13 @@ pub fn write(out: &Path, r: &CoaResults) -> Result<Vec<PathBuf>> {
 
 /// The namespace, its files and the daemon; the daemon stopped (it detaches on exit) and
 /// the rest removed when dropped.
-struct Rig {
+pub(crate) struct Rig {
     daemon: Option<Child>,
     dir: PathBuf,
     // Dropped after `drop` ran: the namespace (and its interface) go once the daemon has
     // detached.
     _ns: Netns,
-    name: String,
+    pub(crate) name: String,
 }
 
 impl Drop for Rig {
@@ -378,7 +378,9 @@ fn csv(n: u32) -> String {
     out
 }
 
-fn daemon_file(n: u32) -> String {
+/// The daemon's file: `n` subscribers both ways, the CoA listener, then `extra` (a
+/// `[radius.accounting]` table, or nothing).
+fn daemon_file(n: u32, extra: &str) -> String {
     let interface = |direction: &str| {
         format!(
             "[[interface]]\nname = \"{IFACE}\"\ndirection = \"{direction}\"\nrate = \"1gbit\"\nburst = \"1m\"\nmax_subscribers = {n}\n\n[interface.libreqos]\nfile = \"subscribers.csv\"\n\n"
@@ -389,9 +391,12 @@ fn daemon_file(n: u32) -> String {
         + &format!(
             "[radius]\ninterface = \"{IFACE}\"\nlisten = \"127.0.0.1:3799\"\nrequests_per_second = 100000\n\n[[radius.client]]\naddress = \"127.0.0.1\"\nsecret = \"{SECRET}\"\n"
         )
+        + extra
 }
 
-fn rig(shaper: &Path, n: u32) -> Result<Rig> {
+/// The daemon on `n` subscribers (its file ending with `extra`), started, not waited for
+/// ([`Rig::wait_ready`]).
+pub(crate) fn rig(shaper: &Path, n: u32, extra: &str) -> Result<Rig> {
     let name = format!("shaper-coa-{}", std::process::id());
     let ns = Netns::create(&name)?;
     // A bridge where the kernel has no dummy driver: either holds the programs.
@@ -409,7 +414,7 @@ fn rig(shaper: &Path, n: u32) -> Result<Rig> {
     };
     fs::write(dir.join("subscribers.csv"), csv(n))?;
     let file = dir.join("shaper.toml");
-    fs::write(&file, daemon_file(n))?;
+    fs::write(&file, daemon_file(n, extra))?;
     fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     let log = fs::File::create(dir.join("log"))?;
     rig.daemon = Some(
@@ -427,13 +432,13 @@ fn rig(shaper: &Path, n: u32) -> Result<Rig> {
 }
 
 impl Rig {
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         fs::read_to_string(self.dir.join("log")).unwrap_or_default()
     }
 
     /// Waits for the RADIUS listener (the daemon applies its file first) and its index of
     /// both directions' subscribers (a build without one: 3 s).
-    fn wait_ready(&mut self, within: Duration) -> Result<()> {
+    pub(crate) fn wait_ready(&mut self, within: Duration) -> Result<()> {
         let deadline = Instant::now() + within;
         let mut listening = None;
         while Instant::now() < deadline {
@@ -478,7 +483,7 @@ impl Rig {
     }
 
     /// The daemon's CPU time so far (user + system), seconds.
-    fn cpu_secs(&self) -> Result<f64> {
+    pub(crate) fn cpu_secs(&self) -> Result<f64> {
         let pid = self.daemon.as_ref().context("no daemon")?.id();
         let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
         let after = stat.rsplit_once(')').context("/proc stat")?.1;
@@ -788,7 +793,7 @@ fn scraper(ns: String, stop: Arc<AtomicBool>, n: usize) -> Result<Vec<f64>> {
 pub fn run(shaper: &Path, opts: &Options) -> Result<CoaResults> {
     let mut machine = Machine::this();
     let t = Instant::now();
-    let mut rig = rig(shaper, opts.subscribers)?;
+    let mut rig = rig(shaper, opts.subscribers, "")?;
     rig.wait_ready(Duration::from_secs(600))?;
     let start_secs = t.elapsed().as_secs_f64();
     let ns = rig.name.clone();

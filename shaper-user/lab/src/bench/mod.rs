@@ -21,7 +21,9 @@
 //!   meet a policer, and the peers' excess as the measuring time grows.
 //! - `coa`: RADIUS CoA-Requests at a fixed rate to `shaper run` at 100,000 subscribers:
 //!   latency as the sender and the daemon's histogram see it, scrapes meanwhile; then
-//!   Disconnect-Requests one at a time (`--only coa`, printed).
+//!   Disconnect-Requests one at a time (`--only coa`, results-coa.md); `accounting`:
+//!   the daemon's CPU with RADIUS accounting at 100,000 subscribers and without
+//!   (`--only coa` or `accounting`, results-accounting.md).
 //! - `provision`: whole commands at 16,383 prefix policies and at 1,000,000 subscribers
 //!   (apply from nothing, one change, one `set`; `--only provision`,
 //!   results-provision.md).
@@ -35,6 +37,7 @@
 pub const KERNELS_JSON: &str = "results-kernels.json";
 pub const KERNELS_MARKDOWN: &str = "results-kernels.md";
 
+pub mod accounting;
 pub mod accuracy;
 pub mod attach;
 mod bpf_info;

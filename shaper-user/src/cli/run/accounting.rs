@@ -148,10 +148,9 @@ fn scan(
     netns: Option<&str>,
     sessions: &mut Sessions,
 ) -> Result<Vec<accounting::Record>> {
-    let (seen, tables) = accounting::scan(iface, netns)?;
-    let starting = sessions.starting(&seen);
-    let prefixes = accounting::prefixes(&tables, &starting)?;
-    Ok(sessions.update(&seen, &prefixes, Instant::now(), SystemTime::now()))
+    let tables = accounting::scan(iface, netns, sessions)?;
+    let prefixes = accounting::prefixes(&tables, &sessions.starting())?;
+    Ok(sessions.end(&prefixes, Instant::now(), SystemTime::now()))
 }
 
 fn publish(daemon: &Mutex<metrics::Daemon>, sender: &Sender) {

@@ -87,24 +87,41 @@ fn a_response_is_checked_against_its_request_and_secret() {
     assert!(!response_authentic(&other_id, &req, b"k"));
 }
 
-fn seen(pairs: &[(&str, u64, u64)]) -> HashMap<String, Seen> {
-    pairs
-        .iter()
-        .map(|(id, i, o)| {
-            let u = |n: u64| {
-                Some(Usage {
-                    packets: n / 100,
-                    octets: n,
-                })
-            };
-            (
-                (*id).to_owned(),
-                Seen {
-                    input: u(*i),
-                    output: u(*o),
-                },
-            )
-        })
+/// `id` NUL-padded, as an entry holds it.
+fn padded(id: &str) -> [u8; SUBSCRIBER_ID_BYTES] {
+    let mut out = [0; SUBSCRIBER_ID_BYTES];
+    out[..id.len()].copy_from_slice(id.as_bytes());
+    out
+}
+
+fn usage(octets: u64) -> Usage {
+    Usage {
+        packets: octets / 100,
+        octets,
+    }
+}
+
+/// A scan at `now` that reads `entries` (index, id, input octets, output octets) on
+/// both directions, the same index on each: its records.
+fn scan(s: &mut Sessions, entries: &[(u32, &str, u64, u64)], now: Instant) -> Vec<Record> {
+    s.begin();
+    for &(i, id, input, output) in entries {
+        s.saw(Direction::Ingress, i, &padded(id), usage(input));
+        s.saw(Direction::Egress, i, &padded(id), usage(output));
+    }
+    let prefixes = s
+        .starting()
+        .into_iter()
+        .map(|id| (id.to_owned(), vec!["100.64.0.1/32".parse().unwrap()]))
+        .collect();
+    s.end(&prefixes, now, SystemTime::now())
+}
+
+/// `(user, status, cause)` of each Start and Stop, in order.
+fn what(out: &[Record]) -> Vec<(String, Status, Option<u32>)> {
+    out.iter()
+        .filter(|r| r.status != Status::Interim)
+        .map(|r| (r.user.clone(), r.status, r.cause))
         .collect()
 }
 
@@ -118,15 +135,19 @@ fn sessions_start_spread_their_interims_and_stop() {
         index.clone(),
     );
     let t0 = Instant::now();
-    let wall = SystemTime::now();
-    let none = HashMap::new();
-    let all: Vec<(String, u64, u64)> = (0..100).map(|i| (format!("c{i:03}"), 1000, 2000)).collect();
-    let all: Vec<(&str, u64, u64)> = all.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
-    let out = s.update(&seen(&all), &none, t0, wall);
+    let ids: Vec<String> = (0..100).map(|i| format!("c{i:03}")).collect();
+    // Placed at indices in no order of their ids.
+    let all: Vec<(u32, &str, u64, u64)> = ids
+        .iter()
+        .enumerate()
+        .map(|(k, id)| (1 + (k as u32 * 37) % 100, id.as_str(), 1000, 2000))
+        .collect();
+    let out = scan(&mut s, &all, t0);
     assert_eq!(out.len(), 100);
     assert!(out.iter().all(|r| r.status == Status::Start));
     assert_eq!(out[0].session_id, "5F000000123-00000001");
     assert_eq!(out[0].user, "c000");
+    assert_eq!(out[0].framed_v4, Some(Ipv4Addr::new(100, 64, 0, 1)));
     // The CoA listener finds each session's subscriber.
     assert_eq!(
         index.subscriber("5F000000123-00000001").as_deref(),
@@ -138,9 +159,12 @@ fn sessions_start_spread_their_interims_and_stop() {
     );
     assert_eq!(index.subscriber("5F000000123-00000065"), None);
     // Over the first interval, the first scan's sessions come due evenly: 10 a 30 s.
-    let grown: Vec<(&str, u64, u64)> = all.iter().map(|(a, _, _)| (*a, 1500, 2100)).collect();
+    let grown: Vec<(u32, &str, u64, u64)> = all
+        .iter()
+        .map(|&(i, id, _, _)| (i, id, 1500, 2100))
+        .collect();
     for k in 1..=10u32 {
-        let out = s.update(&seen(&grown), &none, t0 + interim * k / 10, wall);
+        let out = scan(&mut s, &grown, t0 + interim * k / 10);
         assert_eq!(out.len(), 10, "at {k}/10");
         assert!(out.iter().all(|r| r.status == Status::Interim));
         // Counted from Start.
@@ -149,8 +173,8 @@ fn sessions_start_spread_their_interims_and_stop() {
     // c000 removed, c001 set again (its counts went back): Stop, and Stop then Start.
     let mut rest = grown.clone();
     rest.remove(0);
-    rest[0].1 = 10;
-    let out = s.update(&seen(&rest), &none, t0 + interim * 11 / 10, wall);
+    rest[0].2 = 10;
+    let out = scan(&mut s, &rest, t0 + interim * 11 / 10);
     let of = |id: &str| {
         out.iter()
             .filter(|r| r.user == id)
@@ -165,19 +189,110 @@ fn sessions_start_spread_their_interims_and_stop() {
             (Status::Start, None)
         ]
     );
+    assert_eq!(what(&out).len(), 3);
     assert_eq!(s.len(), 99);
-    // c000's session ended; c001's is a new one.
+    // c000's session ended; c001's is a new one, counting from its new counts.
     assert_eq!(index.subscriber("5F000000123-00000001"), None);
     assert_eq!(index.subscriber("5F000000123-00000002"), None);
     assert_eq!(
         index.subscriber("5F000000123-00000065").as_deref(),
         Some("c001")
     );
-    let stops = s.stop_all(t0 + interim * 2, wall);
+    let mut more = rest.clone();
+    more[0].2 = 50;
+    let out = scan(&mut s, &more, t0 + interim * 23 / 10);
+    let c001 = out.iter().find(|r| r.user == "c001").unwrap();
+    assert_eq!(c001.input.octets, 40);
+    let stops = s.stop_all(t0 + interim * 3, SystemTime::now());
     assert_eq!(stops.len(), 99);
     assert!(stops.iter().all(|r| r.cause == Some(CAUSE_ADMIN_REBOOT)));
     assert!(s.is_empty());
     assert_eq!(index.subscriber("5F000000123-00000065"), None);
+}
+
+/// A subscriber removed and another set at its index between two scans, its counts
+/// higher (nothing went back): the old one's session stops, the new one's starts; and a
+/// third set at the index the second left keeps the ids apart however the keys are
+/// reused.
+#[test]
+fn another_subscriber_at_the_same_index_is_another_session() {
+    let interim = Duration::from_secs(300);
+    let index = SessionIndex::default();
+    let mut s = Sessions::new(interim, SystemTime::UNIX_EPOCH, index.clone());
+    let t0 = Instant::now();
+    // Two scans: the second finds each at its index as the first left it.
+    for _ in 0..2 {
+        scan(&mut s, &[(1, "a", 10, 10), (2, "b", 10, 10)], t0);
+    }
+    let out = scan(&mut s, &[(1, "x", 900, 900), (2, "b", 20, 20)], t0);
+    assert_eq!(
+        what(&out),
+        [
+            ("a".to_owned(), Status::Stop, Some(CAUSE_ADMIN_RESET)),
+            ("x".to_owned(), Status::Start, None)
+        ]
+    );
+    let x = out[1].session_id.clone();
+    assert_eq!(index.subscriber(&x).as_deref(), Some("x"));
+    // x counts from its Start; b from its own.
+    let out = scan(
+        &mut s,
+        &[(1, "x", 1000, 950), (2, "b", 30, 30)],
+        t0 + interim * 2,
+    );
+    let of = |id: &str| out.iter().find(|r| r.user == id).unwrap().clone();
+    assert_eq!(of("x").session_id, x);
+    assert_eq!((of("x").input.octets, of("x").output.octets), (100, 50));
+    assert_eq!(of("b").input.octets, 20);
+    // b moves to index 1 as x leaves, y takes index 2: x stops, y starts, b goes on.
+    let out = scan(
+        &mut s,
+        &[(1, "b", 40, 40), (2, "y", 5, 5)],
+        t0 + interim * 2,
+    );
+    assert_eq!(
+        what(&out),
+        [
+            ("x".to_owned(), Status::Stop, Some(CAUSE_ADMIN_RESET)),
+            ("y".to_owned(), Status::Start, None)
+        ]
+    );
+    assert_eq!(index.subscriber(&x), None);
+    let out = scan(
+        &mut s,
+        &[(1, "b", 50, 50), (2, "y", 7, 7)],
+        t0 + interim * 4,
+    );
+    let of = |id: &str| out.iter().find(|r| r.user == id).unwrap().clone();
+    assert_eq!((of("b").input.octets, of("y").input.octets), (40, 2));
+    assert_eq!(s.len(), 2);
+}
+
+/// A subscriber on one direction only: its other direction counts nothing; set on the
+/// other too later, the same session goes on.
+#[test]
+fn a_subscriber_on_one_direction_is_one_session() {
+    let interim = Duration::from_secs(300);
+    let mut s = Sessions::new(interim, SystemTime::UNIX_EPOCH, SessionIndex::default());
+    let t0 = Instant::now();
+    let one = |s: &mut Sessions, d: Direction, i: u32, n: u64, now: Instant| {
+        s.begin();
+        s.saw(d, i, &padded("u"), usage(n));
+        let prefixes = HashMap::new();
+        s.end(&prefixes, now, SystemTime::now())
+    };
+    let out = one(&mut s, Direction::Egress, 3, 100, t0);
+    assert_eq!(what(&out), [("u".to_owned(), Status::Start, None)]);
+    let out = one(&mut s, Direction::Egress, 3, 400, t0 + interim);
+    assert_eq!((out[0].input.octets, out[0].output.octets), (0, 300));
+    // Gone from both: its Stop.
+    s.begin();
+    let out = s.end(&HashMap::new(), t0 + interim, SystemTime::now());
+    assert_eq!(
+        what(&out),
+        [("u".to_owned(), Status::Stop, Some(CAUSE_ADMIN_RESET))]
+    );
+    assert!(s.is_empty());
 }
 
 /// Receives a request on `server` and answers it, signed for `secret`: the request.
