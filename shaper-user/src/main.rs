@@ -9,24 +9,12 @@ use cli::{Cli, Command};
 use shaper_common::maps::PIN_ROOT;
 use shaper_user::{journal, netns, pins, system};
 
-/// mimalloc: an apply of a million subscribers makes and frees millions of small
-/// allocations, where glibc's malloc, free and consolidation took a good part of its time
-/// (the provisioning bench, `cargo xtask bench -- --only provision`, times it).
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     // Like other command-line tools, end quietly when the reader goes away
     // (`shaper stats eth0 | head`) instead of panicking in println!.
     // SAFETY: restoring the default disposition of one signal, before any thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    // No transparent huge pages for this process: mimalloc asks for them on its arenas,
-    // and where the kernel defragments for such requests (`defrag` = `madvise`, Debian's
-    // default) each first touch compacts memory and zeroes 2 MB on the spot, which took
-    // an apply of a million subscribers more time in the kernel than all its 4 kB pages.
-    // SAFETY: sets one flag of this process; no pointer is passed.
-    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
