@@ -681,46 +681,61 @@ fn a_plan_change_keeps_the_subscribers_bucket() {
 /// address and an IPv6 /56, in one subscriber's two buckets. Frames from its three keys in
 /// turn: the committed burst passes unmarked, the excess burst passes with the plan's
 /// DSCP (yellow), the rest is dropped, whatever the key or family; the subscriber's
-/// counters say so. A change of the excess rate carries its bucket over: no refill.
+/// counters say so. Alike whether each address's limit is the whole plan (its buckets
+/// alone charged) or one of its own that does not bind (each key's cell charged too). A
+/// change of the excess rate carries its bucket over: no refill.
 #[test]
 #[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
 fn a_subscribers_peak_rate_passes_its_excess_burst_marked() {
     const AF11: u8 = 10;
-    let mut h = subscriber_harness();
     let keys = ["100.64.0.7", "fdd7:b724:0:700::1", "fdd7:b724:0:7ff::1"];
-    let mut s = subscriber("b7", &["100.64.0.7/32", "fdd7:b724:0:700::/56"], 4);
-    // Each key may take all 7 frames: the subscriber's buckets are what bind.
-    s.plan.burst_bytes = 10 * FRAME as u64;
-    s.plan.meter2 = Meter2Limits {
-        excess_rate_bps: SLOW,
-        excess_burst_bytes: 3 * FRAME as u64,
-        excess_dscp: AF11,
-        ..Meter2Limits::default()
-    };
-    assert_eq!(set_subscriber(&mut h, &s), Ok(Changed::Added));
-    let mut colours = Vec::new();
-    for i in 0..12 {
-        let f = frame_from(keys[i % 3]);
-        colours.push(match h.run_out(&f).unwrap() {
-            (XDP_PASS, out) => match dscp(&out) {
-                0 => 'g',
-                AF11 => 'y',
-                d => panic!("DSCP {d}"),
-            },
-            (XDP_DROP, _) => 'r',
-            (v, _) => panic!("verdict {v}"),
-        });
-    }
-    assert_eq!(colours.iter().collect::<String>(), "ggggyyyrrrrr");
-    let got = h.subscribers().unwrap().get("b7").unwrap();
-    assert_eq!(got.outcomes.passed_packets, 7);
-    assert_eq!(got.yellow, (3, 3 * FRAME as u64));
-    assert_eq!(got.outcomes.dropped_packets, 5);
-    let counters = h.counters().unwrap();
-    assert_eq!(
-        (counters.meter2.yellow_packets, counters.meter2.yellow_bytes),
-        (3, 3 * FRAME as u64)
-    );
+    let (mut h, s) = [true, false]
+        .map(|whole| {
+            let mut h = subscriber_harness();
+            let mut s = subscriber("b7", &["100.64.0.7/32", "fdd7:b724:0:700::/56"], 4);
+            s.plan.meter2 = Meter2Limits {
+                excess_rate_bps: SLOW,
+                excess_burst_bytes: 3 * FRAME as u64,
+                excess_dscp: AF11,
+                ..Meter2Limits::default()
+            };
+            // Each key may take all 7 frames: the subscriber's buckets are what bind.
+            (s.plan.rate_bps, s.plan.burst_bytes) = match whole {
+                true => (2 * SLOW, 7 * FRAME as u64),
+                false => (SLOW, 10 * FRAME as u64),
+            };
+            assert_eq!(s.plan.per_address_is_whole(), whole);
+            assert_eq!(set_subscriber(&mut h, &s), Ok(Changed::Added));
+            let mut colours = Vec::new();
+            for i in 0..12 {
+                let f = frame_from(keys[i % 3]);
+                colours.push(match h.run_out(&f).unwrap() {
+                    (XDP_PASS, out) => match dscp(&out) {
+                        0 => 'g',
+                        AF11 => 'y',
+                        d => panic!("DSCP {d}"),
+                    },
+                    (XDP_DROP, _) => 'r',
+                    (v, _) => panic!("verdict {v}"),
+                });
+            }
+            let colours: String = colours.into_iter().collect();
+            assert_eq!(colours, "ggggyyyrrrrr", "whole {whole}");
+            let got = h.subscribers().unwrap().get("b7").unwrap();
+            assert_eq!(got.outcomes.passed_packets, 7, "whole {whole}");
+            assert_eq!(got.yellow, (3, 3 * FRAME as u64), "whole {whole}");
+            assert_eq!(got.outcomes.dropped_packets, 5, "whole {whole}");
+            let counters = h.counters().unwrap();
+            assert_eq!(
+                (counters.meter2.yellow_packets, counters.meter2.yellow_bytes),
+                (3, 3 * FRAME as u64),
+                "whole {whole}"
+            );
+            (h, s)
+        })
+        .into_iter()
+        .next_back()
+        .unwrap();
     let mut faster = s.clone();
     faster.plan.meter2.excess_rate_bps = 2 * SLOW;
     assert_eq!(set_subscriber(&mut h, &faster), Ok(Changed::Changed));
