@@ -34,7 +34,7 @@ use crate::maps::{
 };
 
 /// The layout this build pins.
-pub const LAYOUT_VERSION: u32 = 8;
+pub const LAYOUT_VERSION: u32 = 9;
 
 /// The first layout whose pins record their version in [`PIN_LAYOUT`].
 pub const FIRST_VERSIONED: u32 = 3;
@@ -300,6 +300,12 @@ const SUBSCRIBERS_160: MapLayout = map(
     PIN_SUBSCRIBERS,
     MAP_SUBSCRIBERS,
     (ARRAY, 4, 160, ANY, 0),
+    Holds::Cells,
+);
+const SUBSCRIBERS_112: MapLayout = map(
+    PIN_SUBSCRIBERS,
+    MAP_SUBSCRIBERS,
+    (ARRAY, 4, 112, ANY, 0),
     Holds::Cells,
 );
 const AGGREGATES: MapLayout = map(
@@ -600,6 +606,34 @@ pub const LAYOUTS: &[Layout] = &[
             METER2_6,
             METER2_SHARED,
             SUBSCRIBERS_160,
+        ],
+    },
+    // A subscriber's id and name out of its entry (userspace keeps them in a file of
+    // records by index, the entry an 8-byte hash of the id): 112 bytes, not 160.
+    Layout {
+        version: 9,
+        maps: &[
+            VERSION,
+            CONFIG_272,
+            SOURCES,
+            SOURCES6,
+            COUNTERS_496,
+            COUNTERS_CARRIED_496,
+            POLICIES_272,
+            PREFIXES_V4_ANY,
+            PREFIXES_V6_ANY,
+            AGGREGATES,
+            POLICY_STATS_184,
+            POLICY_STATS_CARRIED_184,
+            ADMISSION,
+            EVENTS_256K,
+            WATCH_72,
+            TRACES_8M,
+            FIRSTS,
+            METER2,
+            METER2_6,
+            METER2_SHARED,
+            SUBSCRIBERS_112,
         ],
     },
 ];

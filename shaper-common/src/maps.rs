@@ -154,7 +154,8 @@ pub const fn trie_entries(max_subscribers: u32) -> u32 {
     MAX_POLICIES + PREFIXES_PER_SUBSCRIBER * max_subscribers
 }
 
-/// The longest subscriber id and name, in bytes ([`Subscriber::id`], [`Subscriber::name`]).
+/// The longest subscriber id and name, in bytes (kept by userspace, in a file of records
+/// beside the pins: the kernel entry holds [`Subscriber::id_hash`] alone).
 pub const SUBSCRIBER_ID_BYTES: usize = 32;
 pub const SUBSCRIBER_NAME_BYTES: usize = 24;
 
@@ -180,18 +181,18 @@ pub struct Subscriber {
     /// Of its passed frames, those the excess bucket passed (yellow).
     pub yellow_packets: u64,
     pub yellow_bytes: u64,
-    /// Its id, NUL-padded (written and read by userspace only).
-    pub id: [u8; SUBSCRIBER_ID_BYTES],
-    /// Its name, NUL-padded, empty for none (userspace only).
-    pub name: [u8; SUBSCRIBER_NAME_BYTES],
+    /// A hash of its id (never zero once the entry was used; zero: never used), written
+    /// and read by userspace only: its id and name are in userspace's record of the same
+    /// index, which this says is the entry's.
+    pub id_hash: u64,
 }
 
-const _: () = assert!(size_of::<Subscriber>() == 160);
+const _: () = assert!(size_of::<Subscriber>() == 112);
 const _: () = assert!(offset_of!(Subscriber, excess) == 16);
 const _: () = assert!(offset_of!(Subscriber, plan) == 32);
 const _: () = assert!(offset_of!(Subscriber, outcomes) == 40);
 const _: () = assert!(offset_of!(Subscriber, yellow_packets) == 88);
-const _: () = assert!(offset_of!(Subscriber, id) == 104);
+const _: () = assert!(offset_of!(Subscriber, id_hash) == 104);
 
 /// Policy slots per interface (`SHAPER_POLICIES`, `SHAPER_AGGS`, `SHAPER_PSTATS`), slot
 /// [`DEFAULT_SLOT`] included; also the size of each prefix trie.

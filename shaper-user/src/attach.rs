@@ -218,7 +218,8 @@ fn upgrade_in_place(req: &AttachRequest, from: &'static Layout) -> Result<Attach
     let current = settings.config;
     let cap = maps::sources_capacity(at)?;
     let asked = request::check_over(req, &current, cap)?;
-    request::check_subscriber_room(req, DEFAULT_MAX_SUBSCRIBERS)?;
+    // The room of the old pins (none before layout 8), which the upgrade keeps.
+    request::check_subscriber_room(req, upgrade::max_subscribers(at, from))?;
     upgrade::refuse_changes(at, from, &current, &asked, req.policies.is_some())?;
     upgrade::upgrade(at, from, &settings, cap)?;
     Ok(Attached::Upgraded {
@@ -260,6 +261,8 @@ fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attach
     crate::crash::point("attach-pinned");
     // Before anything opens the pins, which checks their layout.
     object::write_layout_version(&mut ebpf)?;
+    crate::subscriber::record::make(at)
+        .map_err(pin_err("the subscribers' ids and names", &at.dir()))?;
 
     // The policy is in place before the program can see a packet. The mode is known only
     // after attaching (auto may fall back to skb); it is recorded below, for `status`.

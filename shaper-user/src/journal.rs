@@ -20,7 +20,7 @@
 use std::{fs, io};
 
 use serde::{Deserialize, Serialize};
-use shaper_common::maps::{Config, PIN_SOURCES, Policy, Subscriber as SubscriberEntry};
+use shaper_common::maps::{Config, PIN_SOURCES, Policy};
 
 use crate::{
     bpf,
@@ -28,7 +28,7 @@ use crate::{
     maps::Pinned,
     pins::{Attachment, Direction},
     policy::{PolicyError, PolicyTable},
-    subscriber::{Before, SubscriberTable},
+    subscriber::{Before, Entry as SubscriberEntry, SubscriberTable},
 };
 
 /// Where the journal of the change under way lives: beside the lock, on tmpfs (like the

@@ -21,6 +21,7 @@ mod index;
 pub mod known;
 pub mod place;
 pub mod plan;
+pub mod record;
 mod sync;
 
 use std::borrow::BorrowMut;
@@ -41,6 +42,7 @@ use crate::{
 };
 
 pub use index::Index;
+pub use record::Entry;
 pub use sync::{Batch, Summary};
 
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +80,8 @@ pub enum SubscriberError {
     Policy(#[from] PolicyError),
     #[error(transparent)]
     Pinned(#[from] PinnedMapError),
+    #[error(transparent)]
+    Records(#[from] record::RecordsError),
 }
 
 fn map_err(what: impl Into<String>) -> impl FnOnce(MapError) -> SubscriberError {
@@ -117,7 +121,7 @@ pub struct Counts {
     pub yellow: (u64, u64),
 }
 
-fn counts_of(s: &Subscriber) -> Counts {
+fn counts_of(s: &Entry) -> Counts {
     Counts {
         id: unpadded(&s.id),
         outcomes: s.outcomes,
@@ -268,7 +272,7 @@ fn plan_limits(p: &Policy) -> PolicyLimits {
 /// found among `plans`.
 fn installed(
     index: u32,
-    s: &Subscriber,
+    s: &Entry,
     mut prefixes: Vec<IpNet>,
     plans: &[(u32, Policy)],
 ) -> Installed {
@@ -299,7 +303,7 @@ pub struct Before {
     pub index: u32,
     /// Its entry: a free one (never used, or a removed subscriber's tombstone) if the
     /// subscriber is new.
-    pub entry: Subscriber,
+    pub entry: Entry,
     /// Each prefix the change may touch, with the value it routed to (`None`: no route).
     pub routes: Vec<(IpNet, Option<u32>)>,
     /// Read by lookups, the tries not read whole: the subscriber is new (its overlaps are
@@ -336,6 +340,8 @@ fn lowest_host(p: &IpNet) -> Option<IpNet> {
 /// in.
 pub struct SubscriberTable<P = PolicyTable> {
     subs: Array<MapData, Subscriber>,
+    /// Its subscribers' ids and names ([`record`]).
+    records: record::Records,
     policies: P,
     /// Every route of the tries as last read, until the next write through
     /// [`Self::pm`]: a change reads them once (they are read key by key, the slow part
@@ -357,9 +363,18 @@ pub struct SubscriberTable<P = PolicyTable> {
 impl SubscriberTable {
     /// The maps of an attachment's pins as opened (no pin is opened again).
     pub fn of(pinned: &Pinned) -> Result<Self, SubscriberError> {
+        let subs: Array<MapData, Subscriber> = pinned.map(PIN_SUBSCRIBERS)?;
+        // No room, no subscriber to name: no file (an attachment without subscribers).
+        let records = match subs.len() {
+            0 | 1 => record::Records::anonymous()?,
+            _ => {
+                let map_id = pinned.info(PIN_SUBSCRIBERS).map_or(0, |i| i.id);
+                record::Records::open(&record::path_of(pinned.at()), map_id)?
+            }
+        };
         Ok(Self {
             known: known::Known::of(pinned),
-            ..Self::new(pinned.map(PIN_SUBSCRIBERS)?, PolicyTable::of(pinned)?)
+            ..Self::with_records(subs, PolicyTable::of(pinned)?, records)
         })
     }
 }
@@ -367,9 +382,19 @@ impl SubscriberTable {
 impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// The subscribers' map `subs` beside the policy maps `policies` (of a loaded object:
     /// `test_run` and benchmarks).
-    pub fn new(subs: Array<MapData, Subscriber>, policies: P) -> Self {
+    /// (`records`: their ids' and names' file, kept by the caller across tables).
+    pub fn new(subs: Array<MapData, Subscriber>, policies: P, records: record::Records) -> Self {
+        Self::with_records(subs, policies, records)
+    }
+
+    fn with_records(
+        subs: Array<MapData, Subscriber>,
+        policies: P,
+        records: record::Records,
+    ) -> Self {
         Self {
             subs,
+            records,
             policies,
             routes: std::cell::OnceCell::new(),
             hashed: std::cell::Cell::new(None),
@@ -380,7 +405,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     }
 
     /// The table of an attachment the change at hand made (its maps new): a batch takes
-    /// every entry as free rather than read them (160 MB at a million).
+    /// every entry as free rather than read them (112 MB at a million).
     pub fn made_now(self) -> Self {
         Self {
             made_now: true,
@@ -393,26 +418,18 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         if let Some(h) = self.hashed.get() {
             return Ok(h);
         }
-        let h = self.room() > 0
-            && self
-                .subs
-                .get(&0, 0)
-                .map_err(map_err("read the subscribers"))?
-                .id
-                == place::MARKER;
+        let h = self.room() > 0 && self.entry(0)?.id == place::MARKER;
         self.hashed.set(Some(h));
         Ok(h)
     }
 
     /// Marks the table as placing by hash (it has no subscriber: none is misplaced).
     fn mark_hashed(&mut self) -> Result<(), SubscriberError> {
-        let marker = Subscriber {
+        let marker = Entry {
             id: place::MARKER,
-            ..Subscriber::default()
+            ..Entry::default()
         };
-        self.subs
-            .set(0, marker, 0)
-            .map_err(map_err("mark the subscribers' table"))?;
+        self.put(0, &marker, None)?;
         self.hashed.set(Some(true));
         Ok(())
     }
@@ -432,11 +449,67 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
 
     /// Looks subscriber `id` up by its hash ([`place::probe`]): a few runs of entries.
     fn probe(&self, id: &str) -> Result<place::Probe, SubscriberError> {
+        place::probe(&padded(id), self.room(), |start, n| self.run(start, n))
+    }
+
+    /// The error of entry `index` whose record is not its id's.
+    fn disagree(&self, d: record::Disagree) -> SubscriberError {
+        record::RecordsError::Other {
+            path: self.records.path().display().to_string(),
+            what: format!("entry {}'s id is not its record's", d.index),
+        }
+        .into()
+    }
+
+    /// Entry `index` with its id and name: one read of each.
+    fn entry(&self, index: u32) -> Result<Entry, SubscriberError> {
+        let s = self
+            .subs
+            .get(&index, 0)
+            .map_err(map_err("read the subscribers"))?;
+        let r = self.records.read_run(index, 1)?;
+        record::join(index, &s, &r[0]).map_err(|d| self.disagree(d))
+    }
+
+    /// Entries `start..start + n` (fewer where the table ends), with their ids and names.
+    fn run(&self, start: u32, n: u32) -> Result<Vec<Entry>, SubscriberError> {
         use aya::maps::IterableMap as _;
-        place::probe(&padded(id), self.room(), |start, n| {
-            crate::maps::read_run::<Subscriber>(self.subs.map(), start, n)
-        })
-        .map_err(map_err("read the subscribers"))
+        let got = crate::maps::read_run::<Subscriber>(self.subs.map(), start, n)
+            .map_err(map_err("read the subscribers"))?;
+        let records = self.records.read_run(start, got.len() as u32)?;
+        got.iter()
+            .zip(&records)
+            .enumerate()
+            .map(|(k, (s, r))| record::join(start + k as u32, s, r).map_err(|d| self.disagree(d)))
+            .collect()
+    }
+
+    /// Every record, for the entries `len` of a read of the whole table.
+    fn all_records(&self) -> Result<Vec<record::Record>, SubscriberError> {
+        Ok(self.records.read_run(0, self.subs.len())?)
+    }
+
+    /// Writes entry `index` and its record (`was`: the entry as it is, if known, whose
+    /// record is not written again if it is the same): the record first if the entry is in
+    /// use, the entry first if not (an entry in use always has its record).
+    fn put(&mut self, index: u32, e: &Entry, was: Option<&Entry>) -> Result<(), SubscriberError> {
+        let (s, r) = record::split(index, e);
+        let same = was.is_some_and(|w| (w.id, w.name) == (e.id, e.name)) || index == 0;
+        let write = |t: &mut Self| {
+            t.subs
+                .set(index, s, 0)
+                .map_err(map_err(format!("write subscriber entry {index}")))
+        };
+        if s.in_use == 0 {
+            write(self)?;
+        }
+        if !same {
+            self.records.write(index, &r)?;
+        }
+        if s.in_use != 0 {
+            write(self)?;
+        }
+        Ok(())
     }
 
     fn p(&self) -> &PolicyTable {
@@ -462,19 +535,40 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         self.subs.len().saturating_sub(1)
     }
 
-    /// Every index in use with its entry, read in batches.
-    fn entries(&self) -> Result<Vec<(u32, Subscriber)>, SubscriberError> {
+    /// Every entry, free ones too, by index, with its id and name: the table and the
+    /// records each read whole.
+    fn all(&self) -> Result<Vec<Entry>, SubscriberError> {
         use aya::maps::IterableMap as _;
-        Ok(
-            crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
-                .map_err(map_err("read the subscribers"))?
-                .into_iter()
-                .filter(|(i, s)| *i != 0 && s.in_use != 0)
-                .collect(),
-        )
+        let read = crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
+            .map_err(map_err("read the subscribers"))?;
+        let records = self.all_records()?;
+        let mut all = vec![Entry::default(); self.subs.len() as usize];
+        for (i, s) in read {
+            let r = records.get(i as usize).copied().unwrap_or_default();
+            if let Some(e) = all.get_mut(i as usize) {
+                *e = record::join(i, &s, &r).map_err(|d| self.disagree(d))?;
+            }
+        }
+        Ok(all)
     }
 
-    fn find(&self, id: &str) -> Result<Option<(u32, Subscriber)>, SubscriberError> {
+    /// Every index in use with its entry, read in batches.
+    fn entries(&self) -> Result<Vec<(u32, Entry)>, SubscriberError> {
+        use aya::maps::IterableMap as _;
+        let read = crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
+            .map_err(map_err("read the subscribers"))?;
+        let records = self.all_records()?;
+        read.into_iter()
+            .filter(|(i, s)| *i != 0 && s.in_use != 0)
+            .map(|(i, s)| {
+                let r = records.get(i as usize).copied().unwrap_or_default();
+                let e = record::join(i, &s, &r).map_err(|d| self.disagree(d))?;
+                Ok((i, e))
+            })
+            .collect()
+    }
+
+    fn find(&self, id: &str) -> Result<Option<(u32, Entry)>, SubscriberError> {
         if self.hashed()? {
             return Ok(match self.probe(id)? {
                 place::Probe::Found(i, s) => Some((i, s)),
@@ -541,19 +635,30 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// Each entry in use with its index, handed to `f` as the batches are read (the
     /// entries not in use never copied out of them): nothing collected, nothing
     /// allocated for it (RADIUS accounting's scan).
-    pub fn each_entry(&self, mut f: impl FnMut(u32, &Subscriber)) -> Result<(), SubscriberError> {
+    pub fn each_entry(&self, mut f: impl FnMut(u32, &Entry)) -> Result<(), SubscriberError> {
         use aya::maps::IterableMap as _;
         const IN_USE: usize = std::mem::offset_of!(Subscriber, in_use);
+        let records = self.all_records()?;
+        let mut disagree = None;
         crate::maps::each_batched_where::<u32, Subscriber>(
             self.subs.map(),
             |v| v[IN_USE..IN_USE + 4] != [0; 4],
             |i, s| {
-                if i != 0 {
-                    f(i, &s);
+                if i == 0 || disagree.is_some() {
+                    return;
+                }
+                let r = records.get(i as usize).copied().unwrap_or_default();
+                match record::join(i, &s, &r) {
+                    Ok(e) => f(i, &e),
+                    Err(d) => disagree = Some(d),
                 }
             },
         )
-        .map_err(map_err("read the subscribers"))
+        .map_err(map_err("read the subscribers"))?;
+        match disagree {
+            Some(d) => Err(self.disagree(d)),
+            None => Ok(()),
+        }
     }
 
     /// Every subscriber's counts with its plan's rate (bits per second): no route read.
@@ -606,19 +711,13 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         if value & SUBSCRIBER_BIT == 0 {
             return Ok(None);
         }
-        let entry = self
-            .subs
-            .get(&(value & !SUBSCRIBER_BIT), 0)
-            .map_err(map_err("read the subscribers"))?;
+        let entry = self.entry(value & !SUBSCRIBER_BIT)?;
         Ok((entry.in_use != 0).then(|| unpadded(&entry.id)))
     }
 
     /// The id of the subscriber of entry `index`, if it is in use: one read.
     pub fn id_at(&self, index: u32) -> Result<Option<String>, SubscriberError> {
-        let entry = self
-            .subs
-            .get(&index, 0)
-            .map_err(map_err("read the subscribers"))?;
+        let entry = self.entry(index)?;
         Ok((entry.in_use != 0).then(|| unpadded(&entry.id)))
     }
 
@@ -655,12 +754,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         if spec.is_some() && self.hashed_or_mark()? {
             let (index, entry) = match self.probe(id)? {
                 place::Probe::Found(i, s) => (i, s),
-                place::Probe::Absent(Some(i)) => (
-                    i,
-                    self.subs
-                        .get(&i, 0)
-                        .map_err(map_err("read the subscribers"))?,
-                ),
+                place::Probe::Absent(Some(i)) => (i, self.entry(i)?),
                 place::Probe::Absent(None) => {
                     return Err(SubscriberError::Full { room: self.room() });
                 }
@@ -675,7 +769,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         let (index, entry) = match self.find(id)? {
             Some(found) => found,
             None if spec.is_none() => return Err(SubscriberError::NotFound(id.to_owned())),
-            None => (self.free_index()?, Subscriber::default()),
+            None => (self.free_index()?, Entry::default()),
         };
         self.before_reading(index, entry, spec)
     }
@@ -687,7 +781,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     fn before_by_lookup<'a>(
         &self,
         index: u32,
-        entry: Subscriber,
+        entry: Entry,
         prefixes: impl Iterator<Item = &'a IpNet> + Clone,
     ) -> Result<Option<Before>, SubscriberError> {
         let value = index | SUBSCRIBER_BIT;
@@ -721,11 +815,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// [`Self::before`] of the removal of subscriber `index` (`entry`) from the routes
     /// the last batch left ([`known`]), if they are still those in force: as many as its
     /// entry counts, each one its route (one lookup each). The tries are not read.
-    fn before_known(
-        &self,
-        index: u32,
-        entry: Subscriber,
-    ) -> Result<Option<Before>, SubscriberError> {
+    fn before_known(&self, index: u32, entry: Entry) -> Result<Option<Before>, SubscriberError> {
         let Some(known) = &self.known else {
             return Ok(None);
         };
@@ -760,7 +850,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     fn before_reading(
         &self,
         index: u32,
-        entry: Subscriber,
+        entry: Entry,
         spec: Option<&SubscriberSpec>,
     ) -> Result<Before, SubscriberError> {
         if spec.is_none()
@@ -810,8 +900,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         }
         let i = value & !SUBSCRIBER_BIT;
         let id = self
-            .subs
-            .get(&i, 0)
+            .entry(i)
             .map_or_else(|_| "?".to_owned(), |s| unpadded(&s.id));
         format!("subscriber {id}'s prefix {route}")
     }
@@ -997,9 +1086,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             return Ok(Changed::Unchanged);
         }
         // The entry first: a new subscriber's before any route points at it.
-        self.subs
-            .set(index, entry, 0)
-            .map_err(map_err(format!("write subscriber {}", spec.id)))?;
+        self.put(index, &entry, Some(&old))?;
         crate::crash::point("subscriber-step");
         if !same_prefixes {
             for p in &spec.prefixes {
@@ -1031,17 +1118,14 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         &self,
         spec: &SubscriberSpec,
         index: u32,
-        was: &Subscriber,
+        was: &Entry,
         slot: u32,
-    ) -> Result<Subscriber, SubscriberError> {
+    ) -> Result<Entry, SubscriberError> {
         let now = match was.in_use {
-            0 => Subscriber::default(),
-            _ => self
-                .subs
-                .get(&index, 0)
-                .map_err(map_err("read the subscribers"))?,
+            0 => Entry::default(),
+            _ => self.entry(index)?,
         };
-        Ok(Subscriber {
+        Ok(Entry {
             plan: slot,
             // Its count of prefixes (at least one): a set of the same prefixes is known
             // by lookups ([`Self::before`]); the kernel tests it against zero alone.
@@ -1088,21 +1172,19 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         self.pm().subscribers_routed(false, false)?;
         crate::crash::point("subscriber-step");
         let free = self.freed(&before.entry)?;
-        self.subs
-            .set(before.index, free, 0)
-            .map_err(map_err("clear a subscriber"))?;
+        self.put(before.index, &free, Some(&before.entry))?;
         Ok(())
     }
 
     /// The entry a removed subscriber `was` leaves: in a table placed by hash a tombstone
     /// (not in use, its id kept, so the probes past it go on), otherwise a free entry.
-    fn freed(&self, was: &Subscriber) -> Result<Subscriber, SubscriberError> {
+    fn freed(&self, was: &Entry) -> Result<Entry, SubscriberError> {
         Ok(match self.hashed()? {
-            true => Subscriber {
+            true => Entry {
                 id: was.id,
-                ..Subscriber::default()
+                ..Entry::default()
             },
-            false => Subscriber::default(),
+            false => Entry::default(),
         })
     }
 
@@ -1138,9 +1220,8 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// Puts back what `before` read: the entry (its cell as it was then), and each route.
     /// The policy generation moves on so every key resolves again.
     pub fn restore(&mut self, before: &Before) -> Result<(), SubscriberError> {
-        self.subs
-            .set(before.index, before.entry, 0)
-            .map_err(map_err("put a subscriber back"))?;
+        // The record too: whatever the change wrote, written again.
+        self.put(before.index, &before.entry, None)?;
         for (p, v) in &before.routes {
             match v {
                 Some(v) => self.pm().route_value(*p, *v)?,

@@ -58,6 +58,12 @@ pub const OLD_BUILDS: &[OldBuild] = &[
         layout: 7,
         commit: "794f84b480d9ec5ee24c9c448bf8ae7089015ee7",
     },
+    // Subscribers, their ids and names in their entries (160 bytes); the last before
+    // layout 9 took them out.
+    OldBuild {
+        layout: 8,
+        commit: "d879af3605db6c0ea1278c08d4291d4a61615c8b",
+    },
 ];
 
 /// The build `cargo xtask bench` measures today's against, in the same run (issue 21): the

@@ -22,7 +22,11 @@ use shaper_common::{
         MAP_SOURCES, MAP_SOURCES6, MAP_SUBSCRIBERS, PROG_XDP, SourceState, Subscriber, sum_per_cpu,
     },
 };
-use shaper_user::{object, policy::PolicyTable, subscriber::SubscriberTable};
+use shaper_user::{
+    object,
+    policy::PolicyTable,
+    subscriber::{SubscriberTable, record::Records},
+};
 
 /// The benchmark's kernel object (`shaper-ebpf`'s `shaper-ebpf-bench`), built by
 /// shaper-user's build.rs (see build.rs).
@@ -65,6 +69,8 @@ pub struct Harness {
     table: PolicyTable,
     /// The prefix tries (the table holds them), by name, for [`Harness::memlock`].
     tries: Vec<(&'static str, MapData)>,
+    /// The subscribers' ids and names (an unnamed file: the pins' file of an attachment).
+    records: Records,
 }
 
 impl Harness {
@@ -90,7 +96,13 @@ impl Harness {
             .map(|name| Ok((name, map_data(&ebpf, name)?)))
             .collect::<Result<_>>()?;
         let table = PolicyTable::take(&mut ebpf)?;
-        let mut h = Self { ebpf, table, tries };
+        let records = Records::anonymous()?;
+        let mut h = Self {
+            ebpf,
+            table,
+            tries,
+            records,
+        };
         if let Some(config) = config {
             h.configure(config)?;
         }
@@ -115,7 +127,13 @@ impl Harness {
     /// The subscribers, to set and read as `shaper subscriber` does.
     pub fn subscribers(&mut self) -> Result<SubscriberTable<&mut PolicyTable>> {
         let subs = self.subscriber_entries()?;
-        Ok(SubscriberTable::new(subs, &mut self.table))
+        let records = self.records.try_clone()?;
+        Ok(SubscriberTable::new(subs, &mut self.table, records))
+    }
+
+    /// The subscribers' ids and names, to write in bulk beside [`Self::subscriber_entries`].
+    pub fn subscriber_records(&self) -> &Records {
+        &self.records
     }
 
     /// The subscribers' map itself (`SHAPER_SUBS`), to write entries in bulk.

@@ -1233,6 +1233,127 @@ fn killed_at_random_times_old_or_new_whole() {
     println!("kills (command, state after, said, finished before the kill): {outcomes:?}");
 }
 
+/// Subscribers' ids and names are kept beside their entries (the entries hold a hash of
+/// the id), in a root-only file per attachment: made by `attach`, written by each change
+/// and put back by the rollback of a killed one, checked against the entries by every
+/// read (a record that is not its entry's id, or no file, is refused in one line, nothing
+/// invented and nothing changed), removed by `detach`. IPv4 and IPv6 prefixes each.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn subscribers_ids_and_names_are_state_beside_the_entries() {
+    use shaper_user::subscriber::record;
+    use std::os::unix::fs::{FileExt as _, MetadataExt as _};
+
+    let lab = Lab::new("fz-ids", 1).unwrap();
+    let (ns, iface) = (lab.rx_ns().to_owned(), lab.rx_iface().to_owned());
+    let guard = attach_with(&ns, &iface, "8mbit", "64k", &["--max-subscribers", "8"]);
+    let at = Attachment::new(&iface, Some(&ns));
+    let path = record::path_of(&at);
+    let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+    assert_eq!(mode(&path), 0o600, "{}", path.display());
+    assert_eq!(mode(path.parent().unwrap()), 0o700);
+    let set = |id: &str, name: &str, n: u32| {
+        let (v4, v6) = (format!("100.64.0.{n}/32"), format!("fdd7:{n}::/56"));
+        let args = [
+            "subscriber",
+            "set",
+            &iface,
+            id,
+            "--name",
+            name,
+            "--prefix",
+            &v4,
+            "--prefix",
+            &v6,
+            "--rate",
+            "10mbit",
+            "--burst",
+            "64k",
+        ];
+        args.map(str::to_owned)
+    };
+    let run = |args: &[String]| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        shaper_ok(&ns, &args)
+    };
+    run(&set("s1", "Alice", 1));
+    run(&set("s2", "Bob Smith", 2));
+    let before = subscribers(&ns, &iface);
+    let names: Vec<&str> = before
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["Alice", "Bob Smith"]);
+
+    // A change of the name alone killed after it wrote: the record is put back.
+    let carol = set("s1", "Carol", 1);
+    let carol: Vec<&str> = carol.iter().map(String::as_str).collect();
+    killed_at(&ns, "subscriber-step#1", &carol);
+    rolled_back_by_status(&ns, &iface, "subscriber set", &[&iface]);
+    assert_eq!(subscribers(&ns, &iface), before, "the name put back");
+
+    // A record that is not its entry's id: refused, not guessed.
+    let index = {
+        let pinned = maps::Pinned::open(&at).unwrap();
+        shaper_user::subscriber::SubscriberTable::of(&pinned)
+            .unwrap()
+            .get("s1")
+            .unwrap()
+            .index
+    };
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let at_record = u64::from(index) * record::RECORD as u64;
+    let mut kept = [0u8; record::RECORD];
+    file.read_exact_at(&mut kept, at_record).unwrap();
+    file.write_all_at(b"zz\0", at_record).unwrap();
+    let list = ["-j", "subscriber", "list", &iface];
+    let refused = shaper(&ns, &list);
+    assert_refused(
+        &refused,
+        "a record not its entry's",
+        &[
+            &format!("entry {index}'s id is not its record's"),
+            &path.display().to_string(),
+        ],
+    );
+    // Another subscriber's probe reads that entry too (a table of 8 is one run).
+    let show = shaper(&ns, &["subscriber", "show", &iface, "s2"]);
+    assert_refused(&show, "a probe past it", &["is not its record's"]);
+    file.write_all_at(&kept, at_record).unwrap();
+    assert_eq!(subscribers(&ns, &iface), before);
+
+    // No file: every command that names subscribers says so; nothing is written.
+    let away = path.with_extension("away");
+    fs::rename(&path, &away).unwrap();
+    let missing = path.display().to_string();
+    assert_refused(
+        &shaper(&ns, &list),
+        "no records",
+        &["are missing", &missing],
+    );
+    let s3 = set("s3", "Dan", 3);
+    let s3: Vec<&str> = s3.iter().map(String::as_str).collect();
+    assert_refused(
+        &shaper(&ns, &s3),
+        "a set without records",
+        &["are missing", &missing],
+    );
+    assert!(!path.exists(), "not made up again");
+    fs::rename(&away, &path).unwrap();
+    assert_eq!(subscribers(&ns, &iface), before, "nothing changed");
+    run(&set("s3", "Dan", 3));
+
+    // Detach removes it.
+    drop(guard);
+    assert!(!path.exists(), "{} left after detach", path.display());
+}
+
 /// Subscribers are placed by their id's hash (`shaper_user::subscriber::place`), on an
 /// attachment of 8 so that ids collide: three ids of one home go to it and the two
 /// entries after it; the first removed leaves a tombstone (not in use, its id kept) and the
@@ -1246,7 +1367,7 @@ fn killed_at_random_times_old_or_new_whole() {
 fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
     use aya::maps::{Array, MapData};
     use shaper_common::maps::{PIN_SUBSCRIBERS, Subscriber};
-    use shaper_user::subscriber::{SubscriberTable, place};
+    use shaper_user::subscriber::{SubscriberTable, place, record};
 
     const ROOM: u32 = 8;
     let lab = Lab::new("fz-hash", 1).unwrap();
@@ -1325,7 +1446,11 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
         (want, h1, h2),
         "a chain from their home"
     );
-    assert_eq!(entry(0).id, place::MARKER, "the table is marked");
+    assert_eq!(
+        entry(0).id_hash,
+        record::marker_hash(),
+        "the table is marked"
+    );
     // Each entry counts its routes (the kernel tests it against zero alone).
     assert_eq!(entry(want).in_use, 2);
 
@@ -1333,8 +1458,8 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
     shaper_ok(&ns, &["subscriber", "del", &iface, a]);
     let tomb = entry(want);
     assert_eq!(
-        (tomb.in_use, &tomb.id[..a.len()]),
-        (0, a.as_bytes()),
+        (tomb.in_use, tomb.id_hash),
+        (0, record::id_hash(a.as_bytes())),
         "a tombstone"
     );
     assert!(set(b, 2, "20mbit").contains("changed"));
@@ -1508,10 +1633,10 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
         let id = s["id"].as_str().unwrap().to_owned();
         shaper_ok(&ns, &["subscriber", "del", &iface, &id]);
     }
-    assert_ne!(entry(0).id, place::MARKER);
+    assert_ne!(entry(0).id_hash, record::marker_hash());
     // Empty: the next change marks it.
     assert!(set(a, 1, "10mbit").contains("added"));
-    assert_eq!(entry(0).id, place::MARKER);
+    assert_eq!(entry(0).id_hash, record::marker_hash());
     assert_eq!(index(a).unwrap(), want);
 
     // A set of the same prefixes is known by lookups (each one a route of its own, as

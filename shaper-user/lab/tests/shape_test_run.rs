@@ -539,7 +539,11 @@ fn a_shaping_subscribers_prefixes_of_both_families_keep_one_departure_schedule()
         }
         .limits(),
     };
-    let mut subscribers = SubscriberTable::new(subs, &mut table);
+    let mut subscribers = SubscriberTable::new(
+        subs,
+        &mut table,
+        shaper_user::subscriber::record::Records::anonymous().unwrap(),
+    );
     let before = subscribers.before(&spec.id, Some(&spec)).unwrap();
     assert_eq!(subscribers.set(&spec, &before).unwrap(), Changed::Added);
     let prog: &SchedClassifier = ebpf

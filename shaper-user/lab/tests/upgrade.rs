@@ -26,7 +26,7 @@ use shaper_common::{
     layout::LAYOUT_VERSION,
     maps::{
         AdmissionCells, Cell, Counters, METER2_UNUSED_ENTRIES, PIN_FIRSTS, PIN_LAYOUT, PIN_METER2,
-        PIN_METER2_6, PIN_SOURCES, SourceState, sum_per_cpu,
+        PIN_METER2_6, PIN_SOURCES, PIN_SUBSCRIBERS, SourceState, Subscriber, sum_per_cpu,
     },
 };
 use shaper_lab::{
@@ -34,7 +34,7 @@ use shaper_lab::{
     cli::{self, AttachGuard},
     lab::{Flow, Lab, LabOptions, RunOptions, run_udp_with},
 };
-use shaper_user::{bpf, maps, pins::Attachment};
+use shaper_user::{bpf, maps, pins::Attachment, subscriber::Entry};
 
 /// The settings every test attaches with, and a policy the old build sets.
 const RATE: &str = "2mbit";
@@ -169,6 +169,9 @@ fn settings(layout: u32) -> Vec<&'static str> {
 /// source stays within, from layout 2 on.
 fn unusual(layout: u32) -> (Vec<&'static str>, Vec<&'static str>) {
     let mut attach = vec!["--max-sources", "8192"];
+    if layout >= 8 {
+        attach.extend(["--max-subscribers", "64"]);
+    }
     if layout >= 5 {
         attach.extend(["--ecn-threshold", "3ms", "--horizon", "40ms"]);
     }
@@ -329,6 +332,9 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
     let lab = Lab::with("upgr", 5, options).unwrap();
     let (more, policy_more) = unusual(layout);
     let old = OldAttachment::with(&lab, layout, more, &policy_more);
+    if layout >= 8 {
+        set_subscribers(&old);
+    }
     // Some traffic first, so cells are charged and counters count: IPv4, then IPv6.
     let report = run_udp_with(
         &lab,
@@ -374,6 +380,14 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
         11,
     );
     let cells_before = cells(&old.at);
+    let subscribers_before = (layout >= 8).then(|| {
+        let list = json(
+            &old.old(),
+            lab.rx_ns(),
+            &["subscriber", "list", lab.rx_iface()],
+        );
+        (subscriber_entries(&old.at), list)
+    });
     let (old_totals, old_policies) = counters(&old.old(), &lab);
     let (link_id, old_prog) = link(&old.at);
 
@@ -407,6 +421,9 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
         cells_after.v6.keys().collect::<Vec<_>>()
     );
     same_cells("upgrade", &cells_before, &cells_after, layout);
+    if let Some((entries, list)) = &subscribers_before {
+        same_subscribers(&old, entries, list);
+    }
     let status = &json(&new_shaper(), lab.rx_ns(), &["status", lab.rx_iface()])[0];
     assert_eq!(status["layout_version"], LAYOUT_VERSION);
     assert_eq!(status["upgrade_interrupted"], false);
@@ -473,6 +490,76 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
     assert_eq!(policies[1]["passed_packets"], 0, "{policies}");
     assert_eq!(policies[1]["dropped_packets"], 0, "{policies}");
     new_keys_after_the_swap(&lab);
+}
+
+/// Subscribers set by the old build of `old` (layout 8 on): one of an IPv4 address (the
+/// fourth source, which sends), one of an IPv6 /64 (the second IPv6 source's, which
+/// sends) and an IPv4 /24, named, and one removed (a tombstone, which its probes go past).
+fn set_subscribers(old: &OldAttachment) {
+    let (ns, iface) = (old.lab.rx_ns(), old.lab.rx_iface());
+    let v4 = format!("{}/32", old.lab.sources()[3]);
+    let s = old.lab.sources6()[1].segments();
+    let v6 = format!("{}/64", Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0));
+    let set = |id: &str, name: &str, prefixes: &[&str], rate: &str| {
+        let mut args = vec!["subscriber", "set", iface, id, "--name", name];
+        for p in prefixes {
+            args.extend(["--prefix", p]);
+        }
+        args.extend(["--rate", rate, "--burst", "64k"]);
+        run_ok(&old.old(), ns, &args);
+    };
+    set("gone", "", &["10.98.0.0/24"], "5mbit");
+    set("s-v4", "Four", &[&v4], "1500kbit");
+    set("s-v6:a/b", "Six, and more", &[&v6, "10.99.0.0/24"], "3mbit");
+    run_ok(&old.old(), ns, &["subscriber", "del", iface, "gone"]);
+}
+
+/// Every entry of `at`'s subscribers' table ever used (with entry 0's marker), as the
+/// pins hold it: in layout 8 the entry itself, from layout 9 on the kernel's entry joined
+/// with its record (its id and name), each record checked against its entry.
+fn subscriber_entries(at: &Attachment) -> BTreeMap<u32, Entry> {
+    use shaper_user::subscriber::record::{self, Records};
+    let pin = at.dir().join(PIN_SUBSCRIBERS);
+    let info = bpf::map_info(&pin).unwrap();
+    if info.value_size as usize == size_of::<Entry>() {
+        return slots::<Entry>(&pin);
+    }
+    let records = Records::open(&record::path_of(at), info.id).unwrap();
+    let all = records.read_run(0, info.max_entries).unwrap();
+    slots::<Subscriber>(&pin)
+        .into_iter()
+        .map(|(i, s)| (i, record::join(i, &s, &all[i as usize]).unwrap()))
+        .collect()
+}
+
+/// Asserts that the subscribers after an upgrade are those before: every entry ever used,
+/// field by field (cells, counts, plan, prefixes counted, id and name; the tombstone and
+/// the marker), and every field of each `subscriber list` row the old build gave.
+fn same_subscribers(old: &OldAttachment, before: &BTreeMap<u32, Entry>, list: &Value) {
+    let after = subscriber_entries(&old.at);
+    assert_eq!(&after, before, "the subscribers' entries changed");
+    // What was compared: the marker, a tombstone, two in use, both charged and counted.
+    let in_use: Vec<&Entry> = before.values().filter(|e| e.in_use != 0).collect();
+    assert_eq!((before.len(), in_use.len()), (4, 2), "{before:?}");
+    assert!(
+        in_use
+            .iter()
+            .all(|e| e.cell.tat != 0 && e.outcomes.passed_packets > 0),
+        "{in_use:?}"
+    );
+    let new_list = json(
+        &new_shaper(),
+        old.lab.rx_ns(),
+        &["subscriber", "list", old.lab.rx_iface()],
+    );
+    let (rows, new_rows) = (list.as_array().unwrap(), new_list.as_array().unwrap());
+    assert_eq!(rows.len(), 2, "{list}");
+    assert_eq!(rows.len(), new_rows.len(), "{new_list}");
+    for (row, new_row) in rows.iter().zip(new_rows) {
+        same_fields("subscriber list", row, new_row, &[], 10);
+    }
+    let v6 = &rows.iter().find(|r| r["id"] == "s-v6:a/b").unwrap()["prefixes"];
+    assert!(v6.to_string().contains("::/64"), "{v6}");
 }
 
 /// Traffic after an upgrade from keys new to the table, of both families (an IPv4 source
@@ -577,6 +664,12 @@ fn an_upgrade_from_layout_6_keeps_every_cell_and_counter() {
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn an_upgrade_from_layout_7_keeps_every_cell_and_counter() {
     upgrade_keeps_every_cell_and_counter(7);
+}
+
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_upgrade_from_layout_8_keeps_every_cell_counter_and_subscriber() {
+    upgrade_keeps_every_cell_and_counter(8);
 }
 
 /// Upgrades an attachment of pin layout `layout` in the middle of live traffic.

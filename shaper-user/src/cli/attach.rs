@@ -81,7 +81,7 @@ pub struct Args {
     #[arg(long)]
     pub max_sources: Option<u32>,
     /// Subscribers the attachment has room for (`shaper subscriber`), fixed at attach:
-    /// 160 bytes of kernel memory each, and room in the prefix tries for 4 prefixes each
+    /// 112 bytes of kernel memory each, and room in the prefix tries for 4 prefixes each
     /// (allocated only as they are used) [default: 0]
     #[arg(long)]
     pub max_subscribers: Option<u32>,

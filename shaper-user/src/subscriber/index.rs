@@ -131,10 +131,7 @@ impl SubscriberTable {
             .ids
             .get(id)
             .ok_or_else(|| SubscriberError::NotFound(id.to_owned()))?;
-        let entry = self
-            .subs
-            .get(&i, 0)
-            .map_err(map_err("read the subscribers"))?;
+        let entry = self.entry(i)?;
         if entry.in_use == 0
             || unpadded(&entry.id) != id
             || index.plan_of.get(&i) != Some(&entry.plan)
@@ -237,12 +234,17 @@ impl SubscriberTable {
         if slot == old {
             return Ok(Changed::Unchanged);
         }
+        // The kernel's entry alone: its id and name are not touched.
         let now = self
             .subs
             .get(&before.index, 0)
             .map_err(map_err("read the subscribers"))?;
         self.subs
-            .set(before.index, super::Subscriber { plan: slot, ..now }, 0)
+            .set(
+                before.index,
+                shaper_common::maps::Subscriber { plan: slot, ..now },
+                0,
+            )
             .map_err(map_err("write a subscriber's plan"))?;
         crate::crash::point("subscriber-step");
         let last = index.moved(before.index, old, slot);

@@ -16,7 +16,9 @@
 //! shaper) is searched whole, as before, until it has no subscriber: the first change
 //! that finds it empty marks it.
 
-use shaper_common::maps::{SUBSCRIBER_ID_BYTES, Subscriber};
+use shaper_common::maps::SUBSCRIBER_ID_BYTES;
+
+use super::record::Entry;
 
 /// The id of entry 0 in a table that places subscribers by hash.
 pub const MARKER: [u8; SUBSCRIBER_ID_BYTES] = *b"shaper: placed by id hash, v1\0\0\0";
@@ -51,7 +53,7 @@ enum Seen {
     Other,
 }
 
-fn seen(entry: &Subscriber, id: &[u8; SUBSCRIBER_ID_BYTES]) -> Seen {
+fn seen(entry: &Entry, id: &[u8; SUBSCRIBER_ID_BYTES]) -> Seen {
     match (entry.in_use != 0, entry.id == [0; SUBSCRIBER_ID_BYTES]) {
         (true, _) if entry.id == *id => Seen::Found,
         (true, _) => Seen::Other,
@@ -64,7 +66,7 @@ fn seen(entry: &Subscriber, id: &[u8; SUBSCRIBER_ID_BYTES]) -> Seen {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Probe {
     /// The subscriber's index and entry.
-    Found(u32, Subscriber),
+    Found(u32, Entry),
     /// Absent: the entry a new subscriber of the id takes (the first tombstone or never
     /// used entry from its home), `None` if the table is full.
     Absent(Option<u32>),
@@ -76,7 +78,7 @@ pub enum Probe {
 pub fn probe<E>(
     id: &[u8; SUBSCRIBER_ID_BYTES],
     room: u32,
-    mut read: impl FnMut(u32, u32) -> Result<Vec<Subscriber>, E>,
+    mut read: impl FnMut(u32, u32) -> Result<Vec<Entry>, E>,
 ) -> Result<Probe, E> {
     let mut at = home(id, room);
     let (mut free, mut seen_n, mut run) = (None, 0u32, FIRST_RUN);
@@ -116,20 +118,17 @@ mod tests {
         out
     }
 
-    fn used(s: &str) -> Subscriber {
-        Subscriber {
+    fn used(s: &str) -> Entry {
+        Entry {
             in_use: 1,
             id: id(s),
-            ..Subscriber::default()
+            ..Entry::default()
         }
     }
 
     /// A table of `room` entries (index 0 unused) read as the kernel's batch would,
     /// counting the calls.
-    fn reader(
-        table: &[Subscriber],
-        calls: &mut u32,
-    ) -> impl FnMut(u32, u32) -> Result<Vec<Subscriber>, ()> {
+    fn reader(table: &[Entry], calls: &mut u32) -> impl FnMut(u32, u32) -> Result<Vec<Entry>, ()> {
         move |start, n| {
             *calls += 1;
             let end = (start + n).min(table.len() as u32);
@@ -164,13 +163,13 @@ mod tests {
         let room = 8;
         let target = id("x");
         let h = home(&target, room);
-        let mut table = vec![Subscriber::default(); room as usize + 1];
+        let mut table = vec![Entry::default(); room as usize + 1];
         // Home taken by another, the next a tombstone, the next the subscriber.
         table[h as usize] = used("other");
         let t = after(h, room);
-        table[t as usize] = Subscriber {
+        table[t as usize] = Entry {
             id: id("gone"),
-            ..Subscriber::default()
+            ..Entry::default()
         };
         let x = after(t, room);
         table[x as usize] = used("x");
@@ -179,7 +178,7 @@ mod tests {
         assert_eq!(found, Probe::Found(x, used("x")));
         // Absent: the tombstone is where it would go.
         let mut calls = 0;
-        table[x as usize] = Subscriber::default();
+        table[x as usize] = Entry::default();
         assert_eq!(
             probe(&target, room, reader(&table, &mut calls)).unwrap(),
             Probe::Absent(Some(t))
@@ -189,7 +188,7 @@ mod tests {
     #[test]
     fn a_full_table_is_read_once_whole() {
         let room = 8;
-        let mut table = vec![Subscriber::default(); room as usize + 1];
+        let mut table = vec![Entry::default(); room as usize + 1];
         for (i, e) in table.iter_mut().enumerate().skip(1) {
             *e = used(&format!("s{i}"));
         }
@@ -203,9 +202,9 @@ mod tests {
         assert_eq!(got, Probe::Absent(None));
         assert_eq!(entries, room as usize, "every entry once");
         // One tombstone anywhere: it is where a new one goes.
-        table[3] = Subscriber {
+        table[3] = Entry {
             id: id("s3"),
-            ..Subscriber::default()
+            ..Entry::default()
         };
         let mut calls = 0;
         assert_eq!(
@@ -217,7 +216,7 @@ mod tests {
     #[test]
     fn runs_grow_and_wrap() {
         let room = 1000;
-        let mut table = vec![Subscriber::default(); room as usize + 1];
+        let mut table = vec![Entry::default(); room as usize + 1];
         for (i, e) in table.iter_mut().enumerate().skip(1) {
             *e = used(&format!("s{i}"));
         }
@@ -226,7 +225,7 @@ mod tests {
                 room as usize
             } else {
                 0
-            }] = Subscriber::default();
+            }] = Entry::default();
         let mut calls = 0;
         let got = probe(&id("y"), room, reader(&table, &mut calls)).unwrap();
         // The never-used entry just before its home: found after a wrap, in a few calls.

@@ -13,12 +13,12 @@ use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use ipnet::IpNet;
 use shaper_common::{
     config::PolicyLimits,
-    maps::{MAX_POLICIES, Policy, SUBSCRIBER_BIT, SUBSCRIBER_ID_BYTES, Subscriber},
+    maps::{MAX_POLICIES, Policy, SUBSCRIBER_BIT, SUBSCRIBER_ID_BYTES},
 };
 
 use super::{
-    Before, SubscriberError, SubscriberSpec, SubscriberTable, map_err, padded, place, plan_entry,
-    same_plan, unpadded,
+    Before, Entry, SubscriberError, SubscriberSpec, SubscriberTable, map_err, padded, place,
+    plan_entry, same_plan, unpadded,
 };
 use crate::policy::PolicyTable;
 
@@ -148,7 +148,7 @@ struct Read {
     complete: bool,
     /// Every entry, free ones too, by index; empty for a table made by this change (every
     /// entry free: not a million default entries made and read).
-    all: Vec<Subscriber>,
+    all: Vec<Entry>,
     /// How many entries the table has.
     len: usize,
     /// The indices of the entries in use, in order.
@@ -211,7 +211,7 @@ fn same_set(a: &[IpNet], b: &[IpNet]) -> bool {
 
 impl Read {
     /// Entry `i` as read (a free one past those read).
-    fn at(&self, i: u32) -> Subscriber {
+    fn at(&self, i: u32) -> Entry {
         self.all.get(i as usize).copied().unwrap_or_default()
     }
 }
@@ -224,18 +224,10 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         complete: bool,
     ) -> Result<Read, SubscriberError> {
         let routes: HashMap<IpNet, u32> = routes.into_iter().collect();
-        use aya::maps::IterableMap as _;
         let len = self.subs.len() as usize;
         let mut all = Vec::new();
         if !self.made_now {
-            all = vec![Subscriber::default(); len];
-            let read = crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
-                .map_err(map_err("read the subscribers"))?;
-            for (i, s) in read {
-                if let Some(e) = all.get_mut(i as usize) {
-                    *e = s;
-                }
-            }
+            all = self.all()?;
         }
         let in_use = (1..all.len() as u32)
             .filter(|&i| all[i as usize].in_use != 0)
@@ -342,7 +334,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                     (i, read.at(i))
                 }
                 None => match first_free.next() {
-                    Some(i) => (i, Subscriber::default()),
+                    Some(i) => (i, Entry::default()),
                     None => return Err(SubscriberError::Full { room: self.room() }),
                 },
             };
@@ -544,9 +536,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         }
         for b in &batch.removes {
             let free = self.freed(&b.entry)?;
-            self.subs
-                .set(b.index, free, 0)
-                .map_err(map_err("clear a subscriber"))?;
+            self.put(b.index, &free, Some(&b.entry))?;
         }
         // Every key resolves again where a route changed (a change of plans alone keeps
         // them: the kernel reads the plan through the entry).
@@ -614,6 +604,20 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         if new.is_empty() {
             return Ok(());
         }
+        // Their ids and names first: an entry in use always has its record.
+        let mut records: Vec<_> = new
+            .iter()
+            .map(|w| {
+                let e = Entry {
+                    id: padded(&w.spec.id),
+                    name: padded(&w.spec.name),
+                    ..Entry::default()
+                };
+                (w.before.index, super::record::split(w.before.index, &e).1)
+            })
+            .collect();
+        self.records.write_many(&mut records, self.subs.len())?;
+        drop(records);
         // The entries made and written a batch at a time: not a million entries' copy.
         let mut entries = Vec::with_capacity(new.len().min(crate::maps::BATCH as usize));
         let mut routes = Vec::with_capacity(2 * new.len());
@@ -623,10 +627,8 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 let slot = self.plan_slot(&w.plan, plans)?;
                 *used.entry(slot).or_default() += 1;
                 let index = w.before.index;
-                entries.push((
-                    index,
-                    self.entry_for(&w.spec, index, &w.before.entry, slot)?,
-                ));
+                let e = self.entry_for(&w.spec, index, &w.before.entry, slot)?;
+                entries.push((index, super::record::split(index, &e).0));
                 routes.extend(w.routes_to_write());
             }
             crate::maps::write_batched(self.subs.map(), &entries)
@@ -662,9 +664,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         let slot = self.plan_slot(&w.plan, plans)?;
         let index = w.before.index;
         let entry = self.entry_for(&w.spec, index, &w.before.entry, slot)?;
-        self.subs
-            .set(index, entry, 0)
-            .map_err(|e| map_err(format!("write subscriber {}", w.spec.id))(e))?;
+        self.put(index, &entry, Some(&w.before.entry))?;
         for (p, value) in w.routes_to_write() {
             self.pm().route_value(p, value)?;
         }
@@ -747,7 +747,7 @@ fn id_text(id: &[u8; SUBSCRIBER_ID_BYTES]) -> &str {
 fn unchanged(
     spec: &SubscriberSpec,
     plan: &Policy,
-    entry: &Subscriber,
+    entry: &Entry,
     old: &[IpNet],
     plans: &[(u32, Policy)],
 ) -> bool {
@@ -763,7 +763,7 @@ fn unchanged(
 /// What subscriber `index` may touch, as it is: its prefixes `old`, and the `new` ones.
 fn before_of(
     index: u32,
-    entry: Subscriber,
+    entry: Entry,
     old: &[IpNet],
     new: &[IpNet],
     routes: &HashMap<IpNet, u32>,
@@ -939,7 +939,7 @@ mod tests {
 
     /// The table `all` as read (every entry; or, `made`, none read: a table made by the
     /// change, every entry free).
-    fn read_of(all: Vec<Subscriber>, made: bool) -> Read {
+    fn read_of(all: Vec<Entry>, made: bool) -> Read {
         let len = all.len();
         let all = if made { Vec::new() } else { all };
         Read {
@@ -960,16 +960,16 @@ mod tests {
     #[test]
     fn free_entries_are_given_as_a_probe_finds_them() {
         let room = 64u32;
-        let mut all = vec![Subscriber::default(); room as usize + 1];
+        let mut all = vec![Entry::default(); room as usize + 1];
         for i in (1..=room).filter(|i| i % 3 == 0 || i % 7 == 0) {
             all[i as usize].in_use = 1;
         }
         free_as_probed(all, false);
         // A table made by the change: none read, every entry free, all given.
-        free_as_probed(vec![Subscriber::default(); room as usize + 1], true);
+        free_as_probed(vec![Entry::default(); room as usize + 1], true);
     }
 
-    fn free_as_probed(all: Vec<Subscriber>, made: bool) {
+    fn free_as_probed(all: Vec<Entry>, made: bool) {
         let room = all.len() as u32 - 1;
         let mut given = all.iter().map(|e| e.in_use != 0).collect::<Vec<_>>();
         let mut free = Free::of(&read_of(all, made));

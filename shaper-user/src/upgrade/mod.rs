@@ -49,6 +49,7 @@ mod layout3;
 mod layout4;
 mod layout5;
 mod layout6;
+mod layout8;
 mod pinned;
 
 use std::{
@@ -71,10 +72,10 @@ use shaper_common::{
     maps::{
         Config, Counters, DEFAULT_MAX_SUBSCRIBERS, Ipv4Key, Ipv6Key, MAP_CONFIG,
         MAP_COUNTERS_CARRIED, MAP_POLICIES, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4,
-        MAP_PREFIXES_V6, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LAYOUT, PIN_LINK,
-        PIN_METER2, PIN_METER2_6, PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED,
-        PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES, PIN_SUBSCRIBERS, PIN_UPGRADE_PROG, PROG_XDP,
-        Policy, PolicyStats, is_tc_mode,
+        MAP_PREFIXES_V6, MAP_SUBSCRIBERS, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED,
+        PIN_LAYOUT, PIN_LINK, PIN_METER2, PIN_METER2_6, PIN_POLICIES, PIN_POLICY_STATS,
+        PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES, PIN_SUBSCRIBERS,
+        PIN_UPGRADE_PROG, PROG_XDP, Policy, PolicyStats, is_tc_mode,
     },
 };
 
@@ -144,6 +145,20 @@ const CARRIED_FOR: [(&str, &str); 2] = [
     (PIN_COUNTERS, PIN_COUNTERS_CARRIED),
     (PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED),
 ];
+
+/// [`step`] of an error already boxed.
+fn step_boxed(
+    at: &Attachment,
+    what: &str,
+) -> impl FnOnce(Box<dyn Error + Send + Sync>) -> UpgradeError {
+    let label = at.label();
+    let what = what.to_owned();
+    move |source| UpgradeError::Step {
+        label,
+        what,
+        source,
+    }
+}
 
 fn step<E: Error + Send + Sync + 'static>(
     at: &Attachment,
@@ -261,6 +276,12 @@ fn plan(at: &Attachment, from: &Layout) -> Result<Vec<(&'static MapLayout, bool)
             // The old pins keep their version until the swap.
             (Holds::Version, _) => false,
             (_, Some(old)) if old == m => true,
+            // Layout 8's subscribers, their ids and names in their entries: copied.
+            (Holds::Cells, Some(old))
+                if m.pin == PIN_SUBSCRIBERS && old.value_size == layout8::ENTRY_BYTES =>
+            {
+                false
+            }
             (Holds::Cells, Some(_)) => {
                 return Err(UpgradeError::Cells {
                     label: at.label(),
@@ -401,7 +422,7 @@ pub fn make_room_for_meter2(at: &Attachment) -> Result<bool, UpgradeError> {
 }
 
 /// The subscribers `at`'s pins (of layout `from`) have room for: none before layout 8.
-fn max_subscribers(at: &Attachment, from: &Layout) -> u32 {
+pub fn max_subscribers(at: &Attachment, from: &Layout) -> u32 {
     if from.map(PIN_SUBSCRIBERS).is_none() {
         return DEFAULT_MAX_SUBSCRIBERS;
     }
@@ -452,6 +473,9 @@ fn stage(
             .map_err(step(at, format!("pin map '{}' again", m.pin)))?;
     }
     write_settings(at, &mut ebpf, settings, &fresh)?;
+    if fresh(PIN_SUBSCRIBERS) {
+        write_subscribers(at, &ebpf, from)?;
+    }
     object::write_layout_version(&mut ebpf).map_err(step(at, "write the layout version"))?;
     if fresh(PIN_COUNTERS) || fresh(PIN_POLICY_STATS) {
         // What the old counters have counted so far; exact once the old program is gone.
@@ -543,6 +567,29 @@ fn write_settings(
     Ok(())
 }
 
+/// Writes the subscribers of the old pins (of layout `from`) into their new map, and
+/// their ids and names into the records: the new map's if the old pins have none.
+fn write_subscribers(at: &Attachment, ebpf: &Ebpf, from: &Layout) -> Result<(), UpgradeError> {
+    let new_pin = at.staging().join(PIN_SUBSCRIBERS);
+    match from.map(PIN_SUBSCRIBERS) {
+        Some(old) if old.value_size == layout8::ENTRY_BYTES => {
+            let old: Array<MapData, crate::subscriber::Entry> =
+                open_pin(at, &at.dir().join(PIN_SUBSCRIBERS))?;
+            let aya::maps::Map::Array(new) = map_of(at, ebpf, MAP_SUBSCRIBERS)? else {
+                return Err(step_boxed(at, "open the new subscribers' map")(
+                    "not an array".into(),
+                ));
+            };
+            layout8::copy(at, &old, new, &new_pin).map_err(step_boxed(at, "copy the subscribers"))
+        }
+        // None before layout 8: no room for any, no records.
+        _ => {
+            crate::subscriber::record::forget(at);
+            Ok(())
+        }
+    }
+}
+
 /// Writes `counts` into the carried maps of the counters that are new (`fresh`).
 fn write_carried(
     at: &Attachment,
@@ -608,6 +655,11 @@ fn finish(at: &Attachment) -> Result<(), UpgradeError> {
     }
     bpf::wait_for_running_programs();
     carry(at)?;
+    if layout8::is_layout8(&at.staging()) && !layout8::is_layout8(&at.dir()) {
+        let old = open_pin(at, &at.staging().join(PIN_SUBSCRIBERS))?;
+        let mut new = open_pin(at, &at.dir().join(PIN_SUBSCRIBERS))?;
+        layout8::top_up(&old, &mut new).map_err(step_boxed(at, "carry the subscribers' cells"))?;
+    }
     std::fs::remove_file(at.upgrade_prog()).map_err(step(at, "unpin the new program"))?;
     pins::remove_dir_of_pins(&at.staging()).map_err(step(at, "remove the old pins"))
 }
@@ -852,6 +904,8 @@ mod tests {
                 PIN_LAYOUT
             ])
         );
+        // Layout 8's subscribers' entries held their ids and names: copied into a new map.
+        assert_eq!(reused(8), all_but(&[PIN_SUBSCRIBERS, PIN_LAYOUT]));
         // Growing the second meter's maps reuses every map but those two (and the
         // version): every cell, counter and policy stays.
         let mut grown: Vec<&str> = grow_plan()

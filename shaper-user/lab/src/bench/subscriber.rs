@@ -29,9 +29,15 @@ use serde::Serialize;
 use shaper_common::{
     config::PolicyLimits,
     gcra::MAX_RATE_BPS,
-    maps::{ACTION_LIMIT, PROG_XDP, SUBSCRIBER_BIT, SUBSCRIBER_ID_BYTES, Subscriber},
+    maps::{ACTION_LIMIT, PROG_XDP, SUBSCRIBER_BIT, Subscriber},
 };
-use shaper_user::{policy::parse_prefix, subscriber::SubscriberSpec};
+use shaper_user::{
+    policy::parse_prefix,
+    subscriber::{
+        Entry, SubscriberSpec,
+        record::{self, Record},
+    },
+};
 
 use super::spread::Summary;
 use crate::{
@@ -248,12 +254,31 @@ impl Million {
         let index = table.get(&spec.id)?.index;
         let mut entries = harness.subscriber_entries()?;
         let template = entries.get(&index, 0)?;
+        // Their ids first (an entry in use has its record), in one write.
+        let mut records: Vec<(u32, Record)> = (1..=n)
+            .filter(|&i| i != index)
+            .map(|i| {
+                let mut e = Entry::default();
+                let name = format!("m{i}");
+                e.id[..name.len()].copy_from_slice(name.as_bytes());
+                (i, record::split(i, &e).1)
+            })
+            .collect();
+        harness
+            .subscriber_records()
+            .write_many(&mut records, n + 1)?;
         for i in 1..=n {
-            let mut id = [0u8; SUBSCRIBER_ID_BYTES];
             let name = format!("m{i}");
-            id[..name.len()].copy_from_slice(name.as_bytes());
             if i != index {
-                entries.set(i, Subscriber { id, ..template }, 0)?;
+                let id_hash = record::id_hash(name.as_bytes());
+                entries.set(
+                    i,
+                    Subscriber {
+                        id_hash,
+                        ..template
+                    },
+                    0,
+                )?;
             }
             let prefix = parse_prefix(&format!("{}/32", address(i)))?;
             harness.policies().route_value(prefix, i | SUBSCRIBER_BIT)?;
