@@ -42,7 +42,13 @@ pub struct Entry {
     pub name: [u8; SUBSCRIBER_NAME_BYTES],
 }
 
+// Layout 8's entry, frozen (the journal and `upgrade::layout8` read these bytes).
 const _: () = assert!(size_of::<Entry>() == 160);
+const _: () = assert!(std::mem::offset_of!(Entry, plan) == 32);
+const _: () = assert!(std::mem::offset_of!(Entry, outcomes) == 40);
+const _: () = assert!(std::mem::offset_of!(Entry, yellow_packets) == 88);
+const _: () = assert!(std::mem::offset_of!(Entry, id) == 104);
+const _: () = assert!(std::mem::offset_of!(Entry, name) == 136);
 
 // SAFETY: #[repr(C)], integers and byte arrays only, no padding (160 = its fields' sum).
 unsafe impl aya::Pod for Entry {}
