@@ -520,7 +520,13 @@ fn set_subscribers(old: &OldAttachment) {
 fn subscriber_entries(at: &Attachment) -> BTreeMap<u32, Entry> {
     use shaper_user::subscriber::record::{self, Records};
     let pin = at.dir().join(PIN_SUBSCRIBERS);
-    let info = bpf::map_info(&pin).unwrap();
+    // None before layout 8, or no room for any: none.
+    let Ok(info) = bpf::map_info(&pin) else {
+        return BTreeMap::new();
+    };
+    if info.max_entries <= 1 {
+        return BTreeMap::new();
+    }
     if info.value_size as usize == size_of::<Entry>() {
         return slots::<Entry>(&pin);
     }
@@ -1041,12 +1047,44 @@ fn kill_upgrade(
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn a_killed_upgrade_leaves_the_old_or_the_new_attachment_whole() {
-    let lab = Lab::new("upgk", 4).unwrap();
+    killed_upgrade_leaves_the_old_or_the_new_attachment_whole(1);
+}
+
+/// From layout 8, whose subscribers' table is copied (not reused) and their ids and names
+/// put in a file: each kill leaves the subscribers as they were (entries, ids, names, the
+/// tombstone and the marker), read by the old build or the new.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_killed_upgrade_from_layout_8_leaves_the_subscribers_whole() {
+    killed_upgrade_leaves_the_old_or_the_new_attachment_whole(8);
+}
+
+/// Kills upgrades from `layout` at moments spread over them: each leaves the old
+/// attachment whole or the new one (which the next `attach` finishes), keeping every cell,
+/// counter and (from layout 8) subscriber.
+fn killed_upgrade_leaves_the_old_or_the_new_attachment_whole(layout: u32) {
+    // IPv6 sources for the subscribers' IPv6 prefix ([`set_subscribers`]).
+    let options = LabOptions {
+        ipv6: layout >= 8,
+        ..LabOptions::default()
+    };
+    let lab = Lab::with("upgk", 4, options).unwrap();
     let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
     let new = new_shaper();
+    let attach_old = || {
+        let room = match layout {
+            8.. => vec!["--max-subscribers", "64"],
+            _ => Vec::new(),
+        };
+        let old = OldAttachment::with(&lab, layout, room, &[]);
+        if layout >= 8 {
+            set_subscribers(&old);
+        }
+        old
+    };
     // How long an upgrade takes here, to spread kills over it.
     let took = {
-        let old = OldAttachment::new(&lab, 1);
+        let old = attach_old();
         let start = Instant::now();
         assert!(old.upgrade().status.success());
         start.elapsed()
@@ -1067,7 +1105,7 @@ fn a_killed_upgrade_leaves_the_old_or_the_new_attachment_whole() {
     }
     let mut left = BTreeMap::new();
     for (what, when, deadline) in kills {
-        let old = OldAttachment::new(&lab, 1);
+        let old = attach_old();
         run_udp_with(
             &lab,
             &flows(&lab),
@@ -1078,6 +1116,7 @@ fn a_killed_upgrade_leaves_the_old_or_the_new_attachment_whole() {
         let cells_before = cells(&old.at);
         let (totals_before, policies_before) = counters(&old.old(), &lab);
         let (link_id, old_prog) = link(&old.at);
+        let subscribers_before = subscriber_entries(&old.at);
 
         let ran = kill_upgrade(&old, when, deadline);
 
@@ -1086,13 +1125,15 @@ fn a_killed_upgrade_leaves_the_old_or_the_new_attachment_whole() {
         assert_eq!(link_after, link_id, "{what}: the link was replaced");
         assert!(lab.xdp_attached().unwrap(), "{what}: nothing attached");
         let state = match (&status["layout_version"], &status["upgrade_interrupted"]) {
-            (v, Value::Bool(false)) if *v == 1 => {
+            (v, Value::Bool(false)) if *v == layout => {
                 // The old attachment whole: the old program, and the old build reads it
                 // all as before.
                 assert_eq!(prog, old_prog, "{what}");
                 let (totals, policies) = counters(&old.old(), &lab);
                 same_numbers(what, &totals_before, &totals, 16);
                 assert_eq!(policies, policies_before, "{what}");
+                let subscribers = subscriber_entries(&old.at);
+                assert_eq!(subscribers, subscribers_before, "{what}");
                 Left::Old
             }
             (v, Value::Bool(true)) if *v == LAYOUT_VERSION => {
@@ -1118,6 +1159,14 @@ fn a_killed_upgrade_leaves_the_old_or_the_new_attachment_whole() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert_eq!(cells(&old.at), cells_before, "{what}: cells changed");
+        let subscribers = subscriber_entries(&old.at);
+        assert_eq!(
+            subscribers, subscribers_before,
+            "{what}: subscribers changed"
+        );
+        if layout >= 8 {
+            assert_eq!(subscribers.len(), 4, "{what}: {subscribers:?}");
+        }
         let (totals, policies) = counters(&new, &lab);
         same_numbers(what, &totals_before, &totals, 16);
         for (a, b) in policies_before
