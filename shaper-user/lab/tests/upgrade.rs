@@ -1228,6 +1228,9 @@ fn an_ingress_upgrade_keeps_the_egress_attachment_beside_it() {
     assert_eq!(status[0]["layout_version"], LAYOUT_VERSION, "{status}");
     let staging = old.at.staging();
     assert!(!staging.exists(), "{} left behind", staging.display());
+    // No room for subscribers (the default): no file of their ids and names made.
+    let records = shaper_user::subscriber::record::path_of(&old.at);
+    assert!(!records.exists(), "{} made", records.display());
     egress.detach().unwrap();
     let status = json(&new_shaper(), ns, &["status", iface]);
     assert_eq!(status[0]["layout_version"], LAYOUT_VERSION, "{status}");

@@ -31,6 +31,12 @@ pub fn copy(
     new: &MapData,
     new_pin: &std::path::Path,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    // No room for any subscriber (`--max-subscribers 0`): none to copy, no records (as
+    // `record::make` leaves none).
+    if old.len() <= 1 {
+        record::forget(at);
+        return Ok(());
+    }
     let entries = crate::maps::read_batched::<u32, Entry>(old.map())?;
     let map_id = crate::bpf::map_info(new_pin)?.id;
     let records = Records::create(&record::path_of(at), map_id)?;
