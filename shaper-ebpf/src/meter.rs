@@ -10,12 +10,12 @@
 //! a global function of its own, verified once: new-source admission ([`shaper_admit`]),
 //! a key created by two CPUs at once ([`shaper_meter_raced`]), a lost compare-and-swap
 //! (`cell::shaper_retry`), a rate change (`cell::shaper_carry_over`), a sample
-//! (`watch::shaper_sample`). A subscriber's frame is three calls ([`shaper_subscriber`],
-//! and from it [`shaper_subscriber_packet`], its packet rate's, made whether or not the
-//! plan has one, and [`shaper_subscriber_counted`], its counting: the verifier then walks
+//! (`watch::shaper_sample`). A subscriber's frame is two calls ([`shaper_subscriber`],
+//! and from it [`shaper_subscriber_counted`], its counting: the verifier then walks
 //! the rest of the first once, and the counting once, not once for each way the plan
-//! decided), and after its plan changed two more ([`shaper_subscriber_prepare`], then the
-//! first again), so that no chain of calls is three frames deep below the entry point's
+//! decided), a third if its plan has a packet rate ([`shaper_subscriber_packet`]), and
+//! after its plan changed two more ([`shaper_subscriber_prepare`], then the first again),
+//! so that no chain of calls is three frames deep below the entry point's
 //! (6.1 allows 512 bytes of stack to a chain, each frame rounded up to 32 bytes: the entry
 //! point's 288 bytes and [`shaper_subscriber`]'s 168, 192 rounded, leave 32 to each function
 //! it calls). A global function takes only scalars and pointers to memory and returns one
@@ -202,11 +202,15 @@ pub extern "C" fn shaper_subscriber(
         };
     }
     let len = frame as u32;
-    // Called whether or not the plan has a packet rate (nothing charged without), so the
-    // rest is one path for the verifier, not one for each.
-    let packet = match shaper_subscriber_packet(second, rule.meter2, now, ptr::from_mut(counters)) {
-        0 => None,
-        charged => Some(charged - 1),
+    // Called only if the plan has a packet rate: a plan without one charges nothing, and
+    // its frame pays no call.
+    let packet = if packets {
+        match shaper_subscriber_packet(second, rule.meter2, now, ptr::from_mut(counters)) {
+            0 => None,
+            charged => Some(charged - 1),
+        }
+    } else {
+        Some(0)
     };
     let (metered, yellow) = match packet {
         None => (refused(rule.monitor, PACKET_RATE), false),
