@@ -10,12 +10,10 @@
 //! a global function of its own, verified once: new-source admission ([`shaper_admit`]),
 //! a key created by two CPUs at once ([`shaper_meter_raced`]), a lost compare-and-swap
 //! (`cell::shaper_retry`), a rate change (`cell::shaper_carry_over`), a sample
-//! (`watch::shaper_sample`). A subscriber's frame is three calls ([`shaper_subscriber`],
-//! and from it [`shaper_subscriber_packet`], its packet rate's, made whether or not the
-//! plan has one, and [`shaper_subscriber_counted`], its counting: the verifier then walks
-//! the rest of the first once, and the counting once, not once for each way the plan
-//! decided), and after its plan changed two more ([`shaper_subscriber_prepare`], then the
-//! first again), so that no chain of calls is three frames deep below the entry point's
+//! (`watch::shaper_sample`). A subscriber's frame is one call ([`shaper_subscriber`]: the
+//! verifier then walks the rest once, not in each of the entry point's states), a second
+//! if its plan has a packet rate ([`shaper_subscriber_packet`]), and after its plan
+//! changed two more ([`shaper_subscriber_prepare`], then the first again), so that no chain of calls is three frames deep below the entry point's
 //! (6.1 allows 512 bytes of stack to a chain, each frame rounded up to 32 bytes: the entry
 //! point's 288 bytes and [`shaper_subscriber`]'s 168, 192 rounded, leave 32 to each function
 //! it calls). A global function takes only scalars and pointers to memory and returns one
@@ -162,7 +160,7 @@ pub fn meter(
 /// cell and the bucket otherwise.
 /// `frame` is the length in bits 0–31 and the [`Count`] in 32–33. Returns a [`Metered`],
 /// which it also counts in the subscriber's counters (atomically: every CPU shares them),
-/// by [`shaper_subscriber_counted`];
+/// by [`counted`];
 /// or, charging nothing, [`AGAIN`] if a cell is still in a former plan's scale
 /// ([`shaper_subscriber_prepare`]). The frame of a key two CPUs created at once is metered
 /// again in the other CPU's entry (`shaper_meter_raced`) and counted here as the first
@@ -202,11 +200,15 @@ pub extern "C" fn shaper_subscriber(
         };
     }
     let len = frame as u32;
-    // Called whether or not the plan has a packet rate (nothing charged without), so the
-    // rest is one path for the verifier, not one for each.
-    let packet = match shaper_subscriber_packet(second, rule.meter2, now, ptr::from_mut(counters)) {
-        0 => None,
-        charged => Some(charged - 1),
+    // Called only if the plan has a packet rate: a plan without one charges nothing, and
+    // its frame pays no call.
+    let packet = if packets {
+        match shaper_subscriber_packet(second, rule.meter2, now, ptr::from_mut(counters)) {
+            0 => None,
+            charged => Some(charged - 1),
+        }
+    } else {
+        Some(0)
     };
     let (metered, yellow) = match packet {
         None => (refused(rule.monitor, PACKET_RATE), false),
@@ -223,29 +225,23 @@ pub extern "C" fn shaper_subscriber(
         },
         Some(_) => {}
     }
-    let frame = frame & !PREPARED | if yellow { YELLOW } else { 0 };
-    shaper_subscriber_counted(entry, metered.0, frame, slot, ptr::from_mut(counters))
+    counted(entry, metered, (frame, yellow), slot, counters)
 }
 
-/// Counts a subscriber's frame, `metered` ([`Metered`]) by [`shaper_subscriber`], in its
-/// plan `slot`'s counters as the [`Count`] in `frame` (bits 32–33) says, and in its entry
-/// (null: gone) and, if [`YELLOW`], in this CPU's `counters` as yellow; the frame's length
-/// in bits 0–31. Returns the [`Metered`], unadmitted if it was. A global function, so
-/// that the verifier walks the counting once, not once for every way the plan decided.
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn shaper_subscriber_counted(
+/// Counts a subscriber's frame, `metered` by [`shaper_subscriber`], in its plan `slot`'s
+/// counters as the [`Count`] in `frame` (bits 32–33) says, and in its entry (null: gone)
+/// and, if `yellow`, in this CPU's `counters` as yellow; the frame's length in bits 0–31.
+/// Returns the [`Metered`], unadmitted if it was. Inlined: the verifier walks it once for
+/// each way the plan decided, a few thousand instructions in all, where a call of its own
+/// cost every subscriber's frame a call and a return.
+#[inline(always)]
+fn counted(
     entry: *mut Subscriber,
-    metered: u64,
-    frame: u64,
+    mut metered: Metered,
+    (frame, yellow): (u64, bool),
     slot: u32,
-    counters: *mut Counters,
+    counters: &mut Counters,
 ) -> u64 {
-    let mut metered = Metered(metered);
-    // SAFETY: a global function's pointer arguments are null or point to whole values.
-    let Some(counters) = (unsafe { counters.as_mut() }) else {
-        return metered.0;
-    };
     let len = frame as u32;
     let count = (frame >> 32) & COUNT_MASK;
     if count == COUNT_UNADMITTED {
@@ -254,7 +250,7 @@ pub extern "C" fn shaper_subscriber_counted(
     if count != COUNT_LATER {
         count_policy(slot, metered, len);
     }
-    count_subscriber(entry, metered, frame & YELLOW != 0, len, counters);
+    count_subscriber(entry, metered, yellow, len, counters);
     metered.0
 }
 
@@ -481,8 +477,6 @@ const COUNT_MASK: u64 = 3;
 /// meanwhile) makes the frame untracked rather than [`AGAIN`], so the caller's paths
 /// after the call are one for the verifier, not one a result.
 const PREPARED: u64 = 1 << 34;
-/// [`shaper_subscriber_counted`]'s frame word, bit 35: the frame passed yellow.
-const YELLOW: u64 = 1 << 35;
 
 /// The rule of policy `slot` on a `len`-byte frame of `key` metered in `cell` at `now`,
 /// counted as `count` says: `cell::decide`; or, if `SECOND` and the policy has a second

@@ -133,12 +133,13 @@ pub fn subscriber_rule(
     }
     // SAFETY: a live map value.
     let slot = unsafe { (*s).plan };
-    let mut r = rule(config, slot);
+    // The subscriber's cell in the aggregate's place: the plan's own (`AGGREGATES`) is
+    // never looked up for a subscriber's frame.
+    // SAFETY: a live map value.
+    let r = rule_with(config, slot, |_| unsafe { &raw mut (*s).cell });
     if r.aggregate_cell.is_null() {
         return (r, slot, core::ptr::null_mut(), s);
     }
-    // SAFETY: a live map value.
-    r.aggregate_cell = unsafe { &raw mut (*s).cell };
     // SAFETY: a live map value.
     (r, slot, unsafe { &raw mut (*s).excess }, s)
 }
@@ -207,6 +208,17 @@ fn monitors(mode: u32) -> u64 {
 /// (deleted while this source's cache was being revalidated).
 #[inline(always)]
 pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
+    rule_with(config, slot, |slot| {
+        AGGREGATES
+            .get_ptr_mut(slot)
+            .unwrap_or(core::ptr::null_mut())
+    })
+}
+
+/// [`rule`], the aggregate cell of a policy that has one (a limit with an aggregate rate)
+/// found by `aggregate` from the slot.
+#[inline(always)]
+fn rule_with(config: &Config, slot: u32, aggregate: impl FnOnce(u32) -> *mut Cell) -> Rule<'_> {
     let interface_monitor = config.mode == MODE_MONITOR;
     let horizon = ticks_from_ns(config.shape.horizon_ns);
     if slot != DEFAULT_SLOT
@@ -214,9 +226,7 @@ pub fn rule(config: &Config, slot: u32) -> Rule<'_> {
         && p.in_use != 0
     {
         let aggregate_cell = if p.action == ACTION_LIMIT && p.aggregate_rate_bps != 0 {
-            AGGREGATES
-                .get_ptr_mut(slot)
-                .unwrap_or(core::ptr::null_mut())
+            aggregate(slot)
         } else {
             core::ptr::null_mut()
         };

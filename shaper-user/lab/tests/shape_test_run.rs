@@ -383,7 +383,8 @@ fn monotonic_ns() -> u64 {
 
 /// A prefix policy in shape mode on an interface that polices: the policy's keys are
 /// held (stamped, none dropped within the horizon) past their burst while the default's,
-/// and a policing prefix policy's under the same horizon, are dropped, unstamped; and with the interface in monitor mode, which overrides a
+/// and a policing prefix policy's under the same horizon (with an aggregate or without),
+/// are dropped, unstamped; and with the interface in monitor mode, which overrides a
 /// policy's shaping as it does enforcing, nothing is held or dropped. Both families.
 #[test]
 #[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
@@ -415,11 +416,20 @@ fn a_shaping_prefix_policy_holds_its_keys_while_the_default_polices() {
         mode: MODE_ENFORCE,
         ..shaping
     };
+    // And one that polices with an aggregate too (room for every key's frames): the
+    // frames it passes carry the aggregate's charge, never a departure time.
+    let aggregated = PolicyLimits {
+        aggregate_rate_bps: 100 * RATE_BPS,
+        aggregate_burst_bytes: 100 * BURST,
+        ..policing
+    };
     let specs: Vec<PolicySpec> = [
         ("198.18.5.0/24", shaping),
         ("2001:db8:5::/48", shaping),
         ("198.18.7.0/24", policing),
         ("2001:db8:7::/48", policing),
+        ("198.18.8.0/24", aggregated),
+        ("2001:db8:8::/48", aggregated),
     ]
     .iter()
     .map(|&(p, limits)| PolicySpec {
@@ -451,8 +461,11 @@ fn a_shaping_prefix_policy_holds_its_keys_while_the_default_polices() {
         )
     };
     for (shaped, policed) in [
-        ("198.18.5.1", ["198.18.6.1", "198.18.7.1"]),
-        ("2001:db8:5:1::1", ["2001:db8:6:1::1", "2001:db8:7:1::1"]),
+        ("198.18.5.1", ["198.18.6.1", "198.18.7.1", "198.18.8.1"]),
+        (
+            "2001:db8:5:1::1",
+            ["2001:db8:6:1::1", "2001:db8:7:1::1", "2001:db8:8:1::1"],
+        ),
     ] {
         let (held, dropped) = send(shaped);
         assert!(held > 0, "{shaped}: none of 20 frames held");

@@ -1,6 +1,7 @@
 //! The XDP program in the real kernel through BPF_PROG_TEST_RUN: verdicts and counters
 //! for non-IP, truncated, malformed, IPv4 and jumbo frames, and the addresses keyed whole
-//! whatever the prefix (link-local, unspecified, multicast). No interface is involved.
+//! whatever the prefix (link-local, unspecified, multicast); and the tc program's charge
+//! for a GSO packet. No interface is involved.
 //! (Every encapsulation and key is in `parse_golden.rs`.)
 
 use std::{
@@ -319,4 +320,175 @@ fn link_local_and_multicast_destinations_are_keys_of_their_own() {
     let mut want = addrs(&whole);
     want.extend(addrs(&["2001:db8:1:2::", "198.51.100.0"]));
     assert_eq!(keys(&h), want);
+}
+
+/// `struct __sk_buff` (uapi/linux/bpf.h): its size and where `gso_segs` is.
+const SKB_SIZE: usize = 192;
+const GSO_SEGS_AT: usize = 164;
+const TC_ACT_UNSPEC: i32 = -1;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_ICMP: u8 = 1;
+const IPPROTO_ICMPV6: u8 = 58;
+
+/// A TCP segment of `header` bytes (its data offset says so; options padding) and
+/// `data` bytes after it.
+fn tcp(header: usize, data: usize) -> Vec<u8> {
+    let mut t = vec![0u8; header + data];
+    t[12] = ((header / 4) as u8) << 4;
+    t
+}
+
+fn ipv4_of(src: Ipv4Addr, options: usize, protocol: u8, payload: &[u8]) -> Vec<u8> {
+    let opts = vec![1u8; options]; // No-Operation options
+    let ip = frame::ipv4(
+        src,
+        frame::DEFAULT_DST_V4,
+        &opts,
+        protocol,
+        frame::Fragment::default(),
+        payload,
+    );
+    frame::ethernet(frame::ETH_P_IP, &ip)
+}
+
+fn ipv6_of(src: Ipv6Addr, next: u8, payload: &[u8]) -> Vec<u8> {
+    let ip = frame::ipv6(src, frame::DEFAULT_DST_V6, next, payload);
+    frame::ethernet(frame::ETH_P_IPV6, &ip)
+}
+
+/// The tc program run once on `f` as a GSO packet of `segs` segments.
+fn tc_gso(ebpf: &aya::Ebpf, f: &[u8], segs: u32) {
+    use aya::programs::{SchedClassifier, TestRun as _, TestRunOptions};
+    let prog = ebpf
+        .program(shaper_common::maps::PROG_TC)
+        .expect("the tc program");
+    let prog: &SchedClassifier = prog.try_into().unwrap();
+    let mut ctx_in = [0u8; SKB_SIZE];
+    ctx_in[GSO_SEGS_AT..GSO_SEGS_AT + 4].copy_from_slice(&segs.to_ne_bytes());
+    let mut ctx_out = [0u8; SKB_SIZE];
+    let mut opts = TestRunOptions::new();
+    opts.data_in = Some(f);
+    opts.ctx_in = Some(&ctx_in);
+    opts.ctx_out = Some(&mut ctx_out);
+    let verdict = prog.test_run(opts).expect("test_run of the tc program");
+    assert_eq!(
+        verdict.return_value as i32, TC_ACT_UNSPEC,
+        "a GSO packet passes"
+    );
+}
+
+/// A GSO packet costs what it puts on the wire (as `qdisc_pkt_len_init` charges qdiscs):
+/// its length plus, for each segment after the first, the headers it repeats: Ethernet,
+/// IP (options included) and TCP (options included) or UDP; the IP header alone for
+/// another protocol; the fixed 20 bytes of TCP when the frame ends inside its header.
+/// One segment, or none said, costs the length. Each case from a key of its own, both
+/// families, the key's passed bytes read exactly.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_gso_packets_cost_is_its_segments_wire_bytes() {
+    let config = Config::per_source(100_000_000_000, 10_000_000).unwrap();
+    let mut h = testrun::Harness::new(Some(&config), 1024).expect("load");
+    shaper_user::object::tc_program(h.ebpf_mut()).expect("load the tc program");
+    // (frame, segments, headers each later segment repeats)
+    let v4 = |host: u8| Ipv4Addr::new(198, 18, 7, host);
+    let v6 = |host: u16| Ipv6Addr::new(0x2001, 0xdb8, 7, host, 0, 0, 0, 1);
+    let cases4: Vec<(Ipv4Addr, Vec<u8>, u32, u64)> = vec![
+        (v4(1), frame::ipv4_udp(v4(1), 1000), 4, 14 + 20 + 8),
+        (
+            v4(2),
+            ipv4_of(v4(2), 0, IPPROTO_TCP, &tcp(32, 900)),
+            3,
+            14 + 20 + 32,
+        ),
+        (
+            v4(3),
+            ipv4_of(v4(3), 4, IPPROTO_TCP, &tcp(20, 900)),
+            5,
+            14 + 24 + 20,
+        ),
+        (
+            v4(4),
+            ipv4_of(v4(4), 0, IPPROTO_ICMP, &[0u8; 900]),
+            2,
+            14 + 20,
+        ),
+        (
+            v4(5),
+            ipv4_of(v4(5), 0, IPPROTO_TCP, &[0u8; 12]),
+            2,
+            14 + 20 + 20,
+        ),
+        (v4(6), frame::ipv4_udp(v4(6), 1000), 1, 0),
+        (v4(7), frame::ipv4_udp(v4(7), 1000), 0, 0),
+    ];
+    let cases6: Vec<(Ipv6Addr, Vec<u8>, u32, u64)> = vec![
+        (
+            v6(1),
+            frame::ipv6_udp(v6(1), frame::DEFAULT_DST_V6, 900),
+            4,
+            14 + 40 + 8,
+        ),
+        (
+            v6(2),
+            ipv6_of(v6(2), IPPROTO_TCP, &tcp(32, 900)),
+            3,
+            14 + 40 + 32,
+        ),
+        (
+            v6(3),
+            ipv6_of(v6(3), IPPROTO_ICMPV6, &[0u8; 900]),
+            2,
+            14 + 40,
+        ),
+        (
+            v6(4),
+            ipv6_of(v6(4), IPPROTO_TCP, &[0u8; 12]),
+            2,
+            14 + 40 + 20,
+        ),
+        (
+            v6(5),
+            frame::ipv6_udp(v6(5), frame::DEFAULT_DST_V6, 900),
+            1,
+            0,
+        ),
+        (
+            v6(6),
+            frame::ipv6_udp(v6(6), frame::DEFAULT_DST_V6, 900),
+            0,
+            0,
+        ),
+    ];
+    for (_, f, segs, _) in &cases4 {
+        tc_gso(h.ebpf_mut(), f, *segs);
+    }
+    for (_, f, segs, _) in &cases6 {
+        tc_gso(h.ebpf_mut(), f, *segs);
+    }
+    let expected = |f: &[u8], segs: u32, headers: u64| {
+        f.len() as u64 + u64::from(segs.saturating_sub(1)) * headers
+    };
+    let sources = h.sources().unwrap();
+    for (addr, f, segs, headers) in &cases4 {
+        let key = u32::from_ne_bytes(addr.octets());
+        let (_, s) = sources.iter().find(|(k, _)| *k == key).expect("a cell");
+        assert_eq!(
+            (s.outcomes.passed_packets, s.outcomes.passed_bytes),
+            (1, expected(f, *segs, *headers)),
+            "{addr}: {segs} segments of {} bytes",
+            f.len()
+        );
+    }
+    let sources6 = h.sources6().unwrap();
+    for (addr, f, segs, headers) in &cases6 {
+        let mut key = addr.octets();
+        key[8..].fill(0); // its /64
+        let (_, s) = sources6.iter().find(|(k, _)| *k == key).expect("a cell");
+        assert_eq!(
+            (s.outcomes.passed_packets, s.outcomes.passed_bytes),
+            (1, expected(f, *segs, *headers)),
+            "{addr}: {segs} segments of {} bytes",
+            f.len()
+        );
+    }
 }
