@@ -54,8 +54,15 @@ struct Run {
 }
 
 fn run(prog: &SchedClassifier, frame: &[u8], ecn_capable: bool) -> Run {
+    run_stamped(prog, frame, ecn_capable, 0)
+}
+
+/// [`run`] on a packet that comes with a departure time `tstamp` already (TCP pacing's,
+/// or another program's).
+fn run_stamped(prog: &SchedClassifier, frame: &[u8], ecn_capable: bool, tstamp: u64) -> Run {
     let mut ctx_in = [0u8; SKB_SIZE];
     ctx_in[GSO_SEGS_AT..GSO_SEGS_AT + 4].copy_from_slice(&1u32.to_ne_bytes());
+    ctx_in[TSTAMP_AT..TSTAMP_AT + 8].copy_from_slice(&tstamp.to_ne_bytes());
     let mut ctx_out = [0u8; SKB_SIZE];
     let mut data_out = vec![0u8; frame.len()];
     let mut opts = TestRunOptions::new();
@@ -385,7 +392,8 @@ fn monotonic_ns() -> u64 {
 /// held (stamped, none dropped within the horizon) past their burst while the default's,
 /// and a policing prefix policy's under the same horizon (with an aggregate or without),
 /// are dropped, unstamped; and with the interface in monitor mode, which overrides a
-/// policy's shaping as it does enforcing, nothing is held or dropped. Both families.
+/// policy's shaping as it does enforcing, nothing is held or dropped; a frame that comes
+/// held until later than its turn (TCP pacing) keeps its time. Both families.
 #[test]
 #[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
 fn a_shaping_prefix_policy_holds_its_keys_while_the_default_polices() {
@@ -470,6 +478,14 @@ fn a_shaping_prefix_policy_holds_its_keys_while_the_default_polices() {
         let (held, dropped) = send(shaped);
         assert!(held > 0, "{shaped}: none of 20 frames held");
         assert_eq!(dropped, 0, "{shaped}: dropped within the horizon");
+        // A frame already held until later than its turn (TCP pacing) keeps that time.
+        let later = monotonic_ns() + 10_000_000_000;
+        let r = run_stamped(prog, &frame_from(shaped), false, later);
+        assert_eq!(
+            (r.verdict, r.tstamp),
+            (TC_ACT_UNSPEC, later),
+            "{shaped}: paced"
+        );
         // The default's key, and the policing policy's.
         for key in policed {
             let (held, dropped) = send(key);
