@@ -13,11 +13,11 @@
 //! (`watch::shaper_sample`). A subscriber's frame is one call ([`shaper_subscriber`]: the
 //! verifier then walks the rest once, not in each of the entry point's states), a second
 //! if its plan has a packet rate ([`shaper_subscriber_packet`]), and after its plan
-//! changed two more ([`shaper_subscriber_prepare`], then the first again), so that no chain of calls is three frames deep below the entry point's
-//! (6.1 allows 512 bytes of stack to a chain, each frame rounded up to 32 bytes: the entry
-//! point's 288 bytes and [`shaper_subscriber`]'s 168, 192 rounded, leave 32 to each function
-//! it calls). A global function takes only scalars and pointers to memory and returns one
-//! scalar.
+//! changed two more ([`shaper_subscriber_prepare`], then the first again), so that no
+//! chain of calls is three frames deep below the entry point's (6.1 allows 512 bytes of
+//! stack to a chain, each frame rounded up to 32 bytes: the entry point's 288 bytes and
+//! [`shaper_subscriber`]'s 184, 192 rounded, leave 32 to each function it calls).
+//! A global function takes only scalars and pointers to memory and returns one scalar.
 
 use core::{mem::MaybeUninit, ptr};
 
