@@ -26,6 +26,7 @@ pub mod owned;
 pub mod pins;
 pub mod policy;
 pub mod radius;
+pub mod refill;
 pub mod request;
 pub mod rows;
 pub mod setting;

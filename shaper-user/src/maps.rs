@@ -23,6 +23,7 @@ use shaper_common::{
 use crate::{
     bpf,
     pins::Attachment,
+    refill,
     upgrade::{self, UpgradeError},
 };
 
@@ -312,8 +313,9 @@ pub fn each_batched_where<K: aya::Pod, V: aya::Pod>(
 
 /// Writes `entries` to a hash or array map or a prefix trie, [`BATCH`] a call
 /// (`BPF_MAP_UPDATE_BATCH`, which prefix tries have from Linux 5.13), in order: a million
-/// routes in a hundred calls. On an error some of them may be written (the caller's
-/// journal puts them back).
+/// routes in a hundred calls. A call the kernel's allocator refuses for want of a refill
+/// ([`refill::refilled`]) goes on from the entry it stopped at. On an error some of them may be
+/// written (the caller's journal puts them back).
 pub fn write_batched<K: aya::Pod, V: aya::Pod>(
     map: &MapData,
     entries: &[(K, V)],
@@ -331,7 +333,10 @@ pub fn write_batched<K: aya::Pod, V: aya::Pod>(
                 values.extend_from_slice(std::slice::from_raw_parts((v as *const V).cast(), vs));
             }
         }
-        batch::update(map, chunk.len(), &keys, &values).map_err(|io_error| {
+        refill::resumed(chunk.len(), |done, left| {
+            batch::update(map, left, &keys[done * ks..], &values[done * vs..])
+        })
+        .map_err(|io_error| {
             MapError::SyscallError(aya::sys::SyscallError {
                 call: "BPF_MAP_UPDATE_BATCH",
                 io_error,
@@ -458,8 +463,13 @@ mod batch {
     }
 
     /// Writes the `n` entries whose keys and values lie end to end in `keys` and
-    /// `values` (any existing entry replaced).
-    pub fn update(map: &MapData, n: usize, keys: &[u8], values: &[u8]) -> std::io::Result<()> {
+    /// `values` (any existing entry replaced): how many it wrote, and the call's result.
+    pub fn update(
+        map: &MapData,
+        n: usize,
+        keys: &[u8],
+        values: &[u8],
+    ) -> (usize, std::io::Result<()>) {
         let mut attr = BatchAttr {
             keys: keys.as_ptr() as u64,
             values: values.as_ptr() as u64,
@@ -467,15 +477,11 @@ mod batch {
             map_fd: map.fd().as_fd().as_raw_fd() as u32,
             ..BatchAttr::default()
         };
-        // The kernel only reads the buffers, and writes how many it wrote into `count`.
-        bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
-        match attr.count as usize == n {
-            true => Ok(()),
-            false => Err(std::io::Error::other(format!(
-                "{} of {n} entries written",
-                attr.count
-            ))),
-        }
+        // The kernel only reads the buffers, and writes how many it wrote into `count`,
+        // on an error too.
+        let result = bpf(BPF_MAP_UPDATE_BATCH, &mut attr);
+        let written = (attr.count as usize).min(n);
+        (written, result)
     }
 
     /// `count` values of an array map (of `value_size` bytes) after key `after`, in one

@@ -35,6 +35,7 @@ use super::spec::{PolicySpec, family_and_bytes};
 use crate::{
     maps::{Pinned, PinnedMapError},
     pins::Attachment,
+    refill,
     upgrade::UpgradeError,
 };
 
@@ -955,8 +956,8 @@ impl PolicyTable {
             source,
         };
         match trie_key(&prefix) {
-            TrieKey::V4(key) => self.v4.insert(&key, slot, 0).map_err(err),
-            TrieKey::V6(key) => self.v6.insert(&key, slot, 0).map_err(err),
+            TrieKey::V4(key) => refill::refilled_map(|| self.v4.insert(&key, slot, 0)).map_err(err),
+            TrieKey::V6(key) => refill::refilled_map(|| self.v6.insert(&key, slot, 0)).map_err(err),
         }
     }
 

@@ -86,6 +86,7 @@ use crate::{
     bpf,
     object::{self, Sizes},
     pins::{self, Attachment},
+    refill,
     units::{Rate, Size},
 };
 
@@ -553,14 +554,14 @@ fn write_settings(
         let mut trie: LpmTrie<&mut MapData, Ipv4Key, u32> = typed(at, ebpf, MAP_PREFIXES_V4)?;
         for (slot, p) in settings.policies.iter().filter(|(_, p)| p.family == 4) {
             let addr = u32::from_ne_bytes([p.addr[0], p.addr[1], p.addr[2], p.addr[3]]);
-            trie.insert(&Key::new(p.prefix_len, addr), slot, 0)
+            refill::refilled_map(|| trie.insert(&Key::new(p.prefix_len, addr), slot, 0))
                 .map_err(step(at, "write the IPv4 prefixes"))?;
         }
     }
     if fresh(PIN_PREFIXES_V6) {
         let mut trie: LpmTrie<&mut MapData, Ipv6Key, u32> = typed(at, ebpf, MAP_PREFIXES_V6)?;
         for (slot, p) in settings.policies.iter().filter(|(_, p)| p.family == 6) {
-            trie.insert(&Key::new(p.prefix_len, p.addr), slot, 0)
+            refill::refilled_map(|| trie.insert(&Key::new(p.prefix_len, p.addr), slot, 0))
                 .map_err(step(at, "write the IPv6 prefixes"))?;
         }
     }
@@ -606,8 +607,7 @@ fn write_carried(
         let mut carried: HashMap<&mut MapData, u32, PolicyStats> =
             typed(at, ebpf, MAP_POLICY_STATS_CARRIED)?;
         for (slot, stats) in &counts.policy_stats {
-            carried
-                .insert(slot, stats, 0)
+            refill::refilled_map(|| carried.insert(slot, stats, 0))
                 .map_err(step(at, "write the carried policy counters"))?;
         }
     }
@@ -706,8 +706,7 @@ fn carry(at: &Attachment) -> Result<(), UpgradeError> {
         let mut carried: HashMap<MapData, u32, PolicyStats> =
             open_pin(at, &at.policy_stats_carried())?;
         for (slot, stats) in &counts.policy_stats {
-            carried
-                .insert(slot, stats, 0)
+            refill::refilled_map(|| carried.insert(slot, stats, 0))
                 .map_err(step(at, "write the carried policy counters"))?;
         }
     }
