@@ -30,11 +30,11 @@ use crate::maps::{
     PIN_AGGREGATES, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_EVENTS, PIN_FIRSTS,
     PIN_LAYOUT, PIN_METER2, PIN_METER2_6, PIN_METER2_SHARED, PIN_POLICIES, PIN_POLICY_STATS,
     PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES, PIN_SOURCES6,
-    PIN_SUBSCRIBERS, PIN_TRACES, PIN_WATCH, TRACE_BUCKETS,
+    PIN_SUBSCRIBERS, PIN_TRACES, PIN_WATCH, SIZED_BY_POLICIES, TRACE_BUCKETS,
 };
 
 /// The layout this build pins.
-pub const LAYOUT_VERSION: u32 = 9;
+pub const LAYOUT_VERSION: u32 = 10;
 
 /// The first layout whose pins record their version in [`PIN_LAYOUT`].
 pub const FIRST_VERSIONED: u32 = 3;
@@ -49,7 +49,8 @@ pub const BPF_MAP_TYPE_RINGBUF: u32 = 27;
 /// `BPF_F_NO_PREALLOC`: entries allocated as they are inserted (LPM tries require it).
 pub const BPF_F_NO_PREALLOC: u32 = 1;
 
-/// [`MapLayout::max_entries`] of the per-source maps: chosen at attach (`--max-sources`).
+/// [`MapLayout::max_entries`] of the maps sized at attach (`--max-sources`,
+/// `--max-subscribers`, `--max-policies`).
 pub const SIZED_AT_ATTACH: u32 = 0;
 
 /// Who writes a map, which decides how an upgrade carries it over when it changes.
@@ -114,6 +115,22 @@ impl MapLayout {
                 n => n == max_entries,
             }
             && self.flags == flags
+    }
+
+    /// Whether this map (of an older layout) holds what `today`'s does, as it does: the
+    /// same in every way, or, for a map of one entry per policy slot
+    /// ([`SIZED_BY_POLICIES`], sized at attach since layout 10), but for its size (an older
+    /// map's 16,384 slots are one of the sizes `--max-policies` may choose). The prefix
+    /// tries, sized at attach since layout 8 for subscribers' prefixes too, are not: an
+    /// older attachment's are made anew.
+    pub fn holds_as(&self, today: &MapLayout) -> bool {
+        self == today
+            || (today.max_entries == SIZED_AT_ATTACH
+                && SIZED_BY_POLICIES.contains(&today.name)
+                && MapLayout {
+                    max_entries: SIZED_AT_ATTACH,
+                    ..*self
+                } == *today)
     }
 }
 
@@ -420,6 +437,44 @@ const METER2_SHARED: MapLayout = map(
     (ARRAY, 4, 48, SLOTS, 0),
     Holds::Cells,
 );
+// Layout 10's maps of one entry per policy slot, sized at attach (`--max-policies`).
+const POLICIES_272_ANY: MapLayout = map(
+    PIN_POLICIES,
+    MAP_POLICIES,
+    (ARRAY, 4, 272, ANY, 0),
+    Holds::Settings,
+);
+const AGGREGATES_ANY: MapLayout = map(
+    PIN_AGGREGATES,
+    MAP_AGGREGATES,
+    (ARRAY, 4, 16, ANY, 0),
+    Holds::Cells,
+);
+const POLICY_STATS_184_ANY: MapLayout = map(
+    PIN_POLICY_STATS,
+    MAP_POLICY_STATS,
+    (PERCPU, 4, 184, ANY, 0),
+    Holds::Counters,
+);
+const POLICY_STATS_CARRIED_184_ANY: MapLayout = map(
+    PIN_POLICY_STATS_CARRIED,
+    MAP_POLICY_STATS_CARRIED,
+    (HASH, 4, 184, ANY, BPF_F_NO_PREALLOC),
+    Holds::Carried,
+);
+const ADMISSION_ANY: MapLayout = map(
+    PIN_ADMISSION,
+    MAP_ADMISSION,
+    (ARRAY, 4, 32, ANY, 0),
+    Holds::Cells,
+);
+const FIRSTS_ANY: MapLayout = map(PIN_FIRSTS, MAP_FIRSTS, (ARRAY, 4, 16, ANY, 0), Holds::Cells);
+const METER2_SHARED_ANY: MapLayout = map(
+    PIN_METER2_SHARED,
+    MAP_METER2_SHARED,
+    (ARRAY, 4, 48, ANY, 0),
+    Holds::Cells,
+);
 const TRACES_8M: MapLayout = map(
     PIN_TRACES,
     MAP_TRACES,
@@ -636,6 +691,34 @@ pub const LAYOUTS: &[Layout] = &[
             SUBSCRIBERS_112,
         ],
     },
+    // The maps of one entry per policy slot sized at attach (`--max-policies`, 1,024 by
+    // default), not 16,384 each: the policy counters are per CPU.
+    Layout {
+        version: 10,
+        maps: &[
+            VERSION,
+            CONFIG_272,
+            SOURCES,
+            SOURCES6,
+            COUNTERS_496,
+            COUNTERS_CARRIED_496,
+            POLICIES_272_ANY,
+            PREFIXES_V4_ANY,
+            PREFIXES_V6_ANY,
+            AGGREGATES_ANY,
+            POLICY_STATS_184_ANY,
+            POLICY_STATS_CARRIED_184_ANY,
+            ADMISSION_ANY,
+            EVENTS_256K,
+            WATCH_72,
+            TRACES_8M,
+            FIRSTS_ANY,
+            METER2,
+            METER2_6,
+            METER2_SHARED_ANY,
+            SUBSCRIBERS_112,
+        ],
+    },
 ];
 
 #[cfg(test)]
@@ -649,6 +732,39 @@ mod tests {
     /// An LPM trie's key: the prefix length, then the address.
     const fn trie_key(addr: usize) -> usize {
         4 + addr
+    }
+
+    /// Layout 9's maps of one entry per policy slot (16,384) hold as layout 10's sized at
+    /// attach do, so an upgrade reuses them; a map whose value changed, or one sized at
+    /// attach before and fixed now, does not.
+    #[test]
+    fn a_map_resized_at_attach_holds_as_its_fixed_predecessor() {
+        let (nine, ten) = (layout(9).unwrap(), layout(10).unwrap());
+        for m in ten.maps {
+            let old = nine.map(m.pin).unwrap();
+            assert!(old.holds_as(m), "{}", m.pin);
+            assert_eq!(old == m, old.max_entries == m.max_entries, "{}", m.pin);
+        }
+        let resized = SIZED_BY_POLICIES.iter().filter(|&&name| {
+            let m = ten.maps.iter().find(|m| m.name == name).unwrap();
+            m.max_entries == SIZED_AT_ATTACH && nine.map(m.pin).unwrap().max_entries == MAX_POLICIES
+        });
+        assert_eq!(resized.count(), SIZED_BY_POLICIES.len());
+        let policies = ten.map(PIN_POLICIES).unwrap();
+        let other_value = MapLayout {
+            value_size: 264,
+            ..*nine.map(PIN_POLICIES).unwrap()
+        };
+        assert!(!other_value.holds_as(policies));
+        assert!(!policies.holds_as(nine.map(PIN_POLICIES).unwrap()));
+        // Layout 7's tries, sized for prefix policies alone, are not today's.
+        let seven = layout(7).unwrap();
+        assert!(
+            !seven
+                .map(PIN_PREFIXES_V4)
+                .unwrap()
+                .holds_as(ten.map(PIN_PREFIXES_V4).unwrap())
+        );
     }
 
     /// The current types: a change to any of them fails here until the newest layout
@@ -673,7 +789,7 @@ mod tests {
             ),
             (PIN_COUNTERS, u32_size, size_of::<Counters>(), 1),
             (PIN_COUNTERS_CARRIED, u32_size, size_of::<Counters>(), 1),
-            (PIN_POLICIES, u32_size, size_of::<Policy>(), MAX_POLICIES),
+            (PIN_POLICIES, u32_size, size_of::<Policy>(), SIZED_AT_ATTACH),
             (
                 PIN_PREFIXES_V4,
                 trie_key(size_of::<Ipv4Key>()),
@@ -692,24 +808,24 @@ mod tests {
                 size_of::<Subscriber>(),
                 SIZED_AT_ATTACH,
             ),
-            (PIN_AGGREGATES, u32_size, size_of::<Cell>(), MAX_POLICIES),
+            (PIN_AGGREGATES, u32_size, size_of::<Cell>(), SIZED_AT_ATTACH),
             (
                 PIN_POLICY_STATS,
                 u32_size,
                 size_of::<PolicyStats>(),
-                MAX_POLICIES,
+                SIZED_AT_ATTACH,
             ),
             (
                 PIN_POLICY_STATS_CARRIED,
                 u32_size,
                 size_of::<PolicyStats>(),
-                MAX_POLICIES,
+                SIZED_AT_ATTACH,
             ),
             (
                 PIN_ADMISSION,
                 u32_size,
                 size_of::<AdmissionCells>(),
-                MAX_POLICIES,
+                SIZED_AT_ATTACH,
             ),
             // A ring buffer has no key or value: its size is its bytes.
             (PIN_EVENTS, 0, 0, EVENTS_BYTES),
@@ -720,7 +836,7 @@ mod tests {
                 size_of::<TraceBucket>(),
                 TRACE_BUCKETS,
             ),
-            (PIN_FIRSTS, u32_size, size_of::<Cell>(), MAX_POLICIES),
+            (PIN_FIRSTS, u32_size, size_of::<Cell>(), SIZED_AT_ATTACH),
             (
                 PIN_METER2,
                 size_of::<Ipv4Key>(),
@@ -737,7 +853,7 @@ mod tests {
                 PIN_METER2_SHARED,
                 u32_size,
                 size_of::<Meter2Cells>(),
-                MAX_POLICIES,
+                SIZED_AT_ATTACH,
             ),
         ];
         let newest = current();

@@ -27,8 +27,8 @@ use aya_obj::programs::XdpAttachType;
 use shaper_common::{
     layout::{self, LAYOUT_VERSION, Layout},
     maps::{
-        Config, DEFAULT_MAX_SOURCES, DEFAULT_MAX_SUBSCRIBERS, PROG_XDP, TC_MODE_CLSACT,
-        TC_MODE_CLSACT_OWN, XDP_MODE_NATIVE, XDP_MODE_SKB,
+        Config, DEFAULT_MAX_POLICIES, DEFAULT_MAX_SOURCES, DEFAULT_MAX_SUBSCRIBERS, PROG_XDP,
+        TC_MODE_CLSACT, TC_MODE_CLSACT_OWN, XDP_MODE_NATIVE, XDP_MODE_SKB,
     },
 };
 
@@ -165,6 +165,7 @@ fn update(req: &AttachRequest, pinned: &Pinned) -> Result<Attached, AttachError>
     // The limit, mode and admission change: the keys stay as attached.
     let config = request::check_over(req, &current, cap)?;
     request::check_subscriber_room(req, pinned.subscriber_room())?;
+    request::check_policy_room(req, pinned.policy_room())?;
     check_policies(req, &config, Hook::of_mode(current.xdp_mode))?;
     if wants_meter2(req, &config) && !pinned.meter2_room() {
         upgrade::make_room_for_meter2(&req.at)?;
@@ -220,6 +221,7 @@ fn upgrade_in_place(req: &AttachRequest, from: &'static Layout) -> Result<Attach
     let asked = request::check_over(req, &current, cap)?;
     // The room of the old pins (none before layout 8), which the upgrade keeps.
     request::check_subscriber_room(req, upgrade::max_subscribers(at, from))?;
+    request::check_policy_room(req, upgrade::max_policies(at))?;
     upgrade::refuse_changes(at, from, &current, &asked, req.policies.is_some())?;
     upgrade::upgrade(at, from, &settings, cap)?;
     Ok(Attached::Upgraded {
@@ -248,6 +250,7 @@ fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attach
         max_sources: req.max_sources.unwrap_or(DEFAULT_MAX_SOURCES),
         meter2: wants_meter2(req, config),
         max_subscribers: req.max_subscribers.unwrap_or(DEFAULT_MAX_SUBSCRIBERS),
+        max_policies: req.max_policies.unwrap_or(DEFAULT_MAX_POLICIES),
     })?;
 
     crate::pins::make_dirs(&at.dir())?;

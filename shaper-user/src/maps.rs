@@ -16,7 +16,7 @@ use shaper_common::{
     layout,
     maps::{
         Config, Counters, Ipv4Key, Ipv6Key, PIN_CONFIG, PIN_LAYOUT, PIN_METER2, PIN_METER2_6,
-        PIN_SOURCES, PIN_SUBSCRIBERS, PerCpuSum, SourceState, sum_per_cpu,
+        PIN_POLICIES, PIN_SOURCES, PIN_SUBSCRIBERS, PerCpuSum, SourceState, sum_per_cpu,
     },
 };
 
@@ -154,6 +154,13 @@ impl Pinned {
     /// index 0 of the map is never one).
     pub fn subscriber_room(&self) -> u32 {
         self.info(PIN_SUBSCRIBERS)
+            .map_or(0, |i| i.max_entries.saturating_sub(1))
+    }
+
+    /// The prefix policies and plans the pinned policy maps have room for (slot 0 is the
+    /// default's).
+    pub fn policy_room(&self) -> u32 {
+        self.info(PIN_POLICIES)
             .map_or(0, |i| i.max_entries.saturating_sub(1))
     }
 

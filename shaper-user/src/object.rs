@@ -15,8 +15,8 @@ use shaper_common::{
     layout::LAYOUT_VERSION,
     maps::{
         Config, DEFAULT_MAX_SUBSCRIBERS, MAP_CONFIG, MAP_LAYOUT, MAP_PREFIXES_V4, MAP_PREFIXES_V6,
-        MAP_SUBSCRIBERS, METER2_PER_KEY, METER2_UNUSED_ENTRIES, PROG_TC, SIZED_BY_SOURCES,
-        subscriber_entries, trie_entries,
+        MAP_SUBSCRIBERS, MAX_POLICIES, METER2_PER_KEY, METER2_UNUSED_ENTRIES, PROG_TC,
+        SIZED_BY_POLICIES, SIZED_BY_SOURCES, policy_entries, subscriber_entries, trie_entries,
     },
 };
 
@@ -94,15 +94,19 @@ pub struct Sizes {
     /// Subscribers (`--max-subscribers`): the size of `SHAPER_SUBS`, and the prefix tries'
     /// room for their prefixes.
     pub max_subscribers: u32,
+    /// Prefix policies and plans (`--max-policies`): the size of [`SIZED_BY_POLICIES`].
+    pub max_policies: u32,
 }
 
 impl Sizes {
-    /// Every per-key map `max_sources` keys (for test runs, which set any policy).
+    /// Every per-key map `max_sources` keys, and room for every policy slot there may be
+    /// (for test runs, which set any policy in any slot).
     pub fn full(max_sources: u32) -> Self {
         Self {
             max_sources,
             meter2: true,
             max_subscribers: DEFAULT_MAX_SUBSCRIBERS,
+            max_policies: MAX_POLICIES - 1,
         }
     }
 
@@ -123,6 +127,9 @@ impl Sizes {
         }
         for name in METER2_PER_KEY {
             loader.map_max_entries(name, self.meter2_entries());
+        }
+        for name in SIZED_BY_POLICIES {
+            loader.map_max_entries(name, policy_entries(self.max_policies));
         }
         loader.map_max_entries(MAP_SUBSCRIBERS, subscriber_entries(self.max_subscribers));
         for name in [MAP_PREFIXES_V4, MAP_PREFIXES_V6] {

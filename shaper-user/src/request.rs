@@ -9,8 +9,8 @@ use shaper_common::{
     config::{ConfigError, Meter2Limits, RateLimit},
     maps::{
         Admission, Config, DEFAULT_MAX_SOURCES, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, KEY_BY_DST,
-        KEY_BY_SRC, MAX_SUBSCRIBERS, MODE_ENFORCE, MODE_SHAPE, Meter2, Shape, TC_MODE_CLSACT,
-        TC_MODE_CLSACT_OWN, TC_MODE_TCX, XDP_MODE_NATIVE, XDP_MODE_SKB, is_tc_mode,
+        KEY_BY_SRC, MAX_POLICIES, MAX_SUBSCRIBERS, MODE_ENFORCE, MODE_SHAPE, Meter2, Shape,
+        TC_MODE_CLSACT, TC_MODE_CLSACT_OWN, TC_MODE_TCX, XDP_MODE_NATIVE, XDP_MODE_SKB, is_tc_mode,
     },
 };
 
@@ -141,6 +141,9 @@ pub struct AttachRequest {
     pub max_sources: Option<u32>,
     /// Subscribers the attachment has room for (`--max-subscribers`); fixed once attached.
     pub max_subscribers: Option<u32>,
+    /// Prefix policies and plans the attachment has room for (`--max-policies`); fixed
+    /// once attached.
+    pub max_policies: Option<u32>,
     pub key: Option<KeyBy>,
     pub prefix_v4: Option<u32>,
     pub prefix_v6: Option<u32>,
@@ -239,6 +242,26 @@ pub fn check(req: &AttachRequest) -> Result<(), RequestError> {
         return Err(setting(
             Setting::MaxSubscribers,
             format!("{n}: at most {MAX_SUBSCRIBERS}"),
+        ));
+    }
+    if let Some(n) = req.max_policies.filter(|&n| n == 0 || n > MAX_POLICIES - 1) {
+        return Err(setting(
+            Setting::MaxPolicies,
+            format!("{n}: must be 1 to {}", MAX_POLICIES - 1),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a request for another number of policies than the attachment has room for
+/// (`room`): the maps are sized when they are made.
+pub fn check_policy_room(req: &AttachRequest, room: u32) -> Result<(), RequestError> {
+    if let Some(asked) = req.max_policies.filter(|&asked| asked != room) {
+        return Err(setting(
+            Setting::MaxPolicies,
+            format!(
+                "{asked} differs from the {room} of the attached maps; detach first to resize them"
+            ),
         ));
     }
     Ok(())

@@ -62,9 +62,9 @@ pub enum SubscriberError {
     #[error("{0}")]
     Overlap(String),
     #[error(
-        "no room for the subscribers' new plans: {room} of the 16383 policy slots are free (prefix policies and plans share them)"
+        "no room for the subscribers' new plans: {room} of the {max} policy slots are free (prefix policies and plans share them; --max-policies, fixed at attach)"
     )]
-    PlanRoom { room: usize },
+    PlanRoom { room: usize, max: usize },
     #[error("no subscriber {0}")]
     NotFound(String),
     /// The daemon's [`Index`] named an entry that is not subscriber `0` as it has it.

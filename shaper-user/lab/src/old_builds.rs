@@ -64,6 +64,12 @@ pub const OLD_BUILDS: &[OldBuild] = &[
         layout: 8,
         commit: "d879af3605db6c0ea1278c08d4291d4a61615c8b",
     },
+    // Subscribers' ids and names out of their entries (112 bytes); the last before
+    // layout 10 sized the policy slots at attach (16,384 of each before).
+    OldBuild {
+        layout: 9,
+        commit: "8c85b48fcc798cc2a5c9b4de448dc10c8c804b86",
+    },
 ];
 
 /// The build `cargo xtask bench` measures today's against, in the same run (issue 21): the

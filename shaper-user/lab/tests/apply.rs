@@ -907,3 +907,148 @@ impl Drop for CsvGone {
         let _ = fs::remove_file(&self.0);
     }
 }
+
+/// `--max-policies` (and `max_policies` in a file) sizes every map of one entry per policy
+/// slot, the default's slot besides; prefix policies and subscribers' plans share the room,
+/// one too many is refused in one line naming it with nothing changed, and the file the
+/// attachment shows keeps the room.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn max_policies_sizes_the_policy_maps_and_bounds_them() {
+    use shaper_common::{layout, maps::SIZED_BY_POLICIES};
+
+    let lab = Lab::new("maxpol", 1).unwrap();
+    let iface = lab.rx_iface();
+    let slots = |iface: &str| -> Vec<u32> {
+        layout::current()
+            .maps
+            .iter()
+            .filter(|m| SIZED_BY_POLICIES.contains(&m.name))
+            .map(|m| {
+                shaper_user::bpf::map_info(&pin_dir(&lab, iface).join(m.pin))
+                    .unwrap()
+                    .max_entries
+            })
+            .collect()
+    };
+    {
+        let _attached = attach(lab.rx_ns(), iface, "10mbit", "64k");
+        assert_eq!(slots(iface), [1025; 7], "the default room");
+        assert!(!show(&lab, iface).contains("max_policies"));
+    }
+    let _attached = detach_on_drop(&lab, iface);
+    let base = ["attach", iface, "--rate", "10mbit", "--burst", "64k"];
+    for (bad, needles) in [
+        ("0", &["--max-policies", "0"][..]),
+        ("16384", &["--max-policies", "16384", "16383"][..]),
+    ] {
+        let mut args = base.to_vec();
+        args.extend(["--max-policies", bad]);
+        let err = refused(&lab, &args);
+        assert!(needles.iter().all(|n| err.contains(n)), "{err}");
+        assert!(!pin_dir(&lab, iface).exists(), "{err}: pinned");
+    }
+    let mut args = base.to_vec();
+    args.extend(["--max-policies", "2", "--max-subscribers", "4"]);
+    ok(&lab, &args);
+    assert_eq!(slots(iface), [3; 7]);
+    // Fixed once attached.
+    let at = args.len() - 3;
+    args[at] = "3";
+    let err = refused(&lab, &args);
+    assert!(
+        err.contains("--max-policies") && err.contains("detach"),
+        "{err}"
+    );
+    assert_eq!(slots(iface), [3; 7]);
+    // A plan and a prefix policy of each family: the third is one too many, whichever
+    // takes the last slot.
+    ok(
+        &lab,
+        &[
+            "subscriber",
+            "set",
+            iface,
+            "c1",
+            "--prefix",
+            "100.64.0.1",
+            "--prefix",
+            "fdd7:b724::/56",
+            "--rate",
+            "5mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    ok(
+        &lab,
+        &[
+            "policy",
+            "set",
+            iface,
+            "10.0.0.0/8",
+            "--rate",
+            "1mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    let before = show(&lab, iface);
+    let err = refused(
+        &lab,
+        &[
+            "policy",
+            "set",
+            iface,
+            "2001:db8::/32",
+            "--rate",
+            "1mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    assert!(
+        err.contains("too many policies") && err.contains("--max-policies"),
+        "{err}"
+    );
+    let err = refused(
+        &lab,
+        &[
+            "subscriber",
+            "set",
+            iface,
+            "c2",
+            "--prefix",
+            "100.64.0.2",
+            "--rate",
+            "7mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    assert!(err.contains("--max-policies"), "{err}");
+    assert_eq!(show(&lab, iface), before, "a refusal changed something");
+    assert!(before.contains("max_policies = 2"), "{before}");
+    // The same plan takes no slot of its own: a second subscriber of it fits.
+    ok(
+        &lab,
+        &[
+            "subscriber",
+            "set",
+            iface,
+            "c2",
+            "--prefix",
+            "fdd7:b724:0:100::/56",
+            "--rate",
+            "5mbit",
+            "--burst",
+            "64k",
+        ],
+    );
+    // The file the attachment shows makes it again as it is.
+    let file = TempFile::new("maxpol.toml", &show(&lab, iface));
+    ok(&lab, &["detach", iface]);
+    ok(&lab, &["apply", "-f", file.path()]);
+    assert_eq!(slots(iface), [3; 7]);
+    assert_eq!(show(&lab, iface), fs::read_to_string(file.path()).unwrap());
+}

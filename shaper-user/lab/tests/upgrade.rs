@@ -405,6 +405,13 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
     assert_eq!(link_after, link_id, "the same link, never detached");
     assert_ne!(new_prog, old_prog, "the link runs the new program");
     assert!(lab.xdp_attached().unwrap());
+    // Every older layout had 16,384 slots of each policy map: the room is kept.
+    for m in shaper_common::layout::current().maps {
+        if shaper_common::maps::SIZED_BY_POLICIES.contains(&m.name) {
+            let info = bpf::map_info(&old.at.dir().join(m.pin)).unwrap();
+            assert_eq!(info.max_entries, 16_384, "{}", m.pin);
+        }
+    }
     let cells_after = cells(&old.at);
     // The lab's own IPv6 duplicate address detection sends from `::` (now and then twice
     // after the attach: the doorkeeper of layout 6 on then gives it a cell too).
@@ -676,6 +683,13 @@ fn an_upgrade_from_layout_7_keeps_every_cell_and_counter() {
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn an_upgrade_from_layout_8_keeps_every_cell_counter_and_subscriber() {
     upgrade_keeps_every_cell_and_counter(8);
+}
+
+/// Layout 9's maps are all reused, its policy maps at their 16,384 slots.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_upgrade_from_layout_9_keeps_every_cell_counter_and_subscriber() {
+    upgrade_keeps_every_cell_and_counter(9);
 }
 
 /// Upgrades an attachment of pin layout `layout` in the middle of live traffic.

@@ -28,6 +28,7 @@ fn processed_instructions_within_the_budget() -> Result<()> {
         max_sources: DEFAULT_MAX_SOURCES,
         meter2: false,
         max_subscribers: shaper_common::maps::DEFAULT_MAX_SUBSCRIBERS,
+        max_policies: shaper_common::maps::DEFAULT_MAX_POLICIES,
     })
     .inspect_err(log_tail)?;
     object::xdp_program(&mut ebpf, PROG_XDP).inspect_err(log_tail)?;

@@ -31,7 +31,7 @@ use shaper_user::{
 /// and the field (isp.toml:12: interface[0].policy[0].rate: ...); if an interface fails
 /// part way, the ones already changed are put back. An [[interface]] takes name, rate,
 /// burst, and optionally direction, hook, tc_mode, xdp_mode, mode, key, prefix_v4,
-/// prefix_v6, max_sources, new_sources, new_sources_burst, ecn_threshold, horizon,
+/// prefix_v6, max_sources, max_policies, new_sources, new_sources_burst, ecn_threshold, horizon,
 /// excess_rate, excess_burst, excess_dscp, packet_rate and packet_burst, each as attach's
 /// flag of that name; an [[interface.policy]] takes prefix, action, rate, burst,
 /// aggregate_rate, aggregate_burst, mode, new_sources, new_sources_burst, excess_rate,

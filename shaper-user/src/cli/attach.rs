@@ -85,6 +85,11 @@ pub struct Args {
     /// (allocated only as they are used) [default: 0]
     #[arg(long)]
     pub max_subscribers: Option<u32>,
+    /// Prefix policies and subscribers' plans the attachment has room for, fixed at
+    /// attach, 1 to 16383: every slot costs memory whether used or not, its counters once
+    /// per CPU (about 180 bytes a CPU and 380 more) [default: 1024]
+    #[arg(long)]
+    pub max_policies: Option<u32>,
     /// Which address gets a bucket: the source (senders) or the destination (receivers)
     /// [default: src for ingress, dst for egress]
     #[arg(long, value_enum)]
@@ -168,6 +173,7 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         tc_mode: args.tc_mode,
         max_sources: args.max_sources,
         max_subscribers: args.max_subscribers,
+        max_policies: args.max_policies,
         subscribers: None,
         key: args.key,
         prefix_v4: args.prefix_v4,

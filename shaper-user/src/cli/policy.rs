@@ -38,8 +38,8 @@ use super::{
 /// (--prefix-v4, --prefix-v6 of attach), except inside the ranges keyed per address
 /// (link-local, unspecified, multicast: fe80::1/128, ::/128, 0.0.0.0/32), nor have host
 /// bits set, as ip route refuses.
-/// Up to 16383 policies per interface. The file of shaper-apply(8) sets them all at
-/// once.
+/// Up to attach's --max-policies per interface (1024 by default, at most 16383),
+/// subscribers' plans included. The file of shaper-apply(8) sets them all at once.
 #[derive(Debug, clap::Subcommand)]
 #[command(after_long_help = EXAMPLES)]
 pub enum Command {

@@ -11,7 +11,8 @@ use shaper_common::{
     config::{ConfigError, Meter2Limits, PolicyLimits, RateLimit},
     dscp::Dscp,
     maps::{
-        DEFAULT_ECN_THRESHOLD_NS, DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, Meter2,
+        DEFAULT_ECN_THRESHOLD_NS, DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6,
+        MAX_POLICIES, Meter2,
     },
 };
 use toml::{Spanned, Value};
@@ -165,6 +166,8 @@ struct InterfaceModel {
     policies: Vec<PolicyModel>,
     #[serde(default)]
     max_subscribers: Option<Spanned<u32>>,
+    #[serde(default)]
+    max_policies: Option<Spanned<u32>>,
     /// Remove the subscribers the file does not give (default: keep them).
     #[serde(default)]
     prune_subscribers: bool,
@@ -512,6 +515,17 @@ fn parse_file_with(
                 "must be at least 1",
             ));
         }
+        if let Some(n) = m
+            .max_policies
+            .as_ref()
+            .filter(|n| !(1..MAX_POLICIES).contains(n.get_ref()))
+        {
+            return Err(src.error(
+                n.span(),
+                format!("{here}.max_policies"),
+                format!("{}: must be 1 to {}", n.get_ref(), MAX_POLICIES - 1),
+            ));
+        }
         let given = NewSources::of(&src, &m.new_sources, &m.new_sources_burst, &here)?;
         let admission = admission::of_interface(given.n, given.burst)
             .map_err(|e| given.error(&src, &m.name, e))?;
@@ -583,6 +597,7 @@ fn parse_file_with(
             admission: admission.map_or(AdmissionRequest::Default, AdmissionRequest::Exactly),
             meter2,
             max_subscribers: m.max_subscribers.as_ref().map(|n| *n.get_ref()),
+            max_policies: m.max_policies.as_ref().map(|n| *n.get_ref()),
             subscribers: subscribers(
                 &src,
                 &m,

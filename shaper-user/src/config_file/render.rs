@@ -11,7 +11,11 @@ use crate::{
     subscriber::{SubscriberError, SubscriberSpec, SubscriberTable},
     units::{Delay, Packets, Rate, Size},
 };
-use shaper_common::{config::Meter2Limits, dscp::Dscp, maps::Shape};
+use shaper_common::{
+    config::Meter2Limits,
+    dscp::Dscp,
+    maps::{DEFAULT_MAX_POLICIES, Shape},
+};
 
 #[derive(Serialize)]
 struct FileOut {
@@ -49,6 +53,9 @@ struct InterfaceOut {
     meter2: SecondMeterOut,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     policy: Vec<PolicyOut>,
+    /// Written where not the default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_policies: Option<u32>,
     /// Written where it has subscribers.
     #[serde(skip_serializing_if = "Option::is_none")]
     max_subscribers: Option<u32>,
@@ -224,6 +231,7 @@ pub fn render(at: &Attachment) -> Result<String, RenderError> {
             new_sources_burst: a.limited().then_some(a.new_sources_burst),
             meter2: (&config.meter2.limits()).into(),
             policy: policies.iter().map(|i| policy_out(&i.spec)).collect(),
+            max_policies: Some(pinned.policy_room()).filter(|&n| n != DEFAULT_MAX_POLICIES),
             max_subscribers: room,
             subscriber: subscribers
                 .iter()

@@ -53,8 +53,14 @@ pub enum PolicyError {
         "policy {prefix} is inside subscriber prefix {subscriber}: its traffic would escape the subscriber's bucket"
     )]
     InSubscriber { prefix: IpNet, subscriber: IpNet },
-    #[error("too many policies: {asked} asked for, room for {room}")]
-    Full { asked: usize, room: usize },
+    #[error(
+        "too many policies: {asked} asked for, room for {room} (the attachment holds {max}: --max-policies, fixed at attach)"
+    )]
+    Full {
+        asked: usize,
+        room: usize,
+        max: usize,
+    },
     #[error("cannot count the possible CPUs")]
     Cpus(#[source] std::io::Error),
     #[error("cannot open map {what}")]
@@ -161,10 +167,11 @@ impl PolicySet {
         }
         let set = Self(policies);
         set.fits(key_prefixes)?;
-        if set.0.len() > ROOM {
+        if set.0.len() > MOST {
             return Err(PolicyError::Full {
                 asked: set.0.len(),
-                room: ROOM,
+                room: MOST,
+                max: MOST,
             });
         }
         Ok(set)
@@ -224,8 +231,9 @@ pub fn keyed_whole(prefix: &IpNet) -> bool {
     v6.chain(v4).any(|range| range.contains(prefix))
 }
 
-/// How many prefix policies an interface has room for (slot 0 is the default's).
-const ROOM: usize = (MAX_POLICIES - 1) as usize;
+/// The most prefix policies an interface may have room for (slot 0 is the default's):
+/// `--max-policies` says how many it has ([`PolicyTable::room`]).
+const MOST: usize = (MAX_POLICIES - 1) as usize;
 
 /// A prefix as the key of its family's LPM trie.
 enum TrieKey {
@@ -519,14 +527,16 @@ impl PolicyTable {
         let mut changes = Changes::default();
         // Subscribers' plans hold slots too.
         let used: BTreeSet<u32> = self.slots()?.into_iter().map(|(slot, _)| slot).collect();
-        let mut free = (1..MAX_POLICIES).filter(|slot| !used.contains(slot));
+        let room = self.room();
+        let mut free = (1..=room).filter(|slot| !used.contains(slot));
         let mut added = Vec::new();
         for (prefix, policy) in &wanted {
             match current.get(prefix) {
                 None => {
                     let slot = free.next().ok_or(PolicyError::Full {
                         asked: set.len(),
-                        room: ROOM - (used.len() - current.len()),
+                        room: room as usize - (used.len() - current.len()),
+                        max: room as usize,
                     })?;
                     added.push((slot, **policy));
                     changes.added.push(*prefix);
@@ -766,10 +776,15 @@ impl PolicyTable {
         entry: &Policy,
         used: &BTreeSet<u32>,
     ) -> Result<u32, PolicyError> {
-        let slot = plan_window(entry)
-            .chain(1..MAX_POLICIES)
+        let room = self.room();
+        let slot = plan_window(entry, room)
+            .chain(1..=room)
             .find(|slot| !used.contains(slot))
-            .ok_or(PolicyError::Full { asked: 1, room: 0 })?;
+            .ok_or(PolicyError::Full {
+                asked: 1,
+                room: 0,
+                max: room as usize,
+            })?;
         self.reset_slot(slot)?;
         self.write_slot(slot, entry)?;
         Ok(slot)
@@ -778,7 +793,7 @@ impl PolicyTable {
     /// The slots of `plan`'s window ([`plan_window`]) with their entries, in use or not:
     /// one lookup each.
     pub fn window_of(&self, plan: &Policy) -> Result<Vec<(u32, Policy)>, PolicyError> {
-        plan_window(plan)
+        plan_window(plan, self.room())
             .map(|slot| self.slot(slot).map(|p| (slot, p)))
             .collect()
     }
@@ -846,6 +861,12 @@ impl PolicyTable {
             .map_err(map_err("write the config"))
     }
 
+    /// The prefix policies and plans the attachment has room for (`--max-policies`): its
+    /// policy slots but the default's.
+    pub fn room(&self) -> u32 {
+        self.policies.len().saturating_sub(1)
+    }
+
     /// Every slot in use, with its entry as written (for [`PolicyTable::restore`]).
     /// Read in batches, as [`PolicyTable::list`]; only the slots in use are copied out.
     pub fn slots(&self) -> Result<Vec<(u32, Policy)>, PolicyError> {
@@ -857,7 +878,7 @@ impl PolicyTable {
             })
             .map_err(map_err("read the policies"))?
             .into_iter()
-            .filter(|(slot, p)| *slot != DEFAULT_SLOT && *slot < MAX_POLICIES && p.in_use != 0)
+            .filter(|(slot, p)| *slot != DEFAULT_SLOT && *slot <= self.room() && p.in_use != 0)
             .collect();
         found.sort_by_key(|(slot, _)| *slot);
         Ok(found)
@@ -1030,13 +1051,13 @@ impl PolicyTable {
 /// How many slots from its home a subscribers' plan may be placed in ([`plan_window`]).
 pub const PLAN_WINDOW: u32 = 32;
 
-/// The slots a subscribers' plan is placed in, in the order it takes them: [`PLAN_WINDOW`]
-/// slots from its home, an FNV-1a hash of its settings (its entry without its count of
-/// subscribers, as plans are compared), the same in every build. A change finds an
-/// identical plan, or the slot a new one takes, by reading these 32 entries, not the
-/// array's 16,384; a plan whose window is full goes to the first free slot anywhere (and a
-/// change then reads every slot to find it).
-pub fn plan_window(plan: &Policy) -> impl Iterator<Item = u32> + use<> {
+/// The slots a subscribers' plan is placed in among `room` (slots 1 to `room`), in the
+/// order it takes them: [`PLAN_WINDOW`] slots from its home, an FNV-1a hash of its settings
+/// (its entry without its count of subscribers, as plans are compared) modulo `room`, the
+/// same in every build. A change finds an identical plan, or the slot a new one takes, by
+/// reading these 32 entries, not the whole array; a plan whose window is full goes to the
+/// first free slot anywhere (and a change then reads every slot to find it).
+pub fn plan_window(plan: &Policy, room: u32) -> impl Iterator<Item = u32> + use<> {
     let settings = Policy {
         prefix_len: 0,
         ..*plan
@@ -1046,9 +1067,8 @@ pub fn plan_window(plan: &Policy) -> impl Iterator<Item = u32> + use<> {
         std::slice::from_raw_parts((&raw const settings).cast::<u8>(), size_of::<Policy>())
     };
     let hash = crate::fnv::fnv1a(bytes.iter().copied());
-    let room = u64::from(MAX_POLICIES - 1);
-    let home = (hash % room) as u32;
-    (0..PLAN_WINDOW).map(move |i| (home + i) % (MAX_POLICIES - 1) + 1)
+    let home = (hash % u64::from(room.max(1))) as u32;
+    (0..PLAN_WINDOW.min(room)).map(move |i| (home + i) % room.max(1) + 1)
 }
 
 #[cfg(test)]
@@ -1064,7 +1084,7 @@ mod tests {
             plan: 1,
             ..Policy::default()
         };
-        let window: Vec<u32> = plan_window(&plan(10_000_000, 0)).collect();
+        let window: Vec<u32> = plan_window(&plan(10_000_000, 0), MAX_POLICIES - 1).collect();
         // FNV-1a of the entry's bytes: the placement must not change across builds.
         assert_eq!(window[0], 14_176);
         assert_eq!(window.len(), PLAN_WINDOW as usize);
@@ -1073,10 +1093,29 @@ mod tests {
             assert_eq!(pair[1], pair[0] % (MAX_POLICIES - 1) + 1);
         }
         for rate in 1..2000 {
-            assert!(plan_window(&plan(rate, 0)).all(|s| (1..MAX_POLICIES).contains(&s)));
+            assert!(
+                plan_window(&plan(rate, 0), MAX_POLICIES - 1)
+                    .all(|s| (1..MAX_POLICIES).contains(&s))
+            );
         }
         // Its count of subscribers is not part of it.
-        assert!(plan_window(&plan(10_000_000, 7)).eq(window.iter().copied()));
-        assert_ne!(plan_window(&plan(20_000_000, 0)).next(), Some(window[0]));
+        assert!(plan_window(&plan(10_000_000, 7), MAX_POLICIES - 1).eq(window.iter().copied()));
+        assert_ne!(
+            plan_window(&plan(20_000_000, 0), MAX_POLICIES - 1).next(),
+            Some(window[0])
+        );
+        // In a smaller room: within it, each slot once, the whole room when it is smaller
+        // than a window.
+        for room in [1, 2, 31, 32, 1024] {
+            for rate in 1..200 {
+                let w: Vec<u32> = plan_window(&plan(rate, 0), room).collect();
+                assert_eq!(w.len(), room.min(PLAN_WINDOW) as usize, "room {room}");
+                assert!(
+                    w.iter().all(|s| (1..=room).contains(s)),
+                    "room {room}: {w:?}"
+                );
+                assert_eq!(w.iter().collect::<BTreeSet<_>>().len(), w.len(), "{w:?}");
+            }
+        }
     }
 }

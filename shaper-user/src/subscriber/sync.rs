@@ -13,7 +13,7 @@ use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use ipnet::IpNet;
 use shaper_common::{
     config::PolicyLimits,
-    maps::{MAX_POLICIES, Policy, SUBSCRIBER_BIT, SUBSCRIBER_ID_BYTES},
+    maps::{Policy, SUBSCRIBER_BIT, SUBSCRIBER_ID_BYTES},
 };
 
 use super::{
@@ -467,7 +467,8 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         batch: &Batch,
         in_force: &[(u32, Policy)],
     ) -> Result<(), SubscriberError> {
-        let room = (MAX_POLICIES - 1) as usize - self.p().slots()?.len();
+        let max = self.p().room() as usize;
+        let room = max.saturating_sub(self.p().slots()?.len());
         // Plans are few (tens): a list, counted no further than one over the room.
         let mut new: Vec<&Policy> = Vec::new();
         for w in &batch.writes {
@@ -479,7 +480,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             }
         }
         if new.len() > room {
-            return Err(SubscriberError::PlanRoom { room });
+            return Err(SubscriberError::PlanRoom { room, max });
         }
         Ok(())
     }

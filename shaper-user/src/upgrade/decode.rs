@@ -13,9 +13,9 @@ use aya::{
 use shaper_common::{
     layout::{self, Layout},
     maps::{
-        Config, Counters, DEFAULT_SLOT, MAX_POLICIES, PIN_CONFIG, PIN_COUNTERS,
-        PIN_COUNTERS_CARRIED, PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PerCpuSum,
-        Policy, PolicyStats, sum_per_cpu,
+        Config, Counters, DEFAULT_SLOT, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED,
+        PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PerCpuSum, Policy, PolicyStats,
+        sum_per_cpu,
     },
 };
 
@@ -119,7 +119,9 @@ fn hash_entries<T: Pod, U>(
 
 /// Whether `pin` is the same map in `l` as in today's layout.
 fn as_today(l: &Layout, pin: &str) -> bool {
-    l.map(pin).is_some() && l.map(pin) == layout::current().map(pin)
+    l.map(pin)
+        .zip(layout::current().map(pin))
+        .is_some_and(|(old, today)| old.holds_as(today))
 }
 
 fn no_decoder(pin: &'static str, l: &Layout) -> DecodeError {
@@ -153,7 +155,7 @@ pub fn read_settings(dir: &Path, l: &Layout) -> Result<Settings, DecodeError> {
         return Err(no_decoder(PIN_POLICIES, l));
     };
     // Slot 0 is the default policy's, which lives in the config.
-    let policies: Vec<(u32, Policy)> = (0..MAX_POLICIES)
+    let policies: Vec<(u32, Policy)> = (0u32..)
         .zip(all)
         .filter(|(slot, p)| *slot != DEFAULT_SLOT && p.in_use != 0)
         .collect();

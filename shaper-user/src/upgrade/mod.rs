@@ -72,10 +72,10 @@ use shaper_common::{
     maps::{
         Config, Counters, DEFAULT_MAX_SUBSCRIBERS, Ipv4Key, Ipv6Key, MAP_CONFIG,
         MAP_COUNTERS_CARRIED, MAP_POLICIES, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4,
-        MAP_PREFIXES_V6, MAP_SUBSCRIBERS, PIN_CONFIG, PIN_COUNTERS, PIN_COUNTERS_CARRIED,
-        PIN_LAYOUT, PIN_LINK, PIN_METER2, PIN_METER2_6, PIN_POLICIES, PIN_POLICY_STATS,
-        PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES, PIN_SUBSCRIBERS,
-        PIN_UPGRADE_PROG, PROG_XDP, Policy, PolicyStats, is_tc_mode,
+        MAP_PREFIXES_V6, MAP_SUBSCRIBERS, MAX_POLICIES, PIN_CONFIG, PIN_COUNTERS,
+        PIN_COUNTERS_CARRIED, PIN_LAYOUT, PIN_LINK, PIN_METER2, PIN_METER2_6, PIN_POLICIES,
+        PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES,
+        PIN_SUBSCRIBERS, PIN_UPGRADE_PROG, PROG_XDP, Policy, PolicyStats, is_tc_mode,
     },
 };
 
@@ -276,7 +276,7 @@ fn plan(at: &Attachment, from: &Layout) -> Result<Vec<(&'static MapLayout, bool)
         let reuse = match (m.holds, from.map(m.pin)) {
             // The old pins keep their version until the swap.
             (Holds::Version, _) => false,
-            (_, Some(old)) if old == m => true,
+            (_, Some(old)) if old.holds_as(m) => true,
             // Layout 8's subscribers, their ids and names in their entries: copied.
             (Holds::Cells, Some(old))
                 if m.pin == PIN_SUBSCRIBERS && old.value_size == layout8::ENTRY_BYTES =>
@@ -350,6 +350,7 @@ pub fn upgrade(
         max_sources: cap,
         meter2: settings.has_meter2(),
         max_subscribers: max_subscribers(at, from),
+        max_policies: max_policies(at),
     };
     swap_in(at, from, settings, &plan, sizes)
 }
@@ -417,6 +418,7 @@ pub fn make_room_for_meter2(at: &Attachment) -> Result<bool, UpgradeError> {
         max_sources: cap,
         meter2: true,
         max_subscribers: max_subscribers(at, current),
+        max_policies: max_policies(at),
     };
     swap_in(at, current, &settings, &grow_plan(), sizes)?;
     Ok(true)
@@ -429,6 +431,14 @@ pub fn max_subscribers(at: &Attachment, from: &Layout) -> u32 {
     }
     bpf::map_info(&at.dir().join(PIN_SUBSCRIBERS))
         .map_or(DEFAULT_MAX_SUBSCRIBERS, |i| i.max_entries.saturating_sub(1))
+}
+
+/// The policies `at`'s pins have room for ([`SIZED_BY_POLICIES`]'s size, less the
+/// default's slot): every layout has the policies' array, 16,384 slots before
+/// `--max-policies`.
+pub fn max_policies(at: &Attachment) -> u32 {
+    bpf::map_info(&at.dir().join(PIN_POLICIES))
+        .map_or(MAX_POLICIES - 1, |i| i.max_entries.saturating_sub(1))
 }
 
 /// The plan of [`make_room_for_meter2`]: every map of today's layout reused but the
@@ -905,6 +915,9 @@ mod tests {
         );
         // Layout 8's subscribers' entries held their ids and names: copied into a new map.
         assert_eq!(reused(8), all_but(&[PIN_SUBSCRIBERS, PIN_LAYOUT]));
+        // Layout 9's maps of one entry per policy slot (16,384 each) are kept at their
+        // size: today's are sized at attach.
+        assert_eq!(reused(9), all_but(&[PIN_LAYOUT]));
         // Growing the second meter's maps reuses every map but those two (and the
         // version): every cell, counter and policy stays.
         let mut grown: Vec<&str> = grow_plan()

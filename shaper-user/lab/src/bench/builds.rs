@@ -153,6 +153,7 @@ pub fn single_rate(max_sources: u32) -> Sizes {
         max_sources,
         meter2: false,
         max_subscribers: shaper_common::maps::DEFAULT_MAX_SUBSCRIBERS,
+        max_policies: shaper_common::maps::DEFAULT_MAX_POLICIES,
     }
 }
 

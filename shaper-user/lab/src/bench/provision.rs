@@ -83,6 +83,9 @@ pub struct Results {
 struct Rig {
     build: String,
     shaper: PathBuf,
+    /// Whether the build sizes its policy slots (`--max-policies`, `max_policies`): the
+    /// policies' file then asks for room for them all, as an older build always had.
+    sized_policies: bool,
     dir: PathBuf,
     ns: Netns,
 }
@@ -108,9 +111,14 @@ impl Rig {
         ns.ip_output(&["link", "set", IFACE, "up"])?;
         let dir = std::env::temp_dir().join(&name);
         fs::create_dir_all(&dir)?;
+        let help = Command::new(shaper)
+            .args(["attach", "--help"])
+            .output()
+            .context("cannot run shaper")?;
         Ok(Rig {
             build: build.to_owned(),
             shaper: shaper.to_owned(),
+            sized_policies: String::from_utf8_lossy(&help.stdout).contains("--max-policies"),
             dir,
             ns,
         })
@@ -199,9 +207,13 @@ fn policy_prefix(i: u32) -> String {
     }
 }
 
-/// The file of `n` policies; policy 0 at `first_rate`.
-fn policies_file(n: u32, first_rate: &str) -> String {
+/// The file of `n` policies, with room for them (`max_policies`) where `sized`; policy 0
+/// at `first_rate`.
+fn policies_file(n: u32, sized: bool, first_rate: &str) -> String {
     let mut s = format!("[[interface]]\nname = \"{IFACE}\"\nrate = \"1gbit\"\nburst = \"1m\"\n");
+    if sized {
+        let _ = writeln!(s, "max_policies = {n}");
+    }
     for i in 0..n {
         let rate = if i == 0 { first_rate } else { "10mbit" };
         let _ = write!(
@@ -251,10 +263,13 @@ fn subscribers_file(csv: &str, n: u32) -> String {
 
 fn policies(rig: &Rig, opts: &Options) -> Result<Vec<Row>> {
     let files = [
-        rig.write("policies.toml", &policies_file(opts.policies, "10mbit"))?,
+        rig.write(
+            "policies.toml",
+            &policies_file(opts.policies, rig.sized_policies, "10mbit"),
+        )?,
         rig.write(
             "policies-changed.toml",
-            &policies_file(opts.policies, "20mbit"),
+            &policies_file(opts.policies, rig.sized_policies, "20mbit"),
         )?,
     ];
     let row = |what: &str, seconds| rig.row(what, opts.policies, seconds, None);
