@@ -477,9 +477,51 @@ pub fn markdown(all: &AllKernels) -> String {
                     );
                 }
             }
+            memory_table(&mut w, k);
         }
     }
     w
+}
+
+/// The kernel memory of each build's attachment before any traffic, if measured.
+fn memory_table(w: &mut String, k: &KernelResults) {
+    let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0));
+    if k.attach.iter().all(|a| a.maps.is_empty()) {
+        return;
+    }
+    let _ = writeln!(
+        w,
+        "
+The kernel memory that attachment holds before any traffic: its pinned maps' \
+         `memlock` (the kernel's own accounting; a per-CPU map counts every possible CPU of \
+         this machine) summed, and today's largest maps:\n"
+    );
+    let _ = writeln!(
+        w,
+        "| direction (hook) | {} | today | today's largest maps |",
+        k.baseline.label
+    );
+    let _ = writeln!(w, "| --- | ---: | ---: | --- |");
+    for (direction, hook) in attach::DIRECTIONS {
+        if let (Some(b), Some(t)) = (
+            k.attach(&k.baseline.label, direction),
+            k.attach("today", direction),
+        ) {
+            let largest: Vec<String> = t
+                .maps
+                .iter()
+                .take(4)
+                .map(|(pin, bytes)| format!("{pin} {}", mib(*bytes)))
+                .collect();
+            let _ = writeln!(
+                w,
+                "| {direction} ({hook}) | {} | {} | {} |",
+                mib(b.memlock_bytes()),
+                mib(t.memlock_bytes()),
+                largest.join(", ")
+            );
+        }
+    }
 }
 
 /// The Markdown pages a generated block may be in: README.md and everything under docs/.
@@ -661,12 +703,17 @@ mod tests {
                         direction: "ingress".into(),
                         hook: "xdp".into(),
                         ms: Summary::of(vec![620.0, 640.0]),
+                        maps: vec![
+                            ("sources".into(), 37_749_632),
+                            ("policies".into(), 4_456_760),
+                        ],
                     },
                     AttachTiming {
                         build: "today".into(),
                         direction: "ingress".into(),
                         hook: "xdp".into(),
                         ms: Summary::of(vec![62.0, 80.0]),
+                        maps: vec![("sources".into(), 37_749_632), ("policies".into(), 279_112)],
                     },
                 ]
             },
@@ -803,6 +850,15 @@ mod tests {
         );
         let all = AllKernels::read(&results).unwrap();
         assert_eq!(all.kernels.len(), 2);
+        // The attachment's memory, summed over its maps, of the host's run only.
+        let md = markdown(&all);
+        assert!(
+            md.contains(
+                "| ingress (xdp) | 40.3 MiB | 36.3 MiB | sources 36.0 MiB, policies 0.3 MiB |"
+            ),
+            "{md}"
+        );
+        assert_eq!(md.matches("before any traffic").count(), 1, "{md}");
         let text = fs::read_to_string(&page).unwrap();
         let want = doc_table(&all, Some("../../bench/results-kernels.md"));
         assert_eq!(current_block(&text), Some(want.as_str()));
