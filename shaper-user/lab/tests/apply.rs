@@ -952,6 +952,9 @@ fn max_policies_sizes_the_policy_maps_and_bounds_them() {
     args.extend(["--max-policies", "2", "--max-subscribers", "4"]);
     ok(&lab, &args);
     assert_eq!(slots(iface), [3; 7]);
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(&lab, &["status", iface, "-j"])).unwrap();
+    assert_eq!(status[0]["max_policies"], 2, "{status}");
     // Fixed once attached.
     let at = args.len() - 3;
     args[at] = "3";

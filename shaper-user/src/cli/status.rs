@@ -70,6 +70,9 @@ struct Row {
     ipv4_sources_tracked: usize,
     ipv6_sources_tracked: usize,
     max_sources: u32,
+    /// Prefix policies and subscribers' plans the attachment has room for
+    /// (`--max-policies`).
+    max_policies: u32,
     /// New-source admission of the default policy; zero: unlimited.
     new_sources_per_sec: u64,
     new_sources_burst: u64,
@@ -115,6 +118,7 @@ fn row(at: &Attachment) -> Result<Row> {
         ipv4_sources_tracked: v4,
         ipv6_sources_tracked: v6,
         max_sources: maps::sources_capacity(at)?,
+        max_policies: upgrade::max_policies(at),
         new_sources_per_sec: config.admission.new_sources,
         new_sources_burst: config.admission.new_sources_burst,
         excess_rate_bits_per_sec: config.meter2.excess_rate_bps,
