@@ -841,7 +841,9 @@ fn accuracy_markdown(w: &mut String, acc: &AccuracyResults, plots: &[String]) {
              limiter* when its sources offered at least 1.5× the limit, no send was refused and \
              nothing was lost outside the limiter; a configuration is *comparable* when every \
              limiter's run of it does, and the headline averages each limiter over the same \
-             comparable configurations.\n"
+             comparable configurations. The rows of 9000-byte frames ran with the lab's MTU \
+             9000 (jumbo frames): the generator cannot offer twice 1 Gbit/s from one source \
+             in smaller ones.\n"
         );
         let _ = writeln!(
             w,
