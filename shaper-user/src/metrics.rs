@@ -596,6 +596,18 @@ fn collect_policies(
         base.clone(),
         policies as f64,
     );
+    f.gauge(
+        "shaper_policy_slots",
+        "Policy slots the attachment has room for (--max-policies, fixed at attach): prefix policies and subscribers' plans share them",
+        base.clone(),
+        f64::from(table.room()),
+    );
+    f.gauge(
+        "shaper_policy_slots_used",
+        "Policy slots in use: the prefix policies and the subscribers' distinct plans",
+        base.clone(),
+        slots.len() as f64,
+    );
     policy_series(f, base, "default".to_owned(), &default);
     for (name, s) in ranked {
         policy_series(f, base, name, &s);

@@ -463,6 +463,28 @@ impl Told {
         }
     }
 
+    /// The subscribers' distinct plans, by their settings as `subscriber list` gives them.
+    fn plans(&self) -> usize {
+        const PLAN: [&str; 10] = [
+            "mode",
+            "rate_bps",
+            "burst_bytes",
+            "per_address_rate_bps",
+            "per_address_burst_bytes",
+            "excess_rate_bps",
+            "excess_burst_bytes",
+            "excess_dscp",
+            "packet_rate",
+            "packet_burst",
+        ];
+        let plans: BTreeSet<String> = self
+            .subscribers
+            .iter()
+            .map(|s| PLAN.map(|k| s[k].to_string()).join(","))
+            .collect();
+        plans.len()
+    }
+
     fn total(&self, field: &str) -> f64 {
         self.stats["totals"][field]
             .as_u64()
@@ -508,6 +530,10 @@ impl Told {
             // Prefix policies: every row of policy list but the default's.
             "policies" => (self.policies.len() - 1) as f64,
             "subscribers" => self.subscribers.len() as f64,
+            // The room status shows; in use: the prefix policies and the subscribers'
+            // distinct plans (each a slot of its own, whatever the subscribers' number).
+            "policy_slots" => self.status["max_policies"].as_u64().unwrap() as f64,
+            "policy_slots_used" => (self.policies.len() - 1 + self.plans()) as f64,
             "unmetered_packets_total" => self.total(&format!("{}_packets", label("kind"))),
             "unmetered_bytes_total" => self.total(&format!("{}_bytes", label("kind"))),
             "metered_packets_total" => self.total(&format!("{}_packets", label("family"))),
@@ -733,6 +759,10 @@ fn metrics_give_the_default_and_the_top_policies_only() {
         .find(|s| s.name == "shaper_policies")
         .unwrap();
     assert_eq!(gauge.value, 40.0);
+    // The room (the default) and the slots in use (the 40 policies, no plan).
+    let gauge = |name: &str| samples.iter().find(|s| s.name == name).unwrap().value;
+    assert_eq!(gauge("shaper_policy_slots"), 1024.0);
+    assert_eq!(gauge("shaper_policy_slots_used"), 40.0);
     let _ = fs::remove_dir_all(&dir);
 }
 
