@@ -87,7 +87,7 @@ pub struct Args {
     pub max_subscribers: Option<u32>,
     /// Prefix policies and subscribers' plans the attachment has room for, fixed at
     /// attach, 1 to 16383: every slot costs memory whether used or not, its counters once
-    /// per CPU (about 180 bytes a CPU and 380 more) [default: 1024]
+    /// per CPU (184 bytes a CPU, and about 420 more) [default: 1024]
     #[arg(long)]
     pub max_policies: Option<u32>,
     /// Which address gets a bucket: the source (senders) or the destination (receivers)
