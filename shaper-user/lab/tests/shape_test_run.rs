@@ -329,6 +329,22 @@ fn departures(family: Family, shaper: Shaper) {
     assert_eq!(counters.shaped_packets, held, "{case}");
     assert_eq!(counters.shaped_bytes, held * FRAME as u64, "{case}");
     assert_eq!(counters.ce_marked_packets, seen(&runs, &marked) as u64);
+    // Each held frame's delay is its stamp less the kernel's clock during its run: the
+    // sum lies between the stamps less the clock after each run and less the clock
+    // before it, and the histogram counts each held frame once.
+    let delays = |clock: fn(&Run) -> u64| -> u64 {
+        runs.iter()
+            .filter(|r| r.tstamp != 0)
+            .map(|r| r.tstamp.saturating_sub(clock(r)))
+            .sum()
+    };
+    let (least, most) = (delays(|r| r.after), delays(|r| r.before));
+    assert!(
+        (least..=most).contains(&counters.shape_delay_ns),
+        "{case}: delays summed {} ns, not within {least}..={most}",
+        counters.shape_delay_ns
+    );
+    assert_eq!(counters.shape_delay.iter().sum::<u64>(), held, "{case}");
     assert_eq!(
         counters.outcomes.dropped_packets,
         dropped_n + default_dropped,
