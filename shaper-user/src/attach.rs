@@ -263,6 +263,7 @@ fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attach
     object::write_layout_version(&mut ebpf)?;
     crate::subscriber::record::make(at)
         .map_err(pin_err("the subscribers' ids and names", &at.dir()))?;
+    crate::subscriber::prefixes::make(at);
 
     // The policy is in place before the program can see a packet. The mode is known only
     // after attaching (auto may fall back to skb); it is recorded below, for `status`.

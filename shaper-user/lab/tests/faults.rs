@@ -1680,3 +1680,198 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
         assert_eq!(prefixes_of(a), prefixes, "set to {prefixes:?}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Each subscriber's prefixes by record: a removal or a change of prefixes without the tries
+
+/// Subscriber `id` over `prefixes`, 10 Mbit/s.
+fn sub_spec(id: &str, prefixes: &[&str]) -> shaper_user::subscriber::SubscriberSpec {
+    shaper_user::subscriber::SubscriberSpec {
+        id: id.to_owned(),
+        name: String::new(),
+        prefixes: prefixes.iter().map(|p| parse_prefix(p).unwrap()).collect(),
+        plan: PolicyLimits {
+            action: shaper_common::maps::ACTION_LIMIT,
+            rate_bps: 10_000_000,
+            burst_bytes: 64_000,
+            aggregate_rate_bps: 10_000_000,
+            aggregate_burst_bytes: 64_000,
+            ..PolicyLimits::default()
+        },
+    }
+}
+
+/// Every route of `at`'s tries, as (prefix, value).
+fn all_routes(at: &Attachment) -> std::collections::BTreeSet<(String, u32)> {
+    let table = PolicyTable::open(at).unwrap();
+    let routes = table.routes().unwrap();
+    routes
+        .into_iter()
+        .map(|(p, v)| (p.to_string(), v))
+        .collect()
+}
+
+/// `routes` less `gone`'s prefixes, with `now`'s added to the value `gone` had.
+fn routes_after(
+    routes: &std::collections::BTreeSet<(String, u32)>,
+    gone: &[&str],
+    now: &[&str],
+) -> std::collections::BTreeSet<(String, u32)> {
+    let value = routes
+        .iter()
+        .find(|(p, _)| p == gone[0])
+        .map(|(_, v)| *v)
+        .unwrap();
+    let was: Vec<&(String, u32)> = routes.iter().filter(|(_, v)| *v == value).collect();
+    assert_eq!(
+        was.len(),
+        gone.len(),
+        "{gone:?} are all of its routes: {was:?}"
+    );
+    let mut out: std::collections::BTreeSet<_> = routes
+        .iter()
+        .filter(|(p, _)| !gone.contains(&p.as_str()))
+        .cloned()
+        .collect();
+    out.extend(now.iter().map(|p| (p.to_string(), value)));
+    out
+}
+
+/// How many times `f` read a prefix trie whole.
+fn tries_read_by(f: impl FnOnce()) -> u64 {
+    let before = shaper_user::policy::table::tries_read();
+    f();
+    shaper_user::policy::table::tries_read() - before
+}
+
+/// A removal and a change of prefixes, one at a time, find the subscriber's prefixes in
+/// its record (`subscriber::prefixes`), written by every change of its routes (a batch's
+/// and a single one's), and read no trie, however stale the routes the last batch saved:
+/// each removes exactly that subscriber's routes, IPv4 and IPv6, and a change of
+/// prefixes checks its overlaps by lookups (its own prefix inside a new one passed over,
+/// another's refused). A subscriber with more prefixes than a record holds, a record
+/// that is not all of them (fewer, one twice, another's, garbage) and a missing file all
+/// read the tries and still remove exactly the right routes; the next change makes the
+/// file again, root-only.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_subscribers_prefixes_are_found_by_record_not_by_reading_the_tries() {
+    use shaper_user::subscriber::{SubscriberTable, prefixes};
+    use std::os::unix::fs::MetadataExt as _;
+
+    let lab = Lab::new("fz-pfx", 1).unwrap();
+    let (ns, iface) = (lab.rx_ns().to_owned(), lab.rx_iface().to_owned());
+    let _guard = attach_with(&ns, &iface, "8mbit", "64k", &["--max-subscribers", "64"]);
+    let at = Attachment::new(&iface, Some(&ns));
+    let path = prefixes::path_of(&at);
+    assert_eq!(fs::metadata(&path).unwrap().mode() & 0o7777, 0o600);
+    let s1 = ["100.64.1.1/32", "fdd7:1::/56"];
+    let s2 = ["100.64.2.1/32", "fdd7:2::/56"];
+    let s3 = ["100.64.3.0/29", "fdd7:3::/48"];
+    // 14 prefixes: more than a record holds.
+    let big: Vec<String> = (1..=13)
+        .map(|i| format!("100.64.9.{i}/32"))
+        .chain(["fdd7:9::/56".to_owned()])
+        .collect();
+    let big: Vec<&str> = big.iter().map(String::as_str).collect();
+    let batch = [
+        sub_spec("s1", &s1),
+        sub_spec("s2", &s2),
+        sub_spec("s3", &s3),
+        sub_spec("big", &big),
+    ];
+    change::set_subscribers(&at, &batch, false, &mut |_, _| {}).unwrap();
+    // Routes changed since the batch: the routes it saved are stale.
+    shaper_ok(
+        &ns,
+        &["policy", "set", &iface, "10.9.0.0/16", "--action", "pass"],
+    );
+    let s4 = ["100.64.4.1/32", "fdd7:4::/56"];
+    change::set_subscriber(&at, &sub_spec("s4", &s4)).unwrap();
+
+    let del = |id: &str, gone: &[&str]| {
+        let before = all_routes(&at);
+        let reads = tries_read_by(|| {
+            change::del_subscriber(&at, id).unwrap();
+        });
+        assert_eq!(
+            all_routes(&at),
+            routes_after(&before, gone, &[]),
+            "del {id}"
+        );
+        reads
+    };
+    assert_eq!(del("s1", &s1), 0, "a batch's subscriber: its record");
+    assert_eq!(del("s4", &s4), 0, "a single set's subscriber: its record");
+
+    // A change of prefixes: its own /32 inside its new /28 is passed over.
+    let s2_now = ["100.64.2.0/28", "fdd7:2::/56", "fdd7:22::/56"];
+    let before = all_routes(&at);
+    let reads = tries_read_by(|| {
+        change::set_subscriber(&at, &sub_spec("s2", &s2_now)).unwrap();
+    });
+    assert_eq!(reads, 0, "a change of prefixes: its record");
+    let gone = ["100.64.2.1/32", "fdd7:2::/56"];
+    assert_eq!(all_routes(&at), routes_after(&before, &gone, &s2_now));
+    // Another's prefix, a policy's, or one inside it: refused by lookups, nothing changed.
+    let before = all_routes(&at);
+    for (bad, says) in [
+        ("100.64.9.1/32", "subscriber big's prefix 100.64.9.1/32"),
+        ("10.9.0.0/16", "policy 10.9.0.0/16"),
+        ("100.64.9.0/24", "subscriber big's prefix 100.64.9."),
+        ("fdd7:3::/56", "inside subscriber s3's prefix fdd7:3::/48"),
+        ("fdd7::/16", "is inside subscriber s2's prefix fdd7::/16"),
+    ] {
+        let mut prefixes = s2_now.to_vec();
+        prefixes.push(bad);
+        let mut err = String::new();
+        let reads = tries_read_by(|| {
+            err = change::set_subscriber(&at, &sub_spec("s2", &prefixes))
+                .unwrap_err()
+                .to_string();
+        });
+        assert_eq!(reads, 0, "{bad}");
+        assert!(err.contains(says), "{bad}: {err}");
+        assert_eq!(all_routes(&at), before, "{bad}");
+    }
+    assert_eq!(
+        del("s2", &s2_now),
+        0,
+        "after a change of prefixes: its record"
+    );
+    assert!(del("big", &big) > 0, "more than a record holds: the tries");
+
+    // A record that is not all of its prefixes: the tries, and exactly its routes go.
+    let write_record = |bytes: &[u8]| {
+        let index = SubscriberTable::of(&maps::Pinned::open(&at).unwrap())
+            .unwrap()
+            .index_of("s3")
+            .unwrap()
+            .unwrap();
+        let file = fs::OpenOptions::new().write(true).open(&path).unwrap();
+        use std::os::unix::fs::FileExt as _;
+        file.write_all_at(bytes, u64::from(index) * prefixes::RECORD as u64)
+            .unwrap();
+    };
+    let net = |p: &str| parse_prefix(p).unwrap();
+    change::set_subscriber(&at, &sub_spec("s5", &s1)).unwrap();
+    for (what, record) in [
+        ("fewer", prefixes::encode(&[net(s3[0])])),
+        ("one twice", prefixes::encode(&[net(s3[0]), net(s3[0])])),
+        ("another's", prefixes::encode(&[net(s1[0]), net(s1[1])])),
+        ("garbage", [0x5a; prefixes::RECORD]),
+    ] {
+        change::set_subscriber(&at, &sub_spec("s3", &s3)).unwrap();
+        write_record(&record);
+        assert!(del("s3", &s3) > 0, "{what}: the tries");
+    }
+    change::set_subscriber(&at, &sub_spec("s3", &s3)).unwrap();
+    fs::remove_file(&path).unwrap();
+    assert!(del("s3", &s3) > 0, "no file: the tries");
+    // The next change makes it again, root-only, and the next removal reads it.
+    change::set_subscriber(&at, &sub_spec("s3", &s3)).unwrap();
+    assert_eq!(fs::metadata(&path).unwrap().mode() & 0o7777, 0o600);
+    assert_eq!(del("s3", &s3), 0, "the file made again");
+    // One set before the file was made again has no record in it: the tries.
+    assert!(del("s5", &s1) > 0, "no record");
+}
