@@ -1761,7 +1761,7 @@ fn a_subscribers_prefixes_are_found_by_record_not_by_reading_the_tries() {
 
     let lab = Lab::new("fz-pfx", 1).unwrap();
     let (ns, iface) = (lab.rx_ns().to_owned(), lab.rx_iface().to_owned());
-    let _guard = attach_with(&ns, &iface, "8mbit", "64k", &["--max-subscribers", "64"]);
+    let guard = attach_with(&ns, &iface, "8mbit", "64k", &["--max-subscribers", "64"]);
     let at = Attachment::new(&iface, Some(&ns));
     let path = prefixes::path_of(&at);
     assert_eq!(fs::metadata(&path).unwrap().mode() & 0o7777, 0o600);
@@ -1874,4 +1874,29 @@ fn a_subscribers_prefixes_are_found_by_record_not_by_reading_the_tries() {
     assert_eq!(del("s3", &s3), 0, "the file made again");
     // One set before the file was made again has no record in it: the tries.
     assert!(del("s5", &s1) > 0, "no record");
+
+    // A change of prefixes killed once written, before its commit: rolled back, its
+    // record put back with its routes (not left naming the prefixes rolled back).
+    let s6 = ["100.64.6.1/32", "fdd7:6::/56"];
+    change::set_subscriber(&at, &sub_spec("s6", &s6)).unwrap();
+    let moved = [
+        "subscriber",
+        "set",
+        &iface,
+        "s6",
+        "--prefix",
+        "100.64.7.1/32",
+        "--prefix",
+        "fdd7:7::/56",
+        "--rate",
+        "10mbit",
+        "--burst",
+        "64k",
+    ];
+    killed_at(&ns, "journal-commit", &moved);
+    rolled_back_by_status(&ns, &iface, "subscriber set", &[&iface]);
+    assert_eq!(del("s6", &s6), 0, "rolled back: its record");
+    // Gone with the attachment.
+    guard.detach().unwrap();
+    assert!(!path.exists(), "{} left by detach", path.display());
 }
