@@ -621,9 +621,9 @@ fn apply_edits(
         let table = SubscriberTable::of(prepared.attached(at)?)?;
         let index = kept.index(at, &table)?;
         // A plan change reads and writes the entry alone, never the tries; a removal,
-        // the entry and its routes, by one lookup each (the prefixes from the index,
-        // the tries read for them once). An entry not as the index has it is read
-        // again, once.
+        // the entry and its routes, by one lookup each (the prefixes from its record,
+        // or from the index, the tries read for them once). An entry not as the index
+        // has it is read again, once.
         let (plan, before) = match edit {
             Edit::Plan { id, plan } => {
                 let (before, now) = match table.plan_before(index, id) {
@@ -641,20 +641,7 @@ fn apply_edits(
                 }
                 (Some(plan), before)
             }
-            Edit::Del { id } => {
-                table.index_routes(index)?;
-                let before = match table.del_before(index, id) {
-                    Err(SubscriberError::Stale(_)) => {
-                        *index = table.index()?;
-                        kept.reads += 1;
-                        let index = kept.index(at, &table)?;
-                        table.index_routes(index)?;
-                        table.del_before(index, id)
-                    }
-                    other => other,
-                }?;
-                (None, before)
-            }
+            Edit::Del { id } => (None, del_before(kept, at, &table, id)?),
         };
         steps.push((table, plan, before));
     }
@@ -674,6 +661,34 @@ fn apply_edits(
     }
     change.commit()?;
     Ok(changed)
+}
+
+/// What the removal of subscriber `id` from `at` (whose table is `table`) may touch, read
+/// through `kept`'s index: its prefixes from its record if it holds them all
+/// ([`SubscriberTable::del_before_recorded`]), the index's (the tries read for them once)
+/// otherwise. An entry not as the index has it is read again, once.
+fn del_before(
+    kept: &mut Kept,
+    at: &Attachment,
+    table: &SubscriberTable,
+    id: &str,
+) -> Result<Before, ChangeError> {
+    let index = kept.index(at, table)?;
+    if let Some(before) = table.del_before_recorded(index, id) {
+        return Ok(before);
+    }
+    table.index_routes(index)?;
+    let before = match table.del_before(index, id) {
+        Err(SubscriberError::Stale(_)) => {
+            *index = table.index()?;
+            kept.reads += 1;
+            let index = kept.index(at, table)?;
+            table.index_routes(index)?;
+            table.del_before(index, id)
+        }
+        other => other,
+    }?;
+    Ok(before)
 }
 
 /// `shaper detach`: takes the program off and removes every pin. Not journaled: what it

@@ -1803,6 +1803,26 @@ fn a_subscribers_prefixes_are_found_by_record_not_by_reading_the_tries() {
     };
     assert_eq!(del("s1", &s1), 0, "a batch's subscriber: its record");
     assert_eq!(del("s4", &s4), 0, "a single set's subscriber: its record");
+    // The daemon's Disconnect, through an index it has just read (no prefixes in it):
+    // from the record too.
+    {
+        use shaper_user::{change::Edit, system};
+        let s7 = ["100.64.7.1/32", "fdd7:7::/56"];
+        change::set_subscriber(&at, &sub_spec("s7", &s7)).unwrap();
+        let before = all_routes(&at);
+        let mut kept = change::Kept::default();
+        let reads = tries_read_by(|| {
+            let lock = system::lock().unwrap();
+            let edits =
+                change::begin_edits("test", std::slice::from_ref(&at), lock, &mut kept).unwrap();
+            let del = Edit::Del {
+                id: "s7".to_owned(),
+            };
+            edits.apply(&[(at.clone(), del)]).unwrap();
+        });
+        assert_eq!(reads, 0, "a Disconnect: its record");
+        assert_eq!(all_routes(&at), routes_after(&before, &s7, &[]));
+    }
 
     // A change of prefixes: its own /32 inside its new /28 is passed over.
     let s2_now = ["100.64.2.0/28", "fdd7:2::/56", "fdd7:22::/56"];
