@@ -337,6 +337,30 @@ fn lowest_host(p: &IpNet) -> Option<IpNet> {
         .flatten()
 }
 
+/// Entries a probe reads before it asks whether the table is full (five runs: 496): a
+/// probe that long is rare below 95% full.
+const FULL_CHECK_AFTER: u32 = 256;
+
+/// Why a probe stopped short.
+enum Stop {
+    /// The table is known full ([`SubscriberTable::known_full`]).
+    Full,
+    Err(SubscriberError),
+}
+
+/// How many subscriber entries this process has read from the kernel.
+static ENTRIES_READ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many subscriber entries this process has read from the kernel so far: for the
+/// tests of what a change reads.
+pub fn entries_read() -> u64 {
+    ENTRIES_READ.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn counted(entries: usize) {
+    ENTRIES_READ.fetch_add(entries as u64, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// An attachment's subscribers: their map, and the policy maps their plans and routes live
 /// in.
 pub struct SubscriberTable<P = PolicyTable> {
@@ -456,9 +480,59 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         Ok(true)
     }
 
-    /// Looks subscriber `id` up by its hash ([`place::probe`]): a few runs of entries.
+    /// Looks subscriber `id` up by its hash ([`place::probe`]): a few runs of entries. A
+    /// probe that goes on past [`FULL_CHECK_AFTER`] entries asks, once, whether the table
+    /// is full ([`Self::known_full`]): if it is, `id` is found by its record instead
+    /// ([`Self::find_in_full`]), not by reading the table whole.
     fn probe(&self, id: &str) -> Result<place::Probe, SubscriberError> {
-        place::probe(&padded(id), self.room(), |start, n| self.run(start, n))
+        let (mut read, mut checked) = (0u32, false);
+        let probed = place::probe(&padded(id), self.room(), |start, n| {
+            if read >= FULL_CHECK_AFTER && !checked {
+                checked = true;
+                if self.known_full().map_err(Stop::Err)? {
+                    return Err(Stop::Full);
+                }
+            }
+            read += n;
+            self.run(start, n).map_err(Stop::Err)
+        });
+        match probed {
+            Ok(found) => Ok(found),
+            Err(Stop::Err(e)) => Err(e),
+            Err(Stop::Full) => self.find_in_full(id),
+        }
+    }
+
+    /// Whether every entry of a table placed by hash is in use, by its plans' counts of
+    /// their subscribers ([`Self::plan_joined`]): one read of the policy slots.
+    fn known_full(&self) -> Result<bool, SubscriberError> {
+        if !self.hashed()? {
+            return Ok(false);
+        }
+        let plans = self.p().plans()?;
+        let n: u64 = plans.iter().map(|(_, p)| u64::from(plan_users(p))).sum();
+        Ok(n >= u64::from(self.room()))
+    }
+
+    /// [`Self::probe`] of `id` in a table whose every entry is in use: by its record (an
+    /// entry in use always has its record: [`record`]), the records read, not the entries,
+    /// and the entry it names read and checked; absent (no room) if none is `id`'s. Where
+    /// that entry is not `id`'s in use after all, the whole probe.
+    fn find_in_full(&self, id: &str) -> Result<place::Probe, SubscriberError> {
+        let want = padded::<SUBSCRIBER_ID_BYTES>(id);
+        let records = self.all_records()?;
+        let found = records
+            .iter()
+            .skip(1)
+            .position(|r| r.0[..SUBSCRIBER_ID_BYTES] == want);
+        let Some(i) = found.map(|k| k as u32 + 1) else {
+            return Ok(place::Probe::Absent(None));
+        };
+        let e = self.entry(i)?;
+        if e.in_use != 0 && e.id == want {
+            return Ok(place::Probe::Found(i, e));
+        }
+        place::probe(&want, self.room(), |start, n| self.run(start, n))
     }
 
     /// The error of entry `index` whose record is not its id's.
@@ -485,6 +559,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         use aya::maps::IterableMap as _;
         let got = crate::maps::read_run::<Subscriber>(self.subs.map(), start, n)
             .map_err(map_err("read the subscribers"))?;
+        counted(got.len());
         let records = self.records.read_run(start, got.len() as u32)?;
         got.iter()
             .zip(&records)
@@ -604,6 +679,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         use aya::maps::IterableMap as _;
         let read = crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
             .map_err(map_err("read the subscribers"))?;
+        counted(read.len());
         let records = self.all_records()?;
         let mut all = vec![Entry::default(); self.subs.len() as usize];
         for (i, s) in read {
@@ -620,6 +696,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         use aya::maps::IterableMap as _;
         let read = crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
             .map_err(map_err("read the subscribers"))?;
+        counted(read.len());
         let records = self.all_records()?;
         read.into_iter()
             .filter(|(i, s)| *i != 0 && s.in_use != 0)

@@ -1920,3 +1920,85 @@ fn a_subscribers_prefixes_are_found_by_record_not_by_reading_the_tries() {
     guard.detach().unwrap();
     assert!(!path.exists(), "{} left by detach", path.display());
 }
+
+/// A full table (every entry in use, as its plans' counts say) refuses a new subscriber
+/// without reading every entry: a probe that goes on asks whether the table is full, and
+/// then finds the id by its record; a subscriber as far from its home as the table is
+/// long is found the same way, changed and removed. Its prefixes IPv4 and IPv6.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_full_table_refuses_a_new_subscriber_without_reading_every_entry() {
+    use shaper_user::subscriber::{entries_read, place};
+    const ROOM: u32 = 2048;
+
+    let lab = Lab::new("fz-full", 1).unwrap();
+    let (ns, iface) = (lab.rx_ns().to_owned(), lab.rx_iface().to_owned());
+    let room = ROOM.to_string();
+    let _guard = attach_with(&ns, &iface, "8mbit", "64k", &["--max-subscribers", &room]);
+    let at = Attachment::new(&iface, Some(&ns));
+    // Every id's home the first entry: placed in order, the last one at the last entry,
+    // a probe the length of the table from its home.
+    let ids: Vec<String> = (0..)
+        .map(|n| format!("c{n}"))
+        .filter(|id| place::home(id.as_bytes(), ROOM) == 1)
+        .take(ROOM as usize)
+        .collect();
+    let prefixes = |k: usize| {
+        [
+            format!("100.64.{}.{}/32", k / 256, k % 256),
+            format!("fdd7:{k:x}::/56"),
+        ]
+    };
+    let specs: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(k, id)| {
+            let p = prefixes(k);
+            sub_spec(id, &[&p[0], &p[1]])
+        })
+        .collect();
+    change::set_subscribers(&at, &specs, false, &mut |_, _| {}).unwrap();
+    let read_by = |f: &mut dyn FnMut()| {
+        let before = entries_read();
+        f();
+        entries_read() - before
+    };
+
+    let mut err = String::new();
+    let new = sub_spec("new", &["100.65.0.1/32", "fdd8::/56"]);
+    let read = read_by(&mut || err = change::set_subscriber(&at, &new).unwrap_err().to_string());
+    assert!(err.contains("no room for another subscriber"), "{err}");
+    assert!(
+        read < u64::from(ROOM) / 2,
+        "refused after reading {read} entries"
+    );
+
+    let last = ids.last().unwrap();
+    let mine = prefixes(ROOM as usize - 1);
+    let moved = sub_spec(last, &[&mine[0], "fdd7:ffff::/56"]);
+    let read = read_by(&mut || {
+        change::set_subscriber(&at, &moved).unwrap();
+    });
+    assert!(
+        read < u64::from(ROOM) / 2,
+        "found after reading {read} entries"
+    );
+    let routes = all_routes(&at);
+    let value = |p: &str| routes.iter().find(|(r, _)| r == p).map(|(_, v)| *v);
+    assert_eq!(value("fdd7:ffff::/56"), value(&mine[0]));
+    assert_eq!(value(&mine[1]), None);
+    let before = all_routes(&at);
+    let read = read_by(&mut || {
+        change::del_subscriber(&at, last).unwrap();
+    });
+    assert!(
+        read < u64::from(ROOM) / 2,
+        "removed after reading {read} entries"
+    );
+    assert_eq!(
+        all_routes(&at),
+        routes_after(&before, &[&mine[0], "fdd7:ffff::/56"], &[])
+    );
+    // Room again: the new one fits.
+    change::set_subscriber(&at, &new).unwrap();
+}
