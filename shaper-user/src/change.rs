@@ -529,7 +529,12 @@ pub fn del_subscriber_holding(
     let prepared = begin_holding("subscriber del", std::slice::from_ref(at), lock)?;
     let mut table = SubscriberTable::of(prepared.attached(at)?)?;
     let before = table.before(id, None)?;
-    let change = prepared.journal_with(vec![Undo::subscriber(at, &before)])?;
+    // The one policy slot it may write: its plan's (its count, or freed), journaled
+    // alone, the array not read.
+    let slot = before.entry.plan;
+    let slots = vec![(slot, table.plan_now(slot)?)];
+    let undo = vec![Undo::subscriber(at, &before)];
+    let change = prepared.journal_knowing(undo, |_| Some(Known::Only(slots.clone())))?;
     let changed = table.del(&before)?;
     change.commit()?;
     Ok(changed)

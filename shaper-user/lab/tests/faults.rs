@@ -1916,9 +1916,31 @@ fn a_subscribers_prefixes_are_found_by_record_not_by_reading_the_tries() {
     killed_at(&ns, "journal-commit", &moved);
     rolled_back_by_status(&ns, &iface, "subscriber set", &[&iface]);
     assert_eq!(del("s6", &s6), 0, "rolled back: its record");
-    // Gone with the attachment.
+    // A removal killed once written: rolled back whole, with the one policy slot it
+    // journals, its plan's: one of two on it, and the last on its own.
+    change::set_subscriber(&at, &sub_spec("s8", &s1)).unwrap();
+    change::set_subscriber(&at, &sub_spec("s10", &s2)).unwrap();
+    let mut own_plan = sub_spec("s9", &s4);
+    own_plan.plan.aggregate_rate_bps = 20_000_000;
+    change::set_subscriber(&at, &own_plan).unwrap();
+    let plans = || {
+        let pinned = maps::Pinned::open(&at).unwrap();
+        PolicyTable::of(&pinned).unwrap().plans().unwrap()
+    };
+    for id in ["s8", "s9"] {
+        let then = (all_routes(&at), plans(), subscribers(&ns, &iface));
+        killed_at(&ns, "journal-commit", &["subscriber", "del", &iface, id]);
+        rolled_back_by_status(&ns, &iface, "subscriber del", &[&iface]);
+        let now = (all_routes(&at), plans(), subscribers(&ns, &iface));
+        assert_eq!(now, then, "del {id} rolled back");
+        assert_eq!(del(id, if id == "s8" { &s1 } else { &s4 }), 0, "{id}");
+    }
+
+    // Gone with the attachment; none for an attachment without room for subscribers.
     guard.detach().unwrap();
     assert!(!path.exists(), "{} left by detach", path.display());
+    let _guard = attach(&ns, &iface, "8mbit", "64k");
+    assert!(!path.exists(), "{} made without room", path.display());
 }
 
 /// A full table (every entry in use, as its plans' counts say) refuses a new subscriber

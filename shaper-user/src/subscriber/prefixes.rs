@@ -47,10 +47,12 @@ pub fn path_of(at: &Attachment) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// Makes the records of `at` anew (its pins just made: no subscriber). A copy: if it
-/// cannot be made, changes read the tries.
+/// Makes the records of `at` anew (its pins just made: no subscriber), if it has room for
+/// any; removes any left otherwise. A copy: if it cannot be made, changes read the tries.
 pub fn make(at: &Attachment) {
-    if PrefixFile::create(&path_of(at)).is_err() {
+    let pin = at.dir().join(shaper_common::maps::PIN_SUBSCRIBERS);
+    let room = crate::bpf::map_info(&pin).is_ok_and(|info| info.max_entries > 1);
+    if !room || PrefixFile::create(&path_of(at)).is_err() {
         forget(at);
     }
 }
