@@ -153,8 +153,10 @@ pub fn attach(req: &AttachRequest, pinned: Option<&Pinned>) -> Result<Attached, 
     check_policies(req, &config, hook)?;
     let result = attach_new(req, &config, hook);
     if result.is_err() {
-        // Best effort: the original error is the one worth reporting.
+        // Best effort: the original error is the one worth reporting. The files beside
+        // the pins (the subscribers' ids, their prefixes) go with them.
         let _ = req.at.remove_pins();
+        crate::subscriber::known::forget(&req.at);
     }
     result
 }
