@@ -10,7 +10,9 @@
 //! A change writes that subscriber alone: its entry, its routes, its plan's slot if the plan
 //! is new. A plan change is one write of its entry (its keys keep the cached route, and the
 //! kernel carries its cell over to the new rate: no refill); a change of its prefixes moves
-//! the policy generation on, as a policy change does.
+//! the policy generation on, as a policy change does. Its prefixes are kept too, as a copy,
+//! in a record at its index ([`prefixes`]): a removal or a change of prefixes finds them
+//! there, each checked by a lookup, rather than in the tries read whole.
 //!
 //! Overlaps that would let a subscriber's traffic escape its bucket are refused: a prefix of
 //! another subscriber or a prefix policy equal to or inside one of its prefixes, and its
