@@ -522,12 +522,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// that entry is not `id`'s in use after all, the whole probe.
     fn find_in_full(&self, id: &str) -> Result<place::Probe, SubscriberError> {
         let want = padded::<SUBSCRIBER_ID_BYTES>(id);
-        let records = self.all_records()?;
-        let found = records
-            .iter()
-            .skip(1)
-            .position(|r| r.0[..SUBSCRIBER_ID_BYTES] == want);
-        let Some(i) = found.map(|k| k as u32 + 1) else {
+        let Some(i) = self.records.find_id(&want)? else {
             return Ok(place::Probe::Absent(None));
         };
         let e = self.entry(i)?;
