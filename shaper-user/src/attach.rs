@@ -153,8 +153,10 @@ pub fn attach(req: &AttachRequest, pinned: Option<&Pinned>) -> Result<Attached, 
     check_policies(req, &config, hook)?;
     let result = attach_new(req, &config, hook);
     if result.is_err() {
-        // Best effort: the original error is the one worth reporting.
+        // Best effort: the original error is the one worth reporting. The files beside
+        // the pins (the subscribers' ids, their prefixes) go with them.
         let _ = req.at.remove_pins();
+        crate::subscriber::known::forget(&req.at);
     }
     result
 }
@@ -266,6 +268,7 @@ fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attach
     object::write_layout_version(&mut ebpf)?;
     crate::subscriber::record::make(at)
         .map_err(pin_err("the subscribers' ids and names", &at.dir()))?;
+    crate::subscriber::prefixes::make(at);
 
     // The policy is in place before the program can see a packet. The mode is known only
     // after attaching (auto may fall back to skb); it is recorded below, for `status`.

@@ -529,7 +529,12 @@ pub fn del_subscriber_holding(
     let prepared = begin_holding("subscriber del", std::slice::from_ref(at), lock)?;
     let mut table = SubscriberTable::of(prepared.attached(at)?)?;
     let before = table.before(id, None)?;
-    let change = prepared.journal_with(vec![Undo::subscriber(at, &before)])?;
+    // The one policy slot it may write: its plan's (its count, or freed), journaled
+    // alone, the array not read.
+    let slot = before.entry.plan;
+    let slots = vec![(slot, table.plan_now(slot)?)];
+    let undo = vec![Undo::subscriber(at, &before)];
+    let change = prepared.journal_knowing(undo, |_| Some(Known::Only(slots.clone())))?;
     let changed = table.del(&before)?;
     change.commit()?;
     Ok(changed)
@@ -621,9 +626,9 @@ fn apply_edits(
         let table = SubscriberTable::of(prepared.attached(at)?)?;
         let index = kept.index(at, &table)?;
         // A plan change reads and writes the entry alone, never the tries; a removal,
-        // the entry and its routes, by one lookup each (the prefixes from the index,
-        // the tries read for them once). An entry not as the index has it is read
-        // again, once.
+        // the entry and its routes, by one lookup each (the prefixes from its record,
+        // or from the index, the tries read for them once). An entry not as the index
+        // has it is read again, once.
         let (plan, before) = match edit {
             Edit::Plan { id, plan } => {
                 let (before, now) = match table.plan_before(index, id) {
@@ -641,20 +646,7 @@ fn apply_edits(
                 }
                 (Some(plan), before)
             }
-            Edit::Del { id } => {
-                table.index_routes(index)?;
-                let before = match table.del_before(index, id) {
-                    Err(SubscriberError::Stale(_)) => {
-                        *index = table.index()?;
-                        kept.reads += 1;
-                        let index = kept.index(at, &table)?;
-                        table.index_routes(index)?;
-                        table.del_before(index, id)
-                    }
-                    other => other,
-                }?;
-                (None, before)
-            }
+            Edit::Del { id } => (None, del_before(kept, at, &table, id)?),
         };
         steps.push((table, plan, before));
     }
@@ -674,6 +666,34 @@ fn apply_edits(
     }
     change.commit()?;
     Ok(changed)
+}
+
+/// What the removal of subscriber `id` from `at` (whose table is `table`) may touch, read
+/// through `kept`'s index: its prefixes from its record if it holds them all
+/// ([`SubscriberTable::del_before_recorded`]), the index's (the tries read for them once)
+/// otherwise. An entry not as the index has it is read again, once.
+fn del_before(
+    kept: &mut Kept,
+    at: &Attachment,
+    table: &SubscriberTable,
+    id: &str,
+) -> Result<Before, ChangeError> {
+    let index = kept.index(at, table)?;
+    if let Some(before) = table.del_before_recorded(index, id) {
+        return Ok(before);
+    }
+    table.index_routes(index)?;
+    let before = match table.del_before(index, id) {
+        Err(SubscriberError::Stale(_)) => {
+            *index = table.index()?;
+            kept.reads += 1;
+            let index = kept.index(at, table)?;
+            table.index_routes(index)?;
+            table.del_before(index, id)
+        }
+        other => other,
+    }?;
+    Ok(before)
 }
 
 /// `shaper detach`: takes the program off and removes every pin. Not journaled: what it

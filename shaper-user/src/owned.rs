@@ -139,7 +139,7 @@ pub fn create_private(path: &Path) -> io::Result<File> {
 
 /// Refuses an open file another user owns; sets one of ours that others may read or
 /// write to 0600.
-fn make_private(file: &File) -> io::Result<()> {
+pub(crate) fn make_private(file: &File) -> io::Result<()> {
     let meta = file.metadata()?;
     if !trusted_owner(meta.uid()) {
         return Err(io::Error::new(

@@ -10,7 +10,9 @@
 //! A change writes that subscriber alone: its entry, its routes, its plan's slot if the plan
 //! is new. A plan change is one write of its entry (its keys keep the cached route, and the
 //! kernel carries its cell over to the new rate: no refill); a change of its prefixes moves
-//! the policy generation on, as a policy change does.
+//! the policy generation on, as a policy change does. Its prefixes are kept too, as a copy,
+//! in a record at its index ([`prefixes`]): a removal or a change of prefixes finds them
+//! there, each checked by a lookup, rather than in the tries read whole.
 //!
 //! Overlaps that would let a subscriber's traffic escape its bucket are refused: a prefix of
 //! another subscriber or a prefix policy equal to or inside one of its prefixes, and its
@@ -21,6 +23,7 @@ mod index;
 pub mod known;
 pub mod place;
 pub mod plan;
+pub mod prefixes;
 pub mod record;
 mod sync;
 
@@ -336,6 +339,30 @@ fn lowest_host(p: &IpNet) -> Option<IpNet> {
         .flatten()
 }
 
+/// Entries a probe reads before it asks whether the table is full (five runs: 496): a
+/// probe that long is rare below 95% full.
+const FULL_CHECK_AFTER: u32 = 256;
+
+/// Why a probe stopped short.
+enum Stop {
+    /// The table is known full ([`SubscriberTable::known_full`]).
+    Full,
+    Err(SubscriberError),
+}
+
+/// How many subscriber entries this process has read from the kernel.
+static ENTRIES_READ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many subscriber entries this process has read from the kernel so far: for the
+/// tests of what a change reads.
+pub fn entries_read() -> u64 {
+    ENTRIES_READ.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn counted(entries: usize) {
+    ENTRIES_READ.fetch_add(entries as u64, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// An attachment's subscribers: their map, and the policy maps their plans and routes live
 /// in.
 pub struct SubscriberTable<P = PolicyTable> {
@@ -358,6 +385,10 @@ pub struct SubscriberTable<P = PolicyTable> {
     /// Its maps were made by the change at hand: every entry is free, and a batch does
     /// not read them ([`Self::made_now`]).
     made_now: bool,
+    /// Each subscriber's prefixes by index ([`prefixes`]), for maps opened from pins: the
+    /// file's path, and the file once open (made at the first write if there is none).
+    prefix_path: Option<std::path::PathBuf>,
+    prefix_file: std::cell::OnceCell<Option<prefixes::PrefixFile>>,
 }
 
 impl SubscriberTable {
@@ -372,8 +403,10 @@ impl SubscriberTable {
                 record::Records::open(&record::path_of(pinned.at()), map_id)?
             }
         };
+        let room = subs.len() > 1;
         Ok(Self {
             known: known::Known::of(pinned),
+            prefix_path: room.then(|| prefixes::path_of(pinned.at())),
             ..Self::with_records(subs, PolicyTable::of(pinned)?, records)
         })
     }
@@ -401,6 +434,8 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             known: None,
             known_read: std::cell::RefCell::new(None),
             made_now: false,
+            prefix_path: None,
+            prefix_file: std::cell::OnceCell::new(),
         }
     }
 
@@ -447,9 +482,54 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         Ok(true)
     }
 
-    /// Looks subscriber `id` up by its hash ([`place::probe`]): a few runs of entries.
+    /// Looks subscriber `id` up by its hash ([`place::probe`]): a few runs of entries. A
+    /// probe that goes on past [`FULL_CHECK_AFTER`] entries asks, once, whether the table
+    /// is full ([`Self::known_full`]): if it is, `id` is found by its record instead
+    /// ([`Self::find_in_full`]), not by reading the table whole.
     fn probe(&self, id: &str) -> Result<place::Probe, SubscriberError> {
-        place::probe(&padded(id), self.room(), |start, n| self.run(start, n))
+        let (mut read, mut checked) = (0u32, false);
+        let probed = place::probe(&padded(id), self.room(), |start, n| {
+            if read >= FULL_CHECK_AFTER && !checked {
+                checked = true;
+                if self.known_full().map_err(Stop::Err)? {
+                    return Err(Stop::Full);
+                }
+            }
+            read += n;
+            self.run(start, n).map_err(Stop::Err)
+        });
+        match probed {
+            Ok(found) => Ok(found),
+            Err(Stop::Err(e)) => Err(e),
+            Err(Stop::Full) => self.find_in_full(id),
+        }
+    }
+
+    /// Whether every entry of a table placed by hash is in use, by its plans' counts of
+    /// their subscribers ([`Self::plan_joined`]): one read of the policy slots.
+    fn known_full(&self) -> Result<bool, SubscriberError> {
+        if !self.hashed()? {
+            return Ok(false);
+        }
+        let plans = self.p().plans()?;
+        let n: u64 = plans.iter().map(|(_, p)| u64::from(plan_users(p))).sum();
+        Ok(n >= u64::from(self.room()))
+    }
+
+    /// [`Self::probe`] of `id` in a table whose every entry is in use: by its record (an
+    /// entry in use always has its record: [`record`]), the records read, not the entries,
+    /// and the entry it names read and checked; absent (no room) if none is `id`'s. Where
+    /// that entry is not `id`'s in use after all, the whole probe.
+    fn find_in_full(&self, id: &str) -> Result<place::Probe, SubscriberError> {
+        let want = padded::<SUBSCRIBER_ID_BYTES>(id);
+        let Some(i) = self.records.find_id(&want)? else {
+            return Ok(place::Probe::Absent(None));
+        };
+        let e = self.entry(i)?;
+        if e.in_use != 0 && e.id == want {
+            return Ok(place::Probe::Found(i, e));
+        }
+        place::probe(&want, self.room(), |start, n| self.run(start, n))
     }
 
     /// The error of entry `index` whose record is not its id's.
@@ -476,6 +556,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         use aya::maps::IterableMap as _;
         let got = crate::maps::read_run::<Subscriber>(self.subs.map(), start, n)
             .map_err(map_err("read the subscribers"))?;
+        counted(got.len());
         let records = self.records.read_run(start, got.len() as u32)?;
         got.iter()
             .zip(&records)
@@ -535,12 +616,67 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         self.subs.len().saturating_sub(1)
     }
 
+    /// The file of each subscriber's prefixes ([`prefixes`]), if there is one.
+    fn prefix_file(&self) -> Option<&prefixes::PrefixFile> {
+        self.prefix_file
+            .get_or_init(|| {
+                self.prefix_path
+                    .as_deref()
+                    .and_then(prefixes::PrefixFile::open)
+            })
+            .as_ref()
+    }
+
+    /// Writes `records` ([`prefixes::encode`]d, by index; `whole`: every record, the
+    /// others none), the file made first if there is none. A copy: a file that cannot be
+    /// made or written is removed, and the changes that follow read the tries.
+    fn record_prefixes(&mut self, records: &mut [(u32, [u8; prefixes::RECORD])], whole: bool) {
+        let Some(path) = self.prefix_path.clone() else {
+            return;
+        };
+        if self.prefix_file().is_none() {
+            self.prefix_file = prefixes::PrefixFile::create(&path).ok().into();
+        }
+        let len = self.subs.len();
+        let written = self.prefix_file().map(|f| match whole {
+            true => f.write_all(records, len),
+            false => f.write_many(records),
+        });
+        if !matches!(written, Some(Ok(()))) {
+            let _ = std::fs::remove_file(&path);
+            self.prefix_file = None.into();
+        }
+    }
+
+    /// Subscriber `index`'s prefixes as its record holds them ([`prefixes`]), if they are
+    /// all of them: as many as `entry` counts (distinct: [`prefixes::decode`]), each a
+    /// route to it (one lookup each). The tries are not read.
+    fn recorded_prefixes(
+        &self,
+        index: u32,
+        entry: &Entry,
+    ) -> Result<Option<Vec<IpNet>>, SubscriberError> {
+        let Some(nets) = self.prefix_file().and_then(|f| f.read(index)) else {
+            return Ok(None);
+        };
+        if entry.in_use == 0 || nets.len() != entry.in_use as usize {
+            return Ok(None);
+        }
+        for net in &nets {
+            if self.p().exact_route(*net)? != Some(index | SUBSCRIBER_BIT) {
+                return Ok(None);
+            }
+        }
+        Ok(Some(nets))
+    }
+
     /// Every entry, free ones too, by index, with its id and name: the table and the
     /// records each read whole.
     fn all(&self) -> Result<Vec<Entry>, SubscriberError> {
         use aya::maps::IterableMap as _;
         let read = crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
             .map_err(map_err("read the subscribers"))?;
+        counted(read.len());
         let records = self.all_records()?;
         let mut all = vec![Entry::default(); self.subs.len() as usize];
         for (i, s) in read {
@@ -557,6 +693,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         use aya::maps::IterableMap as _;
         let read = crate::maps::read_batched::<u32, Subscriber>(self.subs.map())
             .map_err(map_err("read the subscribers"))?;
+        counted(read.len());
         let records = self.all_records()?;
         read.into_iter()
             .filter(|(i, s)| *i != 0 && s.in_use != 0)
@@ -777,7 +914,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     /// [`Self::before`] by lookups, if it can be: subscriber `index` (`entry`) new, or with
     /// `prefixes` (as given) exactly: each a route of its own, as many as its entry counts
     /// (`in_use`). A new one's routes to be are each prefix, and the lowest host route
-    /// inside each (the overlap check's walk starts there: [`Self::check_new`]).
+    /// inside each (the overlap check's walk starts there: [`Self::check_by_lookup`]).
     fn before_by_lookup<'a>(
         &self,
         index: u32,
@@ -845,14 +982,18 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         }))
     }
 
-    /// [`Self::before`] of subscriber `index` (`entry`) from every route of the tries (a
-    /// removal from the routes the last batch left, if it can be).
+    /// [`Self::before`] of subscriber `index` (`entry`) from its record of prefixes if it
+    /// holds them all ([`Self::before_recorded`]), otherwise from every route of the tries
+    /// (a removal from the routes the last batch left, if it can be).
     fn before_reading(
         &self,
         index: u32,
         entry: Entry,
         spec: Option<&SubscriberSpec>,
     ) -> Result<Before, SubscriberError> {
+        if let Some(before) = self.before_recorded(index, entry, spec)? {
+            return Ok(before);
+        }
         if spec.is_none()
             && let Some(before) = self.before_known(index, entry)?
         {
@@ -882,6 +1023,36 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             routes,
             by_lookup: false,
         })
+    }
+
+    /// [`Self::before`] of subscriber `index` (`entry`, in use) from its record of
+    /// prefixes, if it holds them all ([`Self::recorded_prefixes`]): those, and for a
+    /// change to `spec`, each of its prefixes and the lowest host route inside each, as
+    /// they route (what [`Self::check_by_lookup`] may touch). The tries are not read.
+    fn before_recorded(
+        &self,
+        index: u32,
+        entry: Entry,
+        spec: Option<&SubscriberSpec>,
+    ) -> Result<Option<Before>, SubscriberError> {
+        let Some(old) = self.recorded_prefixes(index, &entry)? else {
+            return Ok(None);
+        };
+        let value = Some(index | SUBSCRIBER_BIT);
+        let mut routes: Vec<(IpNet, Option<u32>)> = old.into_iter().map(|p| (p, value)).collect();
+        for p in spec.iter().flat_map(|s| &s.prefixes) {
+            for net in [Some(*p), lowest_host(p)].into_iter().flatten() {
+                if !routes.iter().any(|(r, _)| *r == net) {
+                    routes.push((net, self.p().exact_route(net)?));
+                }
+            }
+        }
+        Ok(Some(Before {
+            index,
+            entry,
+            routes,
+            by_lookup: true,
+        }))
     }
 
     fn free_index(&self) -> Result<u32, SubscriberError> {
@@ -943,22 +1114,39 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         Ok(())
     }
 
-    /// [`Self::check_overlaps`] of a new subscriber `spec` by lookups, no trie read (as
-    /// [`Self::before`] read it: `before`). For each prefix: the longest route covering
-    /// it (one lookup: a shorter one of another subscriber's would hold it, which the
-    /// rule refuses), and the routes inside it, walked from the lowest host route inside
-    /// it (routed for the walk if it is not, to the new subscriber's index, whose entry is
-    /// not in use yet: the kernel gives such a key the default; taken out after, and put
-    /// back by the journal if killed), until the walk leaves it.
-    fn check_new(&mut self, spec: &SubscriberSpec, before: &Before) -> Result<(), SubscriberError> {
+    /// [`Self::check_overlaps`] of subscriber `spec` by lookups, no trie read (as
+    /// [`Self::before`] read it: `before`, which holds every prefix of a subscriber in
+    /// force: its own routes, passed over). For each prefix not its own already: the
+    /// longest route covering it (one lookup: a shorter one of another subscriber's would
+    /// hold it, which the rule refuses), and the routes inside it, walked from the lowest
+    /// host route inside it (routed for the walk if it is not, to the subscriber's index,
+    /// which the prefix is about to route to: a new one's entry is not in use yet, and the
+    /// kernel gives such a key the default; taken out after, and put back by the journal
+    /// if killed), until the walk leaves it.
+    fn check_by_lookup(
+        &mut self,
+        spec: &SubscriberSpec,
+        before: &Before,
+    ) -> Result<(), SubscriberError> {
         let value = before.index | SUBSCRIBER_BIT;
-        for p in &spec.prefixes {
+        let own = (before.entry.in_use != 0).then_some(value);
+        let was = |net: &IpNet| {
+            before
+                .routes
+                .iter()
+                .find(|(r, _)| r == net)
+                .and_then(|(_, v)| *v)
+        };
+        for p in spec
+            .prefixes
+            .iter()
+            .filter(|p| own.is_none() || was(p) != own)
+        {
             if let Some(v) = self.p().longest_route(*p) {
-                let exact = self.p().exact_route(*p)?.is_some();
-                if exact {
+                if self.p().exact_route(*p)?.is_some() {
                     return Err(self.inside(spec, *p, *p, v));
                 }
-                if v & SUBSCRIBER_BIT != 0 {
+                if v & SUBSCRIBER_BIT != 0 && Some(v) != own {
                     let route = self.p().covering_route(*p, v)?;
                     return Err(self.within(spec, *p, route, v));
                 }
@@ -966,22 +1154,40 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             let Some(low) = lowest_host(p) else {
                 continue;
             };
-            let was = before
-                .routes
-                .iter()
-                .find(|(r, _)| *r == low)
-                .and_then(|(_, v)| *v);
-            if let Some(v) = was {
-                return Err(self.inside(spec, *p, low, v));
+            let routed = match was(&low) {
+                Some(v) if Some(v) != own => return Err(self.inside(spec, *p, low, v)),
+                Some(_) => true,
+                None => false,
+            };
+            if !routed {
+                self.pm().route_value(low, value)?;
             }
-            self.pm().route_value(low, value)?;
-            let found = self.first_inside(*p, low);
-            self.pm().unroute_if_there(low)?;
+            let found = self.first_other_inside(*p, low, own);
+            if !routed {
+                self.pm().unroute_if_there(low)?;
+            }
             if let Some((route, v)) = found? {
                 return Err(self.inside(spec, *p, route, v));
             }
         }
         Ok(())
+    }
+
+    /// [`Self::first_inside`], past the routes to `own` (a subscriber's own).
+    fn first_other_inside(
+        &self,
+        p: IpNet,
+        low: IpNet,
+        own: Option<u32>,
+    ) -> Result<Option<(IpNet, u32)>, SubscriberError> {
+        let mut at = low;
+        while let Some((route, v)) = self.first_inside(p, at)? {
+            if Some(v) != own {
+                return Ok(Some((route, v)));
+            }
+            at = route;
+        }
+        Ok(None)
     }
 
     /// The first route inside `p` after `low` (a route, the first of those inside `p` in
@@ -1049,12 +1255,6 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         let config = self.p().config()?;
         let entry_plan = spec.check((config.prefix_v4, config.prefix_v6))?;
         let index = before.index;
-        match (before.by_lookup, before.entry.in_use) {
-            // Its prefixes are those in force: nothing new to check.
-            (true, n) if n != 0 => {}
-            (true, _) => self.check_new(spec, before)?,
-            (false, _) => self.check_overlaps(spec, index)?,
-        }
         let old = before.entry;
         let old_prefixes: Vec<IpNet> = before
             .routes
@@ -1062,6 +1262,14 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             .filter(|(_, v)| *v == Some(index | SUBSCRIBER_BIT))
             .map(|(net, _)| *net)
             .collect();
+        let same_prefixes = old_prefixes.len() == spec.prefixes.len()
+            && spec.prefixes.iter().all(|p| old_prefixes.contains(p));
+        match (before.by_lookup, old.in_use != 0 && same_prefixes) {
+            // Its prefixes are those in force: nothing new to check.
+            (true, true) => {}
+            (true, false) => self.check_by_lookup(spec, before)?,
+            (false, _) => self.check_overlaps(spec, index)?,
+        }
         let plan = match slots
             .iter()
             .find(|(_, p)| p.plan != 0 && same_plan(p, &entry_plan))
@@ -1076,8 +1284,6 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 self.pm().add_plan_among(&entry_plan, &used)?
             }
         };
-        let same_prefixes = old_prefixes.len() == spec.prefixes.len()
-            && spec.prefixes.iter().all(|p| old_prefixes.contains(p));
         let entry = self.entry_for(spec, index, &old, plan)?;
         if old.in_use != 0
             && (entry.plan, entry.id, entry.name) == (old.plan, old.id, old.name)
@@ -1104,6 +1310,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         if old.in_use != 0 && old.plan != plan {
             self.plan_left(old.plan)?;
         }
+        self.record_prefixes(&mut [(index, prefixes::encode(&spec.prefixes))], false);
         Ok(if old.in_use == 0 {
             Changed::Added
         } else {
@@ -1141,6 +1348,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
     pub fn del(&mut self, before: &Before) -> Result<Changed, SubscriberError> {
         self.unroute_and_clear(before)?;
         self.plan_left(before.entry.plan)?;
+        self.record_prefixes(&mut [(before.index, prefixes::encode(&[]))], false);
         self.remember_without(before.index);
         Ok(Changed::Removed)
     }
@@ -1229,6 +1437,17 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             }
         }
         self.pm().subscribers_routed(false, false)?;
+        let value = Some(before.index | SUBSCRIBER_BIT);
+        let own: Vec<IpNet> = match before.entry.in_use {
+            0 => Vec::new(),
+            _ => before
+                .routes
+                .iter()
+                .filter(|(_, v)| *v == value)
+                .map(|(p, _)| *p)
+                .collect(),
+        };
+        self.record_prefixes(&mut [(before.index, prefixes::encode(&own))], false);
         Ok(())
     }
 }

@@ -196,8 +196,9 @@ fn an_invalid_file_or_a_failure_part_way_changes_nothing() {
     lab.rx_netns().ip(&["link", "set", BRIDGE, "up"]).unwrap();
 
     // Nothing attached yet: a failure on the second interface detaches the first again.
+    // The second's files beside its pins (its subscribers' ids and prefixes) go too.
     let both = format!(
-        "{}\n[[interface]]\nname = \"{BRIDGE}\"\nrate = \"1mbit\"\nburst = \"64k\"\nxdp_mode = \"native\"\n",
+        "{}\n[[interface]]\nname = \"{BRIDGE}\"\nrate = \"1mbit\"\nburst = \"64k\"\nxdp_mode = \"native\"\nmax_subscribers = 8\n",
         isp(iface)
     );
     let both = TempFile::new("both", &both);
@@ -208,6 +209,10 @@ fn an_invalid_file_or_a_failure_part_way_changes_nothing() {
     );
     assert!(!pin_dir(&lab, iface).exists(), "{iface} left attached");
     assert!(!pin_dir(&lab, BRIDGE).exists(), "{BRIDGE} left attached");
+    for file in ["ids", "prefixes"] {
+        let path = format!("/run/shaper.routes/{}.{BRIDGE}.ingress.{file}", lab.rx_ns());
+        assert!(fs::metadata(&path).is_err(), "{path} left");
+    }
 
     // Attached (by `attach`, then given policies by a file): the same failure puts the
     // first interface's settings and policies back.

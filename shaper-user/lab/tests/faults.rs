@@ -1680,3 +1680,347 @@ fn subscribers_placed_by_hash_collide_leave_tombstones_and_roll_back() {
         assert_eq!(prefixes_of(a), prefixes, "set to {prefixes:?}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Each subscriber's prefixes by record: a removal or a change of prefixes without the tries
+
+/// Subscriber `id` over `prefixes`, 10 Mbit/s.
+fn sub_spec(id: &str, prefixes: &[&str]) -> shaper_user::subscriber::SubscriberSpec {
+    shaper_user::subscriber::SubscriberSpec {
+        id: id.to_owned(),
+        name: String::new(),
+        prefixes: prefixes.iter().map(|p| parse_prefix(p).unwrap()).collect(),
+        plan: PolicyLimits {
+            action: shaper_common::maps::ACTION_LIMIT,
+            rate_bps: 10_000_000,
+            burst_bytes: 64_000,
+            aggregate_rate_bps: 10_000_000,
+            aggregate_burst_bytes: 64_000,
+            ..PolicyLimits::default()
+        },
+    }
+}
+
+/// Every route of `at`'s tries, as (prefix, value).
+fn all_routes(at: &Attachment) -> std::collections::BTreeSet<(String, u32)> {
+    let table = PolicyTable::open(at).unwrap();
+    let routes = table.routes().unwrap();
+    routes
+        .into_iter()
+        .map(|(p, v)| (p.to_string(), v))
+        .collect()
+}
+
+/// `routes` less `gone`'s prefixes, with `now`'s added to the value `gone` had.
+fn routes_after(
+    routes: &std::collections::BTreeSet<(String, u32)>,
+    gone: &[&str],
+    now: &[&str],
+) -> std::collections::BTreeSet<(String, u32)> {
+    let value = routes
+        .iter()
+        .find(|(p, _)| p == gone[0])
+        .map(|(_, v)| *v)
+        .unwrap();
+    let was: Vec<&(String, u32)> = routes.iter().filter(|(_, v)| *v == value).collect();
+    assert_eq!(
+        was.len(),
+        gone.len(),
+        "{gone:?} are all of its routes: {was:?}"
+    );
+    let mut out: std::collections::BTreeSet<_> = routes
+        .iter()
+        .filter(|(p, _)| !gone.contains(&p.as_str()))
+        .cloned()
+        .collect();
+    out.extend(now.iter().map(|p| (p.to_string(), value)));
+    out
+}
+
+/// How many times `f` read a prefix trie whole.
+fn tries_read_by(f: impl FnOnce()) -> u64 {
+    let before = shaper_user::policy::table::tries_read();
+    f();
+    shaper_user::policy::table::tries_read() - before
+}
+
+/// A removal and a change of prefixes, one at a time, find the subscriber's prefixes in
+/// its record (`subscriber::prefixes`), written by every change of its routes (a batch's
+/// and a single one's), and read no trie, however stale the routes the last batch saved:
+/// each removes exactly that subscriber's routes, IPv4 and IPv6, and a change of
+/// prefixes checks its overlaps by lookups (its own prefix inside a new one passed over,
+/// another's refused). A subscriber with more prefixes than a record holds, a record
+/// that is not all of them (fewer, one twice, another's, garbage) and a missing file all
+/// read the tries and still remove exactly the right routes; the next change makes the
+/// file again, root-only.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_subscribers_prefixes_are_found_by_record_not_by_reading_the_tries() {
+    use shaper_user::subscriber::{SubscriberTable, prefixes};
+    use std::os::unix::fs::MetadataExt as _;
+
+    let lab = Lab::new("fz-pfx", 1).unwrap();
+    let (ns, iface) = (lab.rx_ns().to_owned(), lab.rx_iface().to_owned());
+    let guard = attach_with(&ns, &iface, "8mbit", "64k", &["--max-subscribers", "64"]);
+    let at = Attachment::new(&iface, Some(&ns));
+    let path = prefixes::path_of(&at);
+    assert_eq!(fs::metadata(&path).unwrap().mode() & 0o7777, 0o600);
+    let s1 = ["100.64.1.1/32", "fdd7:1::/56"];
+    let s2 = ["100.64.2.1/32", "fdd7:2::/56"];
+    let s3 = ["100.64.3.0/29", "fdd7:3::/48"];
+    // 14 prefixes: more than a record holds.
+    let big: Vec<String> = (1..=13)
+        .map(|i| format!("100.64.9.{i}/32"))
+        .chain(["fdd7:9::/56".to_owned()])
+        .collect();
+    let big: Vec<&str> = big.iter().map(String::as_str).collect();
+    let batch = [
+        sub_spec("s1", &s1),
+        sub_spec("s2", &s2),
+        sub_spec("s3", &s3),
+        sub_spec("big", &big),
+    ];
+    change::set_subscribers(&at, &batch, false, &mut |_, _| {}).unwrap();
+    // Routes changed since the batch: the routes it saved are stale.
+    shaper_ok(
+        &ns,
+        &["policy", "set", &iface, "10.9.0.0/16", "--action", "pass"],
+    );
+    let s4 = ["100.64.4.1/32", "fdd7:4::/56"];
+    change::set_subscriber(&at, &sub_spec("s4", &s4)).unwrap();
+
+    let del = |id: &str, gone: &[&str]| {
+        let before = all_routes(&at);
+        let reads = tries_read_by(|| {
+            change::del_subscriber(&at, id).unwrap();
+        });
+        assert_eq!(
+            all_routes(&at),
+            routes_after(&before, gone, &[]),
+            "del {id}"
+        );
+        reads
+    };
+    assert_eq!(del("s1", &s1), 0, "a batch's subscriber: its record");
+    assert_eq!(del("s4", &s4), 0, "a single set's subscriber: its record");
+    // The daemon's Disconnect, through an index it has just read (no prefixes in it):
+    // from the record too.
+    {
+        use shaper_user::{change::Edit, system};
+        let s7 = ["100.64.7.1/32", "fdd7:7::/56"];
+        change::set_subscriber(&at, &sub_spec("s7", &s7)).unwrap();
+        let before = all_routes(&at);
+        let mut kept = change::Kept::default();
+        let reads = tries_read_by(|| {
+            let lock = system::lock().unwrap();
+            let edits =
+                change::begin_edits("test", std::slice::from_ref(&at), lock, &mut kept).unwrap();
+            let del = Edit::Del {
+                id: "s7".to_owned(),
+            };
+            edits.apply(&[(at.clone(), del)]).unwrap();
+        });
+        assert_eq!(reads, 0, "a Disconnect: its record");
+        assert_eq!(all_routes(&at), routes_after(&before, &s7, &[]));
+    }
+
+    // A change of prefixes: its own /32 inside its new /28 is passed over.
+    let s2_now = ["100.64.2.0/28", "fdd7:2::/56", "fdd7:22::/56"];
+    let before = all_routes(&at);
+    let reads = tries_read_by(|| {
+        change::set_subscriber(&at, &sub_spec("s2", &s2_now)).unwrap();
+    });
+    assert_eq!(reads, 0, "a change of prefixes: its record");
+    let gone = ["100.64.2.1/32", "fdd7:2::/56"];
+    assert_eq!(all_routes(&at), routes_after(&before, &gone, &s2_now));
+    // Another's prefix, a policy's, or one inside it: refused by lookups, nothing changed.
+    let before = all_routes(&at);
+    for (bad, says) in [
+        ("100.64.9.1/32", "subscriber big's prefix 100.64.9.1/32"),
+        ("10.9.0.0/16", "policy 10.9.0.0/16"),
+        ("100.64.9.0/24", "subscriber big's prefix 100.64.9."),
+        ("fdd7:3::/56", "inside subscriber s3's prefix fdd7:3::/48"),
+        ("fdd7::/16", "is inside subscriber s2's prefix fdd7::/16"),
+    ] {
+        let mut prefixes = s2_now.to_vec();
+        prefixes.push(bad);
+        let mut err = String::new();
+        let reads = tries_read_by(|| {
+            err = change::set_subscriber(&at, &sub_spec("s2", &prefixes))
+                .unwrap_err()
+                .to_string();
+        });
+        assert_eq!(reads, 0, "{bad}");
+        assert!(err.contains(says), "{bad}: {err}");
+        assert_eq!(all_routes(&at), before, "{bad}");
+    }
+    assert_eq!(
+        del("s2", &s2_now),
+        0,
+        "after a change of prefixes: its record"
+    );
+    assert!(del("big", &big) > 0, "more than a record holds: the tries");
+
+    // A record that is not all of its prefixes: the tries, and exactly its routes go.
+    let write_record = |bytes: &[u8]| {
+        let index = SubscriberTable::of(&maps::Pinned::open(&at).unwrap())
+            .unwrap()
+            .index_of("s3")
+            .unwrap()
+            .unwrap();
+        let file = fs::OpenOptions::new().write(true).open(&path).unwrap();
+        use std::os::unix::fs::FileExt as _;
+        file.write_all_at(bytes, u64::from(index) * prefixes::RECORD as u64)
+            .unwrap();
+    };
+    let net = |p: &str| parse_prefix(p).unwrap();
+    change::set_subscriber(&at, &sub_spec("s5", &s1)).unwrap();
+    for (what, record) in [
+        ("fewer", prefixes::encode(&[net(s3[0])])),
+        ("one twice", prefixes::encode(&[net(s3[0]), net(s3[0])])),
+        ("another's", prefixes::encode(&[net(s1[0]), net(s1[1])])),
+        ("garbage", [0x5a; prefixes::RECORD]),
+    ] {
+        change::set_subscriber(&at, &sub_spec("s3", &s3)).unwrap();
+        write_record(&record);
+        assert!(del("s3", &s3) > 0, "{what}: the tries");
+    }
+    change::set_subscriber(&at, &sub_spec("s3", &s3)).unwrap();
+    fs::remove_file(&path).unwrap();
+    assert!(del("s3", &s3) > 0, "no file: the tries");
+    // The next change makes it again, root-only, and the next removal reads it.
+    change::set_subscriber(&at, &sub_spec("s3", &s3)).unwrap();
+    assert_eq!(fs::metadata(&path).unwrap().mode() & 0o7777, 0o600);
+    assert_eq!(del("s3", &s3), 0, "the file made again");
+    // One set before the file was made again has no record in it: the tries.
+    assert!(del("s5", &s1) > 0, "no record");
+
+    // A change of prefixes killed once written, before its commit: rolled back, its
+    // record put back with its routes (not left naming the prefixes rolled back).
+    let s6 = ["100.64.6.1/32", "fdd7:6::/56"];
+    change::set_subscriber(&at, &sub_spec("s6", &s6)).unwrap();
+    let moved = [
+        "subscriber",
+        "set",
+        &iface,
+        "s6",
+        "--prefix",
+        "100.64.7.1/32",
+        "--prefix",
+        "fdd7:7::/56",
+        "--rate",
+        "10mbit",
+        "--burst",
+        "64k",
+    ];
+    killed_at(&ns, "journal-commit", &moved);
+    rolled_back_by_status(&ns, &iface, "subscriber set", &[&iface]);
+    assert_eq!(del("s6", &s6), 0, "rolled back: its record");
+    // A removal killed once written: rolled back whole, with the one policy slot it
+    // journals, its plan's: one of two on it, and the last on its own.
+    change::set_subscriber(&at, &sub_spec("s8", &s1)).unwrap();
+    change::set_subscriber(&at, &sub_spec("s10", &s2)).unwrap();
+    let mut own_plan = sub_spec("s9", &s4);
+    own_plan.plan.aggregate_rate_bps = 20_000_000;
+    change::set_subscriber(&at, &own_plan).unwrap();
+    let plans = || {
+        let pinned = maps::Pinned::open(&at).unwrap();
+        PolicyTable::of(&pinned).unwrap().plans().unwrap()
+    };
+    for id in ["s8", "s9"] {
+        let then = (all_routes(&at), plans(), subscribers(&ns, &iface));
+        killed_at(&ns, "journal-commit", &["subscriber", "del", &iface, id]);
+        rolled_back_by_status(&ns, &iface, "subscriber del", &[&iface]);
+        let now = (all_routes(&at), plans(), subscribers(&ns, &iface));
+        assert_eq!(now, then, "del {id} rolled back");
+        assert_eq!(del(id, if id == "s8" { &s1 } else { &s4 }), 0, "{id}");
+    }
+
+    // Gone with the attachment; none for an attachment without room for subscribers.
+    guard.detach().unwrap();
+    assert!(!path.exists(), "{} left by detach", path.display());
+    let _guard = attach(&ns, &iface, "8mbit", "64k");
+    assert!(!path.exists(), "{} made without room", path.display());
+}
+
+/// A full table (every entry in use, as its plans' counts say) refuses a new subscriber
+/// without reading every entry: a probe that goes on asks whether the table is full, and
+/// then finds the id by its record; a subscriber as far from its home as the table is
+/// long is found the same way, changed and removed. Its prefixes IPv4 and IPv6.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_full_table_refuses_a_new_subscriber_without_reading_every_entry() {
+    use shaper_user::subscriber::{entries_read, place};
+    const ROOM: u32 = 2048;
+
+    let lab = Lab::new("fz-full", 1).unwrap();
+    let (ns, iface) = (lab.rx_ns().to_owned(), lab.rx_iface().to_owned());
+    let room = ROOM.to_string();
+    let _guard = attach_with(&ns, &iface, "8mbit", "64k", &["--max-subscribers", &room]);
+    let at = Attachment::new(&iface, Some(&ns));
+    // Every id's home the first entry: placed in order, the last one at the last entry,
+    // a probe the length of the table from its home.
+    let ids: Vec<String> = (0..)
+        .map(|n| format!("c{n}"))
+        .filter(|id| place::home(id.as_bytes(), ROOM) == 1)
+        .take(ROOM as usize)
+        .collect();
+    let prefixes = |k: usize| {
+        [
+            format!("100.64.{}.{}/32", k / 256, k % 256),
+            format!("fdd7:{k:x}::/56"),
+        ]
+    };
+    let specs: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(k, id)| {
+            let p = prefixes(k);
+            sub_spec(id, &[&p[0], &p[1]])
+        })
+        .collect();
+    change::set_subscribers(&at, &specs, false, &mut |_, _| {}).unwrap();
+    let read_by = |f: &mut dyn FnMut()| {
+        let before = entries_read();
+        f();
+        entries_read() - before
+    };
+
+    let mut err = String::new();
+    let new = sub_spec("new", &["100.65.0.1/32", "fdd8::/56"]);
+    let read = read_by(&mut || err = change::set_subscriber(&at, &new).unwrap_err().to_string());
+    assert!(err.contains("no room for another subscriber"), "{err}");
+    assert!(
+        read < u64::from(ROOM) / 2,
+        "refused after reading {read} entries"
+    );
+
+    let last = ids.last().unwrap();
+    let mine = prefixes(ROOM as usize - 1);
+    let moved = sub_spec(last, &[&mine[0], "fdd7:ffff::/56"]);
+    let read = read_by(&mut || {
+        change::set_subscriber(&at, &moved).unwrap();
+    });
+    assert!(
+        read < u64::from(ROOM) / 2,
+        "found after reading {read} entries"
+    );
+    let routes = all_routes(&at);
+    let value = |p: &str| routes.iter().find(|(r, _)| r == p).map(|(_, v)| *v);
+    assert_eq!(value("fdd7:ffff::/56"), value(&mine[0]));
+    assert_eq!(value(&mine[1]), None);
+    let before = all_routes(&at);
+    let read = read_by(&mut || {
+        change::del_subscriber(&at, last).unwrap();
+    });
+    assert!(
+        read < u64::from(ROOM) / 2,
+        "removed after reading {read} entries"
+    );
+    assert_eq!(
+        all_routes(&at),
+        routes_after(&before, &[&mine[0], "fdd7:ffff::/56"], &[])
+    );
+    // Room again: the new one fits.
+    change::set_subscriber(&at, &new).unwrap();
+}

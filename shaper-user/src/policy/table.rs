@@ -264,11 +264,21 @@ enum Undo {
 /// Every route of `trie` (the `family` prefix trie) with its value, in batches
 /// (`BPF_MAP_LOOKUP_BATCH`, which prefix tries have from Linux 5.13; shaper needs 5.18): a
 /// few system calls for a million routes, where walking the keys takes two a route.
+/// How many times this process has read a prefix trie whole ([`entries_of`]): for the
+/// tests of a change that finds what it needs by lookups.
+static TRIES_READ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times this process has read a prefix trie whole so far.
+pub fn tries_read() -> u64 {
+    TRIES_READ.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn entries_of<K: aya::Pod>(
     trie: &LpmTrie<MapData, K, u32>,
     family: &str,
 ) -> Result<Vec<(Key<K>, u32)>, PolicyError> {
     use aya::maps::IterableMap as _;
+    TRIES_READ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     crate::maps::read_batched::<Key<K>, u32>(trie.map())
         .map_err(map_err(format!("read the {family} prefix trie")))
 }

@@ -196,6 +196,20 @@ impl SubscriberTable {
         })
     }
 
+    /// [`Self::del_before`] from the subscriber's record of prefixes
+    /// ([`super::prefixes`]), if it holds them all: `index` need not hold the prefixes,
+    /// and the tries are not read for them. `None` where the record cannot be trusted, or
+    /// the entry is not what `index` says.
+    pub fn del_before_recorded(&self, index: &Index, id: &str) -> Option<Before> {
+        let (before, _) = self.plan_before(index, id).ok()?;
+        let nets = self.recorded_prefixes(before.index, &before.entry).ok()??;
+        let value = Some(before.index | SUBSCRIBER_BIT);
+        Some(Before {
+            routes: nets.into_iter().map(|net| (net, value)).collect(),
+            ..before
+        })
+    }
+
     /// Removes the subscriber `before` read (by [`SubscriberTable::del_before`]) with
     /// [`SubscriberTable::del`]: its routes, then its entry, then its plan's slot if it
     /// was the last on it (its count, in a table placed by hash: no table read). `index`

@@ -52,6 +52,7 @@ pub fn forget(at: &Attachment) {
     let _ = fs::remove_file(path_of(at));
     crate::rows::forget(at);
     super::record::forget(at);
+    super::prefixes::forget(at);
 }
 
 /// The ids of the subscribers' table and of the IPv4 and IPv6 tries `pinned` opened.

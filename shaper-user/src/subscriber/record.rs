@@ -363,6 +363,44 @@ impl Records {
             .collect())
     }
 
+    /// The first record from 1 whose id is `id` (NUL-padded), if any: the file read in
+    /// runs of records into one buffer, not all of it held at once.
+    pub fn find_id(&self, id: &[u8; SUBSCRIBER_ID_BYTES]) -> Result<Option<u32>, RecordsError> {
+        const RUN: usize = 65_536;
+        let mut buf = vec![0u8; RUN * RECORD];
+        let mut start = 1usize;
+        loop {
+            let got = self.read_into(&mut buf, start)?;
+            let found = buf[..got - got % RECORD]
+                .chunks_exact(RECORD)
+                .position(|r| r[..SUBSCRIBER_ID_BYTES] == id[..]);
+            if let Some(k) = found {
+                return Ok(Some((start + k) as u32));
+            }
+            if got < buf.len() {
+                return Ok(None);
+            }
+            start += RUN;
+        }
+    }
+
+    /// Reads the records from `start` into `buf` as far as it goes: the bytes read (fewer
+    /// only where the file ends).
+    fn read_into(&self, buf: &mut [u8], start: usize) -> Result<usize, RecordsError> {
+        let mut at = 0;
+        while at < buf.len() {
+            let got = self
+                .file
+                .read_at(&mut buf[at..], (start * RECORD + at) as u64)
+                .map_err(self.io("read"))?;
+            if got == 0 {
+                break;
+            }
+            at += got;
+        }
+        Ok(at)
+    }
+
     /// Writes record `index`.
     pub fn write(&self, index: u32, r: &Record) -> Result<(), RecordsError> {
         self.file
@@ -493,6 +531,19 @@ mod tests {
         let mut many = vec![(1, b), (2, b)];
         records.write_many(&mut many, 4).unwrap();
         assert_eq!(records.read_run(1, 3).unwrap(), [b, b, a]);
+        // Found by id from record 1 on (the header is none), the first of two.
+        let id = |r: &Record| r.id();
+        assert_eq!(records.find_id(&id(&a)).unwrap(), Some(3));
+        assert_eq!(records.find_id(&id(&b)).unwrap(), Some(1));
+        assert_eq!(records.find_id(&[7; SUBSCRIBER_ID_BYTES]).unwrap(), None);
+        let mut header = [0; SUBSCRIBER_ID_BYTES];
+        header.copy_from_slice(&Records::header(42).0[..SUBSCRIBER_ID_BYTES]);
+        assert_eq!(records.find_id(&header).unwrap(), None);
+        // Past a run of records.
+        records.write(70_000, &b).unwrap();
+        let (_, c) = split(1, &entry("c", ""));
+        records.write(70_001, &c).unwrap();
+        assert_eq!(records.find_id(&id(&c)).unwrap(), Some(70_001));
         assert!(matches!(
             Records::open(&path, 43),
             Err(RecordsError::Other { .. })

@@ -93,6 +93,9 @@ pub struct Batch<'s> {
     /// Made by [`SubscriberTable::batch_known`]: no route changes, and the saved routes
     /// ([`super::known`]) stay as they are.
     partial: bool,
+    /// Made from every route of the tries: `prefixes_before` holds every subscriber's
+    /// prefixes, and the records of prefixes ([`super::prefixes`]) are written whole.
+    complete: bool,
 }
 
 impl Batch<'_> {
@@ -312,6 +315,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             prefixes_before: Prefixes::default(),
             indices: Vec::with_capacity(specs.len()),
             partial: false,
+            complete: read.complete,
         };
         for spec in specs {
             spec.check_shape((config.prefix_v4, config.prefix_v6))?;
@@ -416,6 +420,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             prefixes_before: Prefixes::default(),
             indices: Vec::new(),
             partial: true,
+            complete: false,
         };
         for spec in specs {
             spec.check_shape((config.prefix_v4, config.prefix_v6))?;
@@ -559,9 +564,32 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 _ => {}
             }
         }
+        self.record_batch(batch);
         self.remember(batch);
         progress(total, total);
         Ok(batch.summary)
+    }
+
+    /// Writes the records of prefixes ([`super::prefixes`]) of the subscribers `batch`
+    /// wrote and removed; of every subscriber, the file whole, where it read every route.
+    fn record_batch(&mut self, batch: &Batch) {
+        use super::prefixes::encode;
+        let written = batch
+            .writes
+            .iter()
+            .map(|w| (w.before.index, encode(&w.spec.prefixes)));
+        let removed = batch.removes.iter().map(|b| (b.index, encode(&[])));
+        let mut records: Vec<_> = written.chain(removed).collect();
+        if batch.complete {
+            let p = &batch.prefixes_before;
+            let rewritten = batch.rewritten(p.len() as usize);
+            records.extend(
+                (1..p.len())
+                    .filter(|i| !rewritten[*i as usize] && !p.of_index(*i).is_empty())
+                    .map(|i| (i, encode(p.of_index(i)))),
+            );
+        }
+        self.record_prefixes(&mut records, batch.complete);
     }
 
     /// Saves the subscribers' routes `batch` left ([`super::known`]), for the policy
