@@ -19,12 +19,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use aya::maps::{Array, MapData};
 use shaper_common::{
     config::{PolicyLimits, RateLimit},
-    gcra::{MIN_RATE_BPS, ticks_from_ns},
+    gcra::{MIN_RATE_BPS, TICK_SHIFT, ticks_from_ns},
     maps::{
         ACTION_LIMIT, Admission, Config, Counters, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6,
-        KEY_BY_SRC, MODE_MONITOR,
+        KEY_BY_SRC, MAP_TRACES, MODE_MONITOR, TRACE_BUCKETS, TRACE_STAMP_SHIFT, TRACE_WAYS,
+        TRACE_WINDOW_NS, TraceBucket,
     },
 };
 use shaper_lab::{
@@ -664,4 +666,133 @@ fn sharing(family: Family) {
     assert!(passes(&mut h, &newcomer));
     let d = h.policies().stats(0).unwrap();
     assert_eq!((d.new_sources, d.unadmitted.passed_packets), (0, 2));
+}
+
+/// splitmix64's finalizer, as the doorkeeper mixes a key (`shaper-ebpf/src/trace.rs`).
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The hash that places the trace of `src`'s key, as the kernel computes it with `seed`:
+/// of the IPv4 key, or of the IPv6 key's halves (the address masked to the family's
+/// length, each half as the kernel loads it).
+fn trace_hash(family: Family, src: IpAddr, seed: u64) -> u64 {
+    match (family, src) {
+        (Family::V4, IpAddr::V4(a)) => mix(u64::from(u32::from_ne_bytes(a.octets())) ^ seed),
+        (Family::V6(p), IpAddr::V6(a)) => {
+            let key = (u128::from(a) & !((1u128 << (128 - p)) - 1)).to_be_bytes();
+            let hi = u64::from_ne_bytes(key[..8].try_into().unwrap());
+            let lo = u64::from_ne_bytes(key[8..].try_into().unwrap());
+            mix(mix(hi ^ seed) ^ lo ^ 1 << 63)
+        }
+        _ => unreachable!("{src} is not of {family:?}"),
+    }
+}
+
+/// The doorkeeper's buckets of traces.
+fn traces(h: &mut Harness) -> Array<&mut MapData, TraceBucket> {
+    Array::try_from(h.ebpf_mut().map_mut(MAP_TRACES).unwrap()).unwrap()
+}
+
+/// The doorkeeper's traces (`SHAPER_TRACES`), way by way: a key's first frame leaves its
+/// trace (its tag, from the seeded hash, and the time) in the first free way of the
+/// bucket the hash places it in, and counts a first sighting; a frame that finds its own
+/// live trace there is seen again; its own expired trace, or another key's live one, is
+/// not; in a bucket of live traces the oldest (the first of two as old) is displaced, and
+/// the displacement counted. IPv4, IPv6 /64 and /48 keys.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_keys_trace_is_left_found_and_displaced_in_its_seeded_bucket() {
+    const SEED: u64 = 0x5eed_0f7a_ce5e_ed01;
+    let window = (TRACE_WINDOW_NS >> TRACE_STAMP_SHIFT) as u32;
+    let stamp = |ticks: u64| (ticks >> (TRACE_STAMP_SHIFT + TICK_SHIFT)) as u32;
+    let way = |tag: u32, stamp: u32| u64::from(tag) << 32 | u64::from(stamp);
+    for family in [V4, V6, V6_48] {
+        println!("{family:?}");
+        let config = Config {
+            trace_seed: SEED,
+            ..family.admitting(NEW_PER_SEC, NEW_BURST)
+        };
+        let mut h = Harness::new(Some(&config), TABLE).unwrap();
+        // Key `i`'s bucket and tag.
+        let place = |i: u32| {
+            let hash = trace_hash(family, family.at(i), SEED);
+            ((hash as u32) & (TRACE_BUCKETS - 1), (hash >> 32) as u32 | 1)
+        };
+        // One frame of key `i`: the first sightings and displacements it counted, and its
+        // bucket after it, with the stamps the frame's run can have given.
+        let sight = |h: &mut Harness, i: u32| {
+            let before = h.counters().unwrap().sightings;
+            let from = stamp(now());
+            passes(h, &frame_from(family.at(i)));
+            let to = stamp(now());
+            let after = h.counters().unwrap().sightings;
+            let bucket = traces(h).get(&place(i).0, 0).unwrap().ways;
+            (
+                (
+                    after.first - before.first,
+                    after.displaced - before.displaced,
+                ),
+                bucket,
+                from..=to,
+            )
+        };
+        let buckets: HashSet<u32> = (1..=4).map(|i| place(i).0).collect();
+        assert_eq!(buckets.len(), 4, "keys 1 to 4 each a bucket of its own");
+
+        // A fresh key: its trace in the bucket's first way.
+        let tag = place(1).1;
+        let (counted, ways, stamps) = sight(&mut h, 1);
+        assert_eq!(counted, (1, 0));
+        assert_eq!(ways[0] >> 32, u64::from(tag), "{ways:x?}");
+        assert!(stamps.contains(&(ways[0] as u32)), "{ways:x?} {stamps:?}");
+        assert_eq!(ways[1..], [0; TRACE_WAYS - 1]);
+
+        // Its own live trace in the fifth way, behind four of other keys: seen again.
+        let (index, tag) = place(2);
+        let s = stamp(now());
+        let mut bucket = TraceBucket::default();
+        for (i, w) in bucket.ways[..5].iter_mut().enumerate() {
+            *w = way(tag ^ (i as u32 + 1) << 1, s - 10);
+        }
+        bucket.ways[4] = way(tag, s - window / 2);
+        traces(&mut h).set(index, bucket, 0).unwrap();
+        let (counted, ways, _) = sight(&mut h, 2);
+        assert_eq!(counted, (0, 0));
+        assert_eq!(ways, bucket.ways);
+
+        // Its own trace expired, another key's live: a first sighting, its trace in the
+        // first way free (an empty or expired one), nothing displaced.
+        let (index, tag) = place(3);
+        let s = stamp(now());
+        let mut bucket = TraceBucket::default();
+        bucket.ways[0] = way(tag ^ 2, s - 10);
+        bucket.ways[3] = way(tag, s - window - 2);
+        traces(&mut h).set(index, bucket, 0).unwrap();
+        let (counted, ways, stamps) = sight(&mut h, 3);
+        assert_eq!(counted, (1, 0));
+        assert_eq!(ways[1] >> 32, u64::from(tag), "{ways:x?}");
+        assert!(stamps.contains(&(ways[1] as u32)), "{ways:x?} {stamps:?}");
+        bucket.ways[1] = ways[1];
+        assert_eq!(ways, bucket.ways);
+
+        // Every way another key's live trace, the sixth and the tenth the oldest: the
+        // sixth's displaced.
+        let (index, tag) = place(4);
+        let s = stamp(now());
+        let mut bucket = TraceBucket::default();
+        for (i, w) in bucket.ways.iter_mut().enumerate() {
+            let age = if i == 5 || i == 9 { 1000 } else { 10 };
+            *w = way(tag ^ (i as u32 + 1) << 1, s - age);
+        }
+        traces(&mut h).set(index, bucket, 0).unwrap();
+        let (counted, ways, stamps) = sight(&mut h, 4);
+        assert_eq!(counted, (1, 1));
+        assert_eq!(ways[5] >> 32, u64::from(tag), "{ways:x?}");
+        assert!(stamps.contains(&(ways[5] as u32)), "{ways:x?} {stamps:?}");
+        bucket.ways[5] = ways[5];
+        assert_eq!(ways, bucket.ways);
+    }
 }

@@ -1,24 +1,32 @@
 //! Prefix policies in the real kernel through BPF_PROG_TEST_RUN: longest-prefix
 //! precedence across nested IPv4 and IPv6 prefixes, exempt and blocked sources, monitor
-//! mode, the aggregate cell, re-resolution after a change, and rate changes that rescale
-//! a bucket instead of refilling it.
+//! mode, the aggregate cell, re-resolution after a change, rate changes that rescale
+//! a bucket instead of refilling it, and the events of refused frames sampled for
+//! `shaper watch`.
 //!
 //! test_run frames arrive microseconds apart, so any limit here is overloaded thousands of
 //! times over: at 8 kbit/s (1000 bytes a second) nothing measurable refills during a test.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use aya::maps::{Array, RingBuf};
 use shaper_common::{
     config::{Meter2Limits, PolicyLimits},
+    gcra::{Limit, ticks_from_ns},
     maps::{
-        ACTION_DROP, ACTION_LIMIT, ACTION_PASS, Config, MODE_MONITOR, PolicyStats, SourceState,
+        ACTION_DROP, ACTION_LIMIT, ACTION_PASS, Config, DEFAULT_SLOT, MAP_EVENTS, MAP_WATCH,
+        MODE_MONITOR, PolicyStats, REASON_AGGREGATE, REASON_BLOCKED, REASON_SOURCE, SourceState,
+        WATCH_CONTROL, WATCH_METER, Watch, WatchEvent,
     },
 };
 use shaper_lab::{
     frame,
     testrun::{Harness, XDP_DROP, XDP_PASS},
 };
-use shaper_user::policy::{CheckedPolicy, PLAN_WINDOW, PolicySpec, parse_prefix};
+use shaper_user::{
+    policy::{CheckedPolicy, PLAN_WINDOW, PolicySpec, parse_prefix},
+    watch::{self, monotonic_ns},
+};
 
 // 10 B/s: a frame refills every 100 s, so no bucket drains a frame while a test runs,
 // even in an emulated guest where one test takes seconds.
@@ -77,23 +85,22 @@ fn send(h: &mut Harness, src: &str, n: usize) -> usize {
         .count()
 }
 
+/// The slot of the policy for `prefix`.
+fn slot(h: &mut Harness, prefix: &str) -> u32 {
+    let p = parse_prefix(prefix).unwrap();
+    h.policies()
+        .list()
+        .unwrap()
+        .into_iter()
+        .find(|i| i.spec.prefix == p)
+        .unwrap_or_else(|| panic!("no policy {p}"))
+        .slot
+}
+
 /// The counters of the policy for `prefix` (`None`: the default policy's).
 fn stats(h: &mut Harness, prefix: Option<&str>) -> PolicyStats {
-    let table = h.policies();
-    let slot = match prefix {
-        None => 0,
-        Some(p) => {
-            let p = parse_prefix(p).unwrap();
-            table
-                .list()
-                .unwrap()
-                .into_iter()
-                .find(|i| i.spec.prefix == p)
-                .unwrap_or_else(|| panic!("no policy {p}"))
-                .slot
-        }
-    };
-    table.stats(slot).unwrap()
+    let slot = prefix.map_or(DEFAULT_SLOT, |p| slot(h, p));
+    h.policies().stats(slot).unwrap()
 }
 
 #[test]
@@ -329,9 +336,7 @@ fn a_rate_change_rescales_buckets_and_never_refills_them() {
     }
     // The cell now records the new limit's scale.
     let sources = h.sources().unwrap();
-    let scale = shaper_common::gcra::Limit::new(4 * SLOW, burst)
-        .unwrap()
-        .scale();
+    let scale = Limit::new(4 * SLOW, burst).unwrap().scale();
     assert!(sources.iter().all(|(_, s)| s.cell.scale == scale));
 }
 
@@ -1497,4 +1502,181 @@ fn new_plans_beyond_the_free_slots_are_refused_before_writing() {
     let plans = h.policies().plans().unwrap();
     assert_eq!(plans.len(), 1, "one plan for a, b and c");
     assert_eq!(plans[0].1.prefix_len, 3, "its count of subscribers");
+}
+
+/// The kernel's events for `shaper watch` (`SHAPER_EVENTS`), as the ring buffer holds them.
+fn watch_events(h: &mut Harness) -> Vec<WatchEvent> {
+    let map = h.ebpf_mut().map_mut(MAP_EVENTS).expect("events map");
+    let mut ring = RingBuf::try_from(map).expect("ring buffer");
+    let mut events = Vec::new();
+    while let Some(record) = ring.next() {
+        events.push(watch::decode(&record).expect("an event"));
+    }
+    events
+}
+
+/// Writes the watch's entry `index` (the watcher's control, or the program's meter).
+fn set_watch(h: &mut Harness, index: u32, entry: Watch) {
+    let map = h.ebpf_mut().map_mut(MAP_WATCH).expect("watch map");
+    let mut watch: Array<_, Watch> = Array::try_from(map).expect("watch array");
+    watch.set(index, entry, 0).expect("write the watch");
+}
+
+/// A lease held until `until` (GCRA ticks of CLOCK_MONOTONIC), `rate` events a second
+/// and `burst` at once, on a fresh meter: what `shaper watch` writes.
+fn lease(h: &mut Harness, until: u64, rate: u64, burst: u64) {
+    set_watch(h, WATCH_METER, Watch::default());
+    let control = Watch {
+        until,
+        limit: Limit::new(8 * rate, burst).unwrap(),
+        ..Watch::default()
+    };
+    set_watch(h, WATCH_CONTROL, control);
+}
+
+/// Refused frames are sampled for `shaper watch` while its lease is held, and only then:
+/// one event for each frame dropped or that monitor mode would have dropped, none for a
+/// frame passed, none without a lease or once it ran out, no more than the watcher's
+/// burst; each event's key, family, policy slot, reason, would-drop, bytes and time
+/// exact. IPv4 and IPv6 keys (/32 and /64), each under the default, a monitored limit, a
+/// blocking policy and an aggregate.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn refused_frames_are_sampled_for_the_watcher_exactly() {
+    let mut h = harness(3 * FRAME as u64);
+    let monitored = PolicyLimits {
+        mode: MODE_MONITOR,
+        ..limit(SLOW, 2 * FRAME as u64)
+    };
+    let mut aggregate = limit(SLOW, 100 * FRAME as u64);
+    aggregate.aggregate_rate_bps = SLOW;
+    aggregate.aggregate_burst_bytes = 2 * FRAME as u64;
+    h.policies()
+        .replace_all(&[
+            spec("198.18.1.0/24", monitored),
+            spec("198.18.2.0/24", action(ACTION_DROP)),
+            spec("198.18.3.0/24", aggregate),
+            spec("2001:db8:1::/48", monitored),
+            spec("2001:db8:2::/48", action(ACTION_DROP)),
+            spec("2001:db8:3::/48", aggregate),
+        ])
+        .unwrap();
+    let now = || ticks_from_ns(monotonic_ns());
+
+    // Nobody watches (the lease never taken, then run out): frames refused, no event, the
+    // watch's meter never charged.
+    assert_eq!(send(&mut h, "198.18.0.1", 5), 3);
+    lease(&mut h, now(), 1_000, 100);
+    assert_eq!(send(&mut h, "2001:db8:9:1::1", 5), 3);
+    assert_eq!(watch_events(&mut h), []);
+    let meter = |h: &mut Harness| {
+        let map = h.ebpf_mut().map(MAP_WATCH).expect("watch map");
+        let watch: Array<_, Watch> = Array::try_from(map).expect("watch array");
+        watch.get(&WATCH_METER, 0).expect("the watch's meter")
+    };
+    assert_eq!(meter(&mut h).cell.tat, 0);
+
+    // Watched: each refused frame an event (the burst, 100, is not reached).
+    lease(&mut h, now() + ticks_from_ns(60_000_000_000), 1_000, 100);
+    // (source, frames sent, passed, refused, policy, reason, monitored)
+    let cases = [
+        ("198.18.0.2", 5, 3, 2, None, REASON_SOURCE, false),
+        (
+            "198.18.1.1",
+            5,
+            5,
+            3,
+            Some("198.18.1.0/24"),
+            REASON_SOURCE,
+            true,
+        ),
+        (
+            "198.18.2.1",
+            3,
+            0,
+            3,
+            Some("198.18.2.0/24"),
+            REASON_BLOCKED,
+            false,
+        ),
+        (
+            "198.18.3.1",
+            4,
+            2,
+            2,
+            Some("198.18.3.0/24"),
+            REASON_AGGREGATE,
+            false,
+        ),
+        ("2001:db8:9:2::1", 5, 3, 2, None, REASON_SOURCE, false),
+        (
+            "2001:db8:1:1::1",
+            5,
+            5,
+            3,
+            Some("2001:db8:1::/48"),
+            REASON_SOURCE,
+            true,
+        ),
+        (
+            "2001:db8:2:1::1",
+            3,
+            0,
+            3,
+            Some("2001:db8:2::/48"),
+            REASON_BLOCKED,
+            false,
+        ),
+        (
+            "2001:db8:3:1::1",
+            4,
+            2,
+            2,
+            Some("2001:db8:3::/48"),
+            REASON_AGGREGATE,
+            false,
+        ),
+    ];
+    let mut want = Vec::new();
+    let start = monotonic_ns();
+    for (src, sent, passed, refused, policy, reason, would_drop) in cases {
+        assert_eq!(send(&mut h, src, sent), passed, "{src}");
+        // The key: the address whole (IPv4), or its /64 (IPv6).
+        let (family, key) = match src.parse::<IpAddr>().unwrap() {
+            IpAddr::V4(a) => {
+                let mut key = [0; 16];
+                key[..4].copy_from_slice(&a.octets());
+                (4, key)
+            }
+            IpAddr::V6(a) => (6, (u128::from(a) & !0 << 64).to_be_bytes()),
+        };
+        let in_slot = policy.map_or(DEFAULT_SLOT, |p| slot(&mut h, p));
+        let event = (
+            family,
+            key,
+            in_slot,
+            reason,
+            u8::from(would_drop),
+            FRAME as u32,
+        );
+        want.extend(std::iter::repeat_n(event, refused));
+    }
+    let end = monotonic_ns();
+    let events = watch_events(&mut h);
+    let got: Vec<_> = events
+        .iter()
+        .map(|e| (e.family, e.key, e.slot, e.reason, e.would_drop, e.bytes))
+        .collect();
+    assert_eq!(got, want);
+    let times: Vec<u64> = events.iter().map(|e| e.time_ns).collect();
+    assert!(
+        times.is_sorted() && start <= times[0] && times[times.len() - 1] <= end,
+        "{times:?} not within {start}..{end}"
+    );
+
+    // The watcher's burst, 4 events, at 1 a second: 10 frames refused, 4 events.
+    lease(&mut h, now() + ticks_from_ns(60_000_000_000), 1, 4);
+    assert_eq!(send(&mut h, "198.18.2.2", 10), 0);
+    assert_eq!(watch_events(&mut h).len(), 4);
+    assert_ne!(meter(&mut h).cell.tat, 0);
 }
