@@ -38,6 +38,7 @@ use crate::{
     object::{self, ObjectError, Sizes},
     policy::{PolicyError, PolicySet, PolicyTable},
     request::{self, AttachRequest, Hook, RequestError, XdpAttachMode},
+    setting::Setting,
     tc::{self, TcAttachError},
     upgrade::{self, UpgradeError},
 };
@@ -166,8 +167,12 @@ fn update(req: &AttachRequest, pinned: &Pinned) -> Result<Attached, AttachError>
     let cap = pinned.sources_capacity();
     // The limit, mode and admission change: the keys stay as attached.
     let config = request::check_over(req, &current, cap)?;
-    request::check_subscriber_room(req, pinned.subscriber_room())?;
-    request::check_policy_room(req, pinned.policy_room())?;
+    request::check_room(
+        Setting::MaxSubscribers,
+        req.max_subscribers,
+        pinned.subscriber_room(),
+    )?;
+    request::check_room(Setting::MaxPolicies, req.max_policies, pinned.policy_room())?;
     check_policies(req, &config, Hook::of_mode(current.xdp_mode))?;
     if wants_meter2(req, &config) && !pinned.meter2_room() {
         upgrade::make_room_for_meter2(&req.at)?;
@@ -222,8 +227,16 @@ fn upgrade_in_place(req: &AttachRequest, from: &'static Layout) -> Result<Attach
     let cap = maps::sources_capacity(at)?;
     let asked = request::check_over(req, &current, cap)?;
     // The room of the old pins (none before layout 8), which the upgrade keeps.
-    request::check_subscriber_room(req, upgrade::max_subscribers(at, from))?;
-    request::check_policy_room(req, upgrade::max_policies(at))?;
+    request::check_room(
+        Setting::MaxSubscribers,
+        req.max_subscribers,
+        upgrade::max_subscribers(at, from),
+    )?;
+    request::check_room(
+        Setting::MaxPolicies,
+        req.max_policies,
+        upgrade::max_policies(at),
+    )?;
     upgrade::refuse_changes(at, from, &current, &asked, req.policies.is_some())?;
     upgrade::upgrade(at, from, &settings, cap)?;
     Ok(Attached::Upgraded {

@@ -235,46 +235,44 @@ fn setting(setting: Setting, problem: impl Into<String>) -> RequestError {
 
 /// What can be checked of a request before anything is read.
 pub fn check(req: &AttachRequest) -> Result<(), RequestError> {
-    if req.max_sources == Some(0) {
-        return Err(setting(Setting::MaxSources, "0: must be at least 1"));
-    }
-    if let Some(n) = req.max_subscribers.filter(|&n| n > MAX_SUBSCRIBERS) {
-        return Err(setting(
-            Setting::MaxSubscribers,
-            format!("{n}: at most {MAX_SUBSCRIBERS}"),
-        ));
-    }
-    if let Some(n) = req.max_policies.filter(|&n| n == 0 || n > MAX_POLICIES - 1) {
-        return Err(setting(
-            Setting::MaxPolicies,
-            format!("{n}: must be 1 to {}", MAX_POLICIES - 1),
-        ));
+    let sizes = [
+        (Setting::MaxSources, req.max_sources),
+        (Setting::MaxSubscribers, req.max_subscribers),
+        (Setting::MaxPolicies, req.max_policies),
+    ];
+    for (which, n) in sizes {
+        if let Some(problem) = n.and_then(|n| size_problem(which, n)) {
+            return Err(setting(which, problem));
+        }
     }
     Ok(())
 }
 
-/// Refuses a request for another number of policies than the attachment has room for
-/// (`room`): the maps are sized when they are made.
-pub fn check_policy_room(req: &AttachRequest, room: u32) -> Result<(), RequestError> {
-    if let Some(asked) = req.max_policies.filter(|&asked| asked != room) {
+/// What is wrong with `n` as the size `which` (one of the `max_*` settings), if anything:
+/// the one range each has, whether it comes from a flag or a file.
+pub fn size_problem(which: Setting, n: u32) -> Option<String> {
+    let (least, most) = match which {
+        Setting::MaxSources => (1, u32::MAX),
+        Setting::MaxSubscribers => (0, MAX_SUBSCRIBERS),
+        Setting::MaxPolicies => (1, MAX_POLICIES - 1),
+        _ => return None,
+    };
+    match n {
+        n if (least..=most).contains(&n) => None,
+        n if most == u32::MAX => Some(format!("{n}: must be at least {least}")),
+        n if least == 0 => Some(format!("{n}: at most {most}")),
+        n => Some(format!("{n}: must be {least} to {most}")),
+    }
+}
+
+/// Refuses a request for another size of `which` (one of the `max_*` settings) than
+/// `room`, the attached maps' own: the maps are sized when they are made.
+pub fn check_room(which: Setting, asked: Option<u32>, room: u32) -> Result<(), RequestError> {
+    if let Some(asked) = asked.filter(|&asked| asked != room) {
         return Err(setting(
-            Setting::MaxPolicies,
+            which,
             format!(
                 "{asked} differs from the {room} of the attached maps; detach first to resize them"
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Refuses a request for another number of subscribers than the attachment has room for
-/// (`room`): the map is sized when it is made.
-pub fn check_subscriber_room(req: &AttachRequest, room: u32) -> Result<(), RequestError> {
-    if let Some(asked) = req.max_subscribers.filter(|&asked| asked != room) {
-        return Err(setting(
-            Setting::MaxSubscribers,
-            format!(
-                "{asked} differs from the {room} of the attached map; detach first to resize it"
             ),
         ));
     }
@@ -487,14 +485,7 @@ fn check_same_keys(req: &AttachRequest, current: &Config) -> Result<(), RequestE
 /// Refuses a request to change what cannot change on an attachment (`current`, with
 /// per-source maps of `cap` keys): the map size, the hook, the modes and the keys.
 fn check_unchangeable(req: &AttachRequest, current: &Config, cap: u32) -> Result<(), RequestError> {
-    if let Some(asked) = req.max_sources.filter(|&asked| asked != cap) {
-        return Err(setting(
-            Setting::MaxSources,
-            format!(
-                "{asked} differs from the {cap} of the attached map; detach first to resize it"
-            ),
-        ));
-    }
+    check_room(Setting::MaxSources, req.max_sources, cap)?;
     let hook = Hook::of_mode(current.xdp_mode);
     if let Some(asked) = req.hook.filter(|&h| h != hook) {
         return Err(setting(

@@ -11,8 +11,7 @@ use shaper_common::{
     config::{ConfigError, Meter2Limits, PolicyLimits, RateLimit},
     dscp::Dscp,
     maps::{
-        DEFAULT_ECN_THRESHOLD_NS, DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6,
-        MAX_POLICIES, Meter2,
+        DEFAULT_ECN_THRESHOLD_NS, DEFAULT_HORIZON_NS, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, Meter2,
     },
 };
 use toml::{Spanned, Value};
@@ -23,7 +22,9 @@ use crate::{
     import, libreqos,
     pins::{Attachment, Direction},
     policy::{Action, CheckedPolicy, Mode, PolicyError, PolicySet, PolicySpec, parse_prefix},
-    request::{AdmissionRequest, AttachRequest, Hook, KeyBy, SubscriberRequest, XdpAttachMode},
+    request::{
+        self, AdmissionRequest, AttachRequest, Hook, KeyBy, SubscriberRequest, XdpAttachMode,
+    },
     setting::Setting,
     subscriber::{self, SubscriberError, SubscriberSpec, plan::PlanParts},
     tc::TcAttachMode,
@@ -508,23 +509,16 @@ fn parse_file_with(
         })?;
         let prefix_v4 = bounded(&src, &m.prefix_v4, 32, format!("{here}.prefix_v4"))?;
         let prefix_v6 = bounded(&src, &m.prefix_v6, 128, format!("{here}.prefix_v6"))?;
-        if let Some(n) = m.max_sources.as_ref().filter(|n| *n.get_ref() == 0) {
-            return Err(src.error(
-                n.span(),
-                format!("{here}.max_sources"),
-                "must be at least 1",
-            ));
-        }
-        if let Some(n) = m
-            .max_policies
-            .as_ref()
-            .filter(|n| !(1..MAX_POLICIES).contains(n.get_ref()))
-        {
-            return Err(src.error(
-                n.span(),
-                format!("{here}.max_policies"),
-                format!("{}: must be 1 to {}", n.get_ref(), MAX_POLICIES - 1),
-            ));
+        let sizes = [
+            (Setting::MaxSources, &m.max_sources),
+            (Setting::MaxSubscribers, &m.max_subscribers),
+            (Setting::MaxPolicies, &m.max_policies),
+        ];
+        for (which, n) in sizes {
+            let Some(n) = n else { continue };
+            if let Some(problem) = request::size_problem(which, *n.get_ref()) {
+                return Err(src.error(n.span(), format!("{here}.{which}"), problem));
+            }
         }
         let given = NewSources::of(&src, &m.new_sources, &m.new_sources_burst, &here)?;
         let admission = admission::of_interface(given.n, given.burst)
@@ -1643,6 +1637,26 @@ new_sources_burst = 200000
                 line(&longer, "prefix_v4 = 33")
             )
         );
+        // Each size's range, checked once for flag and file (`request::size_problem`): at
+        // its line, by its field, both ends of each range.
+        for (size, problem) in [
+            ("max_sources = 0", "0: must be at least 1"),
+            ("max_subscribers = 16000001", "16000001: at most 16000000"),
+            ("max_policies = 0", "0: must be 1 to 16383"),
+            ("max_policies = 16384", "16384: must be 1 to 16383"),
+        ] {
+            let bad = GOOD.replace("max_sources = 1000", size);
+            let field = size.split(' ').next().unwrap();
+            assert_eq!(
+                error_of(&bad),
+                format!("isp.toml:{}: interface[1].{field}: {problem}", line(&bad, size))
+            );
+        }
+        let most = GOOD.replace(
+            "max_sources = 1000",
+            "max_sources = 4294967295\nmax_subscribers = 16000000\nmax_policies = 16383",
+        );
+        assert!(parse("isp.toml", &most, Direction::Ingress).is_ok());
         // The interface's rate refused by the limit: at the rate, not the burst below it.
         let slow = GOOD.replace("rate = \"1gbit\"", "rate = \"1bit\"");
         assert_eq!(
