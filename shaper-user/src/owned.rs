@@ -9,8 +9,10 @@
 
 use std::{
     fs::{self, File, OpenOptions},
-    io,
-    os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _},
+    io::{self, Write as _},
+    os::unix::fs::{
+        DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _,
+    },
     path::Path,
 };
 
@@ -137,6 +139,60 @@ pub fn create_private(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
+/// Whether the directory of the file at `path` is there: `false` if it is not, an error if
+/// it is not root's alone (or a symlink).
+pub fn check_dir_of(path: &Path) -> io::Result<bool> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| io::Error::other("no directory"))?;
+    match check_dir(dir, Sharing::None) {
+        Ok(meta) => Ok(meta.is_some()),
+        Err(e) => Err(io::Error::other(e.to_string())),
+    }
+}
+
+/// Makes the directory of the file at `path` (and its parents) root-only unless it is
+/// there; refuses one that is not root's alone.
+pub fn make_dir_of(path: &Path) -> io::Result<()> {
+    if let Some(dir) = path.parent() {
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(dir)?;
+    }
+    match check_dir_of(path)? {
+        true => Ok(()),
+        false => Err(io::ErrorKind::NotFound.into()),
+    }
+}
+
+/// Opens the file at `path`, which must be there, to read and write, never through a
+/// symlink, in a directory root's alone, after [`open_private`]'s checks.
+pub fn open_private_existing(path: &Path) -> io::Result<File> {
+    if !check_dir_of(path)? {
+        return Err(io::ErrorKind::NotFound.into());
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    make_private(&file)?;
+    Ok(file)
+}
+
+/// Saves `bytes` as the file at `path`, root-only in a root-only directory: written
+/// beside, then renamed over it, so that a reader finds the old file or the new one whole.
+pub fn save_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    make_dir_of(path)?;
+    let mut beside = path.as_os_str().to_owned();
+    beside.push(".new");
+    let mut f = create_private(beside.as_ref())?;
+    f.write_all(bytes)?;
+    drop(f);
+    fs::rename(&beside, path)
+}
+
 /// Refuses an open file another user owns; sets one of ours that others may read or
 /// write to 0600.
 pub(crate) fn make_private(file: &File) -> io::Result<()> {
@@ -224,6 +280,35 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn files_kept_beside_the_lock_live_in_a_root_only_directory() {
+        let dir = scratch("beside");
+        let path = dir.join("made/deeper/routes");
+        save_private(&path, b"one").unwrap();
+        save_private(&path, b"two").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"two");
+        assert!(!dir.join("made/deeper/routes.new").exists());
+        let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(&dir.join("made/deeper")), 0o700);
+        // A looser file is made private when opened; a directory others write refused,
+        // to open, to save and to make in; an absent file is not made.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        drop(open_private_existing(&path).unwrap());
+        assert_eq!(mode(&path), 0o600);
+        let absent = dir.join("made/deeper/absent");
+        let kind = open_private_existing(&absent).unwrap_err().kind();
+        assert_eq!(kind, io::ErrorKind::NotFound);
+        assert!(!absent.exists());
+        fs::set_permissions(dir.join("made/deeper"), fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(open_private_existing(&path).is_err());
+        assert!(save_private(&path, b"three").is_err());
+        assert!(make_dir_of(&path).is_err());
+        assert!(!check_dir_of(&dir.join("none/x")).unwrap());
+        assert_eq!(fs::read(&path).unwrap(), b"two");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

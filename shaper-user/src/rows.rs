@@ -21,8 +21,7 @@
 use std::{
     fs,
     hash::BuildHasher as _,
-    io::{self, Read as _, Write as _},
-    os::unix::fs::DirBuilderExt as _,
+    io::{self, Read as _},
     path::PathBuf,
 };
 
@@ -166,7 +165,7 @@ impl Saved {
     /// [`trusted`]'s to say).
     pub fn load(at: &Attachment) -> Option<Self> {
         let path = path_of(at);
-        if !trusted_dir(&path) {
+        if !crate::owned::check_dir_of(&path).unwrap_or(false) {
             return None;
         }
         let mut f = crate::owned::open_private_to_read(&path).ok()?;
@@ -200,15 +199,6 @@ impl Saved {
     /// Saves it as `at`'s: written beside, then renamed over, root-only.
     pub fn save(&self, at: &Attachment) -> io::Result<()> {
         let path = path_of(at);
-        if let Some(dir) = path.parent() {
-            fs::DirBuilder::new()
-                .mode(0o700)
-                .recursive(true)
-                .create(dir)?;
-        }
-        if !trusted_dir(&path) {
-            return Err(io::Error::other("the directory is not root's alone"));
-        }
         let mut out = Vec::with_capacity(HEADER_BYTES + ROW_BYTES * self.rows.len());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&self.generation.to_le_bytes());
@@ -221,22 +211,8 @@ impl Saved {
             out.extend_from_slice(&d.to_le_bytes());
             out.extend_from_slice(&index.to_le_bytes());
         }
-        let mut beside = path.clone().into_os_string();
-        beside.push(".new");
-        let mut f = crate::owned::create_private(beside.as_ref())?;
-        f.write_all(&out)?;
-        drop(f);
-        fs::rename(&beside, &path)
+        crate::owned::save_private(&path, &out)
     }
-}
-
-fn trusted_dir(path: &std::path::Path) -> bool {
-    path.parent().is_some_and(|dir| {
-        matches!(
-            crate::owned::check_dir(dir, crate::owned::Sharing::None),
-            Ok(Some(_))
-        )
-    })
 }
 
 /// What `at`'s last apply saved, if no change since may have touched `at` (`lock`'s

@@ -15,9 +15,8 @@
 
 use std::{
     fs,
-    io::{self, Read as _, Write as _},
+    io::{self, Read as _},
     net::{Ipv4Addr, Ipv6Addr},
-    os::unix::fs::DirBuilderExt as _,
     path::PathBuf,
 };
 
@@ -87,7 +86,7 @@ impl Known {
     /// The routes (prefix, subscriber index) saved at policy generation `generation` for
     /// these maps; `None` if there are none such.
     pub fn load(&self, generation: u32) -> Option<Vec<(IpNet, u32)>> {
-        if !self.trusted_dir() {
+        if !crate::owned::check_dir_of(&self.path).unwrap_or(false) {
             return None;
         }
         // The header first: a file of another generation is not read on.
@@ -110,15 +109,6 @@ impl Known {
         generation: u32,
         routes: impl Iterator<Item = (IpNet, u32)>,
     ) -> io::Result<()> {
-        if let Some(dir) = self.path.parent() {
-            fs::DirBuilder::new()
-                .mode(0o700)
-                .recursive(true)
-                .create(dir)?;
-        }
-        if !self.trusted_dir() {
-            return Err(io::Error::other("the directory is not root's alone"));
-        }
         let mut out = self.header(generation).to_vec();
         for (net, index) in routes {
             out.extend_from_slice(&index.to_le_bytes());
@@ -132,25 +122,11 @@ impl Known {
                 }
             }
         }
-        let mut beside = self.path.clone().into_os_string();
-        beside.push(".new");
-        let mut f = crate::owned::create_private(beside.as_ref())?;
-        f.write_all(&out)?;
-        drop(f);
-        fs::rename(&beside, &self.path)
+        crate::owned::save_private(&self.path, &out)
     }
 
     /// Whether its directory is there, root's and written by no one else, not a symlink
     /// (what it says decides what a batch writes).
-    fn trusted_dir(&self) -> bool {
-        self.path.parent().is_some_and(|dir| {
-            matches!(
-                crate::owned::check_dir(dir, crate::owned::Sharing::None),
-                Ok(Some(_))
-            )
-        })
-    }
-
     /// Removes the file: what it says is not to be trusted any more.
     pub fn drop_file(&self) {
         let _ = fs::remove_file(&self.path);

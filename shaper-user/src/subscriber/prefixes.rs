@@ -17,10 +17,10 @@
 //! subscriber, more prefixes than fit in one) reads the tries, as without it.
 
 use std::{
-    fs::{self, File, OpenOptions},
+    fs::{self, File},
     io,
     net::{Ipv4Addr, Ipv6Addr},
-    os::unix::fs::{DirBuilderExt as _, FileExt as _, OpenOptionsExt as _},
+    os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
 };
 
@@ -141,13 +141,7 @@ impl PrefixFile {
 
     /// Makes the records at `path` anew (none yet): root-only, in a root-only directory.
     pub fn create(path: &Path) -> io::Result<Self> {
-        if let Some(dir) = path.parent() {
-            fs::DirBuilder::new()
-                .mode(0o700)
-                .recursive(true)
-                .create(dir)?;
-        }
-        trusted(path)?;
+        crate::owned::make_dir_of(path)?;
         let file = crate::owned::create_private(path)?;
         file.write_all_at(&Self::header(), 0)?;
         drop(file);
@@ -157,14 +151,7 @@ impl PrefixFile {
     /// The records at `path`; `None` if there are none, or they are not root's alone, or
     /// not shaper's.
     pub fn open(path: &Path) -> Option<Self> {
-        trusted(path).ok()?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .ok()?;
-        crate::owned::make_private(&file).ok()?;
+        let file = crate::owned::open_private_existing(path).ok()?;
         let f = Self { file };
         (f.read_raw(0)? == Self::header()).then_some(f)
     }
@@ -218,18 +205,6 @@ impl PrefixFile {
         }
         self.file.set_len(0)?;
         self.file.write_all_at(&bytes, 0)
-    }
-}
-
-/// Refuses a directory of `path` not root's alone (or a symlink).
-fn trusted(path: &Path) -> io::Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| io::Error::other("no directory"))?;
-    match crate::owned::check_dir(dir, crate::owned::Sharing::None) {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(io::Error::from(io::ErrorKind::NotFound)),
-        Err(e) => Err(io::Error::other(e.to_string())),
     }
 }
 

@@ -17,7 +17,7 @@
 use std::{
     fs::{self, File, OpenOptions},
     io,
-    os::unix::fs::{DirBuilderExt as _, FileExt as _, OpenOptionsExt as _},
+    os::unix::fs::{FileExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
 };
 
@@ -238,14 +238,7 @@ impl Records {
                 source,
             }
         };
-        if let Some(dir) = path.parent() {
-            fs::DirBuilder::new()
-                .mode(0o700)
-                .recursive(true)
-                .create(dir)
-                .map_err(io("make the directory of"))?;
-            trusted(dir).map_err(io("trust the directory of"))?;
-        }
+        crate::owned::make_dir_of(path).map_err(io("make the directory of"))?;
         let file = crate::owned::create_private(path).map_err(io("make"))?;
         file.write_all_at(&Self::header(map_id).0, 0)
             .map_err(io("write"))?;
@@ -256,19 +249,7 @@ impl Records {
     /// The records at `path` of the subscribers' table `map_id`.
     pub fn open(path: &Path, map_id: u32) -> Result<Self, RecordsError> {
         let name = || path.display().to_string();
-        if let Some(dir) = path.parent() {
-            trusted(dir).map_err(|source| RecordsError::Io {
-                what: "trust the directory of",
-                path: name(),
-                source,
-            })?;
-        }
-        let file = match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-        {
+        let file = match crate::owned::open_private_existing(path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(RecordsError::Missing { path: name() });
@@ -285,7 +266,6 @@ impl Records {
             file,
             path: path.to_owned(),
         };
-        records.check_private()?;
         let header = records.read_run(0, 1)?[0];
         if header != Self::header(map_id) {
             let what = match header.0[..8] == *MAGIC {
@@ -329,18 +309,6 @@ impl Records {
     /// Where they are.
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    fn check_private(&self) -> Result<(), RecordsError> {
-        use std::os::unix::fs::MetadataExt as _;
-        let meta = self.file.metadata().map_err(self.io("read"))?;
-        if meta.uid() != 0 && meta.uid() != unsafe { libc::geteuid() } || meta.mode() & 0o077 != 0 {
-            return Err(RecordsError::Other {
-                path: self.path.display().to_string(),
-                what: "the file is not root's alone".to_owned(),
-            });
-        }
-        Ok(())
     }
 
     /// Records `start..start + n` (past the file's end: none, zero).
@@ -435,15 +403,6 @@ impl Records {
                 .map_err(self.io("write"))?;
         }
         Ok(())
-    }
-}
-
-/// Refuses a directory not root's alone (or a symlink); `Ok` if there is none (the open
-/// that follows says so).
-fn trusted(dir: &Path) -> io::Result<()> {
-    match crate::owned::check_dir(dir, crate::owned::Sharing::None) {
-        Ok(_) => Ok(()),
-        Err(e) => Err(io::Error::other(e.to_string())),
     }
 }
 
