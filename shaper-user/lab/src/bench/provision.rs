@@ -3,7 +3,8 @@
 //! at their most (16,383; 1,000 with --quick: apply from nothing, the same file with one rate changed, one
 //! `policy set`) beside subscribers at a million (apply of a LibreQoS file from nothing,
 //! the same file with one plan changed, one `subscriber set` of a plan, one of a new
-//! subscriber and its `subscriber del`), each repeated, in one run.
+//! subscriber and its `subscriber del`, one moving a subscriber to other prefixes, one
+//! refused by a full table), each repeated, in one run.
 //!
 //! Each command runs with its output discarded and is timed from spawn to exit; a command
 //! that fails fails the bench. The policies' attachment is detached before the
@@ -126,6 +127,30 @@ impl Rig {
 
     /// Runs `shaper -n NS ARGS...`, its output discarded: its time, seconds.
     fn time(&self, args: &[&str]) -> Result<f64> {
+        let (secs, out) = self.run(args)?;
+        ensure!(
+            out.status.success(),
+            "shaper {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(secs)
+    }
+
+    /// As [`Rig::time`], for a command that must be refused, saying `why`.
+    fn time_refused(&self, args: &[&str], why: &str) -> Result<f64> {
+        let (secs, out) = self.run(args)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && err.contains(why),
+            "shaper {}: not refused with \"{why}\": {}",
+            args.join(" "),
+            err.trim()
+        );
+        Ok(secs)
+    }
+
+    fn run(&self, args: &[&str]) -> Result<(f64, std::process::Output)> {
         let t = Instant::now();
         let out = Command::new(&self.shaper)
             .args(["-n", self.ns.name()])
@@ -135,14 +160,7 @@ impl Rig {
             .stderr(Stdio::piped())
             .output()
             .context("cannot run shaper")?;
-        let secs = t.elapsed().as_secs_f64();
-        ensure!(
-            out.status.success(),
-            "shaper {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        Ok(secs)
+        Ok((t.elapsed().as_secs_f64(), out))
     }
 
     fn write(&self, name: &str, text: &str) -> Result<String> {
@@ -254,10 +272,14 @@ fn libreqos_csv(n: u32, first_mbps: u32) -> String {
     out
 }
 
+/// The subscribers' attachment's room beyond its `n`: for the new subscribers the rows
+/// make, and filled before the full table's row.
+const ROOM: u32 = 1000;
+
 fn subscribers_file(csv: &str, n: u32) -> String {
     format!(
         "[[interface]]\nname = \"{IFACE}\"\nrate = \"1gbit\"\nburst = \"1m\"\nmax_subscribers = {}\n\n[interface.libreqos]\nfile = \"{csv}\"\n",
-        n + 1000
+        n + ROOM
     )
 }
 
@@ -331,6 +353,12 @@ fn subscribers(rig: &Rig, opts: &Options) -> Result<Vec<Row>> {
         added.push(rig.time(&args.iter().map(String::as_str).collect::<Vec<_>>())?);
         deleted.push(rig.time(&["subscriber", "del", IFACE, "new"])?);
     }
+    // Subscriber 2's prefixes moved between two pairs no file holds, each run.
+    let moved = rig.repeated(opts.runs, |run| {
+        let pair = n + ROOM + 10 + run as u32 % 2;
+        set("s2", &subscriber_prefixes(pair), "20mbit")
+    })?;
+    let refused = full_table(rig, n, opts)?;
     rig.detach()?;
     Ok(vec![
         row("subscribers: apply from nothing", cold, Some(10.0)),
@@ -354,7 +382,47 @@ fn subscribers(rig: &Rig, opts: &Options) -> Result<Vec<Row>> {
             Summary::of(deleted),
             None,
         ),
+        row(
+            "subscribers: one `subscriber set` moving a subscriber to other prefixes",
+            moved,
+            None,
+        ),
+        row(
+            "subscribers: one `subscriber set` of a new subscriber refused by a full table",
+            refused,
+            None,
+        ),
     ])
+}
+
+/// The attachment's last free subscriber slots filled (a file of `ROOM` more applied),
+/// then a new subscriber refused for want of room, each run: the refusals' times.
+fn full_table(rig: &Rig, n: u32, opts: &Options) -> Result<Summary> {
+    rig.write("subscribers-full.csv", &libreqos_csv(n + ROOM, 20))?;
+    let full = rig.write(
+        "subscribers-full.toml",
+        &subscribers_file("subscribers-full.csv", n),
+    )?;
+    rig.time(&["apply", "-f", &full])?;
+    let [v4, v6] = subscriber_prefixes(n + ROOM + 1);
+    let args = [
+        "subscriber",
+        "set",
+        IFACE,
+        "refused",
+        "--prefix",
+        &v4,
+        "--prefix",
+        &v6,
+        "--rate",
+        "10mbit",
+        "--burst",
+        "64k",
+    ];
+    let times = (0..opts.runs)
+        .map(|_| rig.time_refused(&args, "no room for another subscriber"))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Summary::of(times))
 }
 
 /// Today's `shaper`, and then, if given, another (`(label, path)`), each in a rig of its
