@@ -37,6 +37,7 @@ use hyper::{
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
 use shaper_user::{
+    crash,
     metrics::{Daemon, SourceCounter},
     pins::Direction,
 };
@@ -400,10 +401,13 @@ fn answer(
         }
         ("/top", Serves::Top) => match top_query(query) {
             Err(e) => text(StatusCode::BAD_REQUEST, e),
-            Ok((iface, n)) => match super::super::stats::top_json(&iface, scope, n) {
-                Ok(body) => reply(StatusCode::OK, "application/json", body + "\n"),
-                Err(e) => text(StatusCode::NOT_FOUND, format!("{e:#}")),
-            },
+            Ok((iface, n)) => {
+                crash::hold("top-render");
+                match super::super::stats::top_json(&iface, scope, n) {
+                    Ok(body) => reply(StatusCode::OK, "application/json", body + "\n"),
+                    Err(e) => text(StatusCode::NOT_FOUND, format!("{e:#}")),
+                }
+            }
         },
         (other, serves) => text(
             StatusCode::NOT_FOUND,
