@@ -309,9 +309,21 @@ pub struct Before {
     pub entry: Entry,
     /// Each prefix the change may touch, with the value it routed to (`None`: no route).
     pub routes: Vec<(IpNet, Option<u32>)>,
-    /// Read by lookups, the tries not read whole: the subscriber is new (its overlaps are
-    /// checked by lookups too), or its prefixes are those in force (nothing to check).
+    /// Read by lookups, the tries not read whole: the subscriber is new, or moved to other
+    /// prefixes (its new ones are checked by lookups too), or its prefixes are those in
+    /// force (nothing to check).
     pub by_lookup: bool,
+}
+
+impl Before {
+    /// The subscriber's prefixes as they were: the routes to it.
+    pub fn prefixes(&self) -> impl Iterator<Item = &IpNet> + Clone + '_ {
+        let value = Some(self.index | SUBSCRIBER_BIT);
+        self.routes
+            .iter()
+            .filter(move |(_, v)| *v == value)
+            .map(|(net, _)| net)
+    }
 }
 
 /// The count of subscribers on a plan, kept in its entry's `prefix_len` (a plan has no
@@ -1078,6 +1090,13 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
 
     /// The refusal of `route` (routing to `value`) inside subscriber `spec`'s prefix `p`.
     fn inside(&self, spec: &SubscriberSpec, p: IpNet, route: IpNet, value: u32) -> SubscriberError {
+        if route == p {
+            return SubscriberError::Overlap(format!(
+                "{} is subscriber {}'s prefix too: a prefix is one subscriber's",
+                self.what(route, value),
+                spec.id
+            ));
+        }
         SubscriberError::Overlap(format!(
             "{} is inside subscriber {}'s prefix {p}: its traffic would escape the subscriber's bucket",
             self.what(route, value),
@@ -1256,12 +1275,7 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         let entry_plan = spec.check((config.prefix_v4, config.prefix_v6))?;
         let index = before.index;
         let old = before.entry;
-        let old_prefixes: Vec<IpNet> = before
-            .routes
-            .iter()
-            .filter(|(_, v)| *v == Some(index | SUBSCRIBER_BIT))
-            .map(|(net, _)| *net)
-            .collect();
+        let old_prefixes: Vec<IpNet> = before.prefixes().copied().collect();
         let same_prefixes = old_prefixes.len() == spec.prefixes.len()
             && spec.prefixes.iter().all(|p| old_prefixes.contains(p));
         match (before.by_lookup, old.in_use != 0 && same_prefixes) {

@@ -891,7 +891,7 @@ fn a_libreqos_file_applied_again_is_read_as_far_as_it_changed() {
         ),
         (
             reapplied_csv("30", "").replace("d6a,,,,100.64.0.6", "d6a,,,,100.64.0.3"),
-            "100.64.0.3/32 is already in circuit 'c3'",
+            "subscriber c3's prefix 100.64.0.3/32 is subscriber c6's prefix too",
         ),
     ] {
         fs::write(&csv, csv_text).unwrap();
@@ -902,6 +902,89 @@ fn a_libreqos_file_applied_again_is_read_as_far_as_it_changed() {
         assert_eq!(applied(&lab, &file), [0, 0, 6, 0]);
     }
     assert_eq!(applied_reading_rows(&lab, &file), None);
+
+    // Circuits moved to other prefixes of each family are written the fast way too, those
+    // subscribers alone, their old routes gone (the list reads the tries); and back.
+    let now = subscribers(&lab, iface);
+    let moved = reapplied_csv("30", "")
+        .replace(
+            "d2,,,,100.64.0.2,fdd7:b724:0:200::/56",
+            "d2,,,,100.64.0.22,fdd7:b724:0:2200::/56",
+        )
+        .replace(
+            "d5,,,,,fdd7:b724:0:500::/56",
+            "d5,,,,,fdd7:b724:0:5500::/56",
+        );
+    fs::write(&csv, &moved).unwrap();
+    assert_eq!(applied_reading_rows(&lab, &file), None, "moved");
+    let want = |id: &str, prefixes: &[&str]| {
+        let s = now.iter().find(|s| s.0 == id).unwrap();
+        let p = prefixes.iter().map(|p| (*p).to_owned()).collect();
+        (id.to_owned(), p, s.2, s.3)
+    };
+    let mut expected: Vec<_> = now
+        .iter()
+        .filter(|s| s.0 != "c2" && s.0 != "c5")
+        .cloned()
+        .collect();
+    expected.push(want("c2", &["100.64.0.22/32", "fdd7:b724:0:2200::/56"]));
+    expected.push(want("c5", &["fdd7:b724:0:5500::/56"]));
+    expected.sort();
+    assert_eq!(subscribers(&lab, iface), expected);
+    write("30", "");
+    assert_eq!(applied_reading_rows(&lab, &file), None, "moved back");
+    assert_eq!(subscribers(&lab, iface), now);
+
+    // Moves onto another moved circuit's prefixes (a swap, each family) take the whole
+    // way, and end as the file says.
+    let swapped = reapplied_csv("30", "")
+        .replace("d4,,,,100.64.0.4,", "d4,,,,100.64.0.X,")
+        .replace("d6a,,,,100.64.0.6,", "d6a,,,,100.64.0.4,")
+        .replace("d4,,,,100.64.0.X,", "d4,,,,100.64.0.6,")
+        .replace(
+            "d1,,,,100.64.0.1,fdd7:b724:0:100::/56",
+            "d1,,,,100.64.0.1,fdd7:b724:0:Y::/56",
+        )
+        .replace(
+            "d3,,,,100.64.0.3,fdd7:b724:0:300::/56",
+            "d3,,,,100.64.0.3,fdd7:b724:0:100::/56",
+        )
+        .replace("fdd7:b724:0:Y::/56", "fdd7:b724:0:300::/56");
+    fs::write(&csv, &swapped).unwrap();
+    assert_eq!(applied_reading_rows(&lab, &file), Some([0, 4, 2, 0]));
+    let listed = subscribers(&lab, iface);
+    let prefixes_of = |id: &str| listed.iter().find(|s| s.0 == id).unwrap().1.clone();
+    assert_eq!(prefixes_of("c4"), ["100.64.0.6/32"]);
+    assert_eq!(prefixes_of("c6"), ["100.64.0.4/32", "fdd7:b724:0:600::/56"]);
+    assert_eq!(prefixes_of("c1"), ["100.64.0.1/32", "fdd7:b724:0:300::/56"]);
+    assert_eq!(prefixes_of("c3"), ["100.64.0.3/32", "fdd7:b724:0:100::/56"]);
+    write("30", "");
+    assert_eq!(applied(&lab, &file), [0, 4, 2, 0]);
+    assert_eq!(subscribers(&lab, iface), now);
+
+    // A move the fast way refused by its lookups, each family (onto a prefix inside an
+    // unchanged circuit's, around unchanged circuits'), with nothing applied.
+    for (csv_text, why) in [
+        (
+            reapplied_csv("30", "").replace("d4,,,,100.64.0.4,", "d4,,,,100.64.0.0/30,"),
+            "subscriber c1's prefix 100.64.0.1/32 is inside subscriber c4's prefix 100.64.0.0/30",
+        ),
+        (
+            reapplied_csv("30", "")
+                .replace("d5,,,,,fdd7:b724:0:500::/56", "d5,,,,,fdd7:b724:0:280::/58"),
+            "fdd7:b724:0:280::/58 is inside subscriber c2's prefix fdd7:b724:0:200::/56",
+        ),
+    ] {
+        // The saved rows trusted: the move is read as far as it changed.
+        assert_eq!(applied_reading_rows(&lab, &file), None);
+        fs::write(&csv, csv_text).unwrap();
+        let err = refused(&lab, &["apply", "-f", file.path()]);
+        assert!(err.contains(why), "{err}");
+        assert_eq!(subscribers(&lab, iface), now, "{err}");
+        // A rollback may have touched anything: the next apply reads the file whole.
+        write("30", "");
+        assert_eq!(applied(&lab, &file), [0, 0, 6, 0]);
+    }
 }
 
 /// Removes the test's CSV when dropped.

@@ -856,6 +856,67 @@ fn an_import_killed_half_way_is_rolled_back_whole() {
     );
 }
 
+/// An `apply` that reads its LibreQoS file as far as it changed (the rows the last one
+/// saved) and moves two circuits to other prefixes, one of each family, killed after it
+/// wrote the first, is rolled back whole by the next command: every subscriber and prefix
+/// as before; the same apply then moves them both.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn a_reapply_moving_prefixes_killed_half_way_is_rolled_back_whole() {
+    let lab = Lab::new("fz-moves", 1).unwrap();
+    let (ns, iface) = (lab.rx_ns().to_owned(), lab.rx_iface().to_owned());
+    let _guard = attach_with(&ns, &iface, "8mbit", "64k", &["--max-subscribers", "16"]);
+    let rows = [
+        "c1,A,d1,R,P,,100.64.0.1,fdd7:1:0:100::/56,1,1,10,10,",
+        "c2,B,d2,R,P,,100.64.0.2,fdd7:2::/48,1,1,20,20,",
+        "c3,C,d3,R,P,,100.64.0.3,,1,1,30,30,",
+    ];
+    let csv = std::env::temp_dir().join(format!("shaper-moves-{}.csv", std::process::id()));
+    let write = |rows: &[&str]| fs::write(&csv, shaped_devices(rows)).unwrap();
+    let file = TempFile::new(
+        "moves",
+        &format!(
+            "[[interface]]\nname = \"{iface}\"\nrate = \"8mbit\"\nburst = \"64k\"\n\n[interface.libreqos]\nfile = \"{}\"\n",
+            csv.display()
+        ),
+    );
+    let apply = ["apply", "-f", file.path()];
+    write(&rows);
+    shaper_ok(&ns, &apply);
+    // Again, read as far as it changed (nothing): a test build dies once done that way.
+    killed_at(&ns, "apply-rows", &apply);
+    let before = subscribers(&ns, &iface);
+    let moved = [
+        rows[0],
+        "c2,B,d2,R,P,,100.64.0.2,fdd7:22::/48,1,1,20,20,",
+        "c3,C,d3,R,P,,100.64.0.33,,1,1,30,30,",
+    ];
+    write(&moved);
+    killed_at(&ns, "subscriber-step#1", &apply);
+    rolled_back_by_status(&ns, &iface, "apply", &[&iface]);
+    assert_eq!(subscribers(&ns, &iface), before);
+    let done = shaper_ok(&ns, &apply);
+    assert!(done.contains("0 added, 2 changed, 1 unchanged"), "{done}");
+    let after = subscribers(&ns, &iface);
+    let prefixes = |id: &str| -> Vec<&str> {
+        let s = after
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .unwrap();
+        s["prefixes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(prefixes("c2"), ["100.64.0.2/32", "fdd7:22::/48"]);
+    assert_eq!(prefixes("c3"), ["100.64.0.33/32"]);
+    let _ = fs::remove_file(&csv);
+}
+
 fn pass(prefix: &str) -> CheckedPolicy {
     CheckedPolicy::new(PolicySpec {
         prefix: parse_prefix(prefix).unwrap(),

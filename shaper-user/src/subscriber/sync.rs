@@ -60,6 +60,19 @@ impl Deref for Spec<'_> {
 }
 
 impl Write<'_> {
+    /// Whether it moves a subscriber in force to other prefixes found by lookups alone
+    /// ([`SubscriberTable::batch_known`]): its new ones are checked when written, as a
+    /// `subscriber set` checks them.
+    fn moves_by_lookup(&self) -> bool {
+        self.before.by_lookup
+            && self.before.entry.in_use != 0
+            && (self.before.prefixes().count() != self.spec.prefixes.len()
+                || self
+                    .before
+                    .prefixes()
+                    .any(|p| !self.spec.prefixes.contains(p)))
+    }
+
     /// The routes to write: each of its prefixes not routed to it already.
     fn routes_to_write(&self) -> impl Iterator<Item = (IpNet, u32)> + '_ {
         let value = self.before.index | SUBSCRIBER_BIT;
@@ -90,8 +103,10 @@ pub struct Batch<'s> {
     /// The entry of each subscriber it was given, in order (those it leaves unchanged
     /// too); empty for [`SubscriberTable::batch_known`]'s.
     indices: Vec<u32>,
-    /// Made by [`SubscriberTable::batch_known`]: no route changes, and the saved routes
-    /// ([`super::known`]) stay as they are.
+    /// Made by [`SubscriberTable::batch_known`]: routes change only for subscribers moved
+    /// to other prefixes (checked when written), and the saved routes
+    /// ([`super::known`]) are not written (a change of routes moves the policy generation
+    /// on, which they no longer match).
     partial: bool,
     /// Made from every route of the tries: `prefixes_before` holds every subscriber's
     /// prefixes, and the records of prefixes ([`super::prefixes`]) are written whole.
@@ -133,12 +148,8 @@ impl Batch<'_> {
     fn routes_change(&self) -> bool {
         !self.removes.is_empty()
             || self.writes.iter().any(|w| {
-                let value = Some(w.before.index | SUBSCRIBER_BIT);
                 w.routes_to_write().next().is_some()
-                    || w.before
-                        .routes
-                        .iter()
-                        .any(|(p, v)| *v == value && !w.spec.prefixes.contains(p))
+                    || w.before.prefixes().any(|p| !w.spec.prefixes.contains(p))
             })
     }
 }
@@ -389,12 +400,15 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         Ok(Some(batch))
     }
 
-    /// A batch of `specs`, each the subscriber of its id in force with the prefixes it
-    /// has (a change of plans or names), found by lookups in a table placed by hash: its
-    /// entry by a probe, each prefix its route, as many as the entry counts. Nothing else
-    /// is read (neither the table nor the tries), so `others` more subscribers (those a
-    /// caller knows are as it wants them) are counted unchanged. `None` if one of `specs`
-    /// is not such a subscriber (new, or its prefixes changed): [`Self::batch`] it.
+    /// A batch of `specs`, each the subscriber of its id in force, found by lookups in a
+    /// table placed by hash: its entry by a probe, and either its prefixes as given, each
+    /// its route, as many as the entry counts (a change of plans or names), or, for a few
+    /// moved to other prefixes ([`MOVES_BY_LOOKUP`]), those of its record
+    /// ([`SubscriberTable::before_recorded`]), the new ones to be checked by lookups when
+    /// written. Nothing else is read (neither the table nor the tries), so `others` more
+    /// subscribers (those a caller knows are as it wants them) are counted unchanged.
+    /// `None` if one of `specs` is not such a subscriber (new, without a record, or moved
+    /// onto or around another moved one's prefixes): [`Self::batch`] it.
     pub fn batch_known(
         &self,
         specs: &[SubscriberSpec],
@@ -431,13 +445,18 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
             let place::Probe::Found(index, entry) = self.probe(&spec.id)? else {
                 return Ok(None);
             };
-            let Some(before) = self.before_by_lookup(index, entry, spec.prefixes.iter())? else {
-                return Ok(None);
-            };
             if entry.in_use == 0 {
                 return Ok(None);
             }
-            if unchanged(spec, &plan, &entry, &spec.prefixes, &in_force) {
+            let before = match self.before_by_lookup(index, entry, spec.prefixes.iter())? {
+                Some(before) => before,
+                None => match self.before_recorded(index, entry, Some(spec))? {
+                    Some(before) => before,
+                    None => return Ok(None),
+                },
+            };
+            let now: Vec<IpNet> = before.prefixes().copied().collect();
+            if unchanged(spec, &plan, &entry, &now, &in_force) {
                 batch.summary.unchanged += 1;
                 continue;
             }
@@ -447,6 +466,9 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
                 plan,
                 before,
             });
+        }
+        if !moves_apart(&batch.writes) {
+            return Ok(None);
         }
         // The subscribers left alone on each plan: its count, less those rewritten.
         for (slot, p) in &in_force {
@@ -504,13 +526,16 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         if batch.mark {
             self.mark_hashed()?;
         }
+        // A subscriber moved to other prefixes by lookups: its new ones checked as a
+        // `subscriber set` checks them, before any route of the batch goes.
+        for w in batch.writes.iter().filter(|w| w.moves_by_lookup()) {
+            self.check_by_lookup(&w.spec, &w.before)?;
+        }
         // Every route that goes, first: a prefix moved to another subscriber is routed to
         // it below, never removed after.
         for w in &batch.writes {
-            for (p, v) in &w.before.routes {
-                if *v == Some(w.before.index | SUBSCRIBER_BIT) && !w.spec.prefixes.contains(p) {
-                    self.pm().unroute_if_there(*p)?;
-                }
+            for p in w.before.prefixes().filter(|p| !w.spec.prefixes.contains(p)) {
+                self.pm().unroute_if_there(*p)?;
             }
         }
         for b in &batch.removes {
@@ -699,6 +724,33 @@ impl<P: BorrowMut<PolicyTable>> SubscriberTable<P> {
         }
         Ok(slot)
     }
+}
+
+/// The most subscribers a batch made by lookups moves to other prefixes: more is the
+/// whole batch's work ([`SubscriberTable::batch`]).
+pub const MOVES_BY_LOOKUP: usize = 64;
+
+/// Whether the subscribers `writes` moves to other prefixes by lookups are few and apart:
+/// no prefix of one of them, new or old, overlaps another's. Each is then checked against
+/// the tries as they are before the batch ([`SubscriberTable::check_by_lookup`]), which is
+/// the end state for it: what it could meet there is no other write's.
+fn moves_apart(writes: &[Write]) -> bool {
+    let moving: Vec<&Write> = writes.iter().filter(|w| w.moves_by_lookup()).collect();
+    if moving.len() > MOVES_BY_LOOKUP {
+        return false;
+    }
+    let all = |w: &Write| -> Vec<IpNet> {
+        let mut nets: Vec<IpNet> = w.before.prefixes().copied().collect();
+        nets.extend(w.spec.prefixes.iter().copied());
+        nets
+    };
+    let nets: Vec<Vec<IpNet>> = moving.iter().map(|w| all(w)).collect();
+    nets.iter().enumerate().all(|(i, a)| {
+        nets[i + 1..].iter().all(|b| {
+            a.iter()
+                .all(|p| b.iter().all(|q| !p.contains(q) && !q.contains(p)))
+        })
+    })
 }
 
 /// The plans' entries of a batch's subscribers: each made once for the last few distinct
