@@ -255,12 +255,21 @@ fn subscriber_prefixes(i: u32) -> [String; 2] {
 /// A LibreQoS file of `n` subscribers, plans of 10 to 100 Mbps; subscriber 0's at
 /// `first_mbps`.
 fn libreqos_csv(n: u32, first_mbps: u32) -> String {
+    libreqos_csv_moving(n, first_mbps, None)
+}
+
+/// [`libreqos_csv`], with subscriber 3 on the prefixes of subscriber `moved_to` (one no
+/// file holds) where given.
+fn libreqos_csv_moving(n: u32, first_mbps: u32, moved_to: Option<u32>) -> String {
     const PLANS_MBPS: [u32; 4] = [10, 20, 50, 100];
     let mut out = String::from(
         "Circuit ID,Circuit Name,Device ID,Device Name,Parent Node,MAC,IPv4,IPv6,Download Min Mbps,Upload Min Mbps,Download Max Mbps,Upload Max Mbps,Comment\n",
     );
     for i in 0..n {
-        let [v4, v6] = subscriber_prefixes(i);
+        let [v4, v6] = subscriber_prefixes(match (i, moved_to) {
+            (3, Some(to)) => to,
+            _ => i,
+        });
         let v4 = v4.trim_end_matches("/32");
         let plan = if i == 0 {
             first_mbps
@@ -328,6 +337,23 @@ fn subscribers(rig: &Rig, opts: &Options) -> Result<Vec<Row>> {
     ];
     let row = |what: &str, seconds, target_secs| rig.row(what, n, seconds, target_secs);
     let (cold, changed) = rig.applies(&files, opts)?;
+    // Subscriber 3 moved to other prefixes and back, the file's rows read as far as they
+    // changed.
+    rig.write(
+        "subscribers-moved.csv",
+        &libreqos_csv_moving(n, 10, Some(n + ROOM + 20)),
+    )?;
+    let moving = [
+        rig.write(
+            "subscribers-moved.toml",
+            &subscribers_file("subscribers-moved.csv", n),
+        )?,
+        files[0].clone(),
+    ];
+    rig.time(&["apply", "-f", &files[0]])?;
+    let moved_file = rig.repeated(opts.runs, |run| {
+        vec!["apply".into(), "-f".into(), moving[run % 2].clone()]
+    })?;
     // Subscriber 1's plan, changed each run; then a subscriber of its own prefixes, made
     // and deleted.
     let [v4, v6] = subscriber_prefixes(1);
@@ -366,6 +392,11 @@ fn subscribers(rig: &Rig, opts: &Options) -> Result<Vec<Row>> {
             "subscribers: the same file with one plan changed",
             changed,
             Some(1.0),
+        ),
+        row(
+            "subscribers: the same file with one subscriber moved to other prefixes",
+            moved_file,
+            None,
         ),
         row(
             "subscribers: one `subscriber set` of a plan",
