@@ -71,7 +71,12 @@ pub const MAP_METER2: &str = "SHAPER_METER2";
 pub const MAP_METER2_6: &str = "SHAPER_METER2_6";
 pub const MAP_METER2_SHARED: &str = "SHAPER_METER2_U";
 
-/// The maps sized at attach (`--max-sources`): one entry per key of its family.
+/// The program's global (`.rodata`) that says how many buckets `SHAPER_SOURCES` and
+/// `SHAPER_SOURCES6` have (`crate::sources::source_buckets`), set at load time.
+pub const GLOBAL_SOURCE_BUCKETS: &str = "SHAPER_SOURCE_BUCKETS";
+
+/// The maps sized at attach (`--max-sources`): buckets of ways (`crate::sources`) for that
+/// many keys of its family.
 pub const SIZED_BY_SOURCES: [&str; 2] = [MAP_SOURCES, MAP_SOURCES6];
 /// The second meter's per-key maps: sized as [`SIZED_BY_SOURCES`] on an attachment where
 /// the default policy or a prefix policy has a second meter, otherwise

@@ -85,6 +85,7 @@ mod meter2;
 mod outcome;
 mod parse;
 mod policy;
+mod sources;
 mod tc;
 mod trace;
 mod watch;

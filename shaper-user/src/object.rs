@@ -14,10 +14,12 @@ use aya::{
 use shaper_common::{
     layout::LAYOUT_VERSION,
     maps::{
-        Config, DEFAULT_MAX_SUBSCRIBERS, MAP_CONFIG, MAP_LAYOUT, MAP_PREFIXES_V4, MAP_PREFIXES_V6,
-        MAP_SUBSCRIBERS, MAX_POLICIES, METER2_PER_KEY, METER2_UNUSED_ENTRIES, PROG_TC,
-        SIZED_BY_POLICIES, SIZED_BY_SOURCES, policy_entries, subscriber_entries, trie_entries,
+        Config, DEFAULT_MAX_SUBSCRIBERS, GLOBAL_SOURCE_BUCKETS, MAP_CONFIG, MAP_LAYOUT,
+        MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SUBSCRIBERS, MAX_POLICIES, METER2_PER_KEY,
+        METER2_UNUSED_ENTRIES, PROG_TC, SIZED_BY_POLICIES, SIZED_BY_SOURCES, policy_entries,
+        subscriber_entries, trie_entries,
     },
+    sources::source_buckets,
 };
 
 use crate::kernel::{self, KernelError};
@@ -98,6 +100,17 @@ pub struct Sizes {
     pub max_policies: u32,
 }
 
+/// Every power of two a `u32` holds, for [`Sizes::apply`].
+static POWERS_OF_TWO: [u32; 32] = {
+    let mut powers = [0; 32];
+    let mut i = 0;
+    while i < 32 {
+        powers[i] = 1 << i;
+        i += 1;
+    }
+    powers
+};
+
 impl Sizes {
     /// Every per-key map `max_sources` keys, and room for every policy slot there may be
     /// (for test runs, which set any policy in any slot).
@@ -122,9 +135,13 @@ impl Sizes {
     /// Sizes `loader`'s per-key maps (those it makes: a map reused from a pin keeps its
     /// size).
     pub fn apply(self, loader: &mut EbpfLoader<'_>) {
+        let buckets = source_buckets(self.max_sources);
         for name in SIZED_BY_SOURCES {
-            loader.map_max_entries(name, self.max_sources);
+            loader.map_max_entries(name, buckets);
         }
+        // The loader keeps a reference: one to a static of the same value.
+        let buckets = &POWERS_OF_TWO[buckets.trailing_zeros() as usize & 31];
+        loader.override_global(GLOBAL_SOURCE_BUCKETS, buckets, true);
         for name in METER2_PER_KEY {
             loader.map_max_entries(name, self.meter2_entries());
         }

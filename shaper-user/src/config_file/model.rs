@@ -1649,7 +1649,10 @@ new_sources_burst = 200000
             let field = size.split(' ').next().unwrap();
             assert_eq!(
                 error_of(&bad),
-                format!("isp.toml:{}: interface[1].{field}: {problem}", line(&bad, size))
+                format!(
+                    "isp.toml:{}: interface[1].{field}: {problem}",
+                    line(&bad, size)
+                )
             );
         }
         let most = GOOD.replace(
