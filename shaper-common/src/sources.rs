@@ -1,12 +1,13 @@
 //! The per-source tables `SHAPER_SOURCES` (IPv4) and `SHAPER_SOURCES6` (IPv6): arrays of
 //! buckets of [`SOURCE_WAYS`] ways, each way a key and its [`SourceState`] (issue 35).
 //!
-//! A key's bucket is picked by a seeded hash of the key ([`hash_v4`], [`hash_v6`], seeded
-//! by [`Config::trace_seed`](crate::maps::Config::trace_seed): a flood cannot aim at a
-//! source's bucket); it lives in one of the bucket's ways, or nowhere. The kernel finds a
+//! A key's two buckets are picked by a seeded hash of the key ([`hash_v4`], [`hash_v6`],
+//! seeded by [`Config::trace_seed`](crate::maps::Config::trace_seed): a flood cannot aim at
+//! a source's bucket; [`bucket_of`], [`second_bucket_of`]); it lives in one of their ways,
+//! or nowhere. The kernel finds a
 //! key by comparing the ways' key words (IPv4) or tags and then the whole key (IPv6), and
-//! claims a way for a new one under the bucket's lock word: a free way, else one whose cell
-//! is idle (its TAT at or behind now, so a fresh cell would be the same), else none (the
+//! claims a way for a new one under the buckets' lock words: a free way of the bucket with
+//! more of them, else one whose cell is idle (its TAT at or behind now, so a fresh cell would be the same), else none (the
 //! key is metered in its policy's shared unadmitted cell). So a table costs its keys and
 //! states and nothing else: no kernel hash-table entry, no LRU list.
 //!
@@ -112,6 +113,15 @@ pub fn hash_v6(hi: u64, lo: u64, seed: u64) -> u64 {
 #[inline(always)]
 pub fn bucket_of(hash: u64, buckets: u32) -> u32 {
     ((hash >> 32) as u32) & buckets.wrapping_sub(1)
+}
+
+/// The second bucket of a key of `hash`: a key lives in whichever of its two buckets had
+/// more free ways when it was given one ("two choices": at 76% of the room, one bucket a
+/// key would leave 6% of a random table's keys without a way, two leave 1 in 25,000). The
+/// same as the first, now and then: then the key has one.
+#[inline(always)]
+pub fn second_bucket_of(hash: u64, buckets: u32) -> u32 {
+    bucket_of(mix(hash ^ 0x5EC0_4D5E_C04D_5EC0), buckets)
 }
 
 /// The tag of an IPv6 key of `hash`: odd, so never free or busy.

@@ -1,15 +1,18 @@
-//! The per-source tables: arrays of buckets of ways (`shaper_common::sources`).
+//! The per-source tables: arrays of buckets of ways (`shaper_common::sources`), a key in
+//! one of its two buckets.
 //!
 //! A known key's frame pays the hash of its key, one call ([`shaper_find4`],
-//! [`shaper_find6`]: the scan of the eight ways, verified once, whose answer is one scalar,
-//! so the rest of the frame's path is one path for the verifier whichever way matched) and
-//! an inlined array lookup. A key new to the table, admitted, is given a way by
-//! [`shaper_claim4`] or [`shaper_claim6`] under the bucket's lock: a free way, else one
-//! whose cell is idle (its TAT at or behind now: a fresh cell would be identical; the
-//! key's counters leave with it), else none, and the key is metered as one refused by
-//! admission (in its policy's shared unadmitted cell). So a flood cannot evict a source
-//! that is being metered, and the table never holds a key twice: a key is given a way only
-//! under the lock, after a scan of the bucket under it.
+//! [`shaper_find6`]: the scan of its first bucket's eight ways, then its second's, verified
+//! once, whose answer is one scalar, so the rest of the frame's path is one path for the
+//! verifier whichever way matched) and an inlined array lookup. A key new to the table,
+//! admitted, is given a way by [`shaper_claim4`] or [`shaper_claim6`] under its buckets'
+//! locks: a free way of the bucket with more of them, else one whose cell is idle (its
+//! TAT at or behind now: a fresh cell would be identical; the key's counters leave with
+//! it), else none, and the key is metered as one refused by admission (in its policy's
+//! shared unadmitted cell). So a flood cannot evict a source that is being metered, and the
+//! table never holds a key twice: a key is given a way only under its first bucket's lock,
+//! after a scan of both buckets under it. A CPU that finds a lock taken gives up at once
+//! (the frame is metered as unadmitted; the key's next frame tries again).
 //!
 //! A way given to a key is marked busy first (its key word, or its tag), its key and state
 //! written, then its key word or tag published with a compare-and-swap (a full barrier).
@@ -21,8 +24,8 @@
 use shaper_common::{
     maps::SourceState,
     sources::{
-        SOURCE_FREE, SOURCE_LOCKED, SOURCE_V4_BUSY, SOURCE_V6_BUSY, SOURCE_WAYS, SourceBucket6,
-        bucket_of, tag_v6, word_v4,
+        SOURCE_FREE, SOURCE_LOCKED, SOURCE_V4_BUSY, SOURCE_V6_BUSY, SOURCE_WAYS, SourceBucket4,
+        SourceBucket6, bucket_of, second_bucket_of, tag_v6, word_v4,
     },
 };
 use shaper_ebpf::atomic;
@@ -68,18 +71,20 @@ pub fn state_v6(answer: u64) -> Option<*mut SourceState> {
     Some(unsafe { &raw mut (*bucket).states[way] })
 }
 
-/// The way of IPv4 `key` (whose hash is `hash`), or [`NO_WAY`].
+/// The way of IPv4 `key` (whose hash is `hash`) in its first bucket, then its second, or
+/// [`NO_WAY`].
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_find4(key: u32, hash: u64) -> u64 {
-    let index = bucket_of(hash, source_bucket_count());
-    let Some(bucket) = SOURCES.get_ptr_mut(index) else {
-        return NO_WAY;
-    };
+    let buckets = source_bucket_count();
     let word = word_v4(key);
-    for i in 0..SOURCE_WAYS {
-        // SAFETY: a live map value; an aligned u64.
-        if unsafe { atomic::load(&raw const (*bucket).keys[i]) } == word {
+    for index in [bucket_of(hash, buckets), second_bucket_of(hash, buckets)] {
+        let Some(bucket) = SOURCES.get_ptr_mut(index) else {
+            return NO_WAY;
+        };
+        // SAFETY: a live map value.
+        let i = unsafe { scan4(bucket, word) };
+        if i < SOURCE_WAYS {
             return position(index, i);
         }
     }
@@ -90,18 +95,49 @@ pub extern "C" fn shaper_find4(key: u32, hash: u64) -> u64 {
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_find6(hi: u64, lo: u64, hash: u64) -> u64 {
-    let index = bucket_of(hash, source_bucket_count());
-    let Some(bucket) = SOURCES6.get_ptr_mut(index) else {
-        return NO_WAY;
-    };
+    let buckets = source_bucket_count();
     let tag = tag_v6(hash);
-    for i in 0..SOURCE_WAYS {
+    for index in [bucket_of(hash, buckets), second_bucket_of(hash, buckets)] {
+        let Some(bucket) = SOURCES6.get_ptr_mut(index) else {
+            return NO_WAY;
+        };
         // SAFETY: a live map value.
-        if unsafe { matches6(bucket, i, tag, hi, lo) } {
+        let i = unsafe { scan6(bucket, tag, hi, lo) };
+        if i < SOURCE_WAYS {
             return position(index, i);
         }
     }
     NO_WAY
+}
+
+/// The way of IPv4 `bucket` whose key word is `word`, or [`SOURCE_WAYS`].
+///
+/// # Safety
+/// `bucket` points to a live map value.
+#[inline(always)]
+unsafe fn scan4(bucket: *mut SourceBucket4, word: u64) -> usize {
+    for i in 0..SOURCE_WAYS {
+        // SAFETY: the caller's; an aligned u64.
+        if unsafe { atomic::load(&raw const (*bucket).keys[i]) } == word {
+            return i;
+        }
+    }
+    SOURCE_WAYS
+}
+
+/// The way of IPv6 `bucket` that holds the key of `tag`, `hi`, `lo`, or [`SOURCE_WAYS`].
+///
+/// # Safety
+/// `bucket` points to a live map value.
+#[inline(always)]
+unsafe fn scan6(bucket: *mut SourceBucket6, tag: u32, hi: u64, lo: u64) -> usize {
+    for i in 0..SOURCE_WAYS {
+        // SAFETY: the caller's.
+        if unsafe { matches6(bucket, i, tag, hi, lo) } {
+            return i;
+        }
+    }
+    SOURCE_WAYS
 }
 
 /// Whether way `i` of IPv6 `bucket` holds the key of `tag`, `hi`, `lo`: its tag before and
@@ -131,41 +167,183 @@ fn position(index: u32, way: usize) -> u64 {
     u64::from(index) << 3 | way as u64
 }
 
+/// Takes a bucket's lock, if no other CPU holds it.
+///
+/// # Safety
+/// `lock` points into a live map value.
+#[inline(always)]
+unsafe fn lock(lock: *mut u64) -> bool {
+    // SAFETY: the caller's.
+    unsafe { atomic::compare_exchange(lock, 0, SOURCE_LOCKED).is_ok() }
+}
+
+/// Gives a bucket's lock back.
+///
+/// # Safety
+/// `lock` points into a live map value, whose lock this CPU holds.
+#[inline(always)]
+unsafe fn unlock(lock: *mut u64) {
+    // SAFETY: the caller's.
+    unsafe { core::ptr::write_volatile(lock, 0) }
+}
+
+/// What a bucket has room for at `now`, packed: how many of its ways are free (bits 0–7),
+/// the first of them (bits 8–15, [`SOURCE_WAYS`] if none), and the first way whose cell
+/// is idle (bits 16–23, [`SOURCE_WAYS`] if none). One scalar for the verifier, whatever the
+/// ways hold: inlined, the two buckets' scans would multiply each other's paths.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_room4(index: u32, now: u64) -> u64 {
+    let Some(bucket) = SOURCES.get_ptr_mut(index) else {
+        return NO_ROOM;
+    };
+    // SAFETY: a live map value, its words aligned.
+    unsafe {
+        room(
+            |i| atomic::load(&raw const (*bucket).keys[i & 7]) == SOURCE_FREE,
+            &raw const (*bucket).states,
+            now,
+        )
+    }
+}
+
+/// [`shaper_room4`] for a bucket of the IPv6 table.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn shaper_room6(index: u32, now: u64) -> u64 {
+    let Some(bucket) = SOURCES6.get_ptr_mut(index) else {
+        return NO_ROOM;
+    };
+    // SAFETY: a live map value, its words aligned.
+    unsafe {
+        room(
+            |i| core::ptr::read_volatile(&raw const (*bucket).tags[i & 7]) == SOURCE_FREE as u32,
+            &raw const (*bucket).states,
+            now,
+        )
+    }
+}
+
+/// A bucket with no room at all ([`shaper_room4`]).
+const NO_ROOM: u64 = (SOURCE_WAYS as u64) << 8 | (SOURCE_WAYS as u64) << 16;
+
+/// [`shaper_room4`]'s scan, of a bucket whose free ways `free` says.
+///
+/// # Safety
+/// `states` point into a live map value.
+#[inline(always)]
+unsafe fn room(
+    free: impl Fn(usize) -> bool,
+    states: *const [SourceState; SOURCE_WAYS],
+    now: u64,
+) -> u64 {
+    let (mut count, mut first, mut idle) = (0u64, SOURCE_WAYS as u64, SOURCE_WAYS as u64);
+    for i in 0..SOURCE_WAYS {
+        if free(i) {
+            count += 1;
+            first = first.min(i as u64);
+        // SAFETY: the caller's.
+        } else if idle == SOURCE_WAYS as u64 && unsafe { is_idle(&raw const (*states)[i], now) } {
+            idle = i as u64;
+        }
+    }
+    count | first << 8 | idle << 16
+}
+
+/// The free ways, first free way and first idle way of a [`shaper_room4`] answer.
+#[inline(always)]
+fn unpack(room: u64) -> (usize, usize, usize) {
+    (
+        (room & 0xFF) as usize,
+        ((room >> 8) & 0xFF) as usize,
+        ((room >> 16) & 0xFF) as usize,
+    )
+}
+
+/// Which of a key's two buckets gives it which way, of what each has ([`room`]): a free way
+/// of the one with more of them (the first on a tie), else an idle way of the first, then
+/// of the second; `None` if neither has one.
+#[inline(always)]
+fn choose(
+    first: (usize, usize, usize),
+    second: Option<(usize, usize, usize)>,
+) -> Option<(bool, usize)> {
+    let second = second.unwrap_or((0, SOURCE_WAYS, SOURCE_WAYS));
+    if first.0 > 0 && first.0 >= second.0 {
+        return Some((false, first.1));
+    }
+    if second.0 > 0 {
+        return Some((true, second.1));
+    }
+    if first.2 < SOURCE_WAYS {
+        return Some((false, first.2));
+    }
+    (second.2 < SOURCE_WAYS).then_some((true, second.2))
+}
+
 /// Gives IPv4 `key` (of `hash`) a way at `now` (ticks), its state fresh but for its
 /// `policy` word: see the module. Returns the way (with [`CLAIMED_NEW`] if it is new to
-/// the key) or [`NO_WAY`].
+/// the key) or [`NO_WAY`]. The key's first bucket's lock is taken first, so two CPUs never
+/// give one key two ways; the second's is tried only while the first's is held.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_claim4(key: u32, hash: u64, policy: u64, now: u64) -> u64 {
-    let index = bucket_of(hash, source_bucket_count());
-    let Some(bucket) = SOURCES.get_ptr_mut(index) else {
+    let buckets = source_bucket_count();
+    let (a, b) = (bucket_of(hash, buckets), second_bucket_of(hash, buckets));
+    let (Some(first), Some(second)) = (SOURCES.get_ptr_mut(a), SOURCES.get_ptr_mut(b)) else {
         return NO_WAY;
     };
-    // SAFETY: a live map value, every word of it aligned.
+    let word = word_v4(key);
+    // SAFETY: live map values, every word of them aligned; each lock taken is given back
+    // on every path.
     unsafe {
-        let lock = &raw mut (*bucket).lock;
-        if atomic::compare_exchange(lock, 0, SOURCE_LOCKED).is_err() {
+        let lock_a = &raw mut (*first).lock;
+        if !lock(lock_a) {
             return NO_WAY;
         }
-        let word = word_v4(key);
-        let (mut free, mut idle) = (SOURCE_WAYS, SOURCE_WAYS);
-        for i in 0..SOURCE_WAYS {
-            let found = atomic::load(&raw const (*bucket).keys[i]);
-            if found == word {
-                core::ptr::write_volatile(lock, 0);
-                return position(index, i);
-            }
-            if found == SOURCE_FREE {
-                free = free.min(i);
-            } else if idle == SOURCE_WAYS && is_idle(&raw const (*bucket).states[i], now) {
-                idle = i;
-            }
-        }
-        let i = if free < SOURCE_WAYS { free } else { idle };
-        if i >= SOURCE_WAYS {
-            core::ptr::write_volatile(lock, 0);
+        let lock_b = &raw mut (*second).lock;
+        let two = a != b;
+        if two && !lock(lock_b) {
+            unlock(lock_a);
             return NO_WAY;
         }
+        let answer = claim4_locked((first, a), (second, b, two), word, policy, now);
+        if two {
+            unlock(lock_b);
+        }
+        unlock(lock_a);
+        answer
+    }
+}
+
+/// [`shaper_claim4`] with the buckets' locks held (`two`: the second is another bucket).
+///
+/// # Safety
+/// Both point to live map values whose locks this CPU holds.
+#[inline(always)]
+unsafe fn claim4_locked(
+    (first, a): (*mut SourceBucket4, u32),
+    (second, b, two): (*mut SourceBucket4, u32, bool),
+    word: u64,
+    policy: u64,
+    now: u64,
+) -> u64 {
+    // SAFETY: the caller's.
+    unsafe {
+        let i = scan4(first, word);
+        if i < SOURCE_WAYS {
+            return position(a, i);
+        }
+        let i = scan4(second, word);
+        if two && i < SOURCE_WAYS {
+            return position(b, i);
+        }
+        let room_a = unpack(shaper_room4(a, now));
+        let room_b = two.then(|| unpack(shaper_room4(b, now)));
+        let Some((in_second, i)) = choose(room_a, room_b) else {
+            return NO_WAY;
+        };
+        let (bucket, index) = if in_second { (second, b) } else { (first, a) };
         let i = i & (SOURCE_WAYS - 1);
         let slot = &raw mut (*bucket).keys[i];
         core::ptr::write_volatile(slot, SOURCE_V4_BUSY);
@@ -173,7 +351,6 @@ pub extern "C" fn shaper_claim4(key: u32, hash: u64, policy: u64, now: u64) -> u
         // A compare-and-swap, a full barrier: the state is written before any CPU can
         // match the word.
         let _ = atomic::compare_exchange(slot, SOURCE_V4_BUSY, word);
-        core::ptr::write_volatile(lock, 0);
         position(index, i) | CLAIMED_NEW
     }
 }
@@ -182,35 +359,61 @@ pub extern "C" fn shaper_claim4(key: u32, hash: u64, policy: u64, now: u64) -> u
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_claim6(hi: u64, lo: u64, hash: u64, policy: u64, now: u64) -> u64 {
-    let index = bucket_of(hash, source_bucket_count());
-    let Some(bucket) = SOURCES6.get_ptr_mut(index) else {
+    let buckets = source_bucket_count();
+    let (a, b) = (bucket_of(hash, buckets), second_bucket_of(hash, buckets));
+    let (Some(first), Some(second)) = (SOURCES6.get_ptr_mut(a), SOURCES6.get_ptr_mut(b)) else {
         return NO_WAY;
     };
-    let tag = tag_v6(hash);
-    // SAFETY: a live map value, every word of it aligned.
+    // SAFETY: as in shaper_claim4.
     unsafe {
-        let lock = &raw mut (*bucket).lock;
-        if atomic::compare_exchange(lock, 0, SOURCE_LOCKED).is_err() {
+        let lock_a = &raw mut (*first).lock;
+        if !lock(lock_a) {
             return NO_WAY;
         }
-        let (mut free, mut idle) = (SOURCE_WAYS, SOURCE_WAYS);
-        for i in 0..SOURCE_WAYS {
-            if matches6(bucket, i, tag, hi, lo) {
-                core::ptr::write_volatile(lock, 0);
-                return position(index, i);
-            }
-            let found = core::ptr::read_volatile(&raw const (*bucket).tags[i]);
-            if found == SOURCE_FREE as u32 {
-                free = free.min(i);
-            } else if idle == SOURCE_WAYS && is_idle(&raw const (*bucket).states[i], now) {
-                idle = i;
-            }
-        }
-        let i = if free < SOURCE_WAYS { free } else { idle };
-        if i >= SOURCE_WAYS {
-            core::ptr::write_volatile(lock, 0);
+        let lock_b = &raw mut (*second).lock;
+        let two = a != b;
+        if two && !lock(lock_b) {
+            unlock(lock_a);
             return NO_WAY;
         }
+        let answer = claim6_locked((first, a), (second, b, two), (hi, lo, hash), policy, now);
+        if two {
+            unlock(lock_b);
+        }
+        unlock(lock_a);
+        answer
+    }
+}
+
+/// [`shaper_claim6`] with the buckets' locks held.
+///
+/// # Safety
+/// As [`claim4_locked`].
+#[inline(always)]
+unsafe fn claim6_locked(
+    (first, a): (*mut SourceBucket6, u32),
+    (second, b, two): (*mut SourceBucket6, u32, bool),
+    (hi, lo, hash): (u64, u64, u64),
+    policy: u64,
+    now: u64,
+) -> u64 {
+    let tag = tag_v6(hash);
+    // SAFETY: the caller's.
+    unsafe {
+        let i = scan6(first, tag, hi, lo);
+        if i < SOURCE_WAYS {
+            return position(a, i);
+        }
+        let i = scan6(second, tag, hi, lo);
+        if two && i < SOURCE_WAYS {
+            return position(b, i);
+        }
+        let room_a = unpack(shaper_room6(a, now));
+        let room_b = two.then(|| unpack(shaper_room6(b, now)));
+        let Some((in_second, i)) = choose(room_a, room_b) else {
+            return NO_WAY;
+        };
+        let (bucket, index) = if in_second { (second, b) } else { (first, a) };
         let i = i & (SOURCE_WAYS - 1);
         // Busy before the key is written, the key and state before the tag is published:
         // each tag written with a compare-and-swap, a full barrier.
@@ -220,7 +423,6 @@ pub extern "C" fn shaper_claim6(hi: u64, lo: u64, hash: u64, policy: u64, now: u
         core::ptr::write_volatile(&raw mut (*key)[1], lo);
         fresh(&raw mut (*bucket).states[i], policy);
         set_tag(bucket, i, tag);
-        core::ptr::write_volatile(lock, 0);
         position(index, i) | CLAIMED_NEW
     }
 }

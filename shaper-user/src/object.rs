@@ -19,7 +19,7 @@ use shaper_common::{
         METER2_UNUSED_ENTRIES, PROG_TC, SIZED_BY_POLICIES, SIZED_BY_SOURCES, policy_entries,
         subscriber_entries, trie_entries,
     },
-    sources::source_buckets,
+    sources::{source_buckets, source_room},
 };
 
 use crate::kernel::{self, KernelError};
@@ -126,7 +126,7 @@ impl Sizes {
     /// The size of each of the second meter's per-key maps.
     pub fn meter2_entries(self) -> u32 {
         if self.meter2 {
-            self.max_sources
+            source_room(source_buckets(self.max_sources))
         } else {
             METER2_UNUSED_ENTRIES
         }

@@ -385,7 +385,7 @@ pub fn meter2_room(at: &Attachment) -> Result<bool, UpgradeError> {
             .map_err(step(at, format!("read map '{pin}'")))?
             .max_entries)
     };
-    let cap = size(PIN_SOURCES)?;
+    let cap = crate::table::room(size(PIN_SOURCES)?);
     Ok(size(PIN_METER2)? >= cap && size(PIN_METER2_6)? >= cap)
 }
 
@@ -411,9 +411,11 @@ pub fn make_room_for_meter2(at: &Attachment) -> Result<bool, UpgradeError> {
     }
     let current = layout::current();
     let settings = read_settings(&at.dir(), current).map_err(decode_err(at))?;
-    let cap = bpf::map_info(&at.dir().join(PIN_SOURCES))
-        .map_err(step(at, format!("read map '{PIN_SOURCES}'")))?
-        .max_entries;
+    let cap = crate::table::room(
+        bpf::map_info(&at.dir().join(PIN_SOURCES))
+            .map_err(step(at, format!("read map '{PIN_SOURCES}'")))?
+            .max_entries,
+    );
     let sizes = Sizes {
         max_sources: cap,
         meter2: true,
