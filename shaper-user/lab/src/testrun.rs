@@ -222,7 +222,7 @@ impl Harness {
 
     /// The hash seed of the loaded settings (`Config::trace_seed`).
     pub fn seed(&self) -> Result<u64> {
-        seed_of(&self.ebpf)
+        Ok(self.table.config()?.trace_seed)
     }
 
     /// Forgets every tracked source and zeroes the global counters, so one loaded program
