@@ -15,8 +15,8 @@ use shaper_common::{
     keys::{v4_per_address, v6_per_address},
     layout,
     maps::{
-        Config, Counters, PIN_CONFIG, PIN_LAYOUT, PIN_METER2, PIN_METER2_6, PIN_POLICIES,
-        PIN_SOURCES, PIN_SUBSCRIBERS, PerCpuSum, SourceState, sum_per_cpu,
+        Config, Counters, Ipv4Key, Ipv6Key, PIN_CONFIG, PIN_LAYOUT, PIN_METER2, PIN_METER2_6,
+        PIN_POLICIES, PIN_SOURCES, PIN_SUBSCRIBERS, PerCpuSum, SourceState, sum_per_cpu,
     },
 };
 
@@ -207,6 +207,10 @@ pub fn read_counters(at: &Attachment) -> Result<Counters, PinnedMapError> {
 pub fn sources_capacity(at: &Attachment) -> Result<u32, PinnedMapError> {
     let path = at.sources();
     let map = open(&path)?;
+    // An older layout's LRU hash map (before an upgrade moves its keys): its entries.
+    if let Map::LruHashMap(data) = &map {
+        return Ok(data.info().map_err(read_err(&path))?.max_entries());
+    }
     let data = array_data(&map, &path)?;
     Ok(table::room(
         data.info().map_err(read_err(&path))?.max_entries(),
@@ -233,6 +237,25 @@ pub fn read_sources6(at: &Attachment) -> Result<Vec<(Ipv6Addr, SourceState)>, Pi
         .into_iter()
         .map(|(k, s)| (Ipv6Addr::from(k), s))
         .collect())
+}
+
+/// Places IPv4 and IPv6 keys with their states in `at`'s tables where the program looks
+/// for them ([`table::write_v4`]: for tables no program is writing, a warm start or a
+/// test). Returns how many were placed and how many found their buckets full.
+pub fn write_sources(
+    at: &Attachment,
+    v4: &[(Ipv4Key, SourceState)],
+    v6: &[(Ipv6Key, SourceState)],
+) -> Result<table::Placed, PinnedMapError> {
+    let seed = read_config(at)?.trace_seed;
+    let (p4, p6) = (at.sources(), at.sources6());
+    let (m4, m6) = (open(&p4)?, open(&p6)?);
+    let a = table::write_v4(array_data(&m4, &p4)?, seed, v4).map_err(read_err(&p4))?;
+    let b = table::write_v6(array_data(&m6, &p6)?, seed, v6).map_err(read_err(&p6))?;
+    Ok(table::Placed {
+        placed: a.placed + b.placed,
+        full: a.full + b.full,
+    })
 }
 
 /// The map data of a (LRU) hash map, or the error that names `path`.

@@ -309,21 +309,41 @@ pub fn key(addr: Ipv4Addr) -> Ipv4Key {
     u32::from_ne_bytes(addr.octets())
 }
 
-/// Places an idle cell for each address, as the program would create it; fails if a
-/// bucket has no room for one.
-pub fn prefill(ebpf: &mut Ebpf, addrs: impl IntoIterator<Item = Ipv4Addr>) -> Result<()> {
-    let map = map_data(ebpf, MAP_SOURCES)?;
+/// Places an idle cell for each address, as the program would create it: in the table of
+/// buckets (a key whose two buckets are full is left out: a few percent of a table filled
+/// to its room), or in an older build's LRU hash map. Returns how many were placed.
+pub fn prefill(ebpf: &mut Ebpf, addrs: impl IntoIterator<Item = Ipv4Addr>) -> Result<usize> {
     let entries: Vec<_> = addrs
         .into_iter()
         .map(|a| (key(a), SourceState::default()))
         .collect();
-    let placed = table::write_v4(&map, seed_of(ebpf)?, &entries)?;
-    ensure!(
-        placed.full == 0,
-        "{} keys found their bucket full",
-        placed.full
-    );
-    Ok(())
+    if let Some(aya::maps::Map::LruHashMap(_)) = ebpf.map(MAP_SOURCES) {
+        let mut map: aya::maps::HashMap<&mut MapData, Ipv4Key, SourceState> =
+            aya::maps::HashMap::try_from(ebpf.map_mut(MAP_SOURCES).context("sources map")?)?;
+        for (k, s) in &entries {
+            map.insert(k, s, 0)?;
+        }
+        return Ok(entries.len());
+    }
+    let map = map_data(ebpf, MAP_SOURCES)?;
+    let seed = seed_of(ebpf).unwrap_or(0);
+    Ok(table::write_v4(&map, seed, &entries)?.placed)
+}
+
+/// The IPv4 keys in `ebpf`'s table (or an older build's LRU hash map).
+pub fn ipv4_keys(ebpf: &Ebpf) -> Result<Vec<Ipv4Key>> {
+    if let Some(aya::maps::Map::LruHashMap(_)) = ebpf.map(MAP_SOURCES) {
+        let map: aya::maps::HashMap<&MapData, Ipv4Key, SourceState> =
+            aya::maps::HashMap::try_from(ebpf.map(MAP_SOURCES).context("sources map")?)?;
+        return Ok(map.keys().collect::<Result<_, _>>()?);
+    }
+    let map = map_data(ebpf, MAP_SOURCES)?;
+    Ok(table::read_v4(&map)?.into_iter().map(|(k, _)| k).collect())
+}
+
+/// The `memlock:` of both per-source maps (IPv4 and IPv6) of `ebpf`, in bytes.
+pub fn sources_memlock(ebpf: &Ebpf) -> Result<u64> {
+    Ok(memlock_of(&map_data(ebpf, MAP_SOURCES)?)? + memlock_of(&map_data(ebpf, MAP_SOURCES6)?)?)
 }
 
 /// A map of `ebpf` by name, on a descriptor of its own.

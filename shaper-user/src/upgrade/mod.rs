@@ -72,10 +72,11 @@ use shaper_common::{
     maps::{
         Config, Counters, DEFAULT_MAX_SUBSCRIBERS, Ipv4Key, Ipv6Key, MAP_CONFIG,
         MAP_COUNTERS_CARRIED, MAP_POLICIES, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4,
-        MAP_PREFIXES_V6, MAP_SUBSCRIBERS, MAX_POLICIES, PIN_CONFIG, PIN_COUNTERS,
-        PIN_COUNTERS_CARRIED, PIN_LAYOUT, PIN_LINK, PIN_METER2, PIN_METER2_6, PIN_POLICIES,
-        PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES,
-        PIN_SUBSCRIBERS, PIN_UPGRADE_PROG, PROG_XDP, Policy, PolicyStats, is_tc_mode,
+        MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6, MAP_SUBSCRIBERS, MAX_POLICIES, PIN_CONFIG,
+        PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LAYOUT, PIN_LINK, PIN_METER2, PIN_METER2_6,
+        PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6,
+        PIN_SOURCES, PIN_SOURCES6, PIN_SUBSCRIBERS, PIN_UPGRADE_PROG, PROG_XDP, Policy,
+        PolicyStats, SourceState, is_tc_mode,
     },
 };
 
@@ -283,6 +284,14 @@ fn plan(at: &Attachment, from: &Layout) -> Result<Vec<(&'static MapLayout, bool)
             {
                 false
             }
+            // Layout 10's and older per-source LRU hash maps: every key moved into the
+            // tables of buckets (`move_sources`).
+            (Holds::Cells, Some(old))
+                if [PIN_SOURCES, PIN_SOURCES6].contains(&m.pin)
+                    && old.map_type == layout::BPF_MAP_TYPE_LRU_HASH =>
+            {
+                false
+            }
             (Holds::Cells, Some(_)) => {
                 return Err(UpgradeError::Cells {
                     label: at.label(),
@@ -486,6 +495,9 @@ fn stage(
             .map_err(step(at, format!("pin map '{}' again", m.pin)))?;
     }
     write_settings(at, &mut ebpf, settings, &fresh)?;
+    if fresh(PIN_SOURCES) || fresh(PIN_SOURCES6) {
+        move_sources(at, &ebpf, settings.config.trace_seed)?;
+    }
     if fresh(PIN_SUBSCRIBERS) {
         write_subscribers(at, &ebpf, from)?;
     }
@@ -577,6 +589,52 @@ fn write_settings(
                 .map_err(step(at, "write the IPv6 prefixes"))?;
         }
     }
+    Ok(())
+}
+
+/// Moves every key of the old pins' per-source LRU hash maps, cell and counters, into the
+/// new tables of buckets, placed by hash under the attachment's `seed` as the program
+/// looks for them. The keys whose cells are busy (their TAT ahead of now) are placed
+/// first: should a key's two buckets be full (a few keys in a hundred of an LRU map
+/// filled to its size), the one left out is one whose cell is idle, which a fresh cell
+/// replaces without a difference but for its counters. What the old program charges
+/// between this copy and the switch of the program (a few milliseconds) is not carried.
+fn move_sources(at: &Attachment, ebpf: &Ebpf, seed: u64) -> Result<(), UpgradeError> {
+    let dir = at.dir();
+    let now = shaper_common::gcra::ticks_from_ns(crate::watch::monotonic_ns());
+    let busy_first = |s: &SourceState| u8::from(s.cell.tat <= now);
+    let read = |pin: &str| -> Result<aya::maps::Map, UpgradeError> {
+        let path = dir.join(pin);
+        let what = format!("open {}", path.display());
+        let data = MapData::from_pin(&path).map_err(step(at, what.clone()))?;
+        aya::maps::Map::from_map_data(data).map_err(step(at, what))
+    };
+    let new_table = |name: &str| -> Result<&MapData, UpgradeError> {
+        match map_of(at, ebpf, name)? {
+            aya::maps::Map::Array(data) => Ok(data),
+            _ => Err(step_boxed(at, &format!("open the new {name}"))(
+                "not an array".into(),
+            )),
+        }
+    };
+    let old = read(PIN_SOURCES)?;
+    let mut v4: Vec<(Ipv4Key, SourceState)> = crate::maps::read_batched(
+        crate::maps::hash_data(&old, &dir.join(PIN_SOURCES))
+            .map_err(step(at, "read the IPv4 sources"))?,
+    )
+    .map_err(step(at, "read the IPv4 sources"))?;
+    v4.sort_by_key(|(_, s)| busy_first(s));
+    let old6 = read(PIN_SOURCES6)?;
+    let mut v6: Vec<(Ipv6Key, SourceState)> = crate::maps::read_batched(
+        crate::maps::hash_data(&old6, &dir.join(PIN_SOURCES6))
+            .map_err(step(at, "read the IPv6 sources"))?,
+    )
+    .map_err(step(at, "read the IPv6 sources"))?;
+    v6.sort_by_key(|(_, s)| busy_first(s));
+    crate::table::write_v4(new_table(MAP_SOURCES)?, seed, &v4)
+        .map_err(step(at, "move the IPv4 sources"))?;
+    crate::table::write_v6(new_table(MAP_SOURCES6)?, seed, &v6)
+        .map_err(step(at, "move the IPv6 sources"))?;
     Ok(())
 }
 
@@ -790,7 +848,10 @@ mod tests {
     fn the_object_file_has_the_newest_layout() {
         let object = aya_obj::Object::parse(object::EBPF_OBJECT).expect("the object parses");
         let newest = layout::current();
-        let mut names: Vec<&String> = object.maps.keys().collect();
+        // The program's read-only globals (`SHAPER_SOURCE_BUCKETS`), set at each load and
+        // never pinned.
+        let pinned = |name: &String| !name.starts_with('.');
+        let mut names: Vec<&String> = object.maps.keys().filter(|n| pinned(n)).collect();
         names.sort();
         assert_eq!(
             names.len(),
@@ -798,7 +859,7 @@ mod tests {
             "the object's maps {names:?} are not those of layout {}",
             newest.version
         );
-        for (name, map) in &object.maps {
+        for (name, map) in object.maps.iter().filter(|(n, _)| pinned(n)) {
             let m = newest
                 .maps
                 .iter()
@@ -840,14 +901,15 @@ mod tests {
     #[test]
     fn an_upgrade_reuses_every_map_whose_layout_is_unchanged() {
         // Layout 1's config, policies and counters changed; admission is new; the tries
-        // are sized for subscribers since layout 8.
-        assert_eq!(reused(1), [PIN_AGGREGATES, PIN_SOURCES, PIN_SOURCES6]);
+        // are sized for subscribers since layout 8. Every layout before 11 has its sources
+        // in LRU hash maps, whose keys are moved into new tables.
+        assert_eq!(reused(1), [PIN_AGGREGATES]);
         let all_but = |not: &[&str]| {
             let mut pins: Vec<&str> = layout::current()
                 .maps
                 .iter()
                 .map(|m| m.pin)
-                .filter(|p| !not.contains(p))
+                .filter(|p| !not.contains(p) && ![PIN_SOURCES, PIN_SOURCES6].contains(p))
                 .collect();
             pins.sort_unstable();
             pins
@@ -920,6 +982,10 @@ mod tests {
         // Layout 9's maps of one entry per policy slot (16,384 each) are kept at their
         // size: today's are sized at attach.
         assert_eq!(reused(9), all_but(&[PIN_LAYOUT]));
+        assert_eq!(reused(10), all_but(&[PIN_LAYOUT]));
+        // Today's own tables are reused.
+        assert!(reused(LAYOUT_VERSION).contains(&PIN_SOURCES));
+        assert!(reused(LAYOUT_VERSION).contains(&PIN_SOURCES6));
         // Growing the second meter's maps reuses every map but those two (and the
         // version): every cell, counter and policy stays.
         let mut grown: Vec<&str> = grow_plan()
@@ -927,6 +993,7 @@ mod tests {
             .filter(|(_, reuse)| *reuse)
             .map(|(m, _)| m.pin)
             .collect();
+        grown.retain(|p| ![PIN_SOURCES, PIN_SOURCES6].contains(p));
         grown.sort_unstable();
         assert_eq!(grown, all_but(&[PIN_METER2, PIN_METER2_6, PIN_LAYOUT]));
         // The version is always written anew.
