@@ -230,7 +230,7 @@ const SOURCES6: MapLayout = map(
     Holds::Cells,
 );
 // Layout 11's per-source tables: arrays of buckets of eight ways (`crate::sources`), as
-// many buckets as `--max-sources` asks for (rounded up to a power of two).
+// many buckets as `--max-sources` asks for (eight keys a bucket, rounded up).
 const SOURCES_TABLE: MapLayout = map(
     PIN_SOURCES,
     MAP_SOURCES,
@@ -769,7 +769,7 @@ mod tests {
     use super::*;
     use crate::maps::{
         AdmissionCells, Cell, Config, Counters, EVENTS_BYTES, Ipv4Key, Ipv6Key, Meter2Cells,
-        Policy, PolicyStats, SourceState, Subscriber, TraceBucket, WATCH_ENTRIES, Watch,
+        Policy, PolicyStats, Subscriber, TraceBucket, WATCH_ENTRIES, Watch,
     };
 
     /// An LPM trie's key: the prefix length, then the address.

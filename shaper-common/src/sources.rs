@@ -71,15 +71,12 @@ const _: () = assert!(offset_of!(SourceBucket6, states) == 168);
 const _: () = assert!(size_of::<SourceBucket4>() / SOURCE_WAYS == 81);
 const _: () = assert!(size_of::<SourceBucket6>() / SOURCE_WAYS == 93);
 
-/// The buckets of a table of room for `max_sources` keys: a power of two, at least
-/// `max_sources / SOURCE_WAYS`.
+/// The buckets of a table of room for `max_sources` keys: `max_sources / SOURCE_WAYS`
+/// rounded up (at least one). Not a power of two: a key's bucket is its hash scaled to the
+/// number of buckets ([`bucket_of`]), so a million sources cost a million ways, not 2^20.
 pub const fn source_buckets(max_sources: u32) -> u32 {
     let buckets = max_sources.div_ceil(SOURCE_WAYS as u32);
-    if buckets <= 1 {
-        1
-    } else {
-        buckets.next_power_of_two()
-    }
+    if buckets == 0 { 1 } else { buckets }
 }
 
 /// The keys a table of `buckets` buckets has room for.
@@ -108,11 +105,12 @@ pub fn hash_v6(hi: u64, lo: u64, seed: u64) -> u64 {
     mix(mix(hi ^ seed) ^ lo ^ (1 << 63))
 }
 
-/// The bucket of a key of `hash` in a table of `buckets` (a power of two) buckets: the
-/// hash's high half (the traces take their bucket from the low one).
+/// The bucket of a key of `hash` in a table of `buckets` buckets: the hash's high half
+/// (the traces take their bucket from the low one) scaled to `0..buckets` with a multiply
+/// and a shift, no division.
 #[inline(always)]
 pub fn bucket_of(hash: u64, buckets: u32) -> u32 {
-    ((hash >> 32) as u32) & buckets.wrapping_sub(1)
+    (((hash >> 32) * u64::from(buckets)) >> 32) as u32
 }
 
 /// The second bucket of a key of `hash`: a key lives in whichever of its two buckets had
@@ -173,9 +171,29 @@ mod tests {
         assert_eq!(source_buckets(8), 1);
         assert_eq!(source_buckets(9), 2);
         assert_eq!(source_buckets(262_144), 32_768);
-        assert_eq!(source_buckets(1_000_000), 131_072);
+        assert_eq!(source_buckets(1_000_000), 125_000);
         assert_eq!(source_buckets(1 << 20), 131_072);
-        assert!(source_room(source_buckets(1_000_000)) >= 1_000_000);
+        assert_eq!(source_room(source_buckets(1_000_000)), 1_000_000);
+        assert_eq!(source_room(source_buckets(1_000_001)), 1_000_008);
+    }
+
+    #[test]
+    fn every_bucket_is_in_range_and_used() {
+        for buckets in [1, 3, 125_000] {
+            let mut seen = [false; 3];
+            for key in 0..10_000u32 {
+                let hash = hash_v4(key, 42);
+                for b in [bucket_of(hash, buckets), second_bucket_of(hash, buckets)] {
+                    assert!(b < buckets, "{b} of {buckets}");
+                    if buckets == 3 {
+                        seen[b as usize] = true;
+                    }
+                }
+            }
+            assert!(buckets != 3 || seen == [true; 3]);
+        }
+        assert_eq!(bucket_of(u64::MAX, 125_000), 124_999);
+        assert_eq!(bucket_of(0, 125_000), 0);
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub static SOURCES: Array<SourceBucket4> =
 pub static SOURCES6: Array<SourceBucket6> =
     Array::with_max_entries(source_buckets(DEFAULT_MAX_SOURCES), 0);
 
-/// The buckets of `SOURCES` and of `SOURCES6` (a power of two): set by userspace at load
+/// The buckets of `SOURCES` and of `SOURCES6`: set by userspace at load
 /// time (`shaper_common::maps::GLOBAL_SOURCE_BUCKETS`), read-only to the program.
 #[unsafe(no_mangle)]
 pub static SHAPER_SOURCE_BUCKETS: u32 = source_buckets(DEFAULT_MAX_SOURCES);

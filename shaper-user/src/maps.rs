@@ -221,7 +221,13 @@ pub fn sources_capacity(at: &Attachment) -> Result<u32, PinnedMapError> {
 pub fn read_sources(at: &Attachment) -> Result<Vec<(Ipv4Addr, SourceState)>, PinnedMapError> {
     let path = at.sources();
     let map = open(&path)?;
-    let all = table::read_v4(array_data(&map, &path)?).map_err(read_err(&path))?;
+    // An older layout's LRU hash map (`status` shows older attachments, an upgrade
+    // compares), or today's table.
+    let all = match &map {
+        Map::LruHashMap(data) => read_batched(data),
+        _ => table::read_v4(array_data(&map, &path)?),
+    }
+    .map_err(read_err(&path))?;
     Ok(all
         .into_iter()
         .map(|(k, s)| (Ipv4Addr::from(k.to_ne_bytes()), s))
@@ -232,7 +238,11 @@ pub fn read_sources(at: &Attachment) -> Result<Vec<(Ipv4Addr, SourceState)>, Pin
 pub fn read_sources6(at: &Attachment) -> Result<Vec<(Ipv6Addr, SourceState)>, PinnedMapError> {
     let path = at.sources6();
     let map = open(&path)?;
-    let all = table::read_v6(array_data(&map, &path)?).map_err(read_err(&path))?;
+    let all = match &map {
+        Map::LruHashMap(data) => read_batched(data),
+        _ => table::read_v6(array_data(&map, &path)?),
+    }
+    .map_err(read_err(&path))?;
     Ok(all
         .into_iter()
         .map(|(k, s)| (Ipv6Addr::from(k), s))

@@ -100,17 +100,6 @@ pub struct Sizes {
     pub max_policies: u32,
 }
 
-/// Every power of two a `u32` holds, for [`Sizes::apply`].
-static POWERS_OF_TWO: [u32; 32] = {
-    let mut powers = [0; 32];
-    let mut i = 0;
-    while i < 32 {
-        powers[i] = 1 << i;
-        i += 1;
-    }
-    powers
-};
-
 impl Sizes {
     /// Every per-key map `max_sources` keys, and room for every policy slot there may be
     /// (for test runs, which set any policy in any slot).
@@ -139,8 +128,9 @@ impl Sizes {
         for name in SIZED_BY_SOURCES {
             loader.map_max_entries(name, buckets);
         }
-        // The loader keeps a reference: one to a static of the same value.
-        let buckets = &POWERS_OF_TWO[buckets.trailing_zeros() as usize & 31];
+        // The loader keeps a reference for its lifetime: four bytes leaked a load (an
+        // attach, an upgrade, a test's harness).
+        let buckets: &'static u32 = Box::leak(Box::new(buckets));
         loader.override_global(GLOBAL_SOURCE_BUCKETS, buckets, true);
         for name in METER2_PER_KEY {
             loader.map_max_entries(name, self.meter2_entries());

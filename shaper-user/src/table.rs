@@ -17,7 +17,8 @@ use shaper_common::{
 
 use crate::maps::{each_batched_where, read_batched, write_batched};
 
-/// The keys a table of `buckets` buckets has room for (`--max-sources`, rounded up).
+/// The keys a table of `buckets` buckets has room for (`--max-sources`, rounded up to
+/// whole buckets).
 pub fn room(buckets: u32) -> u32 {
     source_room(buckets)
 }

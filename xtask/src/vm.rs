@@ -120,6 +120,24 @@ const SUITES: &[Suite] = &[
               through BPF_PROG_TEST_RUN; rates are slow enough that run time does not matter",
     },
     Suite {
+        file: "tests/source_table_test_run.rs",
+        place: Place::SomeInGuests {
+            run: &[
+                (
+                    "a_full_bucket_gives_a_newcomer_an_idle_way_or_the_unadmitted_cell",
+                    "the tables' claims (bucket locks, compare-and-swap) on each kernel",
+                ),
+                (
+                    "an_ipv6_key_differing_only_in_its_low_half_is_a_key_of_its_own",
+                    "the IPv6 lookup's whole-key compare on each kernel",
+                ),
+            ],
+        },
+        why: "the per-source tables' buckets through BPF_PROG_TEST_RUN: ways filled, an idle \
+              way reclaimed, a full bucket's newcomer unadmitted, IPv6 keys told apart, and \
+              the kernel memory a source costs at a million (host)",
+    },
+    Suite {
         file: "tests/verifier.rs",
         place: Place::Guests,
         why: "each entry point's processed instruction count, printed and held under the \

@@ -18,10 +18,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap, MapData};
 use common::{guard, shaper, shaper_ok};
 use serde_json::Value;
-use shaper_common::maps::{DEFAULT_MAX_SOURCES, Ipv4Key, SourceState};
+use shaper_common::maps::{DEFAULT_MAX_SOURCES, SourceState};
 use shaper_lab::{
     daemon::{Daemon, config, http_get, scratch},
     lab::{Lab, RX_ADDR},
@@ -343,7 +342,6 @@ fn a_scrape_costs_the_same_at_a_full_table() {
 #[test]
 #[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
 fn walks_under_churn_list_each_key_once() {
-    use shaper_common::maps::Ipv6Key;
     use std::{
         collections::HashSet,
         sync::{

@@ -692,6 +692,14 @@ fn an_upgrade_from_layout_9_keeps_every_cell_counter_and_subscriber() {
     upgrade_keeps_every_cell_and_counter(9);
 }
 
+/// Layout 10's per-source LRU hash maps: every key, its cell and counters, moved into the
+/// tables of buckets (both families compared before and after).
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn an_upgrade_from_layout_10_moves_every_source_into_the_tables() {
+    upgrade_keeps_every_cell_and_counter(10);
+}
+
 /// Upgrades an attachment of pin layout `layout` in the middle of live traffic.
 fn traffic_through_an_upgrade(layout: u32) {
     let lab = Lab::new("upgt", 4).unwrap();
