@@ -221,3 +221,134 @@ fn clear<B: aya::Pod + Default>(map: &MapData) -> Result<(), MapError> {
     let empty: Vec<(u32, B)> = (0..buckets).map(|i| (i, B::default())).collect();
     write_batched(map, &empty)
 }
+
+/// What an upgrade's copy of an old LRU map's keys left behind, added in after the switch
+/// (no CPU runs the old program any more): for each key of `old` (the old map as the old
+/// program left it), its way in the table `map` gets the later of the two theoretical
+/// arrival times and the frames the old program counted since the copy (`copied`: each
+/// key's state as it was copied); a key the old program made since the copy is placed as
+/// it is. The buckets changed are written whole: a frame the new program meters in one of
+/// them between their read and their write is lost (the same race as the subscribers'
+/// top-up of layout 8). Returns the keys placed or topped up, and those left out.
+pub fn top_up_v4(
+    map: &MapData,
+    seed: u64,
+    old: &[(Ipv4Key, SourceState)],
+    copied: &std::collections::HashMap<Ipv4Key, SourceState>,
+) -> Result<Placed, MapError> {
+    let mut table: Vec<SourceBucket4> = read_batched::<u32, SourceBucket4>(map)?
+        .into_iter()
+        .map(|(_, b)| b)
+        .collect();
+    let mut changed = BTreeSet::new();
+    let mut placed = Placed::default();
+    for (k, o) in old {
+        let word = word_v4(*k);
+        let spot = place(
+            &table,
+            hash_v4(*k, seed),
+            |b, i| b.keys[i] == word,
+            |b, i| b.keys[i] == SOURCE_FREE,
+        );
+        let Some((index, i)) = spot else {
+            placed.full += 1;
+            continue;
+        };
+        let bucket = &mut table[index as usize];
+        let now = (bucket.keys[i] == word).then_some(bucket.states[i]);
+        let Some(merged) = merged(now, o, copied.get(k)) else {
+            continue;
+        };
+        bucket.keys[i] = word;
+        bucket.states[i] = merged;
+        changed.insert(index);
+        placed.placed += 1;
+    }
+    let out: Vec<_> = changed
+        .into_iter()
+        .map(|i| (i, table[i as usize]))
+        .collect();
+    write_batched(map, &out)?;
+    Ok(placed)
+}
+
+/// [`top_up_v4`] for the IPv6 table.
+pub fn top_up_v6(
+    map: &MapData,
+    seed: u64,
+    old: &[(Ipv6Key, SourceState)],
+    copied: &std::collections::HashMap<Ipv6Key, SourceState>,
+) -> Result<Placed, MapError> {
+    let mut table: Vec<SourceBucket6> = read_batched::<u32, SourceBucket6>(map)?
+        .into_iter()
+        .map(|(_, b)| b)
+        .collect();
+    let mut changed = BTreeSet::new();
+    let mut placed = Placed::default();
+    for (k, o) in old {
+        let key = halves(k);
+        let hash = hash_v6(key[0], key[1], seed);
+        let tag = tag_v6(hash);
+        let spot = place(
+            &table,
+            hash,
+            |b, i| b.tags[i] == tag && b.keys[i] == key,
+            |b, i| b.tags[i] == SOURCE_FREE as u32 || b.tags[i] == SOURCE_V6_BUSY,
+        );
+        let Some((index, i)) = spot else {
+            placed.full += 1;
+            continue;
+        };
+        let bucket = &mut table[index as usize];
+        let now = (bucket.tags[i] == tag && bucket.keys[i] == key).then_some(bucket.states[i]);
+        let Some(merged) = merged(now, o, copied.get(k)) else {
+            continue;
+        };
+        bucket.tags[i] = tag;
+        bucket.keys[i] = key;
+        bucket.states[i] = merged;
+        changed.insert(index);
+        placed.placed += 1;
+    }
+    let out: Vec<_> = changed
+        .into_iter()
+        .map(|i| (i, table[i as usize]))
+        .collect();
+    write_batched(map, &out)?;
+    Ok(placed)
+}
+
+/// A key's state in the table after a top-up: `now` (its state in the table, if it has a
+/// way) with the later TAT of it and `old` (the old map's final state) and the frames `old`
+/// counted since `copied`; `old` itself for a key with no way yet. `None`: nothing to add.
+fn merged(
+    now: Option<SourceState>,
+    old: &SourceState,
+    copied: Option<&SourceState>,
+) -> Option<SourceState> {
+    let Some(mut state) = now else {
+        return Some(*old);
+    };
+    let base = copied.copied().unwrap_or_default();
+    let (o, b) = (&old.outcomes, &base.outcomes);
+    let more = [
+        o.passed_packets.saturating_sub(b.passed_packets),
+        o.passed_bytes.saturating_sub(b.passed_bytes),
+        o.dropped_packets.saturating_sub(b.dropped_packets),
+        o.dropped_bytes.saturating_sub(b.dropped_bytes),
+        o.would_drop_packets.saturating_sub(b.would_drop_packets),
+        o.would_drop_bytes.saturating_sub(b.would_drop_bytes),
+    ];
+    if more == [0; 6] && old.cell.tat <= state.cell.tat {
+        return None;
+    }
+    let s = &mut state.outcomes;
+    s.passed_packets += more[0];
+    s.passed_bytes += more[1];
+    s.dropped_packets += more[2];
+    s.dropped_bytes += more[3];
+    s.would_drop_packets += more[4];
+    s.would_drop_bytes += more[5];
+    state.cell.tat = state.cell.tat.max(old.cell.tat);
+    Some(state)
+}

@@ -262,7 +262,7 @@ pub fn interrupted(at: &Attachment) -> bool {
 pub fn recover(at: &Attachment) -> Result<(), UpgradeError> {
     egress_home(at)?;
     if interrupted(at) {
-        return finish(at);
+        return finish(at, None);
     }
     if at.dir().exists() && at.staging().exists() {
         pins::remove_dir_of_pins(&at.staging()).map_err(step(at, "remove old staged pins"))?;
@@ -374,16 +374,19 @@ fn swap_in(
     sizes: Sizes,
 ) -> Result<(), UpgradeError> {
     let staging = at.staging();
-    if let Err(e) = stage(at, from, settings, plan, sizes) {
-        // Best effort: the old attachment was never touched.
-        let _ = pins::remove_dir_of_pins(&staging);
-        return Err(e);
-    }
+    let moved = match stage(at, from, settings, plan, sizes) {
+        Ok(moved) => moved,
+        Err(e) => {
+            // Best effort: the old attachment was never touched.
+            let _ = pins::remove_dir_of_pins(&staging);
+            return Err(e);
+        }
+    };
     if let Err(e) = exchange(&staging, &at.dir()) {
         let _ = pins::remove_dir_of_pins(&staging);
         return Err(step(at, "swap the pins")(e));
     }
-    finish(at)
+    finish(at, moved.as_ref())
 }
 
 /// Whether `at`'s second-meter maps have room for a key of each of its sources: false
@@ -473,7 +476,7 @@ fn stage(
     settings: &Settings,
     plan: &[(&'static MapLayout, bool)],
     sizes: Sizes,
-) -> Result<(), UpgradeError> {
+) -> Result<Option<Moved>, UpgradeError> {
     let dir = at.dir();
     let staging = at.staging();
     pins::remove_dir_of_pins(&staging).map_err(step(at, "remove old staged pins"))?;
@@ -495,9 +498,6 @@ fn stage(
             .map_err(step(at, format!("pin map '{}' again", m.pin)))?;
     }
     write_settings(at, &mut ebpf, settings, &fresh)?;
-    if fresh(PIN_SOURCES) || fresh(PIN_SOURCES6) {
-        move_sources(at, &ebpf, settings.config.trace_seed)?;
-    }
     if fresh(PIN_SUBSCRIBERS) {
         write_subscribers(at, &ebpf, from)?;
     }
@@ -519,7 +519,13 @@ fn stage(
     }
     .map_err(step(at, "pin the new program"))?;
     let link = bpf::obj_get(&at.link()).map_err(step(at, "open the pinned link"))?;
-    bpf::obj_pin(link.as_fd(), &staging.join(PIN_LINK)).map_err(step(at, "pin the link again"))
+    bpf::obj_pin(link.as_fd(), &staging.join(PIN_LINK)).map_err(step(at, "pin the link again"))?;
+    // Last, the program loaded and verified: the fewer frames the old program meters
+    // between the copy and the switch, the less there is to top up after it.
+    if fresh(PIN_SOURCES) || fresh(PIN_SOURCES6) {
+        return move_sources(at, &ebpf, settings.config.trace_seed).map(Some);
+    }
+    Ok(None)
 }
 
 fn map_of<'a>(
@@ -599,7 +605,7 @@ fn write_settings(
 /// filled to its size), the one left out is one whose cell is idle, which a fresh cell
 /// replaces without a difference but for its counters. What the old program charges
 /// between this copy and the switch of the program (a few milliseconds) is not carried.
-fn move_sources(at: &Attachment, ebpf: &Ebpf, seed: u64) -> Result<(), UpgradeError> {
+fn move_sources(at: &Attachment, ebpf: &Ebpf, seed: u64) -> Result<Moved, UpgradeError> {
     let dir = at.dir();
     let now = shaper_common::gcra::ticks_from_ns(crate::watch::monotonic_ns());
     let busy_first = |s: &SourceState| u8::from(s.cell.tat <= now);
@@ -635,6 +641,64 @@ fn move_sources(at: &Attachment, ebpf: &Ebpf, seed: u64) -> Result<(), UpgradeEr
         .map_err(step(at, "move the IPv4 sources"))?;
     crate::table::write_v6(new_table(MAP_SOURCES6)?, seed, &v6)
         .map_err(step(at, "move the IPv6 sources"))?;
+    Ok(Moved {
+        seed,
+        v4: v4.into_iter().collect(),
+        v6: v6.into_iter().collect(),
+    })
+}
+
+/// The keys [`move_sources`] copied, as it copied them, for [`top_up_sources`].
+pub struct Moved {
+    seed: u64,
+    v4: std::collections::HashMap<Ipv4Key, SourceState>,
+    v6: std::collections::HashMap<Ipv6Key, SourceState>,
+}
+
+/// After the switch: what the old program charged and counted between the copy and the
+/// switch, added into the new tables (`table::top_up_v4`). The old pins are in the staging
+/// directory by then.
+fn top_up_sources(at: &Attachment, moved: &Moved) -> Result<(), UpgradeError> {
+    let (old_dir, new_dir) = (at.staging(), at.dir());
+    let open_map = |path: PathBuf| -> Result<aya::maps::Map, UpgradeError> {
+        let what = format!("open {}", path.display());
+        let data = MapData::from_pin(&path).map_err(step(at, what.clone()))?;
+        aya::maps::Map::from_map_data(data).map_err(step(at, what))
+    };
+    let (old4, old6) = (
+        open_map(old_dir.join(PIN_SOURCES))?,
+        open_map(old_dir.join(PIN_SOURCES6))?,
+    );
+    let (new4, new6) = (
+        open_map(new_dir.join(PIN_SOURCES))?,
+        open_map(new_dir.join(PIN_SOURCES6))?,
+    );
+    let data = |m: &aya::maps::Map| -> Option<MapData> {
+        match m {
+            aya::maps::Map::LruHashMap(d) | aya::maps::Map::Array(d) => {
+                let fd = d.fd().as_fd().try_clone_to_owned().ok()?;
+                MapData::from_fd(fd).ok()
+            }
+            _ => None,
+        }
+    };
+    let missing = || step_boxed(at, "top up the moved sources")("not the maps expected".into());
+    let (old4, old6) = (
+        data(&old4).ok_or_else(missing)?,
+        data(&old6).ok_or_else(missing)?,
+    );
+    let (new4, new6) = (
+        data(&new4).ok_or_else(missing)?,
+        data(&new6).ok_or_else(missing)?,
+    );
+    let final4: Vec<(Ipv4Key, SourceState)> =
+        crate::maps::read_batched(&old4).map_err(step(at, "read the old IPv4 sources"))?;
+    let final6: Vec<(Ipv6Key, SourceState)> =
+        crate::maps::read_batched(&old6).map_err(step(at, "read the old IPv6 sources"))?;
+    crate::table::top_up_v4(&new4, moved.seed, &final4, &moved.v4)
+        .map_err(step(at, "top up the IPv4 sources"))?;
+    crate::table::top_up_v6(&new6, moved.seed, &final6, &moved.v6)
+        .map_err(step(at, "top up the IPv6 sources"))?;
     Ok(())
 }
 
@@ -709,7 +773,10 @@ fn exchange(a: &Path, b: &Path) -> io::Result<()> {
 
 /// Steps 4 to 6 (see the module docs), from what is pinned: `at` holds the new pins and
 /// `upgrade_prog`, its staging directory the old pins.
-fn finish(at: &Attachment) -> Result<(), UpgradeError> {
+/// `moved`: the sources an upgrade from LRU maps copied (`stage`), topped up once the old
+/// program is gone; `None` when finishing an interrupted upgrade (the copy is lost with
+/// the process that made it: what was charged between it and the switch stays behind).
+fn finish(at: &Attachment, moved: Option<&Moved>) -> Result<(), UpgradeError> {
     egress_home(at)?;
     let link = bpf::obj_get(&at.link()).map_err(step(at, "open the pinned link"))?;
     let new_prog =
@@ -725,6 +792,9 @@ fn finish(at: &Attachment) -> Result<(), UpgradeError> {
     }
     bpf::wait_for_running_programs();
     carry(at)?;
+    if let Some(moved) = moved {
+        top_up_sources(at, moved)?;
+    }
     if layout8::is_layout8(&at.staging()) && !layout8::is_layout8(&at.dir()) {
         let old = open_pin(at, &at.staging().join(PIN_SUBSCRIBERS))?;
         let mut new = open_pin(at, &at.dir().join(PIN_SUBSCRIBERS))?;
