@@ -48,6 +48,8 @@ pub const BPF_MAP_TYPE_LPM_TRIE: u32 = 11;
 pub const BPF_MAP_TYPE_RINGBUF: u32 = 27;
 /// `BPF_F_NO_PREALLOC`: entries allocated as they are inserted (LPM tries require it).
 pub const BPF_F_NO_PREALLOC: u32 = 1;
+/// `BPF_F_MMAPABLE`: an array userspace can map (the per-source tables).
+pub const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// [`MapLayout::max_entries`] of the maps sized at attach (`--max-sources`,
 /// `--max-subscribers`, `--max-policies`).
@@ -234,13 +236,13 @@ const SOURCES6: MapLayout = map(
 const SOURCES_TABLE: MapLayout = map(
     PIN_SOURCES,
     MAP_SOURCES,
-    (ARRAY, 4, 648, ANY, 0),
+    (ARRAY, 4, 648, ANY, BPF_F_MMAPABLE),
     Holds::Cells,
 );
 const SOURCES6_TABLE: MapLayout = map(
     PIN_SOURCES6,
     MAP_SOURCES6,
-    (ARRAY, 4, 744, ANY, 0),
+    (ARRAY, 4, 744, ANY, BPF_F_MMAPABLE),
     Holds::Cells,
 );
 const COUNTERS_160: MapLayout = map(

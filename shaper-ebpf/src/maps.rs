@@ -1,7 +1,7 @@
 //! The maps, named as userspace finds and pins them (`shaper_common::maps`).
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
@@ -19,14 +19,16 @@ pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 
 /// One GCRA cell and counters per IPv4 key, in buckets of ways (`crate::sources`);
 /// userspace sets the number of buckets at load time, and [`SOURCE_BUCKETS`] with it.
+/// Mappable (`BPF_F_MMAPABLE`), so an upgrade can add to a live source's counters and cell
+/// atomically from userspace (`shaper_user::table::top_up_v4`).
 #[map(name = "SHAPER_SOURCES")]
 pub static SOURCES: Array<SourceBucket4> =
-    Array::with_max_entries(source_buckets(DEFAULT_MAX_SOURCES), 0);
+    Array::with_max_entries(source_buckets(DEFAULT_MAX_SOURCES), BPF_F_MMAPABLE);
 
 /// The same per IPv6 key, sized like `SOURCES`.
 #[map(name = "SHAPER_SOURCES6")]
 pub static SOURCES6: Array<SourceBucket6> =
-    Array::with_max_entries(source_buckets(DEFAULT_MAX_SOURCES), 0);
+    Array::with_max_entries(source_buckets(DEFAULT_MAX_SOURCES), BPF_F_MMAPABLE);
 
 /// The buckets of `SOURCES` and of `SOURCES6`: set by userspace at load
 /// time (`shaper_common::maps::GLOBAL_SOURCE_BUCKETS`), read-only to the program.

@@ -356,8 +356,16 @@ fn a_full_source_map() {
     let status: Vec<Value> =
         serde_json::from_str(&shaper_ok(ns, &["-j", "status", &iface])).unwrap();
     let tracked = status[0]["ipv4_sources_tracked"].as_u64().unwrap();
-    assert_eq!(status[0]["max_sources"].as_u64(), Some(ROOM), "{}", status[0]);
-    assert!(tracked <= ROOM, "{tracked} sources tracked in a table of {ROOM}");
+    assert_eq!(
+        status[0]["max_sources"].as_u64(),
+        Some(ROOM),
+        "{}",
+        status[0]
+    );
+    assert!(
+        tracked <= ROOM,
+        "{tracked} sources tracked in a table of {ROOM}"
+    );
     let s = stats(ns, &iface);
     let (passed, dropped, untracked, new, unadmitted) = (
         s.total("passed_packets"),
