@@ -712,8 +712,8 @@ pub struct TraceBucket {
 
 const _: () = assert!(size_of::<TraceBucket>() == 128);
 
-/// A key's GCRA cell and counters: value of the LRU hash maps `SHAPER_SOURCES` (IPv4,
-/// keyed by [`Ipv4Key`]) and `SHAPER_SOURCES6` (IPv6, keyed by [`Ipv6Key`]).
+/// A key's GCRA cell and counters: a way's state in the tables `SHAPER_SOURCES` (IPv4
+/// keys, [`Ipv4Key`]) and `SHAPER_SOURCES6` (IPv6, [`Ipv6Key`]) ([`crate::sources`]).
 ///
 /// Every field is updated atomically: the cell with compare-and-swap, counters with
 /// fetch-add, because all CPUs share one entry.
@@ -774,16 +774,14 @@ pub struct Counters {
     /// untouched.
     pub malformed_packets: u64,
     pub malformed_bytes: u64,
-    /// Keys seen for the first time (entries created in either sources map).
+    /// Keys given a way in either source table.
     pub new_sources: u64,
     /// Decisions lost because the compare-and-swap lost every retry to other CPUs: the
     /// packet was refused (dropped, or unadmitted when it was asking for a new cell).
     pub cas_exhausted: u64,
     /// Charges published by the compare-and-swap, by the try that won: `[0]` on the
     /// first, `[n]` after `n` retries (source, aggregate, unadmitted and admission cells
-    /// alike). A new key's first frame is charged in its fresh cell before the entry is
-    /// inserted, on the first try; if another CPU inserted the key meanwhile, the frame is
-    /// metered again in that entry and counted twice here.
+    /// alike).
     pub cas_won: [u64; CAS_TRIES],
     /// Packets passed unmetered because no cell could be created for their key.
     pub untracked_packets: u64,

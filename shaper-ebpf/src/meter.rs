@@ -2,13 +2,15 @@
 //! its policy (`policy`); let the rule decide (`cell`); count it in the key's counters;
 //! sample it for `shaper watch` if it was refused (`watch`).
 //!
-//! A known key's frame is metered without a single function call: [`meter`] is inlined
-//! into the entry point, the rule's decision into it, one copy for both families (and
-//! another for the cells of keys new to the table: a fresh one, or the shared cell of the
-//! policy's unadmitted frames). On the hot path a BPF-to-BPF call costs a call
-//! and a return, which mitigations of speculative execution can make dear. What is rare is
-//! a global function of its own, verified once: new-source admission ([`shaper_admit`]),
-//! a key created by two CPUs at once ([`shaper_meter_raced`]), a lost compare-and-swap
+//! A known key's frame is metered with one function call, the scan of its buckets
+//! (`sources::shaper_find4`, `shaper_find6`: its answer one scalar, so what follows is one
+//! path for the verifier whichever way matched; the LRU hash it replaced cost a call into
+//! the kernel's lookup too): [`meter`] is inlined into the entry point, the rule's decision
+//! into it, one copy for both families (and another for the shared cell of the policy's
+//! unadmitted frames). On the hot path a BPF-to-BPF call costs a call and a return, which
+//! mitigations of speculative execution can make dear. What is rare is a global function of
+//! its own, verified once: new-source admission ([`shaper_admit`]), a way given to a new
+//! key (`sources::shaper_claim4`, `shaper_claim6`), a lost compare-and-swap
 //! (`cell::shaper_retry`), a rate change (`cell::shaper_carry_over`), a sample
 //! (`watch::shaper_sample`). A subscriber's frame is one call ([`shaper_subscriber`]: the
 //! verifier then walks the rest once, not in each of the entry point's states), a second
@@ -171,9 +173,7 @@ pub fn meter(
 /// which it also counts in the subscriber's counters (atomically: every CPU shares them),
 /// by [`counted`];
 /// or, charging nothing, [`AGAIN`] if a cell is still in a former plan's scale
-/// ([`shaper_subscriber_prepare`]). The frame of a key two CPUs created at once is metered
-/// again in the other CPU's entry (`shaper_meter_raced`) and counted here as the first
-/// metering decided.
+/// ([`shaper_subscriber_prepare`]).
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_subscriber(
