@@ -434,7 +434,7 @@ unsafe fn claim6_locked(
 /// `bucket` points to a live map value whose lock this CPU holds.
 #[inline(always)]
 unsafe fn set_tag(bucket: *mut SourceBucket6, i: usize, tag: u32) {
-    const _: () = assert!(SOURCE_WAYS % 2 == 0);
+    const _: () = assert!(SOURCE_WAYS.is_multiple_of(2));
     // SAFETY: the caller's; the tags start 8-aligned (asserted in shaper_common).
     unsafe {
         let pair = (&raw mut (*bucket).tags).cast::<u64>().add((i >> 1) & 3);

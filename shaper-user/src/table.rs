@@ -358,14 +358,14 @@ impl Mapped {
     }
 
     fn u64_at(&self, b: u32, offset: usize) -> &AtomicU64 {
-        assert!(b < self.buckets && offset + 8 <= self.bucket && offset % 8 == 0);
+        assert!(b < self.buckets && offset + 8 <= self.bucket && offset.is_multiple_of(8));
         // SAFETY: in the mapping (checked above), 8-aligned (buckets are multiples of 8
         // bytes from a page), and every CPU accesses it atomically.
         unsafe { AtomicU64::from_ptr(self.base.add(b as usize * self.bucket + offset).cast()) }
     }
 
     fn u32_at(&self, b: u32, offset: usize) -> &AtomicU32 {
-        assert!(b < self.buckets && offset + 4 <= self.bucket && offset % 4 == 0);
+        assert!(b < self.buckets && offset + 4 <= self.bucket && offset.is_multiple_of(4));
         // SAFETY: as `u64_at`.
         unsafe { AtomicU32::from_ptr(self.base.add(b as usize * self.bucket + offset).cast()) }
     }
@@ -391,7 +391,6 @@ impl Mapped {
     /// One key's top-up (see [`top_up_v4`]): `Some(true)` if its way changed or it was
     /// given one, `Some(false)` if nothing was left to add, `None` if both its buckets were
     /// full.
-    #[expect(clippy::type_complexity, reason = "the family's four accessors")]
     fn top_up(
         &self,
         hash: u64,
