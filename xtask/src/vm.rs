@@ -251,9 +251,10 @@ const SUITES: &[Suite] = &[
         place: Place::SomeInGuests {
             run: &[
                 (
-                    "an_upgrade_from_layout_7_keeps_every_cell_and_counter",
+                    "an_upgrade_from_layout_10_moves_every_source_into_the_tables",
                     "BPF_LINK_UPDATE and RENAME_EXCHANGE on bpffs, the new program over the \
-                     old maps (from the previous layout: decoding earlier ones is userspace)",
+                     old maps (from the previous layout: decoding earlier ones is userspace), \
+                     the sources moved into mappable arrays and topped up through mmap",
                 ),
                 (
                     "a_second_meter_grows_its_maps_in_place_keeping_every_cell",
