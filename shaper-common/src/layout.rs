@@ -34,7 +34,7 @@ use crate::maps::{
 };
 
 /// The layout this build pins.
-pub const LAYOUT_VERSION: u32 = 10;
+pub const LAYOUT_VERSION: u32 = 11;
 
 /// The first layout whose pins record their version in [`PIN_LAYOUT`].
 pub const FIRST_VERSIONED: u32 = 3;
@@ -48,6 +48,8 @@ pub const BPF_MAP_TYPE_LPM_TRIE: u32 = 11;
 pub const BPF_MAP_TYPE_RINGBUF: u32 = 27;
 /// `BPF_F_NO_PREALLOC`: entries allocated as they are inserted (LPM tries require it).
 pub const BPF_F_NO_PREALLOC: u32 = 1;
+/// `BPF_F_MMAPABLE`: an array userspace can map (the per-source tables).
+pub const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// [`MapLayout::max_entries`] of the maps sized at attach (`--max-sources`,
 /// `--max-subscribers`, `--max-policies`).
@@ -227,6 +229,20 @@ const SOURCES6: MapLayout = map(
     PIN_SOURCES6,
     MAP_SOURCES6,
     (LRU, 16, 72, ANY, 0),
+    Holds::Cells,
+);
+// Layout 11's per-source tables: arrays of buckets of eight ways (`crate::sources`), as
+// many buckets as `--max-sources` asks for (eight keys a bucket, rounded up).
+const SOURCES_TABLE: MapLayout = map(
+    PIN_SOURCES,
+    MAP_SOURCES,
+    (ARRAY, 4, 648, ANY, BPF_F_MMAPABLE),
+    Holds::Cells,
+);
+const SOURCES6_TABLE: MapLayout = map(
+    PIN_SOURCES6,
+    MAP_SOURCES6,
+    (ARRAY, 4, 744, ANY, BPF_F_MMAPABLE),
     Holds::Cells,
 );
 const COUNTERS_160: MapLayout = map(
@@ -719,6 +735,35 @@ pub const LAYOUTS: &[Layout] = &[
             SUBSCRIBERS_112,
         ],
     },
+    // The per-source tables as arrays of buckets of eight ways (issue 35): 81 and 93
+    // bytes a source where an LRU hash entry cost 144 and 152; an upgrade moves every key of
+    // the LRU maps into them.
+    Layout {
+        version: 11,
+        maps: &[
+            VERSION,
+            CONFIG_272,
+            SOURCES_TABLE,
+            SOURCES6_TABLE,
+            COUNTERS_496,
+            COUNTERS_CARRIED_496,
+            POLICIES_272_ANY,
+            PREFIXES_V4_ANY,
+            PREFIXES_V6_ANY,
+            AGGREGATES_ANY,
+            POLICY_STATS_184_ANY,
+            POLICY_STATS_CARRIED_184_ANY,
+            ADMISSION_ANY,
+            EVENTS_256K,
+            WATCH_72,
+            TRACES_8M,
+            FIRSTS_ANY,
+            METER2,
+            METER2_6,
+            METER2_SHARED_ANY,
+            SUBSCRIBERS_112,
+        ],
+    },
 ];
 
 #[cfg(test)]
@@ -726,7 +771,7 @@ mod tests {
     use super::*;
     use crate::maps::{
         AdmissionCells, Cell, Config, Counters, EVENTS_BYTES, Ipv4Key, Ipv6Key, Meter2Cells,
-        Policy, PolicyStats, SourceState, Subscriber, TraceBucket, WATCH_ENTRIES, Watch,
+        Policy, PolicyStats, Subscriber, TraceBucket, WATCH_ENTRIES, Watch,
     };
 
     /// An LPM trie's key: the prefix length, then the address.
@@ -777,14 +822,14 @@ mod tests {
             (PIN_CONFIG, u32_size, size_of::<Config>(), 1),
             (
                 PIN_SOURCES,
-                size_of::<Ipv4Key>(),
-                size_of::<SourceState>(),
+                u32_size,
+                size_of::<crate::sources::SourceBucket4>(),
                 SIZED_AT_ATTACH,
             ),
             (
                 PIN_SOURCES6,
-                size_of::<Ipv6Key>(),
-                size_of::<SourceState>(),
+                u32_size,
+                size_of::<crate::sources::SourceBucket6>(),
                 SIZED_AT_ATTACH,
             ),
             (PIN_COUNTERS, u32_size, size_of::<Counters>(), 1),

@@ -13,3 +13,4 @@ pub mod layout;
 pub mod maps;
 pub mod rescale;
 pub mod shape;
+pub mod sources;

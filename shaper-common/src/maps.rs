@@ -71,7 +71,12 @@ pub const MAP_METER2: &str = "SHAPER_METER2";
 pub const MAP_METER2_6: &str = "SHAPER_METER2_6";
 pub const MAP_METER2_SHARED: &str = "SHAPER_METER2_U";
 
-/// The maps sized at attach (`--max-sources`): one entry per key of its family.
+/// The program's global (`.rodata`) that says how many buckets `SHAPER_SOURCES` and
+/// `SHAPER_SOURCES6` have (`crate::sources::source_buckets`), set at load time.
+pub const GLOBAL_SOURCE_BUCKETS: &str = "SHAPER_SOURCE_BUCKETS";
+
+/// The maps sized at attach (`--max-sources`): buckets of ways (`crate::sources`) for that
+/// many keys of its family.
 pub const SIZED_BY_SOURCES: [&str; 2] = [MAP_SOURCES, MAP_SOURCES6];
 /// The second meter's per-key maps: sized as [`SIZED_BY_SOURCES`] on an attachment where
 /// the default policy or a prefix policy has a second meter, otherwise
@@ -707,8 +712,8 @@ pub struct TraceBucket {
 
 const _: () = assert!(size_of::<TraceBucket>() == 128);
 
-/// A key's GCRA cell and counters: value of the LRU hash maps `SHAPER_SOURCES` (IPv4,
-/// keyed by [`Ipv4Key`]) and `SHAPER_SOURCES6` (IPv6, keyed by [`Ipv6Key`]).
+/// A key's GCRA cell and counters: a way's state in the tables `SHAPER_SOURCES` (IPv4
+/// keys, [`Ipv4Key`]) and `SHAPER_SOURCES6` (IPv6, [`Ipv6Key`]) ([`crate::sources`]).
 ///
 /// Every field is updated atomically: the cell with compare-and-swap, counters with
 /// fetch-add, because all CPUs share one entry.
@@ -769,16 +774,14 @@ pub struct Counters {
     /// untouched.
     pub malformed_packets: u64,
     pub malformed_bytes: u64,
-    /// Keys seen for the first time (entries created in either sources map).
+    /// Keys given a way in either source table.
     pub new_sources: u64,
     /// Decisions lost because the compare-and-swap lost every retry to other CPUs: the
     /// packet was refused (dropped, or unadmitted when it was asking for a new cell).
     pub cas_exhausted: u64,
     /// Charges published by the compare-and-swap, by the try that won: `[0]` on the
     /// first, `[n]` after `n` retries (source, aggregate, unadmitted and admission cells
-    /// alike). A new key's first frame is charged in its fresh cell before the entry is
-    /// inserted, on the first try; if another CPU inserted the key meanwhile, the frame is
-    /// metered again in that entry and counted twice here.
+    /// alike).
     pub cas_won: [u64; CAS_TRIES],
     /// Packets passed unmetered because no cell could be created for their key.
     pub untracked_packets: u64,

@@ -9,8 +9,8 @@
 //! VLAN tags, PPPoE sessions, and the fixed IPv4 or IPv6 header with one bounds-checked
 //! cursor (`parse`); anything else passes untouched and is counted by kind. An IP frame's
 //! key is its source (or, as configured, destination) address masked to a prefix
-//! (`key`); the program finds the key's GCRA cell in the LRU hash `SHAPER_SOURCES`
-//! (IPv4) or `SHAPER_SOURCES6` (IPv6), creating it on first sight.
+//! (`key`); the program finds the key's GCRA cell in the table of buckets `SHAPER_SOURCES`
+//! (IPv4) or `SHAPER_SOURCES6` (IPv6) (`sources`), giving it a way on first sight.
 //!
 //! The key's policy (`policy`) is the longest prefix in the LPM tries `SHAPER_PREFIX4` /
 //! `SHAPER_PREFIX6` that covers it, naming a slot of `SHAPER_POLICIES`, or the interface's
@@ -47,7 +47,9 @@
 //! | function | what | called from |
 //! | --- | --- | --- |
 //! | `shaper_admit` | new-source admission: the doorkeeper's trace (`trace`) and the admission rate | the meter, for a key not in the table whose policy limits admission |
-//! | `shaper_meter_raced` | a frame metered in the entry another CPU created first | the meter, when its insert of a new key finds the key there |
+//! | `shaper_find4`, `shaper_find6` | a key's way in its two buckets (`sources`): one scalar, so the meter is one path for the verifier whichever way matched | the meter, every IP frame |
+//! | `shaper_claim4`, `shaper_claim6` | a way given to a new key under its buckets' locks: free, else idle, else none | the meter, for a key not in the table that admission lets in |
+//! | `shaper_room4`, `shaper_room6` | a bucket's free and idle ways, one scalar | the claims |
 //! | `shaper_retry` | a compare-and-swap's tries after the first lost | wherever a cell is charged, when another CPU charged it between the read and the swap |
 //! | `shaper_carry_over` | a cell's backlog carried over to a new rate | wherever a cell is charged, when its scale is not its limit's |
 //! | `shaper_sample` | a refused frame's event for `shaper watch` | the meter, only while someone watches |
@@ -85,6 +87,7 @@ mod meter2;
 mod outcome;
 mod parse;
 mod policy;
+mod sources;
 mod tc;
 mod trace;
 mod watch;

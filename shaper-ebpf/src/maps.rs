@@ -1,30 +1,46 @@
 //! The maps, named as userspace finds and pins them (`shaper_common::maps`).
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use shaper_common::maps::{
     AdmissionCells, Cell, Config, Counters, DEFAULT_MAX_SOURCES, DEFAULT_MAX_SUBSCRIBERS,
-    EVENTS_BYTES, Ipv4Key, Ipv6Key, MAX_POLICIES, Meter2Cells, Policy, PolicyStats, SourceState,
-    Subscriber, TRACE_BUCKETS, TraceBucket, WATCH_ENTRIES, Watch, subscriber_entries, trie_entries,
+    EVENTS_BYTES, Ipv4Key, Ipv6Key, MAX_POLICIES, Meter2Cells, Policy, PolicyStats, Subscriber,
+    TRACE_BUCKETS, TraceBucket, WATCH_ENTRIES, Watch, subscriber_entries, trie_entries,
 };
+use shaper_common::sources::{SourceBucket4, SourceBucket6, source_buckets};
 
 /// The interface's settings and default policy: one entry, written by userspace (also
 /// while attached, to change it).
 #[map(name = "SHAPER_CONFIG")]
 pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 
-/// One GCRA cell and counters per IPv4 key; userspace sets the size at load time.
+/// One GCRA cell and counters per IPv4 key, in buckets of ways (`crate::sources`);
+/// userspace sets the number of buckets at load time, and [`SOURCE_BUCKETS`] with it.
+/// Mappable (`BPF_F_MMAPABLE`), so an upgrade can add to a live source's counters and cell
+/// atomically from userspace (`shaper_user::table::top_up_v4`).
 #[map(name = "SHAPER_SOURCES")]
-pub static SOURCES: LruHashMap<Ipv4Key, SourceState> =
-    LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
+pub static SOURCES: Array<SourceBucket4> =
+    Array::with_max_entries(source_buckets(DEFAULT_MAX_SOURCES), BPF_F_MMAPABLE);
 
 /// The same per IPv6 key, sized like `SOURCES`.
 #[map(name = "SHAPER_SOURCES6")]
-pub static SOURCES6: LruHashMap<Ipv6Key, SourceState> =
-    LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
+pub static SOURCES6: Array<SourceBucket6> =
+    Array::with_max_entries(source_buckets(DEFAULT_MAX_SOURCES), BPF_F_MMAPABLE);
+
+/// The buckets of `SOURCES` and of `SOURCES6`: set by userspace at load
+/// time (`shaper_common::maps::GLOBAL_SOURCE_BUCKETS`), read-only to the program.
+#[unsafe(no_mangle)]
+pub static SHAPER_SOURCE_BUCKETS: u32 = source_buckets(DEFAULT_MAX_SOURCES);
+
+/// [`SHAPER_SOURCE_BUCKETS`], as loaded.
+#[inline(always)]
+pub fn source_bucket_count() -> u32 {
+    // SAFETY: a static; volatile, so the compiler does not fold the default in.
+    unsafe { core::ptr::read_volatile(&raw const SHAPER_SOURCE_BUCKETS) }
+}
 
 /// Prefix policies by slot (slot 0, the default, lives in `CONFIG` instead).
 #[map(name = "SHAPER_POLICIES")]

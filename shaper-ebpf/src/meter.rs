@@ -2,13 +2,15 @@
 //! its policy (`policy`); let the rule decide (`cell`); count it in the key's counters;
 //! sample it for `shaper watch` if it was refused (`watch`).
 //!
-//! A known key's frame is metered without a single function call: [`meter`] is inlined
-//! into the entry point, the rule's decision into it, one copy for both families (and
-//! another for the cells of keys new to the table: a fresh one, or the shared cell of the
-//! policy's unadmitted frames). On the hot path a BPF-to-BPF call costs a call
-//! and a return, which mitigations of speculative execution can make dear. What is rare is
-//! a global function of its own, verified once: new-source admission ([`shaper_admit`]),
-//! a key created by two CPUs at once ([`shaper_meter_raced`]), a lost compare-and-swap
+//! A known key's frame is metered with one function call, the scan of its buckets
+//! (`sources::shaper_find4`, `shaper_find6`: its answer one scalar, so what follows is one
+//! path for the verifier whichever way matched; the LRU hash it replaced cost a call into
+//! the kernel's lookup too): [`meter`] is inlined into the entry point, the rule's decision
+//! into it, one copy for both families (and another for the shared cell of the policy's
+//! unadmitted frames). On the hot path a BPF-to-BPF call costs a call and a return, which
+//! mitigations of speculative execution can make dear. What is rare is a global function of
+//! its own, verified once: new-source admission ([`shaper_admit`]), a way given to a new
+//! key (`sources::shaper_claim4`, `shaper_claim6`), a lost compare-and-swap
 //! (`cell::shaper_retry`), a rate change (`cell::shaper_carry_over`), a sample
 //! (`watch::shaper_sample`). A subscriber's frame is one call ([`shaper_subscriber`]: the
 //! verifier then walks the rest once, not in each of the entry point's states), a second
@@ -19,7 +21,7 @@
 //! [`shaper_subscriber`]'s 184, 192 rounded, leave 32 to each function it calls).
 //! A global function takes only scalars and pointers to memory and returns one scalar.
 
-use core::{mem::MaybeUninit, ptr};
+use core::ptr;
 
 use shaper_common::{
     gcra,
@@ -33,18 +35,14 @@ use shaper_ebpf::atomic;
 use crate::{
     cell::{Count, carried, carry_over, carry_over_rule, count_policy, decide, scaled, take},
     key::join,
-    maps::{ADMISSION, AGGREGATES, CONFIG, FIRSTS, POLICY_STATS, SOURCES, SOURCES6},
+    maps::{ADMISSION, CONFIG, FIRSTS, POLICY_STATS},
     meter2::{self, AGAIN, shaper_meter2, shaper_meter2_prepare},
     outcome::{AGGREGATE, Metered, Outcome, PACKET_RATE, Reason, outcome_counters},
     policy::{self, Rule},
+    sources,
     trace::{self, Sighting},
     watch,
 };
-
-/// BPF_NOEXIST: create only; a concurrent creator wins and we meter against its cell.
-const BPF_NOEXIST: u64 = 1;
-/// What the kernel returns (negated) when a BPF_NOEXIST insert finds the key.
-const EEXIST: i32 = 17;
 
 /// A frame's key, as the entry point read it: an IPv6 key travels as two `u64` halves (its
 /// bytes in memory order, as `u64::from_ne_bytes` reads them).
@@ -55,22 +53,31 @@ pub enum Key {
 }
 
 impl Key {
-    /// The key's state in its family's table, if it has one.
+    /// The key's state in its family's table, if it has one (`sources`: a call, whose
+    /// answer makes one path of every way for the verifier, and an inlined lookup).
     #[inline(always)]
-    fn state(self) -> Option<*mut SourceState> {
+    fn state(self, hash: u64) -> Option<*mut SourceState> {
         match self {
-            Self::V4(key) => SOURCES.get_ptr_mut(key),
-            Self::V6(hi, lo) => SOURCES6.get_ptr_mut(join(hi, lo)),
+            Self::V4(key) => sources::state_v4(sources::shaper_find4(key, hash)),
+            Self::V6(hi, lo) => sources::state_v6(sources::shaper_find6(hi, lo, hash)),
         }
     }
 
-    /// Creates the key's entry, unless another CPU did first.
+    /// Gives the key a way of its table, its state fresh but for `policy` (the cache
+    /// word): its state, and whether the way is new to it (or another CPU gave it one
+    /// first); `None` if its bucket had no free or idle way.
     #[inline(always)]
-    fn insert(self, state: &SourceState) -> Result<(), i32> {
-        match self {
-            Self::V4(key) => SOURCES.insert(key, state, BPF_NOEXIST),
-            Self::V6(hi, lo) => SOURCES6.insert(join(hi, lo), state, BPF_NOEXIST),
-        }
+    fn claim(self, hash: u64, policy: u64, now: u64) -> Option<(*mut SourceState, bool)> {
+        let answer = match self {
+            Self::V4(key) => sources::shaper_claim4(key, hash, policy, now),
+            Self::V6(hi, lo) => sources::shaper_claim6(hi, lo, hash, policy, now),
+        };
+        let new = answer != sources::NO_WAY && answer & sources::CLAIMED_NEW != 0;
+        let state = match self {
+            Self::V4(_) => sources::state_v4(answer),
+            Self::V6(..) => sources::state_v6(answer),
+        }?;
+        Some((state, new))
     }
 
     /// The slot of the policy covering the key (`policy`).
@@ -126,7 +133,8 @@ pub fn meter(
 ) -> (Metered, u32) {
     // The trie's value: a policy slot, or a subscriber (`SUBSCRIBER_BIT`) metered under
     // its plan's slot.
-    let (metered, slot) = match key.state() {
+    let hash = key.hash(config);
+    let (metered, slot) = match key.state(hash) {
         Some(state) => {
             // SAFETY: a live map value.
             let value = unsafe { policy::resolve(state, config, || key.slot(config)) };
@@ -139,7 +147,10 @@ pub fn meter(
         None => {
             let value = key.slot(config);
             let slot = policy::slot_of(value);
-            (new_key(key, config, value, slot, len, now, counters), slot)
+            (
+                new_key(key, hash, config, (value, slot), len, now, counters),
+                slot,
+            )
         }
     };
     if watch::watched(metered, now) {
@@ -162,9 +173,7 @@ pub fn meter(
 /// which it also counts in the subscriber's counters (atomically: every CPU shares them),
 /// by [`counted`];
 /// or, charging nothing, [`AGAIN`] if a cell is still in a former plan's scale
-/// ([`shaper_subscriber_prepare`]). The frame of a key two CPUs created at once is metered
-/// again in the other CPU's entry (`shaper_meter_raced`) and counted here as the first
-/// metering decided.
+/// ([`shaper_subscriber_prepare`]).
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_subscriber(
@@ -578,169 +587,46 @@ fn known<const SECOND: bool>(
     }
 }
 
-/// Meters the frame of a key new to the table under policy `slot`: in a fresh cell of its
-/// own, whose entry is then created, if new-source admission lets it have one; otherwise
-/// in the shared cell of its policy's unadmitted frames. `value` is what its prefix
-/// resolved to (`slot`, or a subscriber of plan `slot`).
+/// Meters the frame of a key new to the table (of `hash`) under policy `slot`: in a way of
+/// its own if new-source admission lets it have one and its bucket has a free or idle way
+/// (`sources`), as a known key's; otherwise in the shared cell of its policy's unadmitted
+/// frames. `value` is what its prefix resolved to (`slot`, or a subscriber of plan `slot`).
 #[inline(always)]
 fn new_key(
     key: Key,
+    hash: u64,
     config: &Config,
-    value: u32,
-    slot: u32,
+    (value, slot): (u32, u32),
     len: u32,
     now: u64,
     counters: &mut Counters,
 ) -> Metered {
-    // Written only for a key that is given a cell: zeroing it costs a call to memset.
-    let mut fresh = MaybeUninit::<SourceState>::uninit();
-    let admitted = admit(key, config, slot, now, counters);
-    let (cell, count) = if admitted == Admitted::Not {
-        let Some(cells) = ADMISSION.get_ptr_mut(slot) else {
-            return Metered::UNTRACKED;
-        };
-        // SAFETY: a live map value.
-        (unsafe { &raw mut (*cells).unadmitted }, Count::Unadmitted)
-    } else {
-        let fresh = fresh.write(SourceState {
-            policy: policy::cache_word(config, value),
-            ..SourceState::default()
-        });
-        if policy::is_subscriber(value) {
-            return subscriber_created(
-                key,
-                fresh,
-                admitted,
-                config,
-                (value, slot),
-                len,
-                now,
-                counters,
-            );
+    let admitted = admit(hash, config, slot, now, counters);
+    if admitted != Admitted::Not
+        && let Some((state, new)) = key.claim(hash, policy::cache_word(config, value), now)
+    {
+        let metered = known::<true>(state, key, config, value, slot, len, now, counters);
+        if new {
+            count_new_source(admitted, slot, counters);
         }
-        // Counted in the policy's counters once the entry is in: if another CPU created it
-        // meanwhile, the frame is metered (and counted) in that CPU's entry instead.
-        (&raw mut fresh.cell, Count::Later)
-    };
-    // SAFETY: a live map value or this program's own.
-    let metered =
-        unsafe { metered::<true>(cell, key, config, (value, slot), count, len, now, counters) };
-    if admitted == Admitted::Not {
         return metered;
     }
-    // SAFETY: written above, for a key given a cell.
-    let fresh = unsafe { fresh.assume_init_mut() };
-    created(
-        key,
-        fresh,
-        admitted,
-        metered,
-        (value, slot),
-        len,
-        now,
-        counters,
-    )
-}
-
-/// The entry of a key new to the table, `fresh`, whose cell has metered its first frame
-/// (`metered`): inserted, and counted. If another CPU created the key first, what the
-/// aggregate was charged for the fresh cell is given back and the frame is metered in that
-/// CPU's entry instead (by `meter2::shaper_meter2` again if it metered the first time:
-/// `shaper_meter_raced` calling it would be a third frame of calls).
-///
-/// The entry is inserted and not looked up again: a lookup would mark it referenced, and
-/// the kernel's LRU evicts unreferenced entries first.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the frame's whole state, inlined"
-)]
-#[inline(always)]
-fn created(
-    key: Key,
-    fresh: &mut SourceState,
-    admitted: Admitted,
-    metered: Metered,
-    (value, slot): (u32, u32),
-    len: u32,
-    now: u64,
-    counters: &mut Counters,
-) -> Metered {
-    // SAFETY: this program's own.
-    unsafe { count_source(fresh, metered.outcome(), len) };
-    match key.insert(fresh) {
-        Ok(()) => {
-            count_policy(slot, metered, len);
-            count_new_source(admitted, slot, counters);
-            metered
-        }
-        Err(e) if e == -EEXIST => {
-            let refund = metered.aggregate_charge();
-            if refund != 0 {
-                refund_aggregate(value, slot, refund);
-            }
-            let Some(state) = key.state() else {
-                return Metered::UNTRACKED;
-            };
-            if metered.is_second() {
-                let (hi, lo, family) = key.halves();
-                let frame = meter2::frame(len, slot, family, Count::Policy);
-                // SAFETY: a live map value. Its cells are made (by this frame), and
-                // scarcely charged under another rate since.
-                let metered =
-                    match shaper_meter2(unsafe { &raw mut (*state).cell }, hi, lo, frame, now) {
-                        AGAIN => Metered::UNTRACKED,
-                        metered => Metered(metered),
-                    };
-                // SAFETY: a live map value.
-                unsafe { count_source(state, metered.outcome(), len) };
-                return metered;
-            }
-            Metered(shaper_meter_raced(
-                state,
-                value,
-                len,
-                now,
-                ptr::from_mut(counters),
-            ))
-        }
-        Err(_) => Metered::UNTRACKED,
-    }
-}
-
-/// The entry of a subscriber's key new to the table, `fresh` (its cell zeroed): inserted
-/// first, then the frame metered in the live entry as a known key's
-/// (`shaper_subscriber`, a global function, is never given a cell on this program's stack:
-/// the verifier does not see what a global function writes there, and would take the
-/// caller's fresh cell for still zeroed). If another CPU created the key first, the frame is
-/// metered in that CPU's entry, and nothing was charged that would need a refund.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the frame's whole state, inlined"
-)]
-#[inline(always)]
-fn subscriber_created(
-    key: Key,
-    fresh: &SourceState,
-    admitted: Admitted,
-    config: &Config,
-    (value, slot): (u32, u32),
-    len: u32,
-    now: u64,
-    counters: &mut Counters,
-) -> Metered {
-    let new = match key.insert(fresh) {
-        Ok(()) => true,
-        Err(e) if e == -EEXIST => false,
-        Err(_) => return Metered::UNTRACKED,
-    };
-    let Some(state) = key.state() else {
+    let Some(cells) = ADMISSION.get_ptr_mut(slot) else {
         return Metered::UNTRACKED;
     };
-    let metered = known::<true>(state, key, config, value, slot, len, now, counters);
-    if new {
-        count_new_source(admitted, slot, counters);
+    // SAFETY: a live map value.
+    unsafe {
+        metered::<true>(
+            &raw mut (*cells).unadmitted,
+            key,
+            config,
+            (value, slot),
+            Count::Unadmitted,
+            len,
+            now,
+            counters,
+        )
     }
-    metered
 }
 
 /// Counts a key new to the table, `admitted` as it was, in this CPU's counters and its
@@ -762,57 +648,6 @@ fn count_new_source(admitted: Admitted, slot: u32, counters: &mut Counters) {
     }
 }
 
-/// Gives `refund` ticks back to the aggregate cell of a frame under `value` (policy `slot`):
-/// its subscriber's cell, or its policy's aggregate.
-#[inline(always)]
-fn refund_aggregate(value: u32, slot: u32, refund: u64) {
-    let cell = if policy::is_subscriber(value) {
-        let s = policy::subscriber(value);
-        if s.is_null() {
-            return;
-        }
-        // SAFETY: a live map value.
-        unsafe { &raw mut (*s).cell }
-    } else {
-        match AGGREGATES.get_ptr_mut(slot) {
-            Some(aggregate) => aggregate,
-            None => return,
-        }
-    };
-    // SAFETY: the aggregate's TAT, a live map value.
-    unsafe { atomic::add(&raw mut (*cell).tat, refund.wrapping_neg()) };
-}
-
-/// Meters a frame in the entry `state` another CPU created while this one was creating it,
-/// under trie value `value` (a policy slot or a subscriber): what the inlined meter does for a known key, in a function of its
-/// own (rare, and a second inlined copy would cost every frame's verification). Returns a
-/// [`Metered`].
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn shaper_meter_raced(
-    state: *mut SourceState,
-    value: u32,
-    len: u32,
-    now: u64,
-    counters: *mut Counters,
-) -> u64 {
-    let Some(config) = CONFIG.get(0) else {
-        return Metered::UNTRACKED.0;
-    };
-    // SAFETY: a global function's pointer arguments are null or point to whole values:
-    // here a live map value and this CPU's counters.
-    let Some(counters) = (unsafe { counters.as_mut() }) else {
-        return Metered::UNTRACKED.0;
-    };
-    if state.is_null() {
-        return Metered::UNTRACKED.0;
-    }
-    // The key is not looked at: without a second meter, a key's own cell is all there is
-    // (`created` meters a frame of a policy with one itself).
-    let slot = policy::slot_of(value);
-    known::<false>(state, Key::V4(0), config, value, slot, len, now, counters).0
-}
-
 /// Adds the frame to the key's own counters, atomically: every CPU shares them.
 ///
 /// # Safety
@@ -830,11 +665,11 @@ unsafe fn count_source(state: *mut SourceState, outcome: Outcome, len: u32) {
 /// at `now`: freely if the policy (or the interface) has no admission, otherwise
 /// [`shaper_admit`]'s answer.
 #[inline(always)]
-fn admit(key: Key, config: &Config, slot: u32, now: u64, counters: &mut Counters) -> Admitted {
+fn admit(hash: u64, config: &Config, slot: u32, now: u64, counters: &mut Counters) -> Admitted {
     if !policy::admission(config, slot).0.limited() {
         return Admitted::Freely;
     }
-    match shaper_admit(key.hash(config), slot, now, ptr::from_mut(counters)) {
+    match shaper_admit(hash, slot, now, ptr::from_mut(counters)) {
         ADMIT_AGAIN => Admitted::Again,
         ADMIT_FIRST => Admitted::First,
         _ => Admitted::Not,

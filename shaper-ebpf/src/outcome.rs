@@ -105,13 +105,6 @@ impl Metered {
         Self(self.0 | SECOND)
     }
 
-    /// Whether the second meter metered it: a frame metered again elsewhere (a key
-    /// created by two CPUs at once) goes to it again.
-    #[inline(always)]
-    pub fn is_second(self) -> bool {
-        self.0 & SECOND != 0
-    }
-
     /// The same, its amount being what the aggregate cell was charged, in ticks.
     #[inline(always)]
     pub fn charged_aggregate(self, cost: u64) -> Self {
@@ -146,16 +139,6 @@ impl Metered {
     #[inline(always)]
     pub fn is_untracked(self) -> bool {
         self.0 & UNTRACKED != 0
-    }
-
-    /// What the aggregate cell was charged (ticks), to give back; 0 if nothing.
-    #[inline(always)]
-    pub fn aggregate_charge(self) -> u64 {
-        if self.0 & CHARGED_AGGREGATE != 0 {
-            self.0 >> AMOUNT_SHIFT
-        } else {
-            0
-        }
     }
 
     /// How long the frame is held back, in ticks (0: it may leave now).

@@ -13,8 +13,9 @@
 //! writing one bucket at once may lose a trace, which costs its key one more unadmitted
 //! frame: traces are hints, and every access is a plain aligned 64-bit load or store.
 
-use shaper_common::maps::{
-    Config, Ipv4Key, TRACE_BUCKETS, TRACE_STAMP_SHIFT, TRACE_WAYS, TRACE_WINDOW_NS,
+use shaper_common::{
+    maps::{Config, Ipv4Key, TRACE_BUCKETS, TRACE_STAMP_SHIFT, TRACE_WAYS, TRACE_WINDOW_NS},
+    sources,
 };
 
 use crate::maps::TRACES;
@@ -35,25 +36,16 @@ const WINDOW: u32 = (TRACE_WINDOW_NS >> TRACE_STAMP_SHIFT) as u32;
 
 const _: () = assert!(TRACE_BUCKETS.is_power_of_two());
 
-/// splitmix64's finalizer: every bit of the input moves every bit of the output.
-#[inline(always)]
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-/// The hash of an IPv4 key.
+/// The hash of an IPv4 key (`shaper_common::sources::hash_v4`, seeded per attachment).
 #[inline(always)]
 pub fn hash_v4(key: Ipv4Key, config: &Config) -> u64 {
-    mix(u64::from(key) ^ config.trace_seed)
+    sources::hash_v4(key, config.trace_seed)
 }
 
-/// The hash of an IPv6 key, given as its halves (`meter::Key::V6`); never the hash of an
-/// IPv4 key but by chance.
+/// The hash of an IPv6 key, given as its halves (`meter::Key::V6`).
 #[inline(always)]
 pub fn hash_v6(hi: u64, lo: u64, config: &Config) -> u64 {
-    mix(mix(hi ^ config.trace_seed) ^ lo ^ (1 << 63))
+    sources::hash_v6(hi, lo, config.trace_seed)
 }
 
 /// Looks for the trace of the key of `hash` at `now` (ticks), leaving it if it is not

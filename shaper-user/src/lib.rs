@@ -33,6 +33,7 @@ pub mod setting;
 pub mod sources;
 pub mod subscriber;
 pub mod system;
+pub mod table;
 pub mod tc;
 pub mod units;
 pub mod upgrade;

@@ -23,7 +23,7 @@ use shaper_common::{
 use crate::{
     bpf,
     pins::Attachment,
-    refill,
+    refill, table,
     upgrade::{self, UpgradeError},
 };
 
@@ -145,9 +145,11 @@ impl Pinned {
         array.get(&0, 0).map_err(read_err(&self.at.config()))
     }
 
-    /// The size of the per-source map (`--max-sources` at attach time).
+    /// The keys each per-source table has room for (`--max-sources` at attach time,
+    /// rounded up to whole buckets: [`table::room`]).
     pub fn sources_capacity(&self) -> u32 {
-        self.info(PIN_SOURCES).map_or(0, |i| i.max_entries)
+        self.info(PIN_SOURCES)
+            .map_or(0, |i| table::room(i.max_entries))
     }
 
     /// The subscribers the attachment has room for (`--max-subscribers` at attach time;
@@ -200,42 +202,70 @@ pub fn read_counters(at: &Attachment) -> Result<Counters, PinnedMapError> {
     Ok(counters)
 }
 
-/// The size of the per-source map (`--max-sources` at attach time).
+/// The keys each per-source table has room for (`--max-sources` at attach time, rounded
+/// up to whole buckets: [`table::room`]).
 pub fn sources_capacity(at: &Attachment) -> Result<u32, PinnedMapError> {
     let path = at.sources();
     let map = open(&path)?;
-    let data: &MapData = match &map {
-        Map::LruHashMap(data) => data,
-        _ => {
-            return Err(PinnedMapError::Open {
-                path: path.display().to_string(),
-                source: MapError::InvalidMapType { map_type: 0 },
-            });
-        }
-    };
-    Ok(data.info().map_err(read_err(&path))?.max_entries())
+    // An older layout's LRU hash map (before an upgrade moves its keys): its entries.
+    if let Map::LruHashMap(data) = &map {
+        return Ok(data.info().map_err(read_err(&path))?.max_entries());
+    }
+    let data = array_data(&map, &path)?;
+    Ok(table::room(
+        data.info().map_err(read_err(&path))?.max_entries(),
+    ))
 }
 
 /// Every tracked IPv4 key with its cell and counters.
 pub fn read_sources(at: &Attachment) -> Result<Vec<(Ipv4Addr, SourceState)>, PinnedMapError> {
-    read_keys::<Ipv4Key, _>(&at.sources(), |key| Ipv4Addr::from(key.to_ne_bytes()))
+    let path = at.sources();
+    let map = open(&path)?;
+    // An older layout's LRU hash map (`status` shows older attachments, an upgrade
+    // compares), or today's table.
+    let all = match &map {
+        Map::LruHashMap(data) => read_batched(data),
+        _ => table::read_v4(array_data(&map, &path)?),
+    }
+    .map_err(read_err(&path))?;
+    Ok(all
+        .into_iter()
+        .map(|(k, s)| (Ipv4Addr::from(k.to_ne_bytes()), s))
+        .collect())
 }
 
 /// Every tracked IPv6 key with its cell and counters.
 pub fn read_sources6(at: &Attachment) -> Result<Vec<(Ipv6Addr, SourceState)>, PinnedMapError> {
-    read_keys::<Ipv6Key, _>(&at.sources6(), Ipv6Addr::from)
+    let path = at.sources6();
+    let map = open(&path)?;
+    let all = match &map {
+        Map::LruHashMap(data) => read_batched(data),
+        _ => table::read_v6(array_data(&map, &path)?),
+    }
+    .map_err(read_err(&path))?;
+    Ok(all
+        .into_iter()
+        .map(|(k, s)| (Ipv6Addr::from(k), s))
+        .collect())
 }
 
-/// Reads the map in batches ([`read_batched`]), not key by key: `GET_NEXT_KEY` starts
-/// again from the first bucket when the key it stands on is evicted, so under a flood a
-/// walk counts keys twice and never ends; a batch walks the buckets once.
-fn read_keys<K: aya::Pod, A>(
-    path: &Path,
-    addr: impl Fn(K) -> A,
-) -> Result<Vec<(A, SourceState)>, PinnedMapError> {
-    let map = open(path)?;
-    let entries = read_batched::<K, SourceState>(hash_data(&map, path)?).map_err(read_err(path))?;
-    Ok(entries.into_iter().map(|(k, s)| (addr(k), s)).collect())
+/// Places IPv4 and IPv6 keys with their states in `at`'s tables where the program looks
+/// for them ([`table::write_v4`]: for tables no program is writing, a warm start or a
+/// test). Returns how many were placed and how many found their buckets full.
+pub fn write_sources(
+    at: &Attachment,
+    v4: &[(Ipv4Key, SourceState)],
+    v6: &[(Ipv6Key, SourceState)],
+) -> Result<table::Placed, PinnedMapError> {
+    let seed = read_config(at)?.trace_seed;
+    let (p4, p6) = (at.sources(), at.sources6());
+    let (m4, m6) = (open(&p4)?, open(&p6)?);
+    let a = table::write_v4(array_data(&m4, &p4)?, seed, v4).map_err(read_err(&p4))?;
+    let b = table::write_v6(array_data(&m6, &p6)?, seed, v6).map_err(read_err(&p6))?;
+    Ok(table::Placed {
+        placed: a.placed + b.placed,
+        full: a.full + b.full,
+    })
 }
 
 /// The map data of a (LRU) hash map, or the error that names `path`.
@@ -249,27 +279,28 @@ pub fn hash_data<'a>(map: &'a Map, path: &Path) -> Result<&'a MapData, PinnedMap
     }
 }
 
-/// How many keys each per-source map holds (IPv4, IPv6), read in batches
-/// ([`read_batched`]): a few syscalls where walking the keys takes one per key. Measured on
-/// this project's 2-vCPU machines at a full default table (262,144 keys): 0.27 s, against
-/// 1.0 s for the keys alone (`BPF_MAP_GET_NEXT_KEY`) and 2.0 s for keys and values one by
-/// one. It still reads every entry: the daemon counts in the background
-/// ([`crate::metrics::SourceCounter`]), never in a scrape.
+/// The map data of an array map, or the error that names `path`.
+pub fn array_data<'a>(map: &'a Map, path: &Path) -> Result<&'a MapData, PinnedMapError> {
+    match map {
+        Map::Array(data) => Ok(data),
+        _ => Err(PinnedMapError::Open {
+            path: path.display().to_string(),
+            source: MapError::InvalidMapType { map_type: 0 },
+        }),
+    }
+}
+
+/// How many keys each per-source table holds (IPv4, IPv6), read in batches of buckets
+/// ([`table::each_v4`]): a few syscalls for the whole table. It still reads every bucket:
+/// the daemon counts in the background ([`crate::metrics::SourceCounter`]), never in a
+/// scrape.
 pub fn count_sources(at: &Attachment) -> Result<(u64, u64), PinnedMapError> {
-    let count = |path: std::path::PathBuf, key_size: usize| -> Result<u64, PinnedMapError> {
-        let map = open(&path)?;
-        let data = hash_data(&map, &path)?;
-        let mut n = 0;
-        batch::each(data, key_size, size_of::<SourceState>(), |entries, _, _| {
-            n += entries as u64;
-        })
-        .map_err(|e| read_err(&path)(batch_err(e)))?;
-        Ok(n)
-    };
-    Ok((
-        count(at.sources(), size_of::<Ipv4Key>())?,
-        count(at.sources6(), size_of::<Ipv6Key>())?,
-    ))
+    let (p4, p6) = (at.sources(), at.sources6());
+    let (m4, m6) = (open(&p4)?, open(&p6)?);
+    let (mut n4, mut n6) = (0, 0);
+    table::each_v4(array_data(&m4, &p4)?, |_, _| n4 += 1).map_err(read_err(&p4))?;
+    table::each_v6(array_data(&m6, &p6)?, |_, _| n6 += 1).map_err(read_err(&p6))?;
+    Ok((n4, n6))
 }
 
 /// Every entry of a hash or array map, [`BATCH`] at a time (`BPF_MAP_LOOKUP_BATCH`):

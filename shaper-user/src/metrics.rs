@@ -504,7 +504,7 @@ fn collect(
         l.push(("family".to_owned(), LabelValue(family.to_owned())));
         f.gauge(
             "shaper_sources_capacity",
-            "Keys the family's source map holds before evicting the least recently seen",
+            "Keys the family's source table has room for (idle ones give their place up)",
             l.clone(),
             f64::from(capacity),
         );

@@ -14,10 +14,12 @@ use aya::{
 use shaper_common::{
     layout::LAYOUT_VERSION,
     maps::{
-        Config, DEFAULT_MAX_SUBSCRIBERS, MAP_CONFIG, MAP_LAYOUT, MAP_PREFIXES_V4, MAP_PREFIXES_V6,
-        MAP_SUBSCRIBERS, MAX_POLICIES, METER2_PER_KEY, METER2_UNUSED_ENTRIES, PROG_TC,
-        SIZED_BY_POLICIES, SIZED_BY_SOURCES, policy_entries, subscriber_entries, trie_entries,
+        Config, DEFAULT_MAX_SUBSCRIBERS, GLOBAL_SOURCE_BUCKETS, MAP_CONFIG, MAP_LAYOUT,
+        MAP_PREFIXES_V4, MAP_PREFIXES_V6, MAP_SUBSCRIBERS, MAX_POLICIES, METER2_PER_KEY,
+        METER2_UNUSED_ENTRIES, PROG_TC, SIZED_BY_POLICIES, SIZED_BY_SOURCES, policy_entries,
+        subscriber_entries, trie_entries,
     },
+    sources::{source_buckets, source_room},
 };
 
 use crate::kernel::{self, KernelError};
@@ -113,7 +115,7 @@ impl Sizes {
     /// The size of each of the second meter's per-key maps.
     pub fn meter2_entries(self) -> u32 {
         if self.meter2 {
-            self.max_sources
+            source_room(source_buckets(self.max_sources))
         } else {
             METER2_UNUSED_ENTRIES
         }
@@ -122,9 +124,14 @@ impl Sizes {
     /// Sizes `loader`'s per-key maps (those it makes: a map reused from a pin keeps its
     /// size).
     pub fn apply(self, loader: &mut EbpfLoader<'_>) {
+        let buckets = source_buckets(self.max_sources);
         for name in SIZED_BY_SOURCES {
-            loader.map_max_entries(name, self.max_sources);
+            loader.map_max_entries(name, buckets);
         }
+        // The loader keeps a reference for its lifetime: four bytes leaked a load (an
+        // attach, an upgrade, a test's harness).
+        let buckets: &'static u32 = Box::leak(Box::new(buckets));
+        loader.override_global(GLOBAL_SOURCE_BUCKETS, buckets, true);
         for name in METER2_PER_KEY {
             loader.map_max_entries(name, self.meter2_entries());
         }

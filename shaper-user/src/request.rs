@@ -5,6 +5,7 @@
 //! Each check refuses one setting in one line, named as the file names it
 //! ([`Setting`]); the command line names the flag instead.
 
+use shaper_common::sources::{source_buckets, source_room};
 use shaper_common::{
     config::{ConfigError, Meter2Limits, RateLimit},
     maps::{
@@ -485,7 +486,12 @@ fn check_same_keys(req: &AttachRequest, current: &Config) -> Result<(), RequestE
 /// Refuses a request to change what cannot change on an attachment (`current`, with
 /// per-source maps of `cap` keys): the map size, the hook, the modes and the keys.
 fn check_unchangeable(req: &AttachRequest, current: &Config, cap: u32) -> Result<(), RequestError> {
-    check_room(Setting::MaxSources, req.max_sources, cap)?;
+    // The tables have room for whole buckets: any size that rounds to theirs is theirs.
+    let asked = req.max_sources.map(|n| {
+        let room = source_room(source_buckets(n));
+        if room == cap { cap } else { n }
+    });
+    check_room(Setting::MaxSources, asked, cap)?;
     let hook = Hook::of_mode(current.xdp_mode);
     if let Some(asked) = req.hook.filter(|&h| h != hook) {
         return Err(setting(

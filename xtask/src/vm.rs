@@ -120,6 +120,24 @@ const SUITES: &[Suite] = &[
               through BPF_PROG_TEST_RUN; rates are slow enough that run time does not matter",
     },
     Suite {
+        file: "tests/source_table_test_run.rs",
+        place: Place::SomeInGuests {
+            run: &[
+                (
+                    "a_full_bucket_gives_a_newcomer_an_idle_way_or_the_unadmitted_cell",
+                    "the tables' claims (bucket locks, compare-and-swap) on each kernel",
+                ),
+                (
+                    "an_ipv6_key_differing_only_in_its_low_half_is_a_key_of_its_own",
+                    "the IPv6 lookup's whole-key compare on each kernel",
+                ),
+            ],
+        },
+        why: "the per-source tables' buckets through BPF_PROG_TEST_RUN: ways filled, an idle \
+              way reclaimed, a full bucket's newcomer unadmitted, IPv6 keys told apart, and \
+              the kernel memory a source costs at a million (host)",
+    },
+    Suite {
         file: "tests/verifier.rs",
         place: Place::Guests,
         why: "each entry point's processed instruction count, printed and held under the \
@@ -233,9 +251,10 @@ const SUITES: &[Suite] = &[
         place: Place::SomeInGuests {
             run: &[
                 (
-                    "an_upgrade_from_layout_7_keeps_every_cell_and_counter",
+                    "an_upgrade_from_layout_10_moves_every_source_into_the_tables",
                     "BPF_LINK_UPDATE and RENAME_EXCHANGE on bpffs, the new program over the \
-                     old maps (from the previous layout: decoding earlier ones is userspace)",
+                     old maps (from the previous layout: decoding earlier ones is userspace), \
+                     the sources moved into mappable arrays and topped up through mmap",
                 ),
                 (
                     "a_second_meter_grows_its_maps_in_place_keeping_every_cell",

@@ -70,6 +70,12 @@ pub const OLD_BUILDS: &[OldBuild] = &[
         layout: 9,
         commit: "8c85b48fcc798cc2a5c9b4de448dc10c8c804b86",
     },
+    // The policy slots sized at attach; the last before layout 11 made the per-source
+    // maps tables of buckets (LRU hash maps before).
+    OldBuild {
+        layout: 10,
+        commit: "2f7e85269157dd8b7638b02d8eb39d11267bdc5a",
+    },
 ];
 
 /// The build `cargo xtask bench` measures today's against, in the same run (issue 21): the

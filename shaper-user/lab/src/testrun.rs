@@ -11,21 +11,23 @@ use std::{
 use anyhow::{Context as _, Result, ensure};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray, PerCpuValues},
+    maps::{Array, MapData, PerCpuArray, PerCpuValues},
     programs::{TestRun as _, TestRunOptions, Xdp},
 };
 use shaper_common::{
     bench::{PROG_FLOOR, PROG_NOOP},
     gcra::MAX_RATE_BPS,
     maps::{
-        Config, Counters, Ipv4Key, Ipv6Key, MAP_COUNTERS, MAP_PREFIXES_V4, MAP_PREFIXES_V6,
-        MAP_SOURCES, MAP_SOURCES6, MAP_SUBSCRIBERS, PROG_XDP, SourceState, Subscriber, sum_per_cpu,
+        Config, Counters, Ipv4Key, Ipv6Key, MAP_CONFIG, MAP_COUNTERS, MAP_PREFIXES_V4,
+        MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6, MAP_SUBSCRIBERS, PROG_XDP, SourceState,
+        Subscriber, sum_per_cpu,
     },
 };
 use shaper_user::{
     object,
     policy::PolicyTable,
     subscriber::{SubscriberTable, record::Records},
+    table,
 };
 
 /// The benchmark's kernel object (`shaper-ebpf`'s `shaper-ebpf-bench`), built by
@@ -137,9 +139,9 @@ impl Harness {
     }
 
     /// The subscribers' map itself (`SHAPER_SUBS`), to write entries in bulk.
-    pub fn subscriber_entries(&self) -> Result<aya::maps::Array<MapData, Subscriber>> {
+    pub fn subscriber_entries(&self) -> Result<Array<MapData, Subscriber>> {
         let data = map_data(&self.ebpf, MAP_SUBSCRIBERS)?;
-        Ok(aya::maps::Array::try_from(aya::maps::Map::Array(data))?)
+        Ok(Array::try_from(aya::maps::Map::Array(data))?)
     }
 
     /// The kernel memory charged to map `name` (its fdinfo's `memlock:`), in bytes.
@@ -198,20 +200,37 @@ impl Harness {
 
     /// Every IPv4 key tracked, with its cell.
     pub fn sources(&self) -> Result<Vec<(Ipv4Key, SourceState)>> {
-        self.entries(MAP_SOURCES)
+        Ok(table::read_v4(&map_data(&self.ebpf, MAP_SOURCES)?)?)
     }
 
     /// Every IPv6 key tracked, with its cell.
     pub fn sources6(&self) -> Result<Vec<(Ipv6Key, SourceState)>> {
-        self.entries(MAP_SOURCES6)
+        Ok(table::read_v6(&map_data(&self.ebpf, MAP_SOURCES6)?)?)
+    }
+
+    /// Places IPv4 keys with their states where the program looks for them.
+    pub fn seed_sources(&self, entries: &[(Ipv4Key, SourceState)]) -> Result<table::Placed> {
+        let map = map_data(&self.ebpf, MAP_SOURCES)?;
+        Ok(table::write_v4(&map, self.seed()?, entries)?)
+    }
+
+    /// Places IPv6 keys with their states where the program looks for them.
+    pub fn seed_sources6(&self, entries: &[(Ipv6Key, SourceState)]) -> Result<table::Placed> {
+        let map = map_data(&self.ebpf, MAP_SOURCES6)?;
+        Ok(table::write_v6(&map, self.seed()?, entries)?)
+    }
+
+    /// The hash seed of the loaded settings (`Config::trace_seed`).
+    pub fn seed(&self) -> Result<u64> {
+        Ok(self.table.config()?.trace_seed)
     }
 
     /// Forgets every tracked source and zeroes the global counters, so one loaded program
     /// serves many independent cases: a load costs a verification, which takes seconds in
     /// an emulated guest.
     pub fn reset(&mut self) -> Result<()> {
-        self.clear::<Ipv4Key>(MAP_SOURCES)?;
-        self.clear::<Ipv6Key>(MAP_SOURCES6)?;
+        table::clear_v4(&map_data(&self.ebpf, MAP_SOURCES)?)?;
+        table::clear_v6(&map_data(&self.ebpf, MAP_SOURCES6)?)?;
         let cpus = aya::util::nr_cpus()
             .map_err(|(_, e)| e)
             .context("counting CPUs")?;
@@ -227,22 +246,13 @@ impl Harness {
         )?;
         Ok(())
     }
+}
 
-    fn clear<K: aya::Pod>(&mut self, name: &str) -> Result<()> {
-        let mut map: HashMap<&mut MapData, K, SourceState> =
-            HashMap::try_from(self.ebpf.map_mut(name).context("sources map missing")?)?;
-        let keys = map.keys().collect::<Result<Vec<_>, _>>()?;
-        for key in keys {
-            map.remove(&key)?;
-        }
-        Ok(())
-    }
-
-    fn entries<K: aya::Pod>(&self, name: &str) -> Result<Vec<(K, SourceState)>> {
-        let map: HashMap<&MapData, K, SourceState> =
-            HashMap::try_from(self.ebpf.map(name).context("sources map missing")?)?;
-        Ok(map.iter().collect::<Result<_, _>>()?)
-    }
+/// The hash seed of `ebpf`'s settings entry.
+pub fn seed_of(ebpf: &Ebpf) -> Result<u64> {
+    let map: Array<&MapData, Config> =
+        Array::try_from(ebpf.map(MAP_CONFIG).context("config map missing")?)?;
+    Ok(map.get(&0, 0)?.trace_seed)
 }
 
 pub fn config(rate_bps: u64, burst_bytes: u64) -> Result<Config> {
@@ -299,15 +309,41 @@ pub fn key(addr: Ipv4Addr) -> Ipv4Key {
     u32::from_ne_bytes(addr.octets())
 }
 
-/// Inserts an idle cell for each address, as the program would create it.
-pub fn prefill(ebpf: &mut Ebpf, addrs: impl IntoIterator<Item = Ipv4Addr>) -> Result<()> {
-    let mut map: HashMap<&mut MapData, Ipv4Key, SourceState> =
-        HashMap::try_from(ebpf.map_mut(MAP_SOURCES).context("sources map missing")?)?;
-    for addr in addrs {
-        map.insert(key(addr), SourceState::default(), 0)
-            .with_context(|| format!("inserting {addr}"))?;
+/// Places an idle cell for each address, as the program would create it: in the table of
+/// buckets (a key whose two buckets are full is left out: a few percent of a table filled
+/// to its room), or in an older build's LRU hash map. Returns how many were placed.
+pub fn prefill(ebpf: &mut Ebpf, addrs: impl IntoIterator<Item = Ipv4Addr>) -> Result<usize> {
+    let entries: Vec<_> = addrs
+        .into_iter()
+        .map(|a| (key(a), SourceState::default()))
+        .collect();
+    if let Some(aya::maps::Map::LruHashMap(_)) = ebpf.map(MAP_SOURCES) {
+        let mut map: aya::maps::HashMap<&mut MapData, Ipv4Key, SourceState> =
+            aya::maps::HashMap::try_from(ebpf.map_mut(MAP_SOURCES).context("sources map")?)?;
+        for (k, s) in &entries {
+            map.insert(k, s, 0)?;
+        }
+        return Ok(entries.len());
     }
-    Ok(())
+    let map = map_data(ebpf, MAP_SOURCES)?;
+    let seed = seed_of(ebpf).unwrap_or(0);
+    Ok(table::write_v4(&map, seed, &entries)?.placed)
+}
+
+/// The IPv4 keys in `ebpf`'s table (or an older build's LRU hash map).
+pub fn ipv4_keys(ebpf: &Ebpf) -> Result<Vec<Ipv4Key>> {
+    if let Some(aya::maps::Map::LruHashMap(_)) = ebpf.map(MAP_SOURCES) {
+        let map: aya::maps::HashMap<&MapData, Ipv4Key, SourceState> =
+            aya::maps::HashMap::try_from(ebpf.map(MAP_SOURCES).context("sources map")?)?;
+        return Ok(map.keys().collect::<Result<_, _>>()?);
+    }
+    let map = map_data(ebpf, MAP_SOURCES)?;
+    Ok(table::read_v4(&map)?.into_iter().map(|(k, _)| k).collect())
+}
+
+/// The `memlock:` of both per-source maps (IPv4 and IPv6) of `ebpf`, in bytes.
+pub fn sources_memlock(ebpf: &Ebpf) -> Result<u64> {
+    Ok(memlock_of(&map_data(ebpf, MAP_SOURCES)?)? + memlock_of(&map_data(ebpf, MAP_SOURCES6)?)?)
 }
 
 /// A map of `ebpf` by name, on a descriptor of its own.

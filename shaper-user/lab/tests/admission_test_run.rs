@@ -419,19 +419,24 @@ fn warm_start(family: Family) {
         .filter(|&i| passes(&mut h, &frame_from(family.other(source(i)))))
         .count() as u64;
     let c = h.counters().unwrap();
-    assert_eq!(
-        (
-            c.new_sources,
-            c.sightings.admitted + c.sightings.first_admitted
-        ),
-        (u64::from(SOURCES), u64::from(SOURCES)),
-        "every source tracked by its second frame"
+    // The table has room for whole buckets: a source whose two buckets are both full (no
+    // way free, none idle) is metered as unadmitted, as one refused a cell. At 76% of the
+    // room two choices of eight ways leave about 1 in 25,000 so.
+    let overflow = u64::from(SOURCES) - c.new_sources;
+    assert!(
+        overflow <= u64::from(SOURCES) / 10_000,
+        "{overflow} sources found both their buckets full"
     );
-    assert_eq!(tracked(&h), u64::from(SOURCES));
+    assert_eq!(
+        c.sightings.admitted + c.sightings.first_admitted,
+        c.new_sources,
+        "every source given a way tracked by its second frame"
+    );
+    assert_eq!(tracked(&h), c.new_sources);
     // Its first frame is the most a source loses: every second one passes in a cell of its
     // own; the first ones pass in a fresh cell within the first-sighting allowance, or
     // share one cell.
-    assert_eq!(second, u64::from(SOURCES));
+    assert_eq!(second, c.new_sources);
     assert_eq!(first, c.sightings.first_admitted + BURST / FRAME);
     assert_eq!(c.sightings.first, u64::from(SOURCES));
     assert_balanced(&c, 2 * u64::from(SOURCES), family);

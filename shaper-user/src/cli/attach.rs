@@ -76,8 +76,8 @@ pub struct Args {
     /// How to attach the tc program.
     #[arg(long, value_enum, default_value_t = TcAttachMode::Auto)]
     pub tc_mode: TcAttachMode,
-    /// Sources tracked at once per address family (least recently seen are evicted beyond
-    /// this) [default: 262144]
+    /// Sources tracked at once per address family, in buckets of 8 (beyond it, only a source
+    /// whose bucket is full again gives its place up) [default: 262144]
     #[arg(long)]
     pub max_sources: Option<u32>,
     /// Subscribers the attachment has room for (`shaper subscriber`), fixed at attach:

@@ -72,10 +72,11 @@ use shaper_common::{
     maps::{
         Config, Counters, DEFAULT_MAX_SUBSCRIBERS, Ipv4Key, Ipv6Key, MAP_CONFIG,
         MAP_COUNTERS_CARRIED, MAP_POLICIES, MAP_POLICY_STATS_CARRIED, MAP_PREFIXES_V4,
-        MAP_PREFIXES_V6, MAP_SUBSCRIBERS, MAX_POLICIES, PIN_CONFIG, PIN_COUNTERS,
-        PIN_COUNTERS_CARRIED, PIN_LAYOUT, PIN_LINK, PIN_METER2, PIN_METER2_6, PIN_POLICIES,
-        PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6, PIN_SOURCES,
-        PIN_SUBSCRIBERS, PIN_UPGRADE_PROG, PROG_XDP, Policy, PolicyStats, is_tc_mode,
+        MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6, MAP_SUBSCRIBERS, MAX_POLICIES, PIN_CONFIG,
+        PIN_COUNTERS, PIN_COUNTERS_CARRIED, PIN_LAYOUT, PIN_LINK, PIN_METER2, PIN_METER2_6,
+        PIN_POLICIES, PIN_POLICY_STATS, PIN_POLICY_STATS_CARRIED, PIN_PREFIXES_V4, PIN_PREFIXES_V6,
+        PIN_SOURCES, PIN_SOURCES6, PIN_SUBSCRIBERS, PIN_UPGRADE_PROG, PROG_XDP, Policy,
+        PolicyStats, SourceState, is_tc_mode,
     },
 };
 
@@ -261,7 +262,7 @@ pub fn interrupted(at: &Attachment) -> bool {
 pub fn recover(at: &Attachment) -> Result<(), UpgradeError> {
     egress_home(at)?;
     if interrupted(at) {
-        return finish(at);
+        return finish(at, None);
     }
     if at.dir().exists() && at.staging().exists() {
         pins::remove_dir_of_pins(&at.staging()).map_err(step(at, "remove old staged pins"))?;
@@ -280,6 +281,14 @@ fn plan(at: &Attachment, from: &Layout) -> Result<Vec<(&'static MapLayout, bool)
             // Layout 8's subscribers, their ids and names in their entries: copied.
             (Holds::Cells, Some(old))
                 if m.pin == PIN_SUBSCRIBERS && old.value_size == layout8::ENTRY_BYTES =>
+            {
+                false
+            }
+            // Layout 10's and older per-source LRU hash maps: every key moved into the
+            // tables of buckets (`move_sources`).
+            (Holds::Cells, Some(old))
+                if [PIN_SOURCES, PIN_SOURCES6].contains(&m.pin)
+                    && old.map_type == layout::BPF_MAP_TYPE_LRU_HASH =>
             {
                 false
             }
@@ -365,16 +374,19 @@ fn swap_in(
     sizes: Sizes,
 ) -> Result<(), UpgradeError> {
     let staging = at.staging();
-    if let Err(e) = stage(at, from, settings, plan, sizes) {
-        // Best effort: the old attachment was never touched.
-        let _ = pins::remove_dir_of_pins(&staging);
-        return Err(e);
-    }
+    let moved = match stage(at, from, settings, plan, sizes) {
+        Ok(moved) => moved,
+        Err(e) => {
+            // Best effort: the old attachment was never touched.
+            let _ = pins::remove_dir_of_pins(&staging);
+            return Err(e);
+        }
+    };
     if let Err(e) = exchange(&staging, &at.dir()) {
         let _ = pins::remove_dir_of_pins(&staging);
         return Err(step(at, "swap the pins")(e));
     }
-    finish(at)
+    finish(at, moved.as_ref())
 }
 
 /// Whether `at`'s second-meter maps have room for a key of each of its sources: false
@@ -385,7 +397,7 @@ pub fn meter2_room(at: &Attachment) -> Result<bool, UpgradeError> {
             .map_err(step(at, format!("read map '{pin}'")))?
             .max_entries)
     };
-    let cap = size(PIN_SOURCES)?;
+    let cap = crate::table::room(size(PIN_SOURCES)?);
     Ok(size(PIN_METER2)? >= cap && size(PIN_METER2_6)? >= cap)
 }
 
@@ -411,9 +423,11 @@ pub fn make_room_for_meter2(at: &Attachment) -> Result<bool, UpgradeError> {
     }
     let current = layout::current();
     let settings = read_settings(&at.dir(), current).map_err(decode_err(at))?;
-    let cap = bpf::map_info(&at.dir().join(PIN_SOURCES))
-        .map_err(step(at, format!("read map '{PIN_SOURCES}'")))?
-        .max_entries;
+    let cap = crate::table::room(
+        bpf::map_info(&at.dir().join(PIN_SOURCES))
+            .map_err(step(at, format!("read map '{PIN_SOURCES}'")))?
+            .max_entries,
+    );
     let sizes = Sizes {
         max_sources: cap,
         meter2: true,
@@ -462,7 +476,7 @@ fn stage(
     settings: &Settings,
     plan: &[(&'static MapLayout, bool)],
     sizes: Sizes,
-) -> Result<(), UpgradeError> {
+) -> Result<Option<Moved>, UpgradeError> {
     let dir = at.dir();
     let staging = at.staging();
     pins::remove_dir_of_pins(&staging).map_err(step(at, "remove old staged pins"))?;
@@ -505,7 +519,13 @@ fn stage(
     }
     .map_err(step(at, "pin the new program"))?;
     let link = bpf::obj_get(&at.link()).map_err(step(at, "open the pinned link"))?;
-    bpf::obj_pin(link.as_fd(), &staging.join(PIN_LINK)).map_err(step(at, "pin the link again"))
+    bpf::obj_pin(link.as_fd(), &staging.join(PIN_LINK)).map_err(step(at, "pin the link again"))?;
+    // Last, the program loaded and verified: the fewer frames the old program meters
+    // between the copy and the switch, the less there is to top up after it.
+    if fresh(PIN_SOURCES) || fresh(PIN_SOURCES6) {
+        return move_sources(at, &ebpf, settings.config.trace_seed).map(Some);
+    }
+    Ok(None)
 }
 
 fn map_of<'a>(
@@ -575,6 +595,110 @@ fn write_settings(
                 .map_err(step(at, "write the IPv6 prefixes"))?;
         }
     }
+    Ok(())
+}
+
+/// Moves every key of the old pins' per-source LRU hash maps, cell and counters, into the
+/// new tables of buckets, placed by hash under the attachment's `seed` as the program
+/// looks for them. The keys whose cells are busy (their TAT ahead of now) are placed
+/// first: should a key's two buckets be full (a few keys in a hundred of an LRU map
+/// filled to its size), the one left out is one whose cell is idle, which a fresh cell
+/// replaces without a difference but for its counters. What the old program charges
+/// between this copy and the switch of the program (a few milliseconds) is not carried.
+fn move_sources(at: &Attachment, ebpf: &Ebpf, seed: u64) -> Result<Moved, UpgradeError> {
+    let dir = at.dir();
+    let now = shaper_common::gcra::ticks_from_ns(crate::watch::monotonic_ns());
+    let busy_first = |s: &SourceState| u8::from(s.cell.tat <= now);
+    let read = |pin: &str| -> Result<aya::maps::Map, UpgradeError> {
+        let path = dir.join(pin);
+        let what = format!("open {}", path.display());
+        let data = MapData::from_pin(&path).map_err(step(at, what.clone()))?;
+        aya::maps::Map::from_map_data(data).map_err(step(at, what))
+    };
+    let new_table = |name: &str| -> Result<&MapData, UpgradeError> {
+        match map_of(at, ebpf, name)? {
+            aya::maps::Map::Array(data) => Ok(data),
+            _ => Err(step_boxed(at, &format!("open the new {name}"))(
+                "not an array".into(),
+            )),
+        }
+    };
+    let old = read(PIN_SOURCES)?;
+    let mut v4: Vec<(Ipv4Key, SourceState)> = crate::maps::read_batched(
+        crate::maps::hash_data(&old, &dir.join(PIN_SOURCES))
+            .map_err(step(at, "read the IPv4 sources"))?,
+    )
+    .map_err(step(at, "read the IPv4 sources"))?;
+    v4.sort_by_key(|(_, s)| busy_first(s));
+    let old6 = read(PIN_SOURCES6)?;
+    let mut v6: Vec<(Ipv6Key, SourceState)> = crate::maps::read_batched(
+        crate::maps::hash_data(&old6, &dir.join(PIN_SOURCES6))
+            .map_err(step(at, "read the IPv6 sources"))?,
+    )
+    .map_err(step(at, "read the IPv6 sources"))?;
+    v6.sort_by_key(|(_, s)| busy_first(s));
+    crate::table::write_v4(new_table(MAP_SOURCES)?, seed, &v4)
+        .map_err(step(at, "move the IPv4 sources"))?;
+    crate::table::write_v6(new_table(MAP_SOURCES6)?, seed, &v6)
+        .map_err(step(at, "move the IPv6 sources"))?;
+    Ok(Moved {
+        seed,
+        v4: v4.into_iter().collect(),
+        v6: v6.into_iter().collect(),
+    })
+}
+
+/// The keys [`move_sources`] copied, as it copied them, for [`top_up_sources`].
+pub struct Moved {
+    seed: u64,
+    v4: std::collections::HashMap<Ipv4Key, SourceState>,
+    v6: std::collections::HashMap<Ipv6Key, SourceState>,
+}
+
+/// After the switch: what the old program charged and counted between the copy and the
+/// switch, added into the new tables (`table::top_up_v4`). The old pins are in the staging
+/// directory by then.
+fn top_up_sources(at: &Attachment, moved: &Moved) -> Result<(), UpgradeError> {
+    let (old_dir, new_dir) = (at.staging(), at.dir());
+    let open_map = |path: PathBuf| -> Result<aya::maps::Map, UpgradeError> {
+        let what = format!("open {}", path.display());
+        let data = MapData::from_pin(&path).map_err(step(at, what.clone()))?;
+        aya::maps::Map::from_map_data(data).map_err(step(at, what))
+    };
+    let (old4, old6) = (
+        open_map(old_dir.join(PIN_SOURCES))?,
+        open_map(old_dir.join(PIN_SOURCES6))?,
+    );
+    let (new4, new6) = (
+        open_map(new_dir.join(PIN_SOURCES))?,
+        open_map(new_dir.join(PIN_SOURCES6))?,
+    );
+    let data = |m: &aya::maps::Map| -> Option<MapData> {
+        match m {
+            aya::maps::Map::LruHashMap(d) | aya::maps::Map::Array(d) => {
+                let fd = d.fd().as_fd().try_clone_to_owned().ok()?;
+                MapData::from_fd(fd).ok()
+            }
+            _ => None,
+        }
+    };
+    let missing = || step_boxed(at, "top up the moved sources")("not the maps expected".into());
+    let (old4, old6) = (
+        data(&old4).ok_or_else(missing)?,
+        data(&old6).ok_or_else(missing)?,
+    );
+    let (new4, new6) = (
+        data(&new4).ok_or_else(missing)?,
+        data(&new6).ok_or_else(missing)?,
+    );
+    let final4: Vec<(Ipv4Key, SourceState)> =
+        crate::maps::read_batched(&old4).map_err(step(at, "read the old IPv4 sources"))?;
+    let final6: Vec<(Ipv6Key, SourceState)> =
+        crate::maps::read_batched(&old6).map_err(step(at, "read the old IPv6 sources"))?;
+    crate::table::top_up_v4(&new4, moved.seed, &final4, &moved.v4)
+        .map_err(step(at, "top up the IPv4 sources"))?;
+    crate::table::top_up_v6(&new6, moved.seed, &final6, &moved.v6)
+        .map_err(step(at, "top up the IPv6 sources"))?;
     Ok(())
 }
 
@@ -649,7 +773,10 @@ fn exchange(a: &Path, b: &Path) -> io::Result<()> {
 
 /// Steps 4 to 6 (see the module docs), from what is pinned: `at` holds the new pins and
 /// `upgrade_prog`, its staging directory the old pins.
-fn finish(at: &Attachment) -> Result<(), UpgradeError> {
+/// `moved`: the sources an upgrade from LRU maps copied (`stage`), topped up once the old
+/// program is gone; `None` when finishing an interrupted upgrade (the copy is lost with
+/// the process that made it: what was charged between it and the switch stays behind).
+fn finish(at: &Attachment, moved: Option<&Moved>) -> Result<(), UpgradeError> {
     egress_home(at)?;
     let link = bpf::obj_get(&at.link()).map_err(step(at, "open the pinned link"))?;
     let new_prog =
@@ -665,6 +792,9 @@ fn finish(at: &Attachment) -> Result<(), UpgradeError> {
     }
     bpf::wait_for_running_programs();
     carry(at)?;
+    if let Some(moved) = moved {
+        top_up_sources(at, moved)?;
+    }
     if layout8::is_layout8(&at.staging()) && !layout8::is_layout8(&at.dir()) {
         let old = open_pin(at, &at.staging().join(PIN_SUBSCRIBERS))?;
         let mut new = open_pin(at, &at.dir().join(PIN_SUBSCRIBERS))?;
@@ -788,7 +918,10 @@ mod tests {
     fn the_object_file_has_the_newest_layout() {
         let object = aya_obj::Object::parse(object::EBPF_OBJECT).expect("the object parses");
         let newest = layout::current();
-        let mut names: Vec<&String> = object.maps.keys().collect();
+        // The program's read-only globals (`SHAPER_SOURCE_BUCKETS`), set at each load and
+        // never pinned.
+        let pinned = |name: &String| !name.starts_with('.');
+        let mut names: Vec<&String> = object.maps.keys().filter(|n| pinned(n)).collect();
         names.sort();
         assert_eq!(
             names.len(),
@@ -796,7 +929,7 @@ mod tests {
             "the object's maps {names:?} are not those of layout {}",
             newest.version
         );
-        for (name, map) in &object.maps {
+        for (name, map) in object.maps.iter().filter(|(n, _)| pinned(n)) {
             let m = newest
                 .maps
                 .iter()
@@ -838,14 +971,15 @@ mod tests {
     #[test]
     fn an_upgrade_reuses_every_map_whose_layout_is_unchanged() {
         // Layout 1's config, policies and counters changed; admission is new; the tries
-        // are sized for subscribers since layout 8.
-        assert_eq!(reused(1), [PIN_AGGREGATES, PIN_SOURCES, PIN_SOURCES6]);
+        // are sized for subscribers since layout 8. Every layout before 11 has its sources
+        // in LRU hash maps, whose keys are moved into new tables.
+        assert_eq!(reused(1), [PIN_AGGREGATES]);
         let all_but = |not: &[&str]| {
             let mut pins: Vec<&str> = layout::current()
                 .maps
                 .iter()
                 .map(|m| m.pin)
-                .filter(|p| !not.contains(p))
+                .filter(|p| !not.contains(p) && ![PIN_SOURCES, PIN_SOURCES6].contains(p))
                 .collect();
             pins.sort_unstable();
             pins
@@ -918,6 +1052,10 @@ mod tests {
         // Layout 9's maps of one entry per policy slot (16,384 each) are kept at their
         // size: today's are sized at attach.
         assert_eq!(reused(9), all_but(&[PIN_LAYOUT]));
+        assert_eq!(reused(10), all_but(&[PIN_LAYOUT]));
+        // Today's own tables are reused.
+        assert!(reused(LAYOUT_VERSION).contains(&PIN_SOURCES));
+        assert!(reused(LAYOUT_VERSION).contains(&PIN_SOURCES6));
         // Growing the second meter's maps reuses every map but those two (and the
         // version): every cell, counter and policy stays.
         let mut grown: Vec<&str> = grow_plan()
@@ -925,6 +1063,7 @@ mod tests {
             .filter(|(_, reuse)| *reuse)
             .map(|(m, _)| m.pin)
             .collect();
+        grown.retain(|p| ![PIN_SOURCES, PIN_SOURCES6].contains(p));
         grown.sort_unstable();
         assert_eq!(grown, all_but(&[PIN_METER2, PIN_METER2_6, PIN_LAYOUT]));
         // The version is always written anew.

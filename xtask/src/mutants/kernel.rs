@@ -45,6 +45,7 @@ pub const SUITES: &[&str] = &[
     "contention",
     "colour_test_run",
     "admission_test_run",
+    "source_table_test_run",
 ];
 
 /// The kernel crate's files cargo-mutants mutates; the benchmark's object (`bench/`),

@@ -3,18 +3,14 @@
 
 use std::{net::Ipv4Addr, time::Instant};
 
-use anyhow::{Context as _, Result, ensure};
-use aya::{
-    Ebpf,
-    maps::{HashMap, MapData},
-};
-use shaper_common::maps::{Ipv4Key, Ipv6Key, MAP_SOURCES, MAP_SOURCES6, SourceState};
+use anyhow::{Result, ensure};
+use aya::Ebpf;
 
 use super::builds::{Build, single_rate};
 use crate::{
     frame,
     rng::Rng,
-    testrun::{memlock_of, open, prefill},
+    testrun::{ipv4_keys, open, prefill, sources_memlock},
 };
 
 /// Map sizes measured: 1K, 64K and 1M sources.
@@ -25,8 +21,8 @@ pub const SIZES: [u32; 3] = [1 << 10, 1 << 16, 1 << 20];
 pub struct Population {
     pub ebpf: Ebpf,
     pub capacity: u32,
-    /// Entries actually in the map after filling (an LRU map may evict a few of its own
-    /// entries before it is completely full).
+    /// Entries actually in the map after filling (a key whose two buckets are full is
+    /// left out; an older build's LRU map may evict a few of its own entries).
     pub entries: u32,
     /// Kernel memory of both per-source maps (IPv4 and IPv6: attach creates both at
     /// `--max-sources` entries, preallocated), empty and after filling the IPv4 one.
@@ -48,15 +44,10 @@ impl Population {
         let fill_secs = start.elapsed().as_secs_f64();
         let memlock_filled_bytes = memlock(&ebpf)?;
         // The keys still present: the cold case must only draw existing sources.
-        let keys = {
-            let map: HashMap<&MapData, Ipv4Key, SourceState> =
-                HashMap::try_from(ebpf.map(MAP_SOURCES).context("sources map missing")?)?;
-            let mut keys = Vec::with_capacity(capacity as usize);
-            for k in map.keys() {
-                keys.push(Ipv4Addr::from(k?.to_ne_bytes()));
-            }
-            keys
-        };
+        let keys: Vec<Ipv4Addr> = ipv4_keys(&ebpf)?
+            .into_iter()
+            .map(|k| Ipv4Addr::from(k.to_ne_bytes()))
+            .collect();
         ensure!(
             !keys.is_empty(),
             "the {capacity}-entry map is empty after filling"
@@ -111,10 +102,5 @@ impl Population {
 
 /// The `memlock:` lines of both per-source maps' fdinfo (IPv4 and IPv6), in bytes.
 fn memlock(ebpf: &Ebpf) -> Result<u64> {
-    let v4: HashMap<&MapData, Ipv4Key, SourceState> =
-        HashMap::try_from(ebpf.map(MAP_SOURCES).context("sources map missing")?)?;
-    let v6: HashMap<&MapData, Ipv6Key, SourceState> =
-        HashMap::try_from(ebpf.map(MAP_SOURCES6).context("IPv6 sources map missing")?)?;
-    Ok(memlock_of(aya::maps::IterableMap::map(&v4))?
-        + memlock_of(aya::maps::IterableMap::map(&v6))?)
+    sources_memlock(ebpf)
 }
