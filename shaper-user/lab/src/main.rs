@@ -157,8 +157,6 @@ enum LabPart {
     Series,
     /// Softirq CPU per million packets
     Cpu,
-    /// Common against per-CPU LRU source maps under a flood from every CPU (test_run)
-    Lru,
     /// A live spoofed flood: shaper with and without new-source admission, the nft meter, hashlimit, tbf, htb
     Flood,
     /// Sources under their limit through shaper, the generator catching up late frames or skipping them
@@ -661,7 +659,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
 
 /// `bench --only ...`: the chosen benchmarks, printed as they run; nothing written.
 fn bench_only(args: &BenchArgs) -> Result<()> {
-    use shaper_lab::bench::{accuracy, lru, per_packet};
+    use shaper_lab::bench::{accuracy, per_packet};
 
     if args.only.contains(&LabPart::Kernel) {
         let shaper = bench_shaper(args)?;
@@ -699,18 +697,10 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
         restore_affinity(affinity);
         print_per_packet(&results);
     }
-    if args.only.contains(&LabPart::Lru) {
-        let mut opts = lru::Options::new(args.quick);
-        opts.reps = args.runs.unwrap_or(opts.reps);
-        ensure!(opts.reps > 0, "--runs must be at least 1");
-        for line in lru::summary_lines(&lru::run(&opts)?) {
-            println!("{line}");
-        }
-    }
     if args
         .only
         .iter()
-        .all(|p| matches!(p, LabPart::Kernel | LabPart::PerPacket | LabPart::Lru))
+        .all(|p| matches!(p, LabPart::Kernel | LabPart::PerPacket))
     {
         return Ok(());
     }
@@ -768,7 +758,6 @@ fn bench_only(args: &BenchArgs) -> Result<()> {
             p,
             LabPart::Kernel
                 | LabPart::PerPacket
-                | LabPart::Lru
                 | LabPart::Flood
                 | LabPart::Tcp
                 | LabPart::Coa

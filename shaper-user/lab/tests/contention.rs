@@ -22,7 +22,7 @@ use shaper_common::{
     maps::{CAS_TRIES, Config, Counters},
 };
 use shaper_lab::{
-    bench::lru::{online_cpus, pin_to_cpu},
+    bench::cpus::{online_cpus, pin_to_cpu},
     bins,
     cli::{self, AttachGuard},
     frame,

@@ -11,8 +11,6 @@
 //! - `per_packet`: cost per packet with BPF_PROG_TEST_RUN next to a no-op XDP program,
 //!   for both builds; `colour`: the second meter's rows (green, yellow, red, packet rate)
 //!   against the single-rate pass of the same runs, today's build only.
-//! - `lru`: the common LRU against per-CPU LRU lists for the source map, under a flood
-//!   of new sources from every CPU.
 //! - `scale`: per-packet cost and kernel memory as tracked sources grow.
 //! - `accuracy`: delivered rate against rate × time + burst in the namespace lab, for
 //!   shaper and its peers (`peers`: an nft meter, iptables hashlimit; tc's tbf and htb),
@@ -45,11 +43,11 @@ mod btf;
 pub mod builds;
 pub mod coa;
 pub mod colour;
+pub mod cpus;
 pub mod current;
 pub mod exact;
 pub mod flood;
 pub mod kernels;
-pub mod lru;
 pub mod peers;
 pub mod per_packet;
 pub mod population;

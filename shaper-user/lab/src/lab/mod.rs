@@ -213,7 +213,7 @@ impl Lab {
             },
         };
         let queues = if options.queue_per_cpu {
-            crate::bench::lru::online_cpus()
+            crate::bench::cpus::online_cpus()
         } else {
             1
         };
