@@ -138,7 +138,12 @@ mod tests {
         for piece in [
             "shaper_admit",
             "shaper_sight",
-            "shaper_meter_raced",
+            "shaper_find4",
+            "shaper_find6",
+            "shaper_claim4",
+            "shaper_claim6",
+            "shaper_room4",
+            "shaper_room6",
             "shaper_retry",
             "shaper_carry_over",
             "shaper_sample",
