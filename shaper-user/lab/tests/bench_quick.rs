@@ -270,7 +270,7 @@ fn quick_provisioning_bench_times_every_command() {
         serde_json::from_str(&read(&out, "results-provision.json")).unwrap();
     finite_numbers(&json, "results-provision");
     let rows = json["rows"].as_array().expect("rows");
-    assert_eq!(rows.len(), 8, "{rows:?}");
+    assert_eq!(rows.len(), 11, "{rows:?}");
     for r in rows {
         let runs = r["seconds"]["runs"].as_array().unwrap();
         assert!(runs.len() >= 2, "{r}");
@@ -279,13 +279,15 @@ fn quick_provisioning_bench_times_every_command() {
     let held: Vec<u64> = rows.iter().filter_map(|r| r["at"].as_u64()).collect();
     assert_eq!(
         held,
-        [1000, 1000, 1000, 10_000, 10_000, 10_000, 10_000, 10_000]
+        [
+            1000, 1000, 1000, 10_000, 10_000, 10_000, 10_000, 10_000, 10_000, 10_000, 10_000
+        ]
     );
     let md = read(&out, "results-provision.md");
     assert!(
         md.contains(json["machine"]["kernel"].as_str().unwrap()),
         "{md}"
     );
-    assert_eq!(md.matches("| today | subscribers: ").count(), 5, "{md}");
+    assert_eq!(md.matches("| today | subscribers: ").count(), 8, "{md}");
     std::fs::remove_dir_all(&out).unwrap();
 }
