@@ -100,6 +100,10 @@ pub struct Sizes {
     pub max_policies: u32,
 }
 
+/// The first pin layout whose per-source tables are arrays of buckets (before it: LRU hash
+/// maps of a key an entry).
+pub const SOURCE_TABLES_LAYOUT: u32 = 11;
+
 impl Sizes {
     /// Every per-key map `max_sources` keys, and room for every policy slot there may be
     /// (for test runs, which set any policy in any slot).
@@ -124,16 +128,37 @@ impl Sizes {
     /// Sizes `loader`'s per-key maps (those it makes: a map reused from a pin keeps its
     /// size).
     pub fn apply(self, loader: &mut EbpfLoader<'_>) {
-        let buckets = source_buckets(self.max_sources);
-        for name in SIZED_BY_SOURCES {
-            loader.map_max_entries(name, buckets);
-        }
-        // The loader keeps a reference for its lifetime: four bytes leaked a load (an
-        // attach, an upgrade, a test's harness).
-        let buckets: &'static u32 = Box::leak(Box::new(buckets));
-        loader.override_global(GLOBAL_SOURCE_BUCKETS, buckets, true);
-        for name in METER2_PER_KEY {
-            loader.map_max_entries(name, self.meter2_entries());
+        self.apply_as(loader, true);
+    }
+
+    /// [`Sizes::apply`] for an object whose per-source tables are arrays of buckets
+    /// (`tables`: pin layout 11 on), or LRU hash maps of a key an entry (an older build's,
+    /// which the bench loads beside today's).
+    pub fn apply_as(self, loader: &mut EbpfLoader<'_>, tables: bool) {
+        if !tables {
+            for name in SIZED_BY_SOURCES {
+                loader.map_max_entries(name, self.max_sources);
+            }
+            let meter2 = if self.meter2 {
+                self.max_sources
+            } else {
+                METER2_UNUSED_ENTRIES
+            };
+            for name in METER2_PER_KEY {
+                loader.map_max_entries(name, meter2);
+            }
+        } else {
+            let buckets = source_buckets(self.max_sources);
+            for name in SIZED_BY_SOURCES {
+                loader.map_max_entries(name, buckets);
+            }
+            // The loader keeps a reference for its lifetime: four bytes leaked a load (an
+            // attach, an upgrade, a test's harness).
+            let buckets: &'static u32 = Box::leak(Box::new(buckets));
+            loader.override_global(GLOBAL_SOURCE_BUCKETS, buckets, true);
+            for name in METER2_PER_KEY {
+                loader.map_max_entries(name, self.meter2_entries());
+            }
         }
         for name in SIZED_BY_POLICIES {
             loader.map_max_entries(name, policy_entries(self.max_policies));

@@ -113,7 +113,10 @@ impl Build {
     /// have yet; their sizes are then ignored).
     pub fn load(&self, sizes: Sizes) -> Result<Ebpf> {
         let mut loader = EbpfLoader::new();
-        sizes.apply(&mut loader);
+        sizes.apply_as(
+            &mut loader,
+            self.layout.version >= object::SOURCE_TABLES_LAYOUT,
+        );
         loader
             .load(self.object())
             .with_context(|| format!("loading the object of {}", self.label))

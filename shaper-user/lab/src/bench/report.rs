@@ -374,7 +374,7 @@ fn markdown(inputs: &Inputs<'_>, plots: &[String]) -> String {
         ("new_source", "the first packet of a new source"),
         (
             "new_source_evict",
-            "a new source into a full map (evicting another)",
+            "a new source into a full table (an idle source's way taken)",
         ),
         ("cold_1m", "a known source drawn at random from 1M tracked"),
     ] {
@@ -537,10 +537,10 @@ fn markdown(inputs: &Inputs<'_>, plots: &[String]) -> String {
     let _ = writeln!(w, "\n## Scale\n");
     let _ = writeln!(
         w,
-        "One LRU hash map per size, filled from userspace to capacity. Memory is the \
+        "One source table per size, filled from userspace to its room. Memory is the \
          kernel's own accounting for the maps (`memlock` in `/proc/self/fdinfo`, as \
-         `bpftool map show` prints it), summed over both per-source maps, IPv4 and IPv6, \
-         which attach creates at `--max-sources` entries each; they are preallocated, so \
+         `bpftool map show` prints it), summed over both per-source tables, IPv4 and IPv6, \
+         which attach creates with room for `--max-sources` keys each (buckets of eight ways); they are preallocated, so \
          the figure is the same empty and full. *Known source, same key* is the loop method on one key ({} runs × {}); \
          *known source, random key* is the single-shot case over keys drawn from the whole \
          map.\n",
