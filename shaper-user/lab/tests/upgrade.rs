@@ -840,9 +840,12 @@ fn traffic_through_an_upgrade(layout: u32) {
             got - expected,
         );
         // GCRA passes at most this and at least this less a frame gap (a millisecond at
-        // these rates); a quarter of a burst is well clear of both.
+        // these rates). From layout 11's tables on, the new program meters from the switch
+        // on cells copied before it until the top-up adds what the old one charged since
+        // the copy: that window's frames can pass again (+32,930 bytes once in CI at load,
+        // beside the kernel matrix). Half a burst is clear of both; a refill adds a whole.
         assert!(
-            (got - expected).abs() < BURST_BYTES as f64 / 4.0,
+            (got - expected).abs() < BURST_BYTES as f64 / 2.0,
             "{}: {:+.0} bytes from rate x time + one burst",
             flow.src,
             got - expected
