@@ -10,9 +10,11 @@
 //! TAT at or behind now: a fresh cell would be identical; the key's counters leave with
 //! it), else none, and the key is metered as one refused by admission (in its policy's
 //! shared unadmitted cell). So a flood cannot evict a source that is being metered, and the
-//! table never holds a key twice: a key is given a way only under its first bucket's lock,
-//! after a scan of both buckets under it. A CPU that finds a lock taken gives up at once
-//! (the frame is metered as unadmitted; the key's next frame tries again).
+//! table never holds a key twice: a key is given a way only under both its buckets' locks,
+//! after a scan of both buckets under them. A CPU that finds a lock taken waits for it (a
+//! claim holds it for a few hundred instructions), so two CPUs' first frames of one key
+//! both land in its one cell; only if the holder stays away past a bound does the frame
+//! go to the unadmitted cell (the key's next frame tries again).
 //!
 //! A way given to a key is marked busy first (its key word, or its tag), its key and state
 //! written, then its key word or tag published with a compare-and-swap (a full barrier).
@@ -21,6 +23,7 @@
 //! another key never matches. A CPU that found a way just before it was taken from its idle
 //! key may still count that key's frame in it: one frame, in a way whose cell was idle.
 
+use aya_ebpf::{cty::c_void, helpers::generated::bpf_loop};
 use shaper_common::{
     maps::SourceState,
     sources::{
@@ -167,14 +170,100 @@ fn position(index: u32, way: usize) -> u64 {
     u64::from(index) << 3 | way as u64
 }
 
-/// Takes a bucket's lock, if no other CPU holds it.
+/// How many times a CPU tries a bucket's lock held by another before it gives up: a claim
+/// holds it for a scan of two buckets and a way's writes; the bound is for a holder the
+/// hypervisor stopped.
+const LOCK_TRIES: u32 = 1 << 14;
+
+/// Takes a bucket's lock if it is free.
+///
+/// # Safety
+/// `lock` points into a live map value.
+#[inline(always)]
+unsafe fn try_lock(lock: *mut u64) -> bool {
+    // SAFETY: the caller's.
+    unsafe { atomic::load(lock) == 0 && atomic::compare_exchange(lock, 0, SOURCE_LOCKED).is_ok() }
+}
+
+/// The lock a [`wait_for_lock`] waits for, and whether it took it.
+#[repr(C)]
+struct LockWait {
+    lock: *mut u64,
+    taken: u64,
+}
+
+/// One try of a wait, as `bpf_loop` calls it: 1 (stop) once the lock is taken.
+extern "C" fn wait_for_lock(_try: u32, wait: *mut c_void) -> i64 {
+    let wait = wait.cast::<LockWait>();
+    // SAFETY: `bpf_loop` passes the caller's LockWait, whose lock points into a live map
+    // value.
+    unsafe {
+        if try_lock((*wait).lock) {
+            (*wait).taken = 1;
+            return 1;
+        }
+    }
+    0
+}
+
+/// Takes a bucket's lock, waiting (a bounded while) for another CPU to give it back. The
+/// wait is `bpf_loop`'s, whose callback the verifier walks once, not once a try.
 ///
 /// # Safety
 /// `lock` points into a live map value.
 #[inline(always)]
 unsafe fn lock(lock: *mut u64) -> bool {
     // SAFETY: the caller's.
-    unsafe { atomic::compare_exchange(lock, 0, SOURCE_LOCKED).is_ok() }
+    if unsafe { try_lock(lock) } {
+        return true;
+    }
+    let mut wait = LockWait { lock, taken: 0 };
+    // SAFETY: a callback of bpf_loop's signature; `wait` outlives the call.
+    unsafe {
+        bpf_loop(
+            LOCK_TRIES,
+            wait_for_lock as *mut c_void,
+            (&raw mut wait).cast(),
+            0,
+        );
+    }
+    wait.taken == 1
+}
+
+/// Runs `claim` (given whether the key's two buckets `a`, `b` are two) with both buckets'
+/// locks held, taken lower index first so that two CPUs claiming keys of the same two
+/// buckets wait in one order; [`NO_WAY`] if a lock stayed taken.
+///
+/// # Safety
+/// `lock_a` and `lock_b` point into the live map values of buckets `a` and `b`.
+#[inline(always)]
+unsafe fn locked(
+    (lock_a, a): (*mut u64, u32),
+    (lock_b, b): (*mut u64, u32),
+    claim: impl FnOnce(bool) -> u64,
+) -> u64 {
+    let two = a != b;
+    let (one, other) = if a <= b {
+        (lock_a, lock_b)
+    } else {
+        (lock_b, lock_a)
+    };
+    // SAFETY: the caller's; each lock taken is given back on every path.
+    unsafe {
+        if !lock(one) {
+            return NO_WAY;
+        }
+        if two && !lock(other) {
+            unlock(one);
+            return NO_WAY;
+        }
+        let answer = claim(two);
+        if two {
+            unlock(other);
+        }
+        unlock(one);
+        answer
+    }
 }
 
 /// Gives a bucket's lock back.
@@ -283,8 +372,8 @@ fn choose(
 
 /// Gives IPv4 `key` (of `hash`) a way at `now` (ticks), its state fresh but for its
 /// `policy` word: see the module. Returns the way (with [`CLAIMED_NEW`] if it is new to
-/// the key) or [`NO_WAY`]. The key's first bucket's lock is taken first, so two CPUs never
-/// give one key two ways; the second's is tried only while the first's is held.
+/// the key) or [`NO_WAY`]. Both its buckets' locks are held while the key is looked for
+/// and given a way, so two CPUs never give one key two ways.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn shaper_claim4(key: u32, hash: u64, policy: u64, now: u64) -> u64 {
@@ -294,25 +383,13 @@ pub extern "C" fn shaper_claim4(key: u32, hash: u64, policy: u64, now: u64) -> u
         return NO_WAY;
     };
     let word = word_v4(key);
-    // SAFETY: live map values, every word of them aligned; each lock taken is given back
-    // on every path.
+    // SAFETY: live map values, every word of them aligned.
     unsafe {
-        let lock_a = &raw mut (*first).lock;
-        if !lock(lock_a) {
-            return NO_WAY;
-        }
-        let lock_b = &raw mut (*second).lock;
-        let two = a != b;
-        if two && !lock(lock_b) {
-            unlock(lock_a);
-            return NO_WAY;
-        }
-        let answer = claim4_locked((first, a), (second, b, two), word, policy, now);
-        if two {
-            unlock(lock_b);
-        }
-        unlock(lock_a);
-        answer
+        locked(
+            (&raw mut (*first).lock, a),
+            (&raw mut (*second).lock, b),
+            |two| claim4_locked((first, a), (second, b, two), word, policy, now),
+        )
     }
 }
 
@@ -366,22 +443,11 @@ pub extern "C" fn shaper_claim6(hi: u64, lo: u64, hash: u64, policy: u64, now: u
     };
     // SAFETY: as in shaper_claim4.
     unsafe {
-        let lock_a = &raw mut (*first).lock;
-        if !lock(lock_a) {
-            return NO_WAY;
-        }
-        let lock_b = &raw mut (*second).lock;
-        let two = a != b;
-        if two && !lock(lock_b) {
-            unlock(lock_a);
-            return NO_WAY;
-        }
-        let answer = claim6_locked((first, a), (second, b, two), (hi, lo, hash), policy, now);
-        if two {
-            unlock(lock_b);
-        }
-        unlock(lock_a);
-        answer
+        locked(
+            (&raw mut (*first).lock, a),
+            (&raw mut (*second).lock, b),
+            |two| claim6_locked((first, a), (second, b, two), (hi, lo, hash), policy, now),
+        )
     }
 }
 

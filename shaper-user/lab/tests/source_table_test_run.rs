@@ -3,11 +3,13 @@
 //! a newcomer then takes the way of a key whose cell is idle (the key and its counters
 //! leave), or, with none idle, is metered in its policy's shared unadmitted cell, as a
 //! key refused by admission; and an IPv6 key that differs from a resident one only in its
-//! low half, its tag the same, is a key of its own. IPv4 and IPv6 alike.
+//! low half, its tag the same, is a key of its own; two CPUs' first frames of one key both
+//! land in its one cell. IPv4 and IPv6 alike.
 
 use std::{
     collections::HashMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    sync::atomic::{AtomicU32, Ordering},
 };
 
 use shaper_common::{
@@ -16,6 +18,7 @@ use shaper_common::{
     sources::{SOURCE_WAYS, halves, hash_v6, join, tag_v6},
 };
 use shaper_lab::{
+    bench::cpus::{online_cpus, pin_to_cpu},
     frame,
     testrun::{self, XDP_PASS},
 };
@@ -55,9 +58,14 @@ impl Family {
 
 /// One bucket, /128 IPv6 keys, no admission: every new key asks for a way.
 fn harness() -> testrun::Harness {
+    harness_of(SOURCE_WAYS as u32)
+}
+
+/// [`harness`] with room for `max_sources` keys.
+fn harness_of(max_sources: u32) -> testrun::Harness {
     let rate = RateLimit::new(RATE_BPS, BURST).unwrap();
     let config = Config::new(rate, KEY_BY_SRC, 32, 128, 0).unwrap();
-    testrun::Harness::new(Some(&config), SOURCE_WAYS as u32).expect("load")
+    testrun::Harness::new(Some(&config), max_sources).expect("load")
 }
 
 fn send(h: &mut testrun::Harness, family: Family, addr: IpAddr) {
@@ -222,6 +230,60 @@ fn an_ipv6_key_differing_only_in_its_low_half_is_a_key_of_its_own() {
             Some(one_passed()),
             "{other}"
         );
+    }
+}
+
+/// Two CPUs' first frames of the same new keys, in step (as two senders' first frames to
+/// one destination): each key is given one way and both its frames are counted in its
+/// cell, none in the unadmitted one. A CPU that finds the key's bucket locked by the other
+/// (claiming the same key) waits for it, then finds the key there.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn two_cpus_first_frames_of_a_key_both_land_in_its_one_cell() {
+    const KEYS: u32 = 2_000;
+    assert!(online_cpus() >= 2, "two CPUs are needed to race");
+    for family in [Family::V4, Family::V6] {
+        let h = harness_of(1 << 16);
+        let frames: Vec<_> = (0..KEYS).map(|i| family.frame(family.addr(i))).collect();
+        let arrived = AtomicU32::new(0);
+        let prog = h.program().unwrap();
+        // Each CPU's frames that did not pass (counted, not unwrapped: a thread that
+        // stopped would leave the other waiting at the next key forever).
+        let not_passed: Vec<usize> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..2)
+                .map(|cpu| {
+                    let (frames, arrived) = (&frames, &arrived);
+                    s.spawn(move || {
+                        pin_to_cpu(cpu).unwrap();
+                        let mut not_passed = 0;
+                        for (i, f) in (1..).zip(frames) {
+                            arrived.fetch_add(1, Ordering::SeqCst);
+                            while arrived.load(Ordering::SeqCst) < 2 * i {
+                                std::hint::spin_loop();
+                            }
+                            not_passed +=
+                                usize::from(testrun::test_run_xdp(prog, f, 1, XDP_PASS).is_err());
+                        }
+                        not_passed
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let c = counters(&h);
+        assert_eq!(c.unadmitted, Outcomes::default(), "{family:?}");
+        assert_eq!(c.new_sources, u64::from(KEYS), "{family:?}");
+        let two = Outcomes {
+            passed_packets: 2,
+            passed_bytes: 2 * LEN as u64,
+            ..Outcomes::default()
+        };
+        let tracked = tracked(&h, family);
+        assert_eq!(tracked.len(), KEYS as usize, "{family:?}");
+        for (addr, state) in tracked {
+            assert_eq!(state.outcomes, two, "{addr}");
+        }
+        assert_eq!(not_passed, [0, 0], "{family:?}");
     }
 }
 
