@@ -1,8 +1,9 @@
 //! Crash points for the fault tests: `SHAPER_TEST_CRASH_AT=STEP` (or `STEP#N`, the Nth
 //! time the step is reached) makes the binary SIGKILL itself there, so a test can stop a
 //! change at every step in turn and check what the next command finds. Hold points:
-//! `SHAPER_TEST_HOLD_AT=STEP:PATH` keeps the thread that reaches the step there while the
-//! file PATH exists, so a test can order what happens meanwhile without timing it.
+//! `SHAPER_TEST_HOLD_AT=STEP:PATH[,STEP:PATH...]` keeps the thread that reaches a step
+//! there while its file PATH exists, so a test can order what happens meanwhile without
+//! timing it.
 //! Compiled only into debug builds (the tests'); a release build ignores the variables.
 
 /// The environment variable naming the step to die at.
@@ -57,7 +58,11 @@ pub fn hold(step: &str) {
         return;
     };
     let wanted = wanted.to_string_lossy();
-    let Some((_, path)) = wanted.split_once(':').filter(|(name, _)| *name == step) else {
+    let Some((_, path)) = wanted
+        .split(',')
+        .filter_map(|pair| pair.split_once(':'))
+        .find(|(name, _)| *name == step)
+    else {
         return;
     };
     let path = std::path::Path::new(path);

@@ -413,10 +413,12 @@ impl Mapped {
         if let Some((x, i)) = found {
             return Some(self.add(x, way(x, i), old, copied));
         }
-        // Not in the table: given a free way under the buckets' locks, as the program
-        // gives one (which scans again under them).
+        // Not in the table: given a free way under the buckets' locks, taken lower index
+        // first as the program takes them, and as it gives one (scanning again under them).
         let locks: Vec<u32> = if a == b { vec![a] } else { vec![a, b] };
-        for &l in &locks {
+        let mut order = locks.clone();
+        order.sort_unstable();
+        for &l in &order {
             while self
                 .u64_at(l, 0)
                 .compare_exchange(0, SOURCE_LOCKED, SeqCst, SeqCst)
@@ -442,7 +444,7 @@ impl Mapped {
                 }
             }
         };
-        for &l in locks.iter().rev() {
+        for &l in order.iter().rev() {
             self.u64_at(l, 0).store(0, SeqCst);
         }
         result

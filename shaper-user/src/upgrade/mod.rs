@@ -11,7 +11,10 @@
 //!    *carried* (below); a map new in this layout starts empty. Cells (sources,
 //!    aggregates, admission) are only ever reused: if their layout changed, the upgrade
 //!    is refused in one line, since a copy made while the old program still meters would
-//!    lose what it charged meanwhile.
+//!    lose what it charged meanwhile. The one exception: the per-source LRU maps of
+//!    layouts 10 and before, whose keys are copied into today's tables last thing in step
+//!    2, then *topped up* with what the old program charged since: just before step 4
+//!    (so the new program's first frames meet cells stale by moments only) and after 5.
 //! 2. **Stage.** The object is loaded on the reused maps and the new ones, and everything
 //!    is pinned in `IFACE:new` (`pins::Attachment::staging`): the maps, the link (a second
 //!    pin of the same link) and the new program (`upgrade_prog`). The old attachment is
@@ -604,7 +607,7 @@ fn write_settings(
 /// first: should a key's two buckets be full (a few keys in a hundred of an LRU map
 /// filled to its size), the one left out is one whose cell is idle, which a fresh cell
 /// replaces without a difference but for its counters. What the old program charges
-/// between this copy and the switch of the program (a few milliseconds) is not carried.
+/// between this copy and the switch is added by [`top_up_sources`].
 fn move_sources(at: &Attachment, ebpf: &Ebpf, seed: u64) -> Result<Moved, UpgradeError> {
     let dir = at.dir();
     let now = shaper_common::gcra::ticks_from_ns(crate::watch::monotonic_ns());
@@ -655,10 +658,12 @@ pub struct Moved {
     v6: std::collections::HashMap<Ipv6Key, SourceState>,
 }
 
-/// After the switch: what the old program charged and counted between the copy and the
-/// switch, added into the new tables (`table::top_up_v4`). The old pins are in the staging
-/// directory by then.
-fn top_up_sources(at: &Attachment, moved: &Moved) -> Result<(), UpgradeError> {
+/// What the old program charged and counted since `moved` was read, added into the new
+/// tables (`table::top_up_v4`); returns the old maps as read now, for the next top-up. Once
+/// just before the switch, so that the new program's first frames meet cells stale by the
+/// switch's moments only (not by the whole stage since the copy), and once after it, for
+/// those moments. The old pins are in the staging directory by then.
+fn top_up_sources(at: &Attachment, moved: &Moved) -> Result<Moved, UpgradeError> {
     let (old_dir, new_dir) = (at.staging(), at.dir());
     let open_map = |path: PathBuf| -> Result<aya::maps::Map, UpgradeError> {
         let what = format!("open {}", path.display());
@@ -699,7 +704,11 @@ fn top_up_sources(at: &Attachment, moved: &Moved) -> Result<(), UpgradeError> {
         .map_err(step(at, "top up the IPv4 sources"))?;
     crate::table::top_up_v6(&new6, moved.seed, &final6, &moved.v6)
         .map_err(step(at, "top up the IPv6 sources"))?;
-    Ok(())
+    Ok(Moved {
+        seed: moved.seed,
+        v4: final4.into_iter().collect(),
+        v6: final6.into_iter().collect(),
+    })
 }
 
 /// Writes the subscribers of the old pins (of layout `from`) into their new map, and
@@ -785,6 +794,8 @@ fn finish(at: &Attachment, moved: Option<&Moved>) -> Result<(), UpgradeError> {
         .map_err(step(at, "read what the link runs"))?
         .prog_id;
     let new_id = bpf::prog_id(new_prog.as_fd()).map_err(step(at, "read the new program"))?;
+    crate::crash::hold("upgrade-copied");
+    let moved = moved.map(|m| top_up_sources(at, m)).transpose()?;
     if running != new_id {
         let old_prog = bpf::prog_by_id(running).map_err(step(at, "open the old program"))?;
         bpf::replace_link_prog(link.as_fd(), new_prog.as_fd(), old_prog.as_fd())
@@ -792,7 +803,8 @@ fn finish(at: &Attachment, moved: Option<&Moved>) -> Result<(), UpgradeError> {
     }
     bpf::wait_for_running_programs();
     carry(at)?;
-    if let Some(moved) = moved {
+    crate::crash::hold("upgrade-switched");
+    if let Some(moved) = &moved {
         top_up_sources(at, moved)?;
     }
     if layout8::is_layout8(&at.staging()) && !layout8::is_layout8(&at.dir()) {
