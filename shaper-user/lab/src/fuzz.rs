@@ -9,8 +9,9 @@
 //!
 //! Checked on every frame: the verdict is XDP_PASS or XDP_DROP (never XDP_ABORTED, never
 //! an error). Checked at the end, exactly, in packets and bytes: every frame is counted
-//! once in passed, dropped, not IP, PPPoE other, VLAN too deep or malformed; the drops
-//! seen are the drops counted; the metered frames are the IPv4 plus the IPv6 ones.
+//! once in passed, dropped (a key's, or the unadmitted cells' of keys a full table had no
+//! way for), not IP, PPPoE other, VLAN too deep or malformed; the drops seen are the drops
+//! counted; the metered frames are the IPv4 plus the IPv6 ones.
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
@@ -67,11 +68,13 @@ impl Report {
                 self.passed, self.dropped
             ),
             format!(
-                "  metered: passed {} ({} bytes), dropped {} ({} bytes); IPv4 {}, IPv6 {}; new keys {}, untracked {}, cas exhausted {}",
+                "  metered: passed {} ({} bytes), dropped {} ({} bytes); unadmitted (no way in a full table): passed {}, dropped {}; IPv4 {}, IPv6 {}; new keys {}, untracked {}, cas exhausted {}",
                 c.outcomes.passed_packets,
                 c.outcomes.passed_bytes,
                 c.outcomes.dropped_packets,
                 c.outcomes.dropped_bytes,
+                c.unadmitted.passed_packets,
+                c.unadmitted.dropped_packets,
                 c.ipv4_packets,
                 c.ipv6_packets,
                 c.new_sources,
@@ -138,14 +141,23 @@ pub fn run(frames: u64, seed: u64, mut progress: impl FnMut(u64)) -> Result<Repo
 /// The invariants over the whole run.
 fn check(r: &Report) -> Result<()> {
     let c = &r.counters;
-    let packets = c.outcomes.passed_packets
-        + c.outcomes.dropped_packets
+    // Metered frames: a key's (or an aggregate's), or, a key given no way in a full table
+    // (or refused by admission), its policy's unadmitted cell's.
+    let (u, o) = (&c.unadmitted, &c.outcomes);
+    let (passed, dropped) = (
+        o.passed_packets + u.passed_packets,
+        o.dropped_packets + u.dropped_packets,
+    );
+    let packets = passed
+        + dropped
         + c.not_ip_packets
         + c.pppoe_other_packets
         + c.vlan_too_deep_packets
         + c.malformed_packets;
-    let bytes = c.outcomes.passed_bytes
-        + c.outcomes.dropped_bytes
+    let bytes = o.passed_bytes
+        + o.dropped_bytes
+        + u.passed_bytes
+        + u.dropped_bytes
         + c.not_ip_bytes
         + c.pppoe_other_bytes
         + c.vlan_too_deep_bytes
@@ -161,18 +173,15 @@ fn check(r: &Report) -> Result<()> {
         r.bytes
     );
     ensure!(
-        c.outcomes.dropped_packets == r.dropped,
-        "counted {} drops, saw {}",
-        c.outcomes.dropped_packets,
+        dropped == r.dropped,
+        "counted {dropped} drops, saw {}",
         r.dropped
     );
     ensure!(
-        c.ipv4_packets + c.ipv6_packets == c.outcomes.passed_packets + c.outcomes.dropped_packets,
-        "IPv4 {} + IPv6 {} metered != passed {} + dropped {}",
+        c.ipv4_packets + c.ipv6_packets == passed + dropped,
+        "IPv4 {} + IPv6 {} metered != passed {passed} + dropped {dropped}",
         c.ipv4_packets,
         c.ipv6_packets,
-        c.outcomes.passed_packets,
-        c.outcomes.dropped_packets
     );
     ensure!(
         c.unconfigured_packets == 0,
