@@ -27,9 +27,10 @@ use aya_obj::programs::XdpAttachType;
 use shaper_common::{
     layout::{self, LAYOUT_VERSION, Layout},
     maps::{
-        Config, DEFAULT_MAX_POLICIES, DEFAULT_MAX_SOURCES, DEFAULT_MAX_SUBSCRIBERS, PROG_XDP,
-        TC_MODE_CLSACT, TC_MODE_CLSACT_OWN, XDP_MODE_NATIVE, XDP_MODE_SKB,
+        Config, DEFAULT_MAX_POLICIES, DEFAULT_MAX_SUBSCRIBERS, PROG_XDP, TC_MODE_CLSACT,
+        TC_MODE_CLSACT_OWN, XDP_MODE_NATIVE, XDP_MODE_SKB,
     },
+    sources::{source_buckets, source_room},
 };
 
 use crate::{
@@ -48,8 +49,9 @@ use crate::{
 pub enum Attached {
     /// Loaded and attached in this mode (`XDP_MODE_*`).
     New { xdp_mode: u32 },
-    /// Shaper was already attached; its policy was updated in place.
-    Updated { xdp_mode: u32 },
+    /// Shaper was already attached; its policy was updated in place, and its source
+    /// tables grown to room for `grown` keys a family if asked ([`upgrade::grow_sources`]).
+    Updated { xdp_mode: u32, grown: Option<u32> },
     /// An older shaper had attached it, with pins of layout `from`: its program was
     /// replaced in place, every cell and counter kept ([`crate::upgrade`]).
     Upgraded { xdp_mode: u32, from: u32 },
@@ -177,6 +179,12 @@ fn update(req: &AttachRequest, pinned: &Pinned) -> Result<Attached, AttachError>
     if wants_meter2(req, &config) && !pinned.meter2_room() {
         upgrade::make_room_for_meter2(&req.at)?;
     }
+    let mut grown = None;
+    if let Some(max_sources) = request::grows(req, cap) {
+        // Every map the table holds is kept; the tables' keys move with their cells.
+        upgrade::grow_sources(&req.at, max_sources)?;
+        grown = Some(source_room(source_buckets(max_sources)));
+    }
     let mut table = PolicyTable::of(pinned)?;
     table.set_config(&config)?;
     crate::crash::point("update-config");
@@ -189,6 +197,7 @@ fn update(req: &AttachRequest, pinned: &Pinned) -> Result<Attached, AttachError>
     }
     Ok(Attached::Updated {
         xdp_mode: current.xdp_mode,
+        grown,
     })
 }
 
@@ -238,7 +247,13 @@ fn upgrade_in_place(req: &AttachRequest, from: &'static Layout) -> Result<Attach
         upgrade::max_policies(at),
     )?;
     upgrade::refuse_changes(at, from, &current, &asked, req.policies.is_some())?;
-    upgrade::upgrade(at, from, &settings, cap)?;
+    // Bigger tables: the sources an upgrade moves go into tables of the new size.
+    let grows = request::grows(req, cap);
+    upgrade::upgrade(at, from, &settings, grows.unwrap_or(cap))?;
+    if let Some(max_sources) = grows {
+        // Tables the upgrade reused (today's layout's) grow now: a no-op otherwise.
+        upgrade::grow_sources(at, max_sources)?;
+    }
     Ok(Attached::Upgraded {
         xdp_mode: current.xdp_mode,
         from: from.version,
@@ -262,7 +277,7 @@ pub(crate) fn pin_err<E: std::error::Error + Send + Sync + 'static>(
 fn attach_new(req: &AttachRequest, config: &Config, hook: Hook) -> Result<Attached, AttachError> {
     let at = &req.at;
     let mut ebpf = object::load(Sizes {
-        max_sources: req.max_sources.unwrap_or(DEFAULT_MAX_SOURCES),
+        max_sources: crate::grow::new_table_size(req, hook),
         meter2: wants_meter2(req, config),
         max_subscribers: req.max_subscribers.unwrap_or(DEFAULT_MAX_SUBSCRIBERS),
         max_policies: req.max_policies.unwrap_or(DEFAULT_MAX_POLICIES),
@@ -313,6 +328,9 @@ fn relink(req: &AttachRequest) -> Result<Option<Attached>, AttachError> {
     let Ok(config) = request::check_over(req, &current, cap) else {
         return Ok(None);
     };
+    if request::grows(req, cap).is_some() {
+        return Ok(None);
+    }
     let hook = Hook::of_mode(current.xdp_mode);
     check_policies(req, &config, hook)?;
     // The new link's pin (or a clsact program's) replaces the stale one in one step, so

@@ -13,6 +13,7 @@ pub mod crash;
 pub mod detach;
 pub mod explain;
 pub mod fnv;
+pub mod grow;
 pub mod import;
 pub mod journal;
 pub mod kernel;

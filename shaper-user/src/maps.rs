@@ -171,7 +171,9 @@ impl Pinned {
     pub fn meter2_room(&self) -> bool {
         let size = |pin| self.info(pin).map_or(0, |i| i.max_entries);
         let cap = self.sources_capacity();
-        size(PIN_METER2) >= cap && size(PIN_METER2_6) >= cap
+        [PIN_METER2, PIN_METER2_6]
+            .into_iter()
+            .all(|pin| crate::object::meter2_room(size(pin), cap))
     }
 }
 

@@ -170,6 +170,13 @@ impl Sizes {
     }
 }
 
+/// Whether a second meter's per-key map of `size` entries has room for the keys of tables
+/// of room `cap`: made at their size (or bigger), or made for use before the tables grew
+/// (`upgrade::grow_sources` keeps it as it is), not at [`METER2_UNUSED_ENTRIES`].
+pub fn meter2_room(size: u32, cap: u32) -> bool {
+    size >= cap || size > METER2_UNUSED_ENTRIES
+}
+
 /// Loads the object with its per-key maps sized as asked, on a kernel that has what the
 /// program needs.
 pub fn load(sizes: Sizes) -> Result<Ebpf, ObjectError> {

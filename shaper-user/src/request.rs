@@ -139,7 +139,12 @@ pub struct AttachRequest {
     pub hook: Option<Hook>,
     pub xdp_mode: XdpAttachMode,
     pub tc_mode: TcAttachMode,
+    /// Keys each per-source table has room for; with `growing`, the most they grow to.
     pub max_sources: Option<u32>,
+    /// `max_sources` is a ceiling (`shaper run`'s): a new attachment's tables start at
+    /// [`crate::grow::initial_sources`] of it and grow with use ([`crate::grow`]), and an
+    /// existing one's are left at their size (the grower's to grow), never made to match.
+    pub growing: bool,
     /// Subscribers the attachment has room for (`--max-subscribers`); fixed once attached.
     pub max_subscribers: Option<u32>,
     /// Prefix policies and plans the attachment has room for (`--max-policies`); fixed
@@ -303,9 +308,24 @@ pub fn check_new(req: &AttachRequest) -> Result<(Hook, Config), RequestError> {
 /// A request over an existing attachment whose settings are `current` and per-source
 /// maps hold `cap` keys, checked: the settings entry it asks for, keyed as attached,
 /// with what it leaves out as it is. Refused if it asks to change what cannot change.
+/// A bigger `--max-sources` passes: see [`grows`].
 pub fn check_over(req: &AttachRequest, current: &Config, cap: u32) -> Result<Config, RequestError> {
     check_unchangeable(req, current, cap)?;
-    config_for(req, Some(current), cap, current.xdp_mode)
+    // The default admission is a table's worth: of the tables asked for (the ceiling of
+    // growing ones, as a new attachment's), else of those attached.
+    let table = if req.growing {
+        req.max_sources.unwrap_or(DEFAULT_MAX_SOURCES)
+    } else {
+        grows(req, cap).unwrap_or(cap)
+    };
+    config_for(req, Some(current), table, current.xdp_mode)
+}
+
+/// The `--max-sources` `req` asks for if its tables are bigger than the attached ones of
+/// room for `cap` keys: they grow in place (`upgrade::grow_sources`).
+pub fn grows(req: &AttachRequest, cap: u32) -> Option<u32> {
+    req.max_sources
+        .filter(|&n| !req.growing && source_room(source_buckets(n)) > cap)
 }
 
 /// The hook of a request for a new attachment: as asked, or by direction.
@@ -484,14 +504,21 @@ fn check_same_keys(req: &AttachRequest, current: &Config) -> Result<(), RequestE
 }
 
 /// Refuses a request to change what cannot change on an attachment (`current`, with
-/// per-source maps of `cap` keys): the map size, the hook, the modes and the keys.
+/// per-source maps of `cap` keys): a smaller map size, the hook, the modes and the keys.
 fn check_unchangeable(req: &AttachRequest, current: &Config, cap: u32) -> Result<(), RequestError> {
-    // The tables have room for whole buckets: any size that rounds to theirs is theirs.
-    let asked = req.max_sources.map(|n| {
-        let room = source_room(source_buckets(n));
-        if room == cap { cap } else { n }
-    });
-    check_room(Setting::MaxSources, asked, cap)?;
+    // The tables have room for whole buckets: any size that rounds to theirs is theirs; a
+    // bigger one grows them in place (`upgrade::grow_sources`), a smaller one is refused.
+    if let Some(n) = req
+        .max_sources
+        .filter(|&n| source_room(source_buckets(n)) < cap)
+    {
+        return Err(setting(
+            Setting::MaxSources,
+            format!(
+                "{n} is less than the {cap} of the attached tables, which grow in place but never shrink; detach first to make them smaller"
+            ),
+        ));
+    }
     let hook = Hook::of_mode(current.xdp_mode);
     if let Some(asked) = req.hook.filter(|&h| h != hook) {
         return Err(setting(

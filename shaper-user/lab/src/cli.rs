@@ -112,7 +112,7 @@ impl Drop for AttachGuard {
 }
 
 /// `shaper -n NS -j stats IFACE` with every key listed ([`stats`]).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Stats {
     totals: BTreeMap<String, u64>,
     pub sources_tracked: u64,
@@ -120,7 +120,7 @@ pub struct Stats {
 }
 
 /// A row of `top_sources`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 struct KeyRow {
     source: String,
     #[serde(flatten)]

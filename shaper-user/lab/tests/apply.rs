@@ -281,7 +281,7 @@ fn an_invalid_file_or_a_failure_part_way_changes_nothing() {
     let err = refused(&lab, &["apply", "-f", resized.path()]);
     assert!(
         err.ends_with(&format!(
-            "interface {iface}: interface[0].max_sources: 1000 differs from the 262144 of the attached maps; detach first to resize them (nothing was changed)"
+            "interface {iface}: interface[0].max_sources: 1000 is less than the 262144 of the attached tables, which grow in place but never shrink; detach first to make them smaller (nothing was changed)"
         )),
         "{err}"
     );

@@ -21,10 +21,16 @@ use std::{
 
 use common::{assert_limited, guard, replay, shaper, shaper_ok, stats, stats_toward};
 use serde_json::Value;
+use shaper_common::maps::SourceState;
 use shaper_lab::{
     cli::{AttachGuard, Counts},
     daemon::{Daemon, config, http_get, scratch},
-    lab::{Flow, FlowResult, Lab, LabOptions, Netns, RunOptions, run_udp_with},
+    frame,
+    lab::{
+        Flow, FlowResult, Lab, LabOptions, Late, Netns, RunOptions,
+        raw::{RawFlow, Sources, run_raw},
+        run_udp_with,
+    },
 };
 use shaper_user::pins::{Attachment, Direction};
 
@@ -2909,9 +2915,9 @@ fn radius_accounting_reports_stats_to_freeradius_with_failover() {
     // burst 64k on both families: most of it dropped.
     let dir = lab.dir.clone();
     let from: Ipv4Addr = "10.99.4.2".parse().unwrap();
-    let c1_v4 = shaper_lab::frame::ipv4_udp_to(from, "100.64.0.1".parse().unwrap(), 3000);
+    let c1_v4 = frame::ipv4_udp_to(from, "100.64.0.1".parse().unwrap(), 3000);
     charge(&name, &dir, Direction::Egress, &c1_v4, 1_500_000);
-    let c1_v6 = shaper_lab::frame::ipv6_udp(
+    let c1_v6 = frame::ipv6_udp(
         "fd99:4::2".parse().unwrap(),
         "fdd7:b724:0:100::1".parse().unwrap(),
         1000,
@@ -2922,10 +2928,10 @@ fn radius_accounting_reports_stats_to_freeradius_with_failover() {
         &name,
         &dir,
         Direction::Ingress,
-        &shaper_lab::frame::ipv4_udp_to("100.64.0.2".parse().unwrap(), to, 1000),
+        &frame::ipv4_udp_to("100.64.0.2".parse().unwrap(), to, 1000),
         500,
     );
-    let c2_v6 = shaper_lab::frame::ipv6_udp(
+    let c2_v6 = frame::ipv6_udp(
         "fdd7:b724:0:200::1".parse().unwrap(),
         "fd99:4::1".parse().unwrap(),
         1000,
@@ -3143,4 +3149,140 @@ fn radius_accounting_reports_stats_to_freeradius_with_failover() {
 /// When FreeRADIUS received a detail record, Unix seconds.
 fn received_secs(r: &BTreeMap<String, String>) -> u64 {
     r["Timestamp"].parse().unwrap()
+}
+
+/// A raw flow to the lab's receiver of 100-byte frames from `pool` sources in turn
+/// (counting up from `first`: an IPv4 address, or an IPv6 /64, a frame), `fps` a second.
+fn pool_flow(lab: &Lab, first: IpAddr, pool: u32, fps: u64) -> RawFlow {
+    const LEN: usize = 100;
+    let frame = match first {
+        IpAddr::V4(a) => frame::ipv4_udp_to(a, lab.rx_addr(), LEN),
+        IpAddr::V6(a) => frame::ipv6_udp(a, lab.rx_addr6().expect("an IPv6 lab"), LEN - 62),
+    };
+    RawFlow {
+        frame,
+        offered_bps: fps * LEN as u64 * 8,
+        sources: Sources::Pool(pool),
+        late: Late::Skip,
+    }
+}
+
+/// Every tracked key of both families, cell and counters.
+type Cells = (Vec<(Ipv4Addr, SourceState)>, Vec<(Ipv6Addr, SourceState)>);
+
+fn every_cell(at: &Attachment) -> Cells {
+    let mut v4 = shaper_user::maps::read_sources(at).unwrap();
+    // The lab's own duplicate address detection sends from `::` now and then.
+    let mut v6: Vec<_> = shaper_user::maps::read_sources6(at)
+        .unwrap()
+        .into_iter()
+        .filter(|(a, _)| !a.is_unspecified())
+        .collect();
+    v4.sort_by_key(|(k, _)| *k);
+    v6.sort_by_key(|(k, _)| *k);
+    (v4, v6)
+}
+
+/// `shaper run`'s tables start at a sixteenth of the file's max_sources and grow with use:
+/// 160 sources of each family (more than half of the 256 keys they start with) make them
+/// grow fourfold, every key keeping its cell and counters (compared at the grower's hold
+/// point, just before, and after); a flood of 5,000 sources of each family, sending twice
+/// each, while admission lets 20 keys in a second does not make them grow again: the
+/// tables hold no more keys than admission let in, under half their room.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn tables_grow_with_use_keeping_every_cell_but_not_with_a_flood_admission_refuses() {
+    let lab = Lab::with(
+        "dgrow",
+        1,
+        LabOptions {
+            ipv6: true,
+            ..LabOptions::default()
+        },
+    )
+    .unwrap();
+    let iface = lab.rx_iface().to_owned();
+    let _guard = guard(lab.rx_ns(), &iface);
+    let dir = scratch("dgrow");
+    let file = dir.join("shaper.toml");
+    let with =
+        |admission: &str| format!("{}max_sources = 4096\n{admission}", config(&iface, "8mbit"));
+    fs::write(&file, with("")).unwrap();
+    let hold = dir.join("hold-grow");
+    fs::write(&hold, "").unwrap();
+    let held = dir.join("hold-grow.held");
+    let hold_at = format!("grow:{}", hold.display());
+    let mut daemon = Daemon::start_with_env(
+        lab.rx_ns(),
+        &file,
+        &["--no-metrics", "--no-api"],
+        &[(shaper_user::crash::HOLD_AT_VAR, &hold_at)],
+    );
+    let room = |lab: &Lab| status(lab, &iface)["max_sources"].as_u64().unwrap();
+    assert_eq!(room(&lab), 256, "a sixteenth of max_sources");
+    let at = Attachment::new(&iface, Some(lab.rx_ns()));
+
+    let v4: IpAddr = Ipv4Addr::new(10, 200, 0, 0).into();
+    let v6: IpAddr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 1).into();
+    // Each of 160 sources of each family sends seven frames or eight.
+    let flows = [
+        pool_flow(&lab, v4, 160, 2_400),
+        pool_flow(&lab, v6, 160, 2_400),
+    ];
+    run_raw(&lab, &flows, Duration::from_millis(500)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !held.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the grower never held: {}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = every_cell(&at);
+    assert_eq!((before.0.len(), before.1.len()), (160, 160));
+    let totals_before = stats(lab.rx_ns(), &iface);
+    fs::remove_file(&hold).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let grew = "grew its source tables to 1024 keys a family (up to 4096)";
+    while !daemon.log().contains(grew) {
+        assert!(Instant::now() < deadline, "never grew: {}", daemon.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(room(&lab), 1_024);
+    assert_eq!(
+        every_cell(&at),
+        before,
+        "a cell or counter changed in the growth"
+    );
+    assert_eq!(stats(lab.rx_ns(), &iface), totals_before);
+
+    // Admission of 20 keys a second: a flood of 5,000 sources of each family, twice each.
+    fs::write(&file, with("new_sources = 20\nnew_sources_burst = 20\n")).unwrap();
+    daemon.reload();
+    let flood = [
+        pool_flow(&lab, Ipv4Addr::new(10, 201, 0, 0).into(), 5_000, 10_000),
+        pool_flow(
+            &lab,
+            Ipv6Addr::new(0x2001, 0xdb8, 0x200, 0, 0, 0, 0, 1).into(),
+            5_000,
+            10_000,
+        ),
+    ];
+    let run = run_raw(&lab, &flood, Duration::from_secs(1)).unwrap();
+    assert!(run.flows.iter().all(|f| f.sent_packets >= 9_000), "{run:?}");
+    let (held4, held6) = shaper_user::maps::count_sources(&at).unwrap();
+    println!("after the flood: {held4} IPv4 and {held6} IPv6 keys in tables of 1,024");
+    // 160 before, and what admission let in: its burst, a second's worth and the first
+    // sightings' allowance (layout 7) of each family, far under the 212 that would grow
+    // them.
+    assert!(held4 < 512 && held6 < 512, "{held4}, {held6}");
+    std::thread::sleep(grow_every() * 2);
+    assert_eq!(room(&lab), 1_024, "grew with a flood: {}", daemon.log());
+    let (exit, log) = daemon.stop();
+    assert!(exit.success(), "{log}");
+}
+
+fn grow_every() -> Duration {
+    shaper_user::grow::GROW_EVERY
 }

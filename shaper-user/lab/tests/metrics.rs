@@ -256,6 +256,12 @@ fn a_scrape_costs_the_same_at_a_full_table() {
     let dir = scratch("mt-cost");
     let file = dir.join("shaper.toml");
     fs::write(&file, config(&iface, "100mbit")).unwrap();
+    // Attached by `attach`, at the default table's size (the daemon's own would start at
+    // a sixteenth of it and grow): the daemon takes it over as it is.
+    shaper_ok(
+        lab.rx_ns(),
+        &["attach", &iface, "--rate", "100mbit", "--burst", "64k"],
+    );
     let daemon = Daemon::start(lab.rx_ns(), &file, &[]);
     let empty = median_scrape_secs(lab.rx_ns());
     let empty_calls = bpf_calls_of_a_scrape(lab.rx_ns(), &daemon, &dir.join("empty.strace"));

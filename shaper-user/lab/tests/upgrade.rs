@@ -26,7 +26,8 @@ use shaper_common::{
     layout::LAYOUT_VERSION,
     maps::{
         AdmissionCells, Cell, Counters, METER2_UNUSED_ENTRIES, PIN_FIRSTS, PIN_LAYOUT, PIN_METER2,
-        PIN_METER2_6, PIN_SOURCES, PIN_SUBSCRIBERS, SourceState, Subscriber, sum_per_cpu,
+        PIN_METER2_6, PIN_SOURCES, PIN_SOURCES6, PIN_SUBSCRIBERS, SourceState, Subscriber,
+        sum_per_cpu,
     },
 };
 use shaper_lab::{
@@ -1060,7 +1061,7 @@ fn upgrades_that_cannot_be_done_are_refused_in_one_line_and_change_nothing() {
                 "--max-sources",
                 "1024",
             ],
-            "detach first to resize them",
+            "detach first to make them smaller",
         ),
     ] {
         let line = refusal(&run(&new, ns, &args), &args.join(" "));
@@ -1664,4 +1665,146 @@ fn a_second_meter_asked_for_by_attach_over_an_attachment_grows_the_maps() {
     }
     let policies = json(&new, ns, &["policy", "list", iface]);
     assert_eq!(policies[0]["packet_rate"], 1000, "{policies}");
+}
+
+/// Traffic from the lab's four IPv4 sources ([`flows`]), then from two IPv6 ones, so that
+/// cells are charged and counters count in both tables.
+fn charge_both_families(lab: &Lab) {
+    let report = run_udp_with(
+        lab,
+        &flows(lab),
+        Duration::from_millis(500),
+        &RunOptions::default(),
+    )
+    .unwrap();
+    assert!(report.flows.iter().all(|f| f.received_packets > 0));
+    let v6: Vec<Flow> = lab.sources6()[..2]
+        .iter()
+        .map(|&src| Flow {
+            src: src.into(),
+            offered_bps: 4 * RATE_BPS,
+            frame_bytes: FRAME,
+        })
+        .collect();
+    let report =
+        run_udp_with(lab, &v6, Duration::from_millis(300), &RunOptions::default()).unwrap();
+    assert!(report.flows.iter().all(|f| f.received_packets > 0));
+}
+
+/// `attach` with a bigger `--max-sources` grows the per-source tables in place: the same
+/// link runs a new program on new tables of the new size, every other map is the same map
+/// (its id); every source of both families keeps its cell and counters (moved to its
+/// bucket in the bigger table), the counters their numbers. The second meter's maps, made
+/// for a policy's excess meter, are kept as they were, and not made anew (empty) when a
+/// later policy asks for a second meter. A smaller size is refused in one line, changing
+/// nothing.
+#[test]
+#[ignore = "needs root: loads XDP programs and creates network namespaces (cargo xtask test)"]
+fn the_source_tables_grow_in_place_keeping_every_cell() {
+    let options = LabOptions {
+        ipv6: true,
+        ..LabOptions::default()
+    };
+    let lab = Lab::with("upgs", 4, options).unwrap();
+    let (ns, iface) = (lab.rx_ns(), lab.rx_iface());
+    let new = new_shaper();
+    let at = Attachment::new(iface, Some(ns));
+    let attach = |max_sources: &'static str| {
+        let mut args = vec!["attach", iface];
+        args.extend(settings(LAYOUT_VERSION));
+        args.extend(["--max-sources", max_sources]);
+        args
+    };
+    let mut ingress = AttachGuard::new(&new, ns, iface);
+    ingress.attach(&attach("8")[2..]).unwrap();
+    let excess = |prefix: &str| {
+        let args = [
+            "policy",
+            "set",
+            iface,
+            prefix,
+            "--rate",
+            POLICY_RATE,
+            "--burst",
+            BURST,
+            "--excess-rate",
+            "1mbit",
+            "--excess-burst",
+            BURST,
+        ];
+        run_ok(&new, ns, &args);
+    };
+    excess(&format!("{}/32", lab.sources()[3]));
+    let aggregate = format!("{}/32", lab.sources()[2]);
+    run_ok(
+        &new,
+        ns,
+        &[
+            "policy",
+            "set",
+            iface,
+            &aggregate,
+            "--rate",
+            POLICY_RATE,
+            "--burst",
+            BURST,
+            "--aggregate-rate",
+            POLICY_RATE,
+            "--aggregate-burst",
+            BURST,
+        ],
+    );
+    charge_both_families(&lab);
+
+    let ids_before = map_ids(&at);
+    assert_eq!(ids_before[PIN_SOURCES].1, 1, "one bucket of eight ways");
+    assert_eq!(
+        ids_before[PIN_METER2].1, 8,
+        "made for use, a key per source"
+    );
+    let cells_before = cells(&at);
+    assert_eq!(cells_before.v4.len(), 4);
+    let (totals_before, policies_before) = counters(&new, &lab);
+    let (link_id, prog_before) = link(&at);
+
+    let said = run_ok(&new, ns, &attach("4096"));
+    println!("{}", said.trim());
+    assert!(
+        said.contains("source tables grown to 4096 keys a family"),
+        "{said}"
+    );
+    let ids_after = map_ids(&at);
+    for (pin, (id, size)) in &ids_after {
+        if [PIN_SOURCES, PIN_SOURCES6].contains(pin) {
+            assert_ne!(*id, ids_before[pin].0, "{pin}: not made anew");
+            assert_eq!(*size, 512, "{pin}: not 4,096 ways");
+        } else if *pin != PIN_LAYOUT {
+            assert_eq!((*id, *size), ids_before[pin], "{pin}: not the same map");
+        }
+    }
+    same_cells("growth", &cells_before, &cells(&at), LAYOUT_VERSION);
+    let (totals, policies) = counters(&new, &lab);
+    same_numbers("stats totals", &totals_before, &totals, 16);
+    for (a, b) in policies_before
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(policies.as_array().unwrap())
+    {
+        same_numbers("policy list", a, b, 12);
+    }
+    let (link_after, prog_after) = link(&at);
+    assert_eq!(link_after, link_id, "the same link, never detached");
+    assert_ne!(prog_after, prog_before, "a program on the new tables");
+    assert!(!at.staging().exists() && !at.upgrade_prog().exists());
+    let status = &json(&new, ns, &["status", iface])[0];
+    assert_eq!(status["max_sources"], 4096, "{status}");
+
+    excess(&aggregate);
+    for pin in [PIN_METER2, PIN_METER2_6] {
+        assert_eq!(map_ids(&at)[pin], ids_after[pin], "{pin}: made anew");
+    }
+    let line = refusal(&run(&new, ns, &attach("1024")), "attach --max-sources 1024");
+    assert!(line.contains("never shrink"), "{line}");
+    assert_eq!(map_ids(&at), ids_after);
 }

@@ -90,6 +90,7 @@ pub fn outcome(applied: &Applied) -> &'static str {
     match applied.outcome {
         Attached::New { .. } => "attached",
         Attached::Relinked { .. } => "relinked",
+        Attached::Updated { grown: Some(_), .. } => "updated",
         Attached::Updated { .. } if applied.changed => "updated",
         Attached::Updated { .. } => "unchanged",
         Attached::Upgraded { .. } => "upgraded",

@@ -44,9 +44,11 @@ use super::{flag, meter2, new_sources};
 /// On an interface that already has shaper, attach changes the rate, burst, mode,
 /// shaping times and new-source admission in place and leaves what it does not name as
 /// it is: the program stays, no packet goes unmetered, every source keeps its bucket
-/// (rescaled to the new rate, never refilled). What a bucket is kept for cannot change
-/// that way and is refused in one line: --max-sources, --hook, --xdp-mode, --tc-mode,
-/// --key and the prefixes (detach first). On an interface an older shaper attached,
+/// (rescaled to the new rate, never refilled). A bigger --max-sources grows the source
+/// tables in place, every source moved with its bucket and counters (through the link, as
+/// an upgrade: not on clsact). What a bucket is kept for cannot change that way and is
+/// refused in one line: a smaller --max-sources, --hook, --xdp-mode, --tc-mode, --key and
+/// the prefixes (detach first). On an interface an older shaper attached,
 /// attach with the same settings upgrades it in place, every bucket and counter kept. On
 /// an interface deleted and made again, whose pins stayed, attach links the program to
 /// them again: its sources, policies and counters go on from where they were.
@@ -77,7 +79,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = TcAttachMode::Auto)]
     pub tc_mode: TcAttachMode,
     /// Sources tracked at once per address family, in buckets of 8 (beyond it, only a source
-    /// whose bucket is full again gives its place up) [default: 262144]
+    /// whose bucket is full again gives its place up); bigger on a live attachment grows
+    /// its tables in place [default: 262144]
     #[arg(long)]
     pub max_sources: Option<u32>,
     /// Subscribers the attachment has room for (`shaper subscriber`), fixed at attach:
@@ -172,6 +175,7 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
         xdp_mode: args.xdp_mode,
         tc_mode: args.tc_mode,
         max_sources: args.max_sources,
+        growing: false,
         max_subscribers: args.max_subscribers,
         max_policies: args.max_policies,
         subscribers: None,
@@ -228,11 +232,14 @@ pub fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
             req.at.label(),
             layout::LAYOUT_VERSION
         ),
-        Attached::Updated { .. } => println!(
-            "updated {}: rate {} burst {} per source{admitted}",
+        Attached::Updated { grown, .. } => println!(
+            "updated {}: rate {} burst {} per source{admitted}{}",
             req.at.label(),
             args.rate,
-            args.burst
+            args.burst,
+            grown.map_or(String::new(), |n| format!(
+                "; source tables grown to {n} keys a family, every source's bucket and counters kept"
+            ))
         ),
         Attached::Relinked { .. } => println!(
             "attached {} again over its pins (the interface was made again, or its program taken off it): every source's bucket, the policies and the counters kept; rate {} burst {} per source{admitted}",

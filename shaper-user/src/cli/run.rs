@@ -14,7 +14,9 @@
 //! journal, under systemd). With a `[radius]` table in the file, it serves RADIUS CoA
 //! and Disconnect requests on a thread of its own ([`radius`]), each change made through
 //! the one change path; with `[radius.accounting]`, it reports the subscribers' usage on
-//! another ([`accounting`]).
+//! another ([`accounting`]). The per-source tables of what it attaches start small and grow
+//! with use up to the file's `max_sources` ([`shaper_user::grow`]): it counts their keys
+//! every [`grow::GROW_EVERY`].
 
 mod accounting;
 mod api;
@@ -33,7 +35,7 @@ use sd_notify::NotifyState;
 use shaper_user::{
     apply,
     attach::Attached,
-    detach, link,
+    detach, grow, link,
     metrics::{self, SourceCounter},
     pins::Attachment,
     radius::accounting::SessionIndex,
@@ -61,7 +63,11 @@ use tokio::{
 /// made again, or whose clsact filter or qdisc is removed, is attached again within a
 /// second or two, over its own pins: its sources, policies and counters go on from where
 /// they were. It serves /metrics (OpenMetrics) and /top (the keys
-/// dropped most, as JSON) on --metrics. It tells systemd when it is ready and when it
+/// dropped most, as JSON) on --metrics. The per-source tables of what it attaches start
+/// at a sixteenth of max_sources (at most 16384 keys a family) and grow fourfold in place,
+/// every source keeping its bucket and counters, when either family holds more than half
+/// their room, up to max_sources (a clsact attachment, which cannot grow, starts there);
+/// new-source admission bounds how fast they fill. It tells systemd when it is ready and when it
 /// reloads (Type=notify). On SIGTERM it exits and the limits stay in force, unless
 /// --detach-on-exit. One runs per host; every other shaper command works beside it.
 ///
@@ -179,7 +185,11 @@ fn apply_file(
     scope: Scope<'_>,
     lock: Option<system::Lock>,
 ) -> Result<(Vec<AttachRequest>, String)> {
-    let desired = super::apply::read(file, scope.direction)?;
+    let mut desired = super::apply::read(file, scope.direction)?;
+    // The file's max_sources is the ceiling the daemon grows tables to.
+    for d in &mut desired {
+        d.growing = true;
+    }
     let (here, missing) = present(&desired);
     let applied = match lock {
         Some(lock) => apply::apply_holding(&here, scope.netns, lock, &mut |_, _| {})?,
@@ -248,6 +258,38 @@ fn lost(running: &[AttachRequest], netns: Option<&str>) -> Vec<String> {
         }
     }
     names
+}
+
+/// Grows the per-source tables of each interface of the running configuration that has
+/// used more than half their room ([`grow::grow_if_full`]), if the change lock is free now
+/// (otherwise at the next tick); says what it grew. One that failed is logged once and not
+/// tried again until the next reload (`failed`).
+fn grow_tables(running: &[AttachRequest], netns: Option<&str>, failed: &mut Vec<String>) {
+    let Ok(Some(_lock)) = system::try_lock() else {
+        return;
+    };
+    for d in running.iter().filter(|d| d.growing) {
+        let at = Attachment::toward(&d.at.iface, netns, d.at.direction);
+        if failed.contains(&at.label()) || !at.link().exists() {
+            continue;
+        }
+        let ceiling = d
+            .max_sources
+            .unwrap_or(shaper_common::maps::DEFAULT_MAX_SOURCES);
+        let said = match grow::grow_if_full(&at, ceiling) {
+            Ok(None) => continue,
+            Ok(Some(room)) => format!(
+                "{}: grew its source tables to {room} keys a family (up to {ceiling})",
+                at.label()
+            ),
+            Err(e) => {
+                failed.push(at.label());
+                format!("{}: growing its source tables failed: {e:#}", at.label())
+            }
+        };
+        eprintln!("shaper: {said}");
+        notify(&[NotifyState::Status(&said)]);
+    }
 }
 
 /// How often the daemon asks the kernel whether every interface of its file still runs
@@ -485,6 +527,9 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
     local.spawn_local(links_conn);
     let mut check = tokio::time::interval(CHECK_EVERY);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut grow_check = tokio::time::interval(grow::GROW_EVERY);
+    grow_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut grow_failed: Vec<String> = Vec::new();
     // Interfaces whose attach failed: tried again on their next link event or reload,
     // not every check.
     let mut stuck: Vec<String> = Vec::new();
@@ -541,11 +586,16 @@ pub async fn run(args: &Args, scope: Scope<'_>) -> Result<()> {
                         }
                         continue;
                     }
+                    _ = grow_check.tick() => {
+                        grow_tables(&running, netns, &mut grow_failed);
+                        continue;
+                    }
                     _ = term.recv() => break,
                     _ = int.recv() => break,
                 };
                 notify(&[NotifyState::Reloading]);
                 stuck.clear();
+                grow_failed.clear();
                 content = Content::read(&args.file);
                 retry = None;
                 let lock = reload_lock().await.inspect_err(|_| {

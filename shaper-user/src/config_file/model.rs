@@ -572,6 +572,7 @@ fn parse_file_with(
             xdp_mode: m.xdp_mode.unwrap_or_default(),
             tc_mode: m.tc_mode.unwrap_or_default(),
             max_sources: m.max_sources.as_ref().map(|n| *n.get_ref()),
+            growing: false,
             key: m.key,
             prefix_v4,
             prefix_v6,

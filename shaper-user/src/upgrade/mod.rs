@@ -66,7 +66,7 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{
-        Array, HashMap, MapData,
+        Array, HashMap, MapData, MapError,
         lpm_trie::{Key, LpmTrie},
     },
 };
@@ -81,6 +81,7 @@ use shaper_common::{
         PIN_SOURCES, PIN_SOURCES6, PIN_SUBSCRIBERS, PIN_UPGRADE_PROG, PROG_XDP, Policy,
         PolicyStats, SourceState, is_tc_mode,
     },
+    sources::{source_buckets, source_room},
 };
 
 pub use decode::{Counts, DecodeError, Settings, read_counts, read_settings};
@@ -128,6 +129,10 @@ pub enum UpgradeError {
         "cannot give {label} a second meter in place: it is attached with clsact, which has no link to switch to a program on maps big enough for one; detach it (`{command}`) and attach it again with the second meter (which refills every source's bucket)"
     )]
     Meter2Clsact { label: String, command: String },
+    #[error(
+        "cannot grow {label}'s source tables in place: it is attached with clsact, which has no link to switch to a program on bigger tables; detach it (`{command}`) and attach it again with the new --max-sources (which refills every source's bucket)"
+    )]
+    GrowClsact { label: String, command: String },
     #[error("an upgrade of {label} was interrupted: `{command}` finishes it")]
     Interrupted { label: String, command: String },
     #[error(transparent)]
@@ -401,7 +406,10 @@ pub fn meter2_room(at: &Attachment) -> Result<bool, UpgradeError> {
             .max_entries)
     };
     let cap = crate::table::room(size(PIN_SOURCES)?);
-    Ok(size(PIN_METER2)? >= cap && size(PIN_METER2_6)? >= cap)
+    Ok(
+        object::meter2_room(size(PIN_METER2)?, cap)
+            && object::meter2_room(size(PIN_METER2_6)?, cap),
+    )
 }
 
 /// Makes room for a second meter on `at` (this build's pins, its link live; the caller
@@ -415,13 +423,9 @@ pub fn make_room_for_meter2(at: &Attachment) -> Result<bool, UpgradeError> {
         return Ok(false);
     }
     if at.tc_prog().exists() {
-        let netns = at
-            .netns
-            .as_ref()
-            .map_or(String::new(), |ns| format!("-n {ns} "));
         return Err(UpgradeError::Meter2Clsact {
             label: at.label(),
-            command: format!("shaper {netns}detach {}{}", at.iface, at.direction_flag()),
+            command: detach_command(at),
         });
     }
     let current = layout::current();
@@ -437,8 +441,63 @@ pub fn make_room_for_meter2(at: &Attachment) -> Result<bool, UpgradeError> {
         max_subscribers: max_subscribers(at, current),
         max_policies: max_policies(at),
     };
-    swap_in(at, current, &settings, &grow_plan(), sizes)?;
+    swap_in(
+        at,
+        current,
+        &settings,
+        &plan_anew(&[PIN_METER2, PIN_METER2_6]),
+        sizes,
+    )?;
     Ok(true)
+}
+
+/// Grows `at`'s per-source tables (this build's pins, its link live; the caller holds the
+/// host lock) to room for `max_sources` keys of each family, in place, through the
+/// upgrade's steps with every map reused but the two tables, made anew at the new size:
+/// every key moved with its cell and counters (`move_sources`), topped up with what the old
+/// program charged since, just before the switch and after it. The second meter's per-key
+/// maps keep their size. Returns whether it grew them: not if they have the room already.
+/// Refused in one line on a clsact attachment (no link to switch).
+pub fn grow_sources(at: &Attachment, max_sources: u32) -> Result<bool, UpgradeError> {
+    let cap = crate::table::room(
+        bpf::map_info(&at.dir().join(PIN_SOURCES))
+            .map_err(step(at, format!("read map '{PIN_SOURCES}'")))?
+            .max_entries,
+    );
+    if source_room(source_buckets(max_sources)) <= cap {
+        return Ok(false);
+    }
+    if at.tc_prog().exists() {
+        return Err(UpgradeError::GrowClsact {
+            label: at.label(),
+            command: detach_command(at),
+        });
+    }
+    let current = layout::current();
+    let settings = read_settings(&at.dir(), current).map_err(decode_err(at))?;
+    let sizes = Sizes {
+        max_sources,
+        meter2: false,
+        max_subscribers: max_subscribers(at, current),
+        max_policies: max_policies(at),
+    };
+    swap_in(
+        at,
+        current,
+        &settings,
+        &plan_anew(&[PIN_SOURCES, PIN_SOURCES6]),
+        sizes,
+    )?;
+    Ok(true)
+}
+
+/// `shaper [-n NS] detach IFACE [--direction egress]` for `at`.
+fn detach_command(at: &Attachment) -> String {
+    let netns = at
+        .netns
+        .as_ref()
+        .map_or(String::new(), |ns| format!("-n {ns} "));
+    format!("shaper {netns}detach {}{}", at.iface, at.direction_flag())
 }
 
 /// The subscribers `at`'s pins (of layout `from`) have room for: none before layout 8.
@@ -458,14 +517,14 @@ pub fn max_policies(at: &Attachment) -> u32 {
         .map_or(MAX_POLICIES - 1, |i| i.max_entries.saturating_sub(1))
 }
 
-/// The plan of [`make_room_for_meter2`]: every map of today's layout reused but the
-/// version (written anew, as always) and the second meter's per-key maps.
-fn grow_plan() -> Vec<(&'static MapLayout, bool)> {
+/// The plan of [`make_room_for_meter2`] and [`grow_sources`]: every map of today's layout
+/// reused but the version (written anew, as always) and those pinned at `pins`.
+fn plan_anew(pins: &[&str]) -> Vec<(&'static MapLayout, bool)> {
     layout::current()
         .maps
         .iter()
         .map(|m| {
-            let anew = m.holds == Holds::Version || [PIN_METER2, PIN_METER2_6].contains(&m.pin);
+            let anew = m.holds == Holds::Version || pins.contains(&m.pin);
             (m, !anew)
         })
         .collect()
@@ -545,7 +604,7 @@ fn map_of<'a>(
 
 fn typed<'a, T>(at: &Attachment, ebpf: &'a mut Ebpf, name: &str) -> Result<T, UpgradeError>
 where
-    T: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
+    T: TryFrom<&'a mut aya::maps::Map, Error = MapError>,
 {
     let map = ebpf.map_mut(name).ok_or_else(|| UpgradeError::Step {
         label: at.label(),
@@ -626,19 +685,9 @@ fn move_sources(at: &Attachment, ebpf: &Ebpf, seed: u64) -> Result<Moved, Upgrad
             )),
         }
     };
-    let old = read(PIN_SOURCES)?;
-    let mut v4: Vec<(Ipv4Key, SourceState)> = crate::maps::read_batched(
-        crate::maps::hash_data(&old, &dir.join(PIN_SOURCES))
-            .map_err(step(at, "read the IPv4 sources"))?,
-    )
-    .map_err(step(at, "read the IPv4 sources"))?;
+    let mut v4 = sources_v4(&read(PIN_SOURCES)?).map_err(step(at, "read the IPv4 sources"))?;
     v4.sort_by_key(|(_, s)| busy_first(s));
-    let old6 = read(PIN_SOURCES6)?;
-    let mut v6: Vec<(Ipv6Key, SourceState)> = crate::maps::read_batched(
-        crate::maps::hash_data(&old6, &dir.join(PIN_SOURCES6))
-            .map_err(step(at, "read the IPv6 sources"))?,
-    )
-    .map_err(step(at, "read the IPv6 sources"))?;
+    let mut v6 = sources_v6(&read(PIN_SOURCES6)?).map_err(step(at, "read the IPv6 sources"))?;
     v6.sort_by_key(|(_, s)| busy_first(s));
     crate::table::write_v4(new_table(MAP_SOURCES)?, seed, &v4)
         .map_err(step(at, "move the IPv4 sources"))?;
@@ -649,6 +698,25 @@ fn move_sources(at: &Attachment, ebpf: &Ebpf, seed: u64) -> Result<Moved, Upgrad
         v4: v4.into_iter().collect(),
         v6: v6.into_iter().collect(),
     })
+}
+
+/// Every key of an old IPv4 per-source map with its state: an LRU hash map (layouts 10 and
+/// before) or a table of buckets (smaller, before a growth).
+fn sources_v4(map: &aya::maps::Map) -> Result<Vec<(Ipv4Key, SourceState)>, MapError> {
+    match map {
+        aya::maps::Map::Array(data) => crate::table::read_v4(data),
+        aya::maps::Map::LruHashMap(data) => crate::maps::read_batched(data),
+        _ => Err(MapError::InvalidMapType { map_type: 0 }),
+    }
+}
+
+/// [`sources_v4`] for IPv6.
+fn sources_v6(map: &aya::maps::Map) -> Result<Vec<(Ipv6Key, SourceState)>, MapError> {
+    match map {
+        aya::maps::Map::Array(data) => crate::table::read_v6(data),
+        aya::maps::Map::LruHashMap(data) => crate::maps::read_batched(data),
+        _ => Err(MapError::InvalidMapType { map_type: 0 }),
+    }
 }
 
 /// The keys [`move_sources`] copied, as it copied them, for [`top_up_sources`].
@@ -680,7 +748,7 @@ fn top_up_sources(at: &Attachment, moved: &Moved) -> Result<Moved, UpgradeError>
     );
     let data = |m: &aya::maps::Map| -> Option<MapData> {
         match m {
-            aya::maps::Map::LruHashMap(d) | aya::maps::Map::Array(d) => {
+            aya::maps::Map::Array(d) => {
                 let fd = d.fd().as_fd().try_clone_to_owned().ok()?;
                 MapData::from_fd(fd).ok()
             }
@@ -688,18 +756,12 @@ fn top_up_sources(at: &Attachment, moved: &Moved) -> Result<Moved, UpgradeError>
         }
     };
     let missing = || step_boxed(at, "top up the moved sources")("not the maps expected".into());
-    let (old4, old6) = (
-        data(&old4).ok_or_else(missing)?,
-        data(&old6).ok_or_else(missing)?,
-    );
     let (new4, new6) = (
         data(&new4).ok_or_else(missing)?,
         data(&new6).ok_or_else(missing)?,
     );
-    let final4: Vec<(Ipv4Key, SourceState)> =
-        crate::maps::read_batched(&old4).map_err(step(at, "read the old IPv4 sources"))?;
-    let final6: Vec<(Ipv6Key, SourceState)> =
-        crate::maps::read_batched(&old6).map_err(step(at, "read the old IPv6 sources"))?;
+    let final4 = sources_v4(&old4).map_err(step(at, "read the old IPv4 sources"))?;
+    let final6 = sources_v6(&old6).map_err(step(at, "read the old IPv6 sources"))?;
     crate::table::top_up_v4(&new4, moved.seed, &final4, &moved.v4)
         .map_err(step(at, "top up the IPv4 sources"))?;
     crate::table::top_up_v6(&new6, moved.seed, &final6, &moved.v6)
@@ -867,7 +929,7 @@ fn carry(at: &Attachment) -> Result<(), UpgradeError> {
 
 fn open_pin<T>(at: &Attachment, path: &PathBuf) -> Result<T, UpgradeError>
 where
-    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+    T: TryFrom<aya::maps::Map, Error = MapError>,
 {
     let what = format!("open {}", path.display());
     let data = MapData::from_pin(path).map_err(step(at, what.clone()))?;
@@ -1070,14 +1132,27 @@ mod tests {
         assert!(reused(LAYOUT_VERSION).contains(&PIN_SOURCES6));
         // Growing the second meter's maps reuses every map but those two (and the
         // version): every cell, counter and policy stays.
-        let mut grown: Vec<&str> = grow_plan()
-            .into_iter()
-            .filter(|(_, reuse)| *reuse)
-            .map(|(m, _)| m.pin)
-            .collect();
-        grown.retain(|p| ![PIN_SOURCES, PIN_SOURCES6].contains(p));
-        grown.sort_unstable();
-        assert_eq!(grown, all_but(&[PIN_METER2, PIN_METER2_6, PIN_LAYOUT]));
+        let kept = |anew: &[&str]| -> Vec<&str> {
+            let mut kept: Vec<&str> = plan_anew(anew)
+                .into_iter()
+                .filter(|(_, reuse)| *reuse)
+                .map(|(m, _)| m.pin)
+                .collect();
+            kept.retain(|p| ![PIN_SOURCES, PIN_SOURCES6].contains(p));
+            kept.sort_unstable();
+            kept
+        };
+        assert_eq!(
+            kept(&[PIN_METER2, PIN_METER2_6]),
+            all_but(&[PIN_METER2, PIN_METER2_6, PIN_LAYOUT])
+        );
+        // Growing the source tables reuses every map but those two (and the version).
+        let grown = plan_anew(&[PIN_SOURCES, PIN_SOURCES6]);
+        assert!(
+            grown.iter().all(
+                |(m, reuse)| *reuse != [PIN_SOURCES, PIN_SOURCES6, PIN_LAYOUT].contains(&m.pin)
+            )
+        );
         // The version is always written anew.
         assert!(!reused(LAYOUT_VERSION).contains(&PIN_LAYOUT));
     }
