@@ -22,8 +22,10 @@ use shaper_common::{
         MAP_PREFIXES_V6, MAP_SOURCES, MAP_SOURCES6, MAP_SUBSCRIBERS, PROG_XDP, SourceState,
         Subscriber, sum_per_cpu,
     },
+    sources::{SourceBucket4, SourceBucket6},
 };
 use shaper_user::{
+    maps::read_batched,
     object,
     policy::PolicyTable,
     subscriber::{SubscriberTable, record::Records},
@@ -206,6 +208,24 @@ impl Harness {
     /// Every IPv6 key tracked, with its cell.
     pub fn sources6(&self) -> Result<Vec<(Ipv6Key, SourceState)>> {
         Ok(table::read_v6(&map_data(&self.ebpf, MAP_SOURCES6)?)?)
+    }
+
+    /// The IPv4 keys of each bucket of the table, by bucket (where the program put them).
+    pub fn buckets(&self) -> Result<Vec<Vec<Ipv4Key>>> {
+        let map = map_data(&self.ebpf, MAP_SOURCES)?;
+        Ok(read_batched::<u32, SourceBucket4>(&map)?
+            .iter()
+            .map(|(_, b)| table::ways_v4(b).map(|(k, _)| k).collect())
+            .collect())
+    }
+
+    /// The IPv6 keys of each bucket of the table, by bucket.
+    pub fn buckets6(&self) -> Result<Vec<Vec<Ipv6Key>>> {
+        let map = map_data(&self.ebpf, MAP_SOURCES6)?;
+        Ok(read_batched::<u32, SourceBucket6>(&map)?
+            .iter()
+            .map(|(_, b)| table::ways_v6(b).map(|(k, _)| k).collect())
+            .collect())
     }
 
     /// Places IPv4 keys with their states where the program looks for them.

@@ -4,10 +4,11 @@
 //! leave), or, with none idle, is metered in its policy's shared unadmitted cell, as a
 //! key refused by admission; and an IPv6 key that differs from a resident one only in its
 //! low half, its tag the same, is a key of its own; two CPUs' first frames of one key both
-//! land in its one cell. IPv4 and IPv6 alike.
+//! land in its one cell. In a table of two buckets, a key whose two buckets differ is given
+//! the room of either. IPv4 and IPv6 alike.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     sync::atomic::{AtomicU32, Ordering},
 };
@@ -15,7 +16,7 @@ use std::{
 use shaper_common::{
     config::RateLimit,
     maps::{Config, Counters, KEY_BY_SRC, Outcomes, SourceState},
-    sources::{SOURCE_WAYS, halves, hash_v6, join, tag_v6},
+    sources::{SOURCE_WAYS, bucket_of, halves, hash_v4, hash_v6, join, second_bucket_of, tag_v6},
 };
 use shaper_lab::{
     bench::cpus::{online_cpus, pin_to_cpu},
@@ -180,6 +181,194 @@ fn a_full_bucket_gives_a_newcomer_an_idle_way_or_the_unadmitted_cell() {
         let c = counters(&h);
         assert_eq!(c.new_sources, u64::from(ways) + 1, "{family:?}");
         assert_eq!(c.unadmitted.passed_packets, 2, "{family:?}");
+    }
+}
+
+/// The hash of `addr`'s key under `seed`, as the program computes it.
+fn hash_of(addr: IpAddr, seed: u64) -> u64 {
+    match addr {
+        IpAddr::V4(a) => hash_v4(u32::from_ne_bytes(a.octets()), seed),
+        IpAddr::V6(a) => {
+            let [hi, lo] = halves(&a.octets());
+            hash_v6(hi, lo, seed)
+        }
+    }
+}
+
+/// The keys of each bucket of the family's table, by bucket.
+fn layout(h: &testrun::Harness, family: Family) -> Vec<BTreeSet<IpAddr>> {
+    match family {
+        Family::V4 => h
+            .buckets()
+            .unwrap()
+            .into_iter()
+            .map(|b| {
+                b.into_iter()
+                    .map(|k| IpAddr::V4(Ipv4Addr::from(k.to_ne_bytes())))
+                    .collect()
+            })
+            .collect(),
+        Family::V6 => h
+            .buckets6()
+            .unwrap()
+            .into_iter()
+            .map(|b| {
+                b.into_iter()
+                    .map(|k| IpAddr::V6(Ipv6Addr::from(k)))
+                    .collect()
+            })
+            .collect(),
+    }
+}
+
+/// What a table of two buckets should hold, and the counters: kept beside the program's.
+struct Expected {
+    family: Family,
+    buckets: Vec<BTreeSet<IpAddr>>,
+    new_sources: u64,
+    unadmitted: u64,
+}
+
+impl Expected {
+    /// Sends `addr`'s first frame, which should give it a way of bucket `to` (taking the
+    /// way of idle `evicted` if there is one), or none; then checks the table and counters.
+    fn send(
+        &mut self,
+        h: &mut testrun::Harness,
+        addr: IpAddr,
+        to: Option<usize>,
+        evicted: Option<IpAddr>,
+        what: &str,
+    ) {
+        let family = self.family;
+        send(h, family, addr);
+        match to {
+            Some(b) => {
+                if let Some(gone) = evicted {
+                    assert!(self.buckets[b].remove(&gone), "{gone} not in bucket {b}");
+                }
+                self.buckets[b].insert(addr);
+                self.new_sources += 1;
+            }
+            None => self.unadmitted += 1,
+        }
+        assert_eq!(layout(h, family), self.buckets, "{family:?} {addr}: {what}");
+        let c = counters(h);
+        assert_eq!(c.new_sources, self.new_sources, "{family:?} {addr}: {what}");
+        assert_eq!(
+            c.unadmitted.passed_packets, self.unadmitted,
+            "{family:?} {addr}: {what}"
+        );
+        // The keys' own frames (the unadmitted cell's apart): one each given a way.
+        assert_eq!(
+            c.outcomes.passed_packets, self.new_sources,
+            "{family:?} {addr}: {what}"
+        );
+        if to.is_some() {
+            assert_eq!(
+                state_of(h, family, addr).map(|s| s.outcomes),
+                Some(one_passed()),
+                "{family:?} {addr}: {what}"
+            );
+        }
+    }
+}
+
+/// A table of two buckets. A new key whose two buckets differ takes a free way of the one
+/// with more of them (its first on a tie), of its second when its first is full; with both
+/// full, an idle way of its first, else of its second, else none (the unadmitted cell).
+/// Keys of both orders of the two buckets; the table read bucket by bucket at each step.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_new_key_is_given_the_room_of_either_of_its_two_buckets() {
+    for family in [Family::V4, Family::V6] {
+        println!("{family:?}");
+        let mut h = harness_of(2 * SOURCE_WAYS as u32);
+        let seed = h.seed().unwrap();
+        // Keys by their (first, second) buckets.
+        let mut by: HashMap<(u32, u32), Vec<IpAddr>> = HashMap::new();
+        for i in 0.. {
+            let addr = family.addr(i);
+            let hash = hash_of(addr, seed);
+            let keys = by
+                .entry((bucket_of(hash, 2), second_bucket_of(hash, 2)))
+                .or_default();
+            if keys.len() < SOURCE_WAYS {
+                keys.push(addr);
+            }
+            if by.len() == 4 && by.values().all(|k| k.len() == SOURCE_WAYS) {
+                break;
+            }
+        }
+        let (only0, only1) = (&by[&(0, 0)], &by[&(1, 1)]);
+        let (k01, k10) = (&by[&(0, 1)], &by[&(1, 0)]);
+        let mut e = Expected {
+            family,
+            buckets: vec![BTreeSet::new(), BTreeSet::new()],
+            new_sources: 0,
+            unadmitted: 0,
+        };
+        // Free ways: its first bucket's on a tie, else those of the one with more.
+        e.send(&mut h, k01[0], Some(0), None, "a tie: its first");
+        e.send(&mut h, k01[1], Some(1), None, "its second has more free");
+        e.send(&mut h, k10[0], Some(1), None, "a tie: its first");
+        e.send(&mut h, k10[1], Some(0), None, "its second has more free");
+        for &k in &only0[..6] {
+            e.send(&mut h, k, Some(0), None, "its one bucket");
+        }
+        // Its first bucket full: its second's free way.
+        e.send(&mut h, k01[2], Some(1), None, "its first full");
+        e.send(&mut h, k10[2], Some(1), None, "its first has more free");
+        for &k in &only1[..4] {
+            e.send(&mut h, k, Some(1), None, "its one bucket");
+        }
+        // Both full, no cell idle: the unadmitted cell, every key kept.
+        e.send(&mut h, k01[3], None, None, "both full, none idle");
+        e.send(&mut h, k10[3], None, None, "both full, none idle");
+        // An idle way in its second bucket only: that way.
+        make_idle(&h, family, only1[0]);
+        e.send(
+            &mut h,
+            k01[3],
+            Some(1),
+            Some(only1[0]),
+            "its second's idle way",
+        );
+        make_idle(&h, family, only0[0]);
+        e.send(
+            &mut h,
+            k10[3],
+            Some(0),
+            Some(only0[0]),
+            "its second's idle way",
+        );
+        // Idle ways in each (two in bucket 0): its first's, the first of them.
+        for &k in &[only0[1], only0[2], only1[1]] {
+            make_idle(&h, family, k);
+        }
+        e.send(
+            &mut h,
+            k01[4],
+            Some(0),
+            Some(only0[1]),
+            "its first's idle way",
+        );
+        e.send(
+            &mut h,
+            k10[4],
+            Some(1),
+            Some(only1[1]),
+            "its first's idle way",
+        );
+        e.send(
+            &mut h,
+            k10[5],
+            Some(0),
+            Some(only0[2]),
+            "its second's idle way",
+        );
+        e.send(&mut h, k01[5], None, None, "none idle again");
+        e.send(&mut h, k10[6], None, None, "none idle again");
     }
 }
 
