@@ -957,6 +957,40 @@ fn a_subscribers_unadmitted_keys_are_metered_in_its_bucket_and_counted_unadmitte
 }
 
 /// Sends `frame` `n` times; returns how many passed.
+/// A frame whose key still caches a removed subscriber (resolved under the generation the
+/// removal ends, its entry freed meanwhile: a frame racing `shaper subscriber del`) is the
+/// default's, and nothing of it is counted in the freed entry (which a new subscriber may
+/// take). The entry is freed here as the removal frees it, its routes and the generation
+/// left, so the keys' next frames still name it. An IPv4 and an IPv6 key.
+#[test]
+#[ignore = "needs root: loads programs into the kernel (cargo xtask test)"]
+fn a_removed_subscribers_cached_keys_are_the_defaults_and_never_counted_in_its_entry() {
+    let mut h = subscriber_harness();
+    let keys = ["100.64.0.9", "fdd7:b724:0:900::1"];
+    let s = subscriber("g9", &["100.64.0.9/32", "fdd7:b724:0:900::/56"], 6);
+    assert_eq!(set_subscriber(&mut h, &s), Ok(Changed::Added));
+    for key in keys {
+        assert_eq!(send(&mut h, key, 1), 1, "{key}: the subscriber's bucket");
+    }
+    let index = h.subscribers().unwrap().get("g9").unwrap().index;
+    let mut entries = h.subscriber_entries().unwrap();
+    let was = entries.get(&index, 0).unwrap();
+    assert!(was.in_use != 0);
+    assert_eq!(was.outcomes.passed_packets, 2);
+    // Freed as the removal frees an entry of a table placed by hash: its id's hash kept.
+    let freed = shaper_common::maps::Subscriber {
+        id_hash: was.id_hash,
+        ..Default::default()
+    };
+    entries.set(index, freed, 0).unwrap();
+    for key in keys {
+        // The default lets nothing through.
+        assert_eq!(send(&mut h, key, 2), 0, "{key}: the default's");
+    }
+    let after = h.subscriber_entries().unwrap().get(&index, 0).unwrap();
+    assert_eq!(after, freed, "nothing counted in the freed entry");
+}
+
 fn send_sized(h: &mut Harness, frame: &[u8], n: usize) -> usize {
     (0..n)
         .filter(|_| h.run(frame).expect("test_run") == XDP_PASS)
