@@ -3,14 +3,14 @@
 //!
 //! A new attachment of the daemon's gets tables of [`initial_sources`] of that ceiling
 //! (16,384 keys a family at the default 262,144: a sixteenth of the memory). Every
-//! [`GROW_EVERY`] the daemon counts the
-//! keys each table holds (a batch read of its buckets, [`maps::count_sources`]); tables of
-//! which either family holds more than half its room are grown fourfold, or to the
-//! ceiling, in place ([`upgrade::grow_sources`]: every key moved with its cell and
-//! counters, the program switched through its link). A key takes a way only once new-source
-//! admission lets it in, so a table fills, and grows, no faster than admission admits: a
-//! spoofed flood's keys that admission refuses take no room. A clsact attachment has no
-//! link to switch: its tables are made at the ceiling ([`starts_small`]).
+//! [`GROW_EVERY`] the daemon counts the keys each table holds (a batch read of its
+//! buckets, [`maps::count_sources`]); tables of which either family holds more than half
+//! its room are grown fourfold, or to the ceiling, in place ([`upgrade::grow_sources`]:
+//! every key moved with its cell and counters, the program switched through its link). A
+//! key takes a way only once new-source admission lets it in, so a table fills, and grows,
+//! no faster than admission admits: a spoofed flood's keys that admission refuses take no
+//! room. A clsact attachment has no link to switch: its tables are made at the ceiling
+//! ([`starts_small`]).
 //!
 //! `attach` and `apply` make tables of the size asked (`--max-sources`); nothing grows them
 //! but a bigger size asked.
@@ -40,7 +40,7 @@ const INITIAL_AT_MOST: u32 = 16_384;
 const GROWTH: u32 = 4;
 
 /// The room a growing attachment's tables start with, under the ceiling `max_sources`: a
-/// sixteenth of it, at least a bucket and at most [`INITIAL_AT_MOST`].
+/// sixteenth of it, at least a bucket and at most `INITIAL_AT_MOST`.
 pub fn initial_sources(max_sources: u32) -> u32 {
     (max_sources / 16)
         .clamp(SOURCE_WAYS as u32, INITIAL_AT_MOST)
@@ -71,7 +71,7 @@ pub fn new_table_size(req: &AttachRequest, hook: Hook) -> u32 {
 }
 
 /// The room to grow tables of room `room` to, the fuller family holding `held` keys, under
-/// the ceiling `max_sources`: [`GROWTH`] times it once more than half is taken.
+/// the ceiling `max_sources`: `GROWTH` times it once more than half is taken.
 pub fn next_room(room: u32, held: u64, max_sources: u32) -> Option<u32> {
     let ceiling = source_room(source_buckets(max_sources));
     (2 * held > u64::from(room) && room < ceiling).then(|| room.saturating_mul(GROWTH).min(ceiling))
