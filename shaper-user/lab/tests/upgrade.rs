@@ -347,30 +347,7 @@ fn upgrade_keeps_every_cell_and_counter(layout: u32) {
         set_subscribers(&old);
     }
     // Some traffic first, so cells are charged and counters count: IPv4, then IPv6.
-    let report = run_udp_with(
-        &lab,
-        &flows(&lab),
-        Duration::from_millis(500),
-        &RunOptions::default(),
-    )
-    .unwrap();
-    assert!(report.flows.iter().all(|f| f.received_packets > 0));
-    let v6: Vec<Flow> = lab.sources6()[..2]
-        .iter()
-        .map(|&src| Flow {
-            src: src.into(),
-            offered_bps: 4 * RATE_BPS,
-            frame_bytes: FRAME,
-        })
-        .collect();
-    let report = run_udp_with(
-        &lab,
-        &v6,
-        Duration::from_millis(300),
-        &RunOptions::default(),
-    )
-    .unwrap();
-    assert!(report.flows.iter().all(|f| f.received_packets > 0));
+    charge_both_families(&lab);
 
     let status = &json(&new_shaper(), lab.rx_ns(), &["status", lab.rx_iface()])[0];
     assert_eq!(status["layout_version"], layout, "{status}");

@@ -430,11 +430,7 @@ pub fn make_room_for_meter2(at: &Attachment) -> Result<bool, UpgradeError> {
     }
     let current = layout::current();
     let settings = read_settings(&at.dir(), current).map_err(decode_err(at))?;
-    let cap = crate::table::room(
-        bpf::map_info(&at.dir().join(PIN_SOURCES))
-            .map_err(step(at, format!("read map '{PIN_SOURCES}'")))?
-            .max_entries,
-    );
+    let cap = sources_room(at)?;
     let sizes = Sizes {
         max_sources: cap,
         meter2: true,
@@ -459,11 +455,7 @@ pub fn make_room_for_meter2(at: &Attachment) -> Result<bool, UpgradeError> {
 /// maps keep their size. Returns whether it grew them: not if they have the room already.
 /// Refused in one line on a clsact attachment (no link to switch).
 pub fn grow_sources(at: &Attachment, max_sources: u32) -> Result<bool, UpgradeError> {
-    let cap = crate::table::room(
-        bpf::map_info(&at.dir().join(PIN_SOURCES))
-            .map_err(step(at, format!("read map '{PIN_SOURCES}'")))?
-            .max_entries,
-    );
+    let cap = sources_room(at)?;
     if source_room(source_buckets(max_sources)) <= cap {
         return Ok(false);
     }
@@ -489,6 +481,15 @@ pub fn grow_sources(at: &Attachment, max_sources: u32) -> Result<bool, UpgradeEr
         sizes,
     )?;
     Ok(true)
+}
+
+/// The keys `at`'s pinned per-source tables have room for.
+fn sources_room(at: &Attachment) -> Result<u32, UpgradeError> {
+    Ok(crate::table::room(
+        bpf::map_info(&at.dir().join(PIN_SOURCES))
+            .map_err(step(at, format!("read map '{PIN_SOURCES}'")))?
+            .max_entries,
+    ))
 }
 
 /// `shaper [-n NS] detach IFACE [--direction egress]` for `at`.
